@@ -1,0 +1,75 @@
+import torch
+
+from pagedgen.attention.backend import AttentionBackend
+from pagedgen.attention.metadata import AttentionMetadata
+
+
+def write_kv_reference(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens], -1 = skip
+) -> None:
+    block_size = key_cache.shape[1]
+    for i, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        key_cache[slot // block_size, slot % block_size] = key[i]
+        value_cache[slot // block_size, slot % block_size] = value[i]
+
+
+def paged_attention_reference(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_tables: list[list[int]],
+    context_lens: list[int],
+    query_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Token by token gather through the block table, then plain causal softmax attention."""
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    num_heads = query.shape[1]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    row = 0
+    for block_table, context_len, query_len in zip(block_tables, context_lens, query_lens):
+        positions = range(context_len)
+        keys = torch.stack(
+            [key_cache[block_table[p // block_size], p % block_size] for p in positions]
+        )
+        values = torch.stack(
+            [value_cache[block_table[p // block_size], p % block_size] for p in positions]
+        )
+        for j in range(query_len):
+            visible = context_len - query_len + j + 1
+            for h in range(num_heads):
+                k = keys[:visible, h // group].float()
+                v = values[:visible, h // group].float()
+                scores = (k @ query[row + j, h].float()) * scale
+                out[row + j, h] = (torch.softmax(scores, dim=0) @ v).to(query.dtype)
+        row += query_len
+    return out
+
+
+class ReferenceAttentionBackend(AttentionBackend):
+    """Slow and obviously correct; the yardstick for every other backend."""
+
+    name = "reference"
+
+    def forward(
+        self, query, key, value, key_cache, value_cache, metadata: AttentionMetadata, scale
+    ):
+        write_kv_reference(key, value, key_cache, value_cache, metadata.slot_mapping)
+        num_seqs = metadata.num_seqs
+        block_tables = metadata.block_tables[:num_seqs].tolist()
+        return paged_attention_reference(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            metadata.context_lens_cpu,
+            metadata.query_lens_cpu,
+            scale,
+        )

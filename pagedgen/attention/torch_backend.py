@@ -1,0 +1,107 @@
+import torch
+import torch.nn.functional as F
+
+from pagedgen.attention.backend import AttentionBackend
+from pagedgen.attention.metadata import AttentionMetadata
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens], every slot valid
+) -> None:
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
+def decode_attention(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query row per sequence
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, >= ceil(max_context_len / block_size)]
+    context_lens: torch.Tensor,  # [num_seqs]
+    max_context_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Gathers only the blocks each sequence uses (padded to the longest) and attends once."""
+    block_size = key_cache.shape[1]
+    num_blocks = -(-max_context_len // block_size)
+    blocks = block_tables[:, :num_blocks]
+    # [num_seqs, num_kv_heads, num_blocks * block_size, head_dim]
+    keys = key_cache[blocks].flatten(1, 2).transpose(1, 2)
+    values = value_cache[blocks].flatten(1, 2).transpose(1, 2)
+    positions = torch.arange(num_blocks * block_size, device=query.device)
+    mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(
+        query.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.squeeze(2)
+
+
+def prefill_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim]; rows of prefill sequences are set
+) -> None:
+    """Causal attention for sequences num_decode_seqs.. of the batch, one SDPA call each.
+
+    A sequence whose whole context is new attends to this step's K/V directly; one with cached
+    tokens before its queries gathers its context from the pool through its block table.
+    """
+    block_size = key_cache.shape[1]
+    start = metadata.num_decode_seqs
+    for i in range(metadata.num_decode_seqs, metadata.num_seqs):
+        query_len, context_len = metadata.query_lens_cpu[i], metadata.context_lens_cpu[i]
+        end = start + query_len
+        if context_len == query_len:
+            keys, values, mask = key[start:end], value[start:end], None
+        else:
+            blocks = metadata.block_tables[i, : -(-context_len // block_size)]
+            keys = key_cache[blocks].flatten(0, 1)[:context_len]
+            values = value_cache[blocks].flatten(0, 1)[:context_len]
+            rows = torch.arange(context_len - query_len, context_len, device=query.device)
+            mask = torch.arange(context_len, device=query.device)[None, :] <= rows[:, None]
+        out[start:end] = F.scaled_dot_product_attention(
+            query[start:end].transpose(0, 1),
+            keys.transpose(0, 1),
+            values.transpose(0, 1),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=True,
+        ).transpose(0, 1)
+        start = end
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """PyTorch paged attention for CPU and GPU: K/V written in place, no per-step cache rebuild."""
+
+    name = "torch"
+
+    def forward(
+        self, query, key, value, key_cache, value_cache, metadata: AttentionMetadata, scale
+    ):
+        write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
+        out = torch.empty_like(query)
+        num_decode = metadata.num_decode_seqs
+        if num_decode:
+            out[:num_decode] = decode_attention(
+                query[:num_decode],
+                key_cache,
+                value_cache,
+                metadata.block_tables[:num_decode],
+                metadata.context_lens[:num_decode],
+                max(metadata.context_lens_cpu[:num_decode]),
+                scale,
+            )
+        if num_decode < metadata.num_seqs:
+            prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
+        return out

@@ -1,0 +1,212 @@
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from pagedgen.attention import get_attention_backend
+from pagedgen.config import EngineConfig
+from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.model_runner import ModelRunner
+from pagedgen.engine.request import Request
+from pagedgen.engine.scheduler import Scheduler
+from pagedgen.engine.sequence import Sequence, SequenceStatus
+from pagedgen.engine.stats import EngineStats
+from pagedgen.engine.stop_checker import StopChecker
+from pagedgen.loader import load_model, resolve_model
+from pagedgen.loader.weights import load_config, load_tokenizer
+from pagedgen.outputs import RequestOutput
+from pagedgen.sampling_params import SamplingParams
+
+GIB = 1 << 30
+DEFAULT_CPU_KV_CACHE_GIB = 4.0
+
+
+def log_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+class LLMEngine:
+    """Adds requests and runs steps: schedule, run the model, sample, stop, free.
+
+    A request becomes n sequences. step() returns the requests that finished during it, so
+    callers can stream results while the rest keep running.
+    """
+
+    def __init__(self, config: EngineConfig, log: Callable[[str], None] = log_to_stderr) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.device = _pick_device(config.device)
+        self.dtype = _pick_dtype(config.dtype, self.device)
+        resolved = resolve_model(config.model)
+        self.hf_config = load_config(resolved)
+        self.tokenizer = load_tokenizer(resolved)
+        self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
+        backend = get_attention_backend(config.attention_backend, self.device)
+        model = load_model(
+            resolved, self.hf_config, backend, self.max_model_len, self.dtype, self.device
+        )
+        head = model.attention_layers[0]
+        self.bytes_per_token = ModelRunner.bytes_per_token(
+            len(model.attention_layers), head.num_kv_heads, head.head_dim, self.dtype
+        )
+        kv_bytes = self._kv_cache_bytes()
+        num_blocks = int(kv_bytes // (self.bytes_per_token * config.block_size))
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory={config.kv_cache_memory} GiB holds no block")
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        max_batched = config.max_num_batched_tokens or max(self.max_model_len, 2048)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            max(max_batched, config.max_num_seqs),
+            self.max_model_len,
+        )
+        self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
+        self.eos_token_ids = _eos_token_ids(self.hf_config, self.tokenizer)
+        self.requests: dict[str, Request] = {}
+        self.ignored: list[Request] = []
+        self.stats = EngineStats()
+        log(
+            f"model {config.model} ({type(model).__name__}, {self.dtype}, {self.device}, "
+            f"{backend.name} attention), max_model_len {self.max_model_len}"
+        )
+        log(
+            f"KV cache: {num_blocks} blocks x {config.block_size} tokens = "
+            f"{num_blocks * config.block_size} tokens, {kv_bytes / GIB:.2f} GiB "
+            f"({self.bytes_per_token} bytes/token)"
+        )
+
+    def _kv_cache_bytes(self) -> float:
+        if self.config.kv_cache_memory is not None:
+            return self.config.kv_cache_memory * GIB
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return max(free * 0.9 - GIB, free * 0.5)
+        return DEFAULT_CPU_KV_CACHE_GIB * GIB
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queues a prompt (text, or token ids) to be completed sampling_params.n times."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        params = sampling_params or SamplingParams()
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        params = replace(params, all_stop_token_ids=stop_ids)
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+        seqs = [
+            Sequence(request_id, token_ids, _sample_params(params, i), arrival_time)
+            for i in range(params.n)
+        ]
+        request = Request(request_id, text, token_ids, seqs)
+        for seq in seqs:
+            error = self.scheduler.add(seq)
+            if error is not None:
+                seq.finish(SequenceStatus.FINISHED_IGNORED, error)
+        if any(seq.is_finished for seq in seqs):
+            for seq in seqs:
+                if not seq.is_finished:
+                    seq.finish(SequenceStatus.FINISHED_ABORTED)
+                    self.scheduler.finish(seq)
+                self.stop_checker.free(seq)
+            self.ignored.append(request)
+            return
+        self.requests[request_id] = request
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish(SequenceStatus.FINISHED_ABORTED)
+                self.scheduler.finish(seq)
+                self.stop_checker.free(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests or self.ignored)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests) + len(self.ignored)
+
+    def step(self) -> list[RequestOutput]:
+        finished = [request.output(self.tokenizer) for request in self.ignored]
+        self.ignored.clear()
+        scheduled = self.scheduler.schedule()
+        self.stats.num_preemptions += len(scheduled.preempted)
+        if scheduled.is_empty:
+            if self.scheduler.has_unfinished() and not finished:
+                raise RuntimeError("the scheduler can make no progress; the KV pool is too small")
+            return finished
+        start = time.perf_counter()
+        sampled = self.runner.execute(scheduled.seqs, scheduled.num_new_tokens)
+        self.stats.record_step(scheduled, time.perf_counter() - start)
+        done: set[str] = set()
+        for i, (seq, num_new) in enumerate(zip(scheduled.seqs, scheduled.num_new_tokens)):
+            seq.num_computed_tokens += num_new
+            logprobs = sampled.logprobs[i] if sampled.logprobs is not None else None
+            seq.append_token_id(sampled.token_ids[i], logprobs)
+            self.stop_checker.check(seq)
+            if seq.is_finished:
+                self.scheduler.finish(seq)
+                done.add(seq.request_id)
+        for request_id in done:
+            request = self.requests[request_id]
+            if request.is_finished:
+                finished.append(request.output(self.tokenizer))
+                del self.requests[request_id]
+        self.stats.observe(self.scheduler, self.block_manager)
+        return finished
+
+
+def _sample_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The index-th of n samples draws from seed + index, as a separate request with it would."""
+    seed = None if params.seed is None else params.seed + index
+    return replace(params, n=1, seed=seed)
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+    return device
+
+
+def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def _max_model_len(hf_config, requested: int | None) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    if requested is not None and requested > limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit}")
+    return requested or limit
+
+
+def _eos_token_ids(hf_config, tokenizer) -> set[int]:
+    ids = getattr(hf_config, "eos_token_id", None)
+    ids = set(ids) if isinstance(ids, list) else ({ids} if ids is not None else set())
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,34 @@
+from dataclasses import dataclass
+
+from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.scheduler import Scheduler, SchedulerOutput
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Running totals and the latest gauges, under vLLM's metric names."""
+
+    num_steps: int = 0
+    num_prompt_tokens: int = 0  # prefill tokens computed, recomputation included
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    kv_cache_usage_perc: float = 0.0
+    peak_kv_cache_usage_perc: float = 0.0
+    model_time: float = 0.0
+
+    def record_step(self, scheduled: SchedulerOutput, model_time: float) -> None:
+        self.num_steps += 1
+        self.model_time += model_time
+        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens):
+            self.num_generation_tokens += 1
+            if num_new > 1 or not seq.output_token_ids:
+                self.num_prompt_tokens += num_new
+
+    def observe(self, scheduler: Scheduler, block_manager: BlockManager) -> None:
+        self.num_running = len(scheduler.running)
+        self.num_waiting = len(scheduler.waiting)
+        self.kv_cache_usage_perc = block_manager.usage
+        self.peak_kv_cache_usage_perc = max(self.peak_kv_cache_usage_perc, block_manager.usage)

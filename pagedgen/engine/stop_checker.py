@@ -1,0 +1,117 @@
+from typing import Protocol
+
+from pagedgen.engine.sequence import Sequence, SequenceStatus
+
+# Prompt tokens decoded ahead of the first output token, so that tokenizers that strip the
+# leading space of a text (SentencePiece) see the first output token mid-text. vLLM uses 5.
+NUM_PROMPT_CONTEXT_TOKENS = 5
+
+
+class Tokenizer(Protocol):
+    def decode(self, token_ids: list[int], **kwargs: bool) -> str: ...
+
+
+class StopChecker:
+    """Detokenizes each new token of a sequence and finishes the sequence when it must stop.
+
+    Call check(seq) once after every token appended to a running sequence. Rules, as in vLLM:
+    - Stop tokens: seq.sampling_params.stop_token_ids, and all_stop_token_ids (the engine puts the
+      tokenizer's eos ids there, plus the stop_token_ids) unless ignore_eos. The token's text is
+      left out of output_text unless include_stop_str_in_output. stop_reason is the token id for a
+      stop_token_ids hit and None for eos.
+    - Stop strings: output_text is cut before the stop string (after it when
+      include_stop_str_in_output) and stop_reason is the stop string.
+    - Neither counts until more than min_tokens tokens have been generated.
+    - Otherwise max_tokens output tokens or max_model_len tokens in all finish the sequence as
+      FINISHED_LENGTH_CAPPED; a stop on the same token wins over the length cap.
+
+    Detokenization is incremental, as vLLM's detokenize_incrementally: per sequence,
+    token_ids[prefix_offset:read_offset] is text already emitted, kept only as context, and
+    token_ids[read_offset:] is not emitted yet. Each step decodes the two small windows
+    [prefix_offset:read_offset] and [prefix_offset:] and emits the difference, unless the latter
+    ends in U+FFFD (a multi-byte character split across tokens), in which case it waits.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self._offsets: dict[int, tuple[int, int]] = {}  # seq_id -> (prefix_offset, read_offset)
+
+    def check(self, seq: Sequence) -> None:
+        assert not seq.is_finished and seq.output_token_ids, seq
+        params = seq.sampling_params
+        token_id = seq.output_token_ids[-1]
+        can_stop = seq.num_output_tokens > params.min_tokens
+        is_stop_token = can_stop and (
+            token_id in params.stop_token_ids
+            or (not params.ignore_eos and token_id in params.all_stop_token_ids)
+        )
+        new_text = ""
+        if not is_stop_token or params.include_stop_str_in_output:
+            new_text = self._decode_new_text(seq)
+            seq.output_text += new_text
+
+        if is_stop_token:
+            stop_reason = token_id if token_id in params.stop_token_ids else None
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED, stop_reason)
+            return
+        if can_stop and params.stop and new_text:
+            found = find_stop_string(seq.output_text, len(new_text), params.stop)
+            if found is not None:
+                stop_str, index = found
+                if params.include_stop_str_in_output:
+                    index += len(stop_str)
+                seq.output_text = seq.output_text[:index]
+                self._finish(seq, SequenceStatus.FINISHED_STOPPED, stop_str)
+                return
+        if seq.num_tokens >= self.max_model_len or (
+            params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
+        ):
+            self._finish(seq, SequenceStatus.FINISHED_LENGTH_CAPPED, None)
+
+    def free(self, seq: Sequence) -> None:
+        """Drops the detokenizer state of a sequence finished elsewhere (an abort)."""
+        self._offsets.pop(seq.seq_id, None)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus, stop_reason: int | str | None) -> None:
+        seq.finish(status)
+        seq.stop_reason = stop_reason
+        self.free(seq)
+
+    def _decode_new_text(self, seq: Sequence) -> str:
+        num_prompt_tokens = seq.num_prompt_tokens
+        prefix_offset, read_offset = self._offsets.get(
+            seq.seq_id, (max(num_prompt_tokens - NUM_PROMPT_CONTEXT_TOKENS, 0), num_prompt_tokens)
+        )
+        if prefix_offset >= num_prompt_tokens:
+            window = seq.output_token_ids[prefix_offset - num_prompt_tokens :]
+        else:
+            window = seq.prompt_token_ids[prefix_offset:] + seq.output_token_ids
+        skip_special_tokens = seq.sampling_params.skip_special_tokens
+        prefix_text = self._decode(window[: read_offset - prefix_offset], skip_special_tokens)
+        text = self._decode(window, skip_special_tokens)
+        if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
+            return ""
+        self._offsets[seq.seq_id] = (read_offset, seq.num_tokens)
+        return text[len(prefix_text) :]
+
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        if not token_ids:
+            return ""
+        return self.tokenizer.decode(
+            token_ids,
+            skip_special_tokens=skip_special_tokens,
+            clean_up_tokenization_spaces=False,
+        )
+
+
+def find_stop_string(text: str, num_new_chars: int, stop: list[str]) -> tuple[str, int] | None:
+    """The earliest occurrence of a stop string that ends within the last num_new_chars characters
+    of text, as (stop string, index); None if there is none. Older text was searched before."""
+    found: tuple[str, int] | None = None
+    for stop_str in stop:
+        start = max(len(text) - num_new_chars - len(stop_str) + 1, 0)
+        index = text.find(stop_str, start)
+        if index != -1 and (found is None or index < found[1]):
+            found = (stop_str, index)
+    return found

@@ -1,0 +1,55 @@
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+def rope_parameters(config: PretrainedConfig) -> dict:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding (Hugging Face's rotate_half) over a precomputed table.
+
+    The inverse frequencies and the attention scaling come from transformers' own rope
+    functions, so every scaling variant a config names is computed as the reference computes it.
+    """
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int) -> None:
+        super().__init__()
+        rope_type = rope_parameters(config)["rope_type"]
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
+            )
+        if rope_type == "default":
+            theta = rope_parameters(config)["rope_theta"]
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            scaling = 1.0
+        else:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        positions = torch.arange(max_position, dtype=torch.float)
+        freqs = positions[:, None] * inv_freq.float()[None, :]
+        self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
+        self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [num_tokens]
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

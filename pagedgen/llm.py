@@ -1,0 +1,94 @@
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import fields
+from typing import Any
+
+from pagedgen.config import EngineConfig
+from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
+from pagedgen.loader.resolve import DEFAULT_MODEL
+from pagedgen.outputs import RequestOutput
+from pagedgen.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+Messages = list[dict[str, str]]
+
+
+class LLM:
+    """Offline batch generation: `LLM(model).generate(prompts, SamplingParams(...))`.
+
+    Keyword arguments are EngineConfig fields (dtype, block_size, kv_cache_memory,
+    max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed).
+    """
+
+    def __init__(
+        self, model: str = DEFAULT_MODEL, log: Callable[[str], None] = log_to_stderr, **kwargs: Any
+    ) -> None:
+        names = {f.name for f in fields(EngineConfig)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine arguments {unknown}; known: {sorted(names)}")
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), log=log)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Iterable[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Completes every prompt (text or token ids); returns the outputs in prompt order."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(
+                    f"{len(sampling_params)} sampling params for {len(prompts)} prompts"
+                )
+            params = sampling_params
+        else:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        requests = ((str(i), prompt, p) for i, (prompt, p) in enumerate(zip(prompts, params)))
+        outputs = {out.request_id: out for out in self.stream(requests)}
+        return [outputs[str(i)] for i in range(len(prompts))]
+
+    def chat(
+        self,
+        messages: Messages | list[Messages],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Applies the tokenizer's chat template to each conversation, then generates."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        return self.generate([self.apply_chat_template(m) for m in conversations], sampling_params)
+
+    def apply_chat_template(self, messages: Messages) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise ValueError("this model's tokenizer has no chat template; give plain prompts")
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def stream(
+        self, requests: Iterable[tuple[str, Prompt, SamplingParams]], max_pending: int | None = None
+    ) -> Iterator[RequestOutput]:
+        """Yields each request's output as soon as it finishes.
+
+        Requests are pulled from the iterable only while fewer than max_pending are unfinished
+        (default: twice max_num_seqs), so an input of any length streams through in bounded
+        memory while the batch stays full.
+        """
+        engine = self.engine
+        max_pending = max_pending or 2 * engine.config.max_num_seqs
+        requests = iter(requests)
+        exhausted = False
+        while True:
+            while not exhausted and engine.num_unfinished_requests < max_pending:
+                request = next(requests, None)
+                if request is None:
+                    exhausted = True
+                else:
+                    engine.add_request(*request)
+            if not engine.has_unfinished_requests():
+                return
+            yield from engine.step()

@@ -1,0 +1,4 @@
+from pagedgen.loader.resolve import DEFAULT_MODEL, ModelNotFoundError, ResolvedModel, resolve_model
+from pagedgen.loader.weights import load_model
+
+__all__ = ["DEFAULT_MODEL", "ModelNotFoundError", "ResolvedModel", "load_model", "resolve_model"]

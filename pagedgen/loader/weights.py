@@ -1,0 +1,67 @@
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from pagedgen.attention import AttentionBackend
+from pagedgen.loader.resolve import ResolvedModel
+from pagedgen.models.registry import get_model_class
+
+
+def load_config(resolved: ResolvedModel) -> PretrainedConfig:
+    if resolved.gguf_file:
+        from pagedgen.loader.gguf import read_gguf_config
+
+        return read_gguf_config(resolved.path / resolved.gguf_file)
+    return AutoConfig.from_pretrained(resolved.path)
+
+
+def load_tokenizer(resolved: ResolvedModel) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
+
+
+def iterate_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"no .safetensors weights in {folder}; pagedgen loads safetensors or GGUF only"
+        )
+    for file in files:
+        with safe_open(folder / file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
+def load_model(
+    resolved: ResolvedModel,
+    config: PretrainedConfig,
+    backend: AttentionBackend,
+    max_position: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> nn.Module:
+    """Builds our own implementation of the checkpoint's architecture and loads its weights."""
+    model_cls = get_model_class(config)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # parameters in dtype; the rotary table stays float32
+    try:
+        with torch.device(device):
+            model = model_cls(config, backend, max_position)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    if resolved.gguf_file:
+        from pagedgen.loader.gguf import read_gguf
+
+        weights = iter(read_gguf(resolved.path / resolved.gguf_file)[1].items())
+    else:
+        weights = iterate_safetensors(resolved.path)
+    model.load_weights(weights)
+    return model.eval()

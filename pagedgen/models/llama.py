@@ -1,0 +1,176 @@
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from pagedgen.attention import AttentionBackend, AttentionMetadata
+from pagedgen.layers.linear import Linear
+from pagedgen.layers.norm import RMSNorm
+from pagedgen.layers.rotary import RotaryEmbedding
+
+# checkpoint projection -> (our fused module, shard index)
+STACKED_PARAMS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=o_bias)
+        self.rotary = rotary
+        self.backend = backend
+        self.scale = self.head_dim**-0.5
+        # Bound by the model runner once the pool exists: [num_blocks, block_size, kv_heads, dim].
+        self.key_cache = torch.empty(0)
+        self.value_cache = torch.empty(0)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.output_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.normalize_qk(q, k)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(q, k, v, self.key_cache, self.value_cache, metadata, self.scale)
+        return self.o_proj(out.reshape(num_tokens, -1))
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
+        bias = getattr(config, "mlp_bias", False)
+        inter = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, [inter, inter], bias=bias)
+        self.down_proj = Linear(inter, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, attention: LlamaAttention) -> None:
+        super().__init__()
+        self.self_attn = attention
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama 2/3, Mistral, SmolLM2 and Qwen2 (QKV bias): one decoder, names as in the checkpoints.
+
+    forward() takes the flattened varlen batch and returns hidden states for every token;
+    compute_logits() is applied by the runner to the rows it samples from only.
+    """
+
+    attention_cls = LlamaAttention
+
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
+    ) -> None:
+        super().__init__()
+        self.config = config
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        self.rotary = RotaryEmbedding(config, head_dim, max_position)
+        qkv_bias, o_bias = self.attention_biases(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(
+                config, self.attention_cls(config, self.rotary, backend, qkv_bias, o_bias)
+            )
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+
+    @staticmethod
+    def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
+        if config.model_type == "qwen2":
+            return True, False
+        bias = bool(getattr(config, "attention_bias", False))
+        return bias, bias
+
+    @property
+    def attention_layers(self) -> list[LlamaAttention]:
+        return [layer.self_attn for layer in self.layers]
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            hidden = layer(positions, hidden, metadata)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads checkpoint tensors by their Hugging Face names; every parameter must be set."""
+        modules = dict(self.named_modules())
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        embed = None
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "embed_tokens.weight":
+                embed = tensor
+            module_name, _, param_name = name.rpartition(".")
+            prefix, _, proj = module_name.rpartition(".")
+            if proj in STACKED_PARAMS:
+                fused, shard = STACKED_PARAMS[proj]
+                module = modules[f"{prefix}.{fused}"]
+                module.load_shard(param_name, tensor, shard)
+                loaded.add(f"{prefix}.{fused}.{param_name}")
+            elif isinstance(modules.get(module_name), Linear):
+                modules[module_name].load_shard(param_name, tensor)
+                loaded.add(name)
+            elif name in params:
+                params[name].data.copy_(tensor)
+                loaded.add(name)
+            else:
+                raise ValueError(f"unexpected weight {name!r} in the checkpoint")
+        if "lm_head.weight" not in loaded and embed is not None:
+            self.lm_head.load_shard("weight", embed)
+            loaded.add("lm_head.weight")
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")

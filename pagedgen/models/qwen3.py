@@ -1,0 +1,20 @@
+import torch
+
+from pagedgen.layers.norm import RMSNorm
+from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
+
+
+class Qwen3Attention(LlamaAttention):
+    """Llama attention plus an RMSNorm over each head of q and k, before the rotary embedding."""
+
+    def __init__(self, config, rotary, backend, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__(config, rotary, backend, qkv_bias, o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    attention_cls = Qwen3Attention

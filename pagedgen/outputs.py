@@ -1,0 +1,55 @@
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One of a request's n completions (vLLM's CompletionOutput)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    stop_reason: int | str | None = None
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def latency(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """A finished request: its prompt and completions, or the error that kept it from running."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    metrics: RequestMetrics
+    error: str | None = None
+    finished: bool = True
+    num_cached_tokens: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(out.token_ids) for out in self.outputs)

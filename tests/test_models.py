@@ -1,0 +1,98 @@
+"""Greedy equality with transformers for tiny random-weight models of every architecture."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from pagedgen import LLM, SamplingParams
+from tests.conftest import build_tokenizer
+
+COMMON = dict(
+    vocab_size=257,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    initializer_range=0.3,
+    eos_token_id=256,
+    bos_token_id=256,
+)
+
+CONFIGS = {
+    "llama": dict(model_type="llama", tie_word_embeddings=False),
+    "llama3-rope-tied": dict(
+        model_type="llama",
+        tie_word_embeddings=True,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
+    ),
+    "mistral": dict(model_type="mistral", sliding_window=None),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),
+}
+
+PROMPTS = [[5, 9, 200, 31], [7] * 23, list(range(40, 90)), [100], [3, 1, 4, 1, 5, 9, 2, 6]]
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def tiny_model(request, tmp_path_factory):
+    name = request.param
+    kwargs = dict(COMMON, **CONFIGS[name])
+    config = AutoConfig.for_model(**kwargs)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    folder = tmp_path_factory.mktemp(name)
+    model.save_pretrained(folder)
+    build_tokenizer(folder)
+    return folder, model
+
+
+def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_greedy_matches_transformers(tiny_model):
+    folder, hf_model = tiny_model
+    max_tokens = [12, 30, 20, 25, 16]
+    llm = LLM(str(folder), max_num_seqs=3, kv_cache_memory=0.01)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    outputs = llm.generate(PROMPTS, params)
+    for prompt, n, output in zip(PROMPTS, max_tokens, outputs):
+        assert output.outputs[0].token_ids == reference_greedy(hf_model, prompt, n)
+
+
+def test_greedy_matches_transformers_under_preemption(tiny_model):
+    folder, hf_model = tiny_model
+    # 10 blocks of 8 tokens, while the 4 sequences grow to 4 blocks each
+    config = AutoConfig.from_pretrained(folder)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // 4
+    bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
+    llm = LLM(str(folder), block_size=8, kv_cache_memory=10 * 8 * bytes_per_token / 2**30)
+    prompts = [PROMPTS[0], PROMPTS[4], PROMPTS[3], [8, 8, 8]]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert llm.engine.stats.num_preemptions >= 1
+    for prompt, output in zip(prompts, outputs):
+        assert output.outputs[0].token_ids == reference_greedy(hf_model, prompt, 24)
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    config = AutoConfig.for_model("gpt2", n_layer=1, n_head=2, n_embd=16, vocab_size=257)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    build_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match="unsupported architecture.*LlamaForCausalLM"):
+        LLM(str(tmp_path))

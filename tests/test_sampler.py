@@ -1,0 +1,298 @@
+import math
+import random
+
+import pytest
+import torch
+
+from pagedgen.layers import sampler
+from pagedgen.layers.sampler import (
+    Sampler,
+    SamplerOutput,
+    SamplingMetadata,
+    apply_penalties_,
+    apply_top_k_top_p,
+    apply_top_k_top_p_sorted,
+)
+from pagedgen.sampling_params import SamplingParams
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    prompt_token_ids: list[list[int]] | None = None,
+    output_token_ids: list[list[int]] | None = None,
+) -> SamplerOutput:
+    num_seqs = len(params)
+    metadata = SamplingMetadata.build(
+        params,
+        prompt_token_ids or [[0]] * num_seqs,
+        output_token_ids or [[]] * num_seqs,
+        logits.device,
+    )
+    return Sampler()(logits, metadata)
+
+
+def sampled_set(probs: list[float], device: str, num_samples: int = 4000, **kwargs) -> set[int]:
+    logits = torch.tensor(probs, device=device).log().expand(num_samples, -1)
+    return set(sample(logits, [SamplingParams(**kwargs)] * num_samples).token_ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_greedy_is_argmax_without_tensors(device: str) -> None:
+    logits = torch.randn(8, 100, device=device)
+    params = [SamplingParams(temperature=0)] * 8
+    metadata = SamplingMetadata.build(params, [[1, 2]] * 8, [[3]] * 8, device)
+    assert metadata.all_greedy
+    assert metadata.temperatures is None and metadata.repetition_coords is None
+    assert metadata.output_penalty_coords is None and metadata.min_tokens_coords is None
+    out = Sampler()(logits, metadata)
+    assert out.token_ids == logits.argmax(dim=-1).tolist()
+    assert out.logprobs is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_batch_greedy_rows_are_argmax(device: str) -> None:
+    logits = torch.randn(64, 50, device=device)
+    params = [
+        SamplingParams(temperature=0) if i % 2 else SamplingParams(temperature=1.5, top_k=5)
+        for i in range(64)
+    ]
+    token_ids = sample(logits, params).token_ids
+    argmax = logits.argmax(dim=-1).tolist()
+    assert all(token_ids[i] == argmax[i] for i in range(1, 64, 2))
+    # Random rows do not all fall on the argmax.
+    assert any(token_ids[i] != argmax[i] for i in range(0, 64, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seed_is_independent_of_batch_and_row(device: str) -> None:
+    vocab_size = 1000
+    row = torch.randn(vocab_size, device=device)
+    seeded = SamplingParams(temperature=1.0, seed=1234)
+    others = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0, top_k=3, seed=99),
+        SamplingParams(temperature=2.0, top_p=0.5, repetition_penalty=1.3),
+    ]
+    alone, in_batch = [], []
+    for step in range(20):
+        output = list(range(step))
+        alone.append(sample(row.unsqueeze(0), [seeded], [[5]], [output]).token_ids[0])
+        logits = torch.randn(5, vocab_size, device=device)
+        logits[3] = row
+        params = others[:3] + [seeded] + others[3:]
+        outputs = [[7] * step, [], [1, 2], output, [9]]
+        in_batch.append(sample(logits, params, [[5]] * 5, outputs).token_ids[3])
+    assert alone == in_batch
+    assert len(set(alone)) > 1  # the seed moves on with the step
+
+
+def test_different_seeds_differ_and_global_rng_is_used() -> None:
+    logits = torch.zeros(1, 1000)
+
+    def draw(seed: int | None) -> list[int]:
+        params = [SamplingParams(seed=seed)]
+        return [sample(logits, params, [[0]], [[0] * step]).token_ids[0] for step in range(10)]
+
+    assert draw(1) == draw(1)
+    assert draw(1) != draw(2)
+    torch.manual_seed(0)
+    first = draw(None)
+    torch.manual_seed(0)
+    assert draw(None) == first
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_k_allowed_set(device: str) -> None:
+    probs = [0.1, 0.3, 0.05, 0.25, 0.3 - 1e-3]
+    assert sampled_set(probs, device, top_k=2) == {1, 4}
+    assert sampled_set(probs, device, top_k=3) == {1, 3, 4}
+    assert sampled_set(probs, device, top_k=0) == {0, 1, 2, 3, 4}
+    assert sampled_set(probs, device, top_k=100) == {0, 1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_p_and_min_p_allowed_sets(device: str) -> None:
+    probs = [0.5, 0.3, 0.15, 0.05]
+    assert sampled_set(probs, device, top_p=0.4) == {0}
+    assert sampled_set(probs, device, top_p=0.7) == {0, 1}
+    assert sampled_set(probs, device, top_p=0.85) == {0, 1, 2}
+    assert sampled_set(probs, device, top_p=0.99) == {0, 1, 2, 3}
+    # top_k first, then top_p over the renormalized survivors: 0.5/0.95 + 0.3/0.95 = 0.84.
+    assert sampled_set(probs, device, top_k=3, top_p=0.8) == {0, 1}
+    assert sampled_set(probs, device, top_k=3, top_p=0.9) == {0, 1, 2}
+    # min_p keeps probabilities >= min_p * 0.5.
+    assert sampled_set(probs, device, min_p=0.2) == {0, 1, 2}
+    assert sampled_set(probs, device, min_p=0.5) == {0, 1}
+    # ... of the tempered distribution, as in vLLM: (0.3 / 0.5) ** 2 = 0.36 < 0.5.
+    assert sampled_set(probs, device, min_p=0.5, temperature=0.5) == {0}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_filters_are_row_wise(device: str) -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05], device=device).log()
+    kinds = [
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=0.7),
+        SamplingParams(min_p=0.2),
+        SamplingParams(),
+        SamplingParams(temperature=0),
+    ]
+    params = kinds * 1000
+    token_ids = sample(probs.expand(len(params), -1), params).token_ids
+    allowed = [{0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}, {0}]
+    for i, expected in enumerate(allowed):
+        assert set(token_ids[i :: len(kinds)]) == expected
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_frequencies_follow_tempered_softmax(seeded: bool) -> None:
+    num_samples = 20000
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0]).expand(num_samples, -1)
+    params = [
+        SamplingParams(temperature=2.0, seed=i if seeded else None) for i in range(num_samples)
+    ]
+    counts = torch.bincount(torch.tensor(sample(logits, params).token_ids), minlength=4)
+    expected = (logits[0] / 2.0).softmax(dim=-1)
+    assert torch.allclose(counts / num_samples, expected, atol=0.015)
+
+
+def test_penalties_match_hand_computation() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, -0.5, 3.0], [2.0, -1.0, 0.5, -0.5, 3.0]])
+    params = [
+        SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+        SamplingParams(),
+    ]
+    metadata = SamplingMetadata.build(params, [[0, 1], [0, 1]], [[2, 2, 3], [2, 2, 3]], "cpu")
+    penalized = logits.clone()
+    apply_penalties_(penalized, metadata)
+    # Repetition over prompt + output {0, 1, 2, 3}: [1.0, -2.0, 0.25, -1.0, 3.0]; then token 2
+    # (twice in the output) loses 2 * 0.5 + 0.25 and token 3 (once) loses 0.5 + 0.25.
+    assert penalized[0].tolist() == [1.0, -2.0, -1.0, -1.75, 3.0]
+    assert penalized[1].tolist() == logits[1].tolist()
+
+
+def test_presence_and_frequency_ignore_prompt_tokens() -> None:
+    logits = torch.tensor([[1.0, 1.0, 0.0]])
+    params = [SamplingParams(temperature=0, presence_penalty=2.0, frequency_penalty=2.0)]
+    assert sample(logits, params, [[0, 0, 0]], [[]]).token_ids == [0]
+    assert sample(logits, params, [[1, 1, 1]], [[0]]).token_ids == [1]
+
+
+def test_repetition_penalty_counts_prompt_tokens() -> None:
+    logits = torch.tensor([[3.0, 2.0, -5.0]])
+    params = [SamplingParams(temperature=0, repetition_penalty=2.0)]
+    assert sample(logits, params, [[0]], [[]]).token_ids == [1]
+    assert sample(logits, params, [[2]], [[0]]).token_ids == [1]
+    assert sample(logits, params, [[2]], [[2]]).token_ids == [0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_min_tokens_masks_stop_tokens(device: str) -> None:
+    eos, stop = 3, 1
+    logits = torch.tensor([[0.0, 9.0, 1.0, 10.0, 0.0]], device=device)
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(temperature=temperature, min_tokens=3, stop_token_ids=[stop])
+        params.all_stop_token_ids = {eos, stop, 1000}  # out-of-vocab ids are ignored
+        blocked = sample(logits.expand(500, -1), [params] * 500, None, [[2, 2]] * 500)
+        assert set(blocked.token_ids) <= {0, 2, 4}
+        free = sample(logits, [params], None, [[2, 2, 2]])
+        assert temperature > 0 or free.token_ids == [eos]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprobs_come_from_raw_logits(device: str) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50, device=device)
+    logits[0, 7] = 10.0  # penalized below to move the greedy choice away from the raw top token
+    params = [
+        SamplingParams(temperature=0, logprobs=5, repetition_penalty=100.0),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=1.0, logprobs=0),
+    ]
+    out = sample(logits, params, [[7], [7], [7]], [[], [], []])
+    raw = logits.float().log_softmax(dim=-1)
+    assert out.logprobs is not None and out.logprobs[1] is None
+    row = out.logprobs[0]
+    assert out.token_ids[0] != 7
+    assert list(row)[0] == out.token_ids[0]
+    top_ids = raw[0].topk(5).indices.tolist()
+    assert list(row)[1:] == [t for t in top_ids if t != out.token_ids[0]]
+    for token_id, logprob in row.items():
+        assert math.isclose(logprob, raw[0, token_id].item(), abs_tol=1e-5)
+    assert out.logprobs[2] == pytest.approx({out.token_ids[2]: raw[2, out.token_ids[2]].item()})
+
+
+def test_logprobs_keep_sampled_token_first_when_in_top_k() -> None:
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]])
+    out = sample(logits, [SamplingParams(temperature=0, logprobs=3)])
+    assert out.logprobs is not None
+    assert list(out.logprobs[0]) == [1, 2, 3]
+    assert sum(math.exp(v) for v in out.logprobs[0].values()) < 1.0
+
+
+def test_top_k_top_p_keeps_the_nucleus() -> None:
+    rng = random.Random(0)
+    num_checked = 0
+    for case in range(300):
+        vocab_size, top_k, top_p = rng.randint(1, 40), rng.randint(0, 45), rng.uniform(0.01, 1.0)
+        logits = torch.randn(vocab_size, generator=torch.Generator().manual_seed(case))
+        kept = logits.argsort(descending=True).tolist()[: top_k or vocab_size]
+        probs = logits[kept].softmax(dim=0).tolist()
+        mass_before = [sum(probs[:i]) for i in range(len(kept))]
+        if any(abs(m - top_p) < 1e-4 for m in mass_before):
+            continue  # too close to call in float32
+        masked = apply_top_k_top_p(
+            logits.unsqueeze(0),
+            torch.tensor([top_k]) if top_k else None,
+            torch.tensor([top_p]) if top_p < 1 else None,
+        )
+        expected = {t for t, m in zip(kept, mass_before, strict=True) if m < top_p}
+        assert set(torch.isfinite(masked[0]).nonzero().flatten().tolist()) == expected, case
+        num_checked += 1
+    assert num_checked > 250
+
+
+@pytest.mark.parametrize("scale, expect_full_sort", [(8.0, False), (0.1, True)])
+def test_top_p_candidates_match_full_sort(
+    monkeypatch: pytest.MonkeyPatch, scale: float, expect_full_sort: bool
+) -> None:
+    generator = torch.Generator().manual_seed(0)
+    num_seqs, vocab_size = 64, 5000
+    logits = torch.randn(num_seqs, vocab_size, generator=generator) * scale
+    top_k = torch.randint(1, 200, (num_seqs,), generator=generator)
+    top_k[::3] = 0
+    top_k[1] = 2000  # more than NUM_TOP_P_CANDIDATES
+    top_p = torch.rand(num_seqs, generator=generator) * 0.98 + 0.01
+    top_p[1::4] = 1.0
+    num_full_sorts = []
+
+    def counting_sorted(*args: torch.Tensor) -> torch.Tensor:
+        num_full_sorts.append(1)
+        return apply_top_k_top_p_sorted(*args)
+
+    monkeypatch.setattr(sampler, "apply_top_k_top_p_sorted", counting_sorted)
+    masked = apply_top_k_top_p(logits, top_k, top_p)
+    assert bool(num_full_sorts) == expect_full_sort
+    kept = torch.isfinite(masked)
+    expected = apply_top_k_top_p_sorted(logits, torch.where(top_k == 0, vocab_size, top_k), top_p)
+    assert torch.equal(kept, torch.isfinite(expected))
+    assert torch.equal(masked[kept], logits[kept])
+    assert kept[2::4].sum(dim=-1).min() < kept[2::4].sum(dim=-1).max()  # top_p did cut
+
+
+def test_input_logits_are_left_alone_and_any_float_dtype_works() -> None:
+    logits = torch.randn(2, 10)
+    before = logits.clone()
+    params = [
+        SamplingParams(temperature=0, repetition_penalty=2.0, presence_penalty=1.0, min_tokens=2),
+        SamplingParams(top_p=0.5, logprobs=2),
+    ]
+    params[0].all_stop_token_ids = {3}
+    sample(logits, params, [[1, 2], [1]], [[3], [4]])
+    assert torch.equal(logits, before)
+    greedy = [SamplingParams(temperature=0)] * 2
+    assert sample(logits.bfloat16(), greedy).token_ids == logits.bfloat16().argmax(-1).tolist()

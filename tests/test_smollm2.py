@@ -1,0 +1,80 @@
+"""The headline proof: the real SmolLM2-135M, greedy, token for token equal to transformers."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pagedgen import LLM, SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a land far away, there lived a",
+    "def fibonacci(n):\n    ",
+    "1, 2, 3, 4, 5,",
+    "The quick brown fox jumps over the lazy dog. " * 12,
+    "Explain in simple terms how a rainbow forms.",
+    "Hi",
+    "Translate to French: I would like a cup of coffee, please.",
+    "Here is a list of the planets of the solar system, in order from the sun:",
+    "A recipe for pancakes needs flour, eggs, milk and",
+]
+MAX_TOKENS = [64, 40, 64, 52, 64, 33, 64, 45, 64, 58]
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_path):
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def references(hf_model, smollm2_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    refs = []
+    for prompt in prompts:
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=64,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        refs.append(out[0, len(prompt) :].tolist())
+    return prompts, refs
+
+
+def test_greedy_equals_transformers_in_one_continuous_batch_with_preemption(
+    smollm2_path, references
+):
+    prompts, refs = references
+    bytes_per_token = 2 * 30 * 3 * 64 * 4
+    # 16 blocks of 16 tokens for 10 prompts of up to ~120 tokens plus 64 each, 4 at a time:
+    # admissions, finishes at different steps and at least one recompute preemption.
+    llm = LLM(
+        str(smollm2_path),
+        max_num_seqs=4,
+        kv_cache_memory=16 * 16 * bytes_per_token / 2**30,
+    )
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    outputs = llm.generate(prompts, params)
+    stats = llm.engine.stats
+    assert stats.num_preemptions >= 1
+    llm.engine.block_manager.check_integrity()
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.num_blocks
+    for n, ref, output in zip(MAX_TOKENS, refs, outputs):
+        assert output.outputs[0].token_ids == ref[:n]
+        assert output.outputs[0].finish_reason == "length"
+
+
+def test_chat_stops_at_eos(smollm2_path):
+    llm = LLM(str(smollm2_path), kv_cache_memory=0.1)
+    (output,) = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=64),
+    )
+    completion = output.outputs[0]
+    assert completion.finish_reason == "stop"
+    assert "Paris" in completion.text
+    assert completion.token_ids[-1] in llm.engine.eos_token_ids

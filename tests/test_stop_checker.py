@@ -1,0 +1,250 @@
+import json
+import random
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from pagedgen.engine.sequence import Sequence, SequenceStatus
+from pagedgen.engine.stop_checker import StopChecker
+from pagedgen.sampling_params import SamplingParams
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, hello there, general kenobi",
+    "stop here and say goodbye to the world",
+]
+# Not in CORPUS, so they come out as several byte tokens each.
+MULTI_BYTE_TEXT = " Grüße, 日本語 costs €5 🙂 ok"
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """GPT-2 style: byte-level BPE."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<eos>", "<sep>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+
+
+def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
+    """Llama style: SentencePiece-like BPE over "▁"-joined words, unknown characters as byte
+    tokens <0xNN>, a decoder that strips the leading space of the text."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=150, special_tokens=["<unk>", "<eos>", "<sep>"])
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    spec = json.loads(tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    spec["decoder"] = {
+        "type": "Sequence",
+        "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        ],
+    }
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", unk_token="<unk>")
+
+
+TOKENIZERS = {"byte_level": byte_level_tokenizer(), "byte_fallback": byte_fallback_tokenizer()}
+
+
+@pytest.fixture(params=list(TOKENIZERS))
+def tokenizer(request: pytest.FixtureRequest) -> PreTrainedTokenizerFast:
+    return TOKENIZERS[request.param]
+
+
+class CountingTokenizer:
+    def __init__(self, tokenizer: PreTrainedTokenizerFast) -> None:
+        self.tokenizer = tokenizer
+        self.decoded_lengths: list[int] = []
+
+    def decode(self, token_ids: list[int], **kwargs: bool) -> str:
+        self.decoded_lengths.append(len(token_ids))
+        return self.tokenizer.decode(token_ids, **kwargs)
+
+
+def generate(
+    tokenizer: PreTrainedTokenizerFast,
+    output_token_ids: list[int],
+    prompt: str = "hello there, say",
+    max_model_len: int = 10_000,
+    checker: StopChecker | None = None,
+    **kwargs,
+) -> Sequence:
+    """Feeds output_token_ids one by one, as the engine would, until the sequence finishes."""
+    params = SamplingParams(**{"max_tokens": None, **kwargs})
+    params.all_stop_token_ids = {tokenizer.eos_token_id, *params.stop_token_ids}
+    seq = Sequence("request-0", tokenizer.encode(prompt), params)
+    seq.status = SequenceStatus.RUNNING
+    checker = checker or StopChecker(tokenizer, max_model_len)
+    for token_id in output_token_ids:
+        seq.append_token_id(token_id)
+        checker.check(seq)
+        assert "\ufffd" not in seq.output_text
+        if seq.is_finished:
+            break
+    return seq
+
+
+def reference_text(
+    tokenizer: PreTrainedTokenizerFast,
+    seq: Sequence,
+    skip: bool = True,
+    num_output_tokens: int | None = None,
+) -> str:
+    """The text the output (or its first num_output_tokens) adds after the prompt, decoding
+    everything at once."""
+    prompt = tokenizer.decode(seq.prompt_token_ids, skip_special_tokens=skip)
+    output_token_ids = seq.output_token_ids[:num_output_tokens]
+    full = tokenizer.decode(seq.prompt_token_ids + output_token_ids, skip_special_tokens=skip)
+    assert full.startswith(prompt)
+    return full[len(prompt) :]
+
+
+def test_multi_byte_text_matches_full_decode(tokenizer: PreTrainedTokenizerFast) -> None:
+    output_token_ids = tokenizer.encode(MULTI_BYTE_TEXT)
+    partial = [t for t in output_token_ids if "\ufffd" in tokenizer.decode([t])]
+    assert len(partial) >= 6  # the test must split characters across tokens
+    seq = generate(tokenizer, output_token_ids)
+    assert not seq.is_finished
+    assert seq.output_text == reference_text(tokenizer, seq)
+    assert seq.output_text.strip() == MULTI_BYTE_TEXT.strip()
+
+
+@pytest.mark.parametrize("case", range(30))
+def test_random_text_matches_full_decode(tokenizer: PreTrainedTokenizerFast, case: int) -> None:
+    rng = random.Random(case)
+    pieces = ["the", " quick", " fox", "é", "日本", "🙂", "€", " ", ",", "<sep>", "world", "\n"]
+    text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 25)))
+    skip = rng.random() < 0.5
+    seq = generate(tokenizer, tokenizer.encode(text), skip_special_tokens=skip)
+    assert seq.output_text == reference_text(tokenizer, seq, skip)
+
+
+def test_decodes_only_a_small_window(tokenizer: PreTrainedTokenizerFast) -> None:
+    counting = CountingTokenizer(tokenizer)
+    output_token_ids = tokenizer.encode(MULTI_BYTE_TEXT * 20)
+    seq = generate(tokenizer, output_token_ids, checker=StopChecker(counting, 10_000))
+    assert seq.output_text == reference_text(tokenizer, seq)
+    assert len(output_token_ids) > 200
+    assert max(counting.decoded_lengths) <= 10
+
+
+def test_special_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    output_token_ids = tokenizer.encode(" hello<sep> world")
+    assert "<sep>" not in generate(tokenizer, output_token_ids).output_text
+    kept = generate(tokenizer, output_token_ids, skip_special_tokens=False)
+    assert "<sep>" in kept.output_text
+
+
+def test_stop_string_across_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    text = " the quick brown fox jumps"
+    output_token_ids = tokenizer.encode(text)
+    ends = [len(tokenizer.decode(output_token_ids[: i + 1])) for i in range(len(output_token_ids))]
+    stop_end = text.strip().index("brown f") + len("brown f")
+    completing = next(i for i, end in enumerate(ends) if end >= stop_end)
+    assert ends[completing - 1] > text.strip().index("brown f")  # spans a token boundary
+
+    seq = generate(tokenizer, output_token_ids, stop=["brown f"])
+    assert seq.status == SequenceStatus.FINISHED_STOPPED
+    assert seq.stop_reason == "brown f"
+    assert seq.num_output_tokens == completing + 1
+    assert seq.output_text == " the quick "
+
+    seq = generate(tokenizer, output_token_ids, stop=["brown f"], include_stop_str_in_output=True)
+    assert seq.output_text == " the quick brown f"
+
+
+def test_earliest_stop_string_wins(tokenizer: PreTrainedTokenizerFast) -> None:
+    seq = generate(tokenizer, tokenizer.encode(" the quick brown fox"), stop=["fox", "ui", "qu"])
+    assert (seq.output_text, seq.stop_reason) == (" the ", "qu")
+
+
+def test_multi_byte_stop_string(tokenizer: PreTrainedTokenizerFast) -> None:
+    seq = generate(tokenizer, tokenizer.encode(MULTI_BYTE_TEXT), stop=["本語"])
+    assert seq.output_text == " Grüße, 日"
+    assert seq.stop_reason == "本語"
+
+
+def test_stop_token_ids(tokenizer: PreTrainedTokenizerFast) -> None:
+    output_token_ids = tokenizer.encode(" the quick brown fox jumps")
+    stop_id = output_token_ids[2]
+    seq = generate(tokenizer, output_token_ids, stop_token_ids=[stop_id])
+    assert seq.status == SequenceStatus.FINISHED_STOPPED
+    assert seq.stop_reason == stop_id
+    assert seq.output_token_ids == output_token_ids[:3]
+    assert seq.output_text == reference_text(tokenizer, seq, num_output_tokens=2)
+
+    seq = generate(
+        tokenizer, output_token_ids, stop_token_ids=[stop_id], include_stop_str_in_output=True
+    )
+    assert seq.output_text == reference_text(tokenizer, seq)
+
+
+def test_eos(tokenizer: PreTrainedTokenizerFast) -> None:
+    eos = tokenizer.eos_token_id
+    output_token_ids = tokenizer.encode(" hello world") + [eos] + tokenizer.encode(" more")
+    seq = generate(tokenizer, output_token_ids, skip_special_tokens=False)
+    assert seq.status == SequenceStatus.FINISHED_STOPPED and seq.stop_reason is None
+    assert seq.output_token_ids[-1] == eos
+    assert seq.output_text == " hello world"
+
+    seq = generate(tokenizer, output_token_ids, ignore_eos=True, skip_special_tokens=False)
+    assert not seq.is_finished
+    assert seq.output_text == " hello world<eos> more"
+
+
+def test_min_tokens_delays_stops(tokenizer: PreTrainedTokenizerFast) -> None:
+    eos = tokenizer.eos_token_id
+    hello = tokenizer.encode(" hello")
+    seq = generate(tokenizer, [eos] + hello + [eos], min_tokens=1)
+    assert seq.status == SequenceStatus.FINISHED_STOPPED
+    assert seq.num_output_tokens == len(hello) + 2
+
+    # Only the last token is past min_tokens, so only the last "fox" counts.
+    output_token_ids = tokenizer.encode(" fox fox fox")
+    seq = generate(tokenizer, output_token_ids, stop=["fox"], min_tokens=len(output_token_ids) - 1)
+    assert seq.status == SequenceStatus.FINISHED_STOPPED
+    assert seq.num_output_tokens == len(output_token_ids)
+    assert seq.output_text == " fox fox "
+
+
+def test_length_caps(tokenizer: PreTrainedTokenizerFast) -> None:
+    output_token_ids = tokenizer.encode(" the quick brown fox jumps over the lazy dog")
+    seq = generate(tokenizer, output_token_ids, max_tokens=3)
+    assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED and seq.stop_reason is None
+    assert seq.num_output_tokens == 3
+    assert seq.output_text == reference_text(tokenizer, seq)
+
+    num_prompt_tokens = len(tokenizer.encode("hello there, say"))
+    seq = generate(tokenizer, output_token_ids, max_model_len=num_prompt_tokens + 2)
+    assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
+    assert seq.num_tokens == num_prompt_tokens + 2
+
+
+def test_stop_wins_over_length_on_the_same_token(tokenizer: PreTrainedTokenizerFast) -> None:
+    output_token_ids = tokenizer.encode(" hello") + [tokenizer.eos_token_id]
+    seq = generate(tokenizer, output_token_ids, max_tokens=len(output_token_ids))
+    assert seq.status == SequenceStatus.FINISHED_STOPPED
+
+
+def test_state_is_freed_on_finish(tokenizer: PreTrainedTokenizerFast) -> None:
+    checker = StopChecker(tokenizer, 10_000)
+    output_token_ids = tokenizer.encode(" the quick brown fox")
+    generate(tokenizer, output_token_ids, checker=checker, max_tokens=2)
+    running = generate(tokenizer, output_token_ids[:2], checker=checker)
+    assert list(checker._offsets) == [running.seq_id]
+    checker.free(running)
+    assert not checker._offsets
