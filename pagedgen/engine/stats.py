@@ -17,7 +17,13 @@ class EngineStats:
     num_swapped: int = 0
     kv_cache_usage_perc: float = 0.0
     peak_kv_cache_usage_perc: float = 0.0
+    num_prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    num_prefix_cache_hits: int = 0  # of those, tokens whose K/V were found cached
     model_time: float = 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.num_prefix_cache_hits / max(self.num_prefix_cache_queries, 1)
 
     def record_step(self, scheduled: SchedulerOutput, model_time: float) -> None:
         self.num_steps += 1
