@@ -4,6 +4,7 @@ from pagedgen.loader.resolve import DEFAULT_MODEL
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "cupy", "reference")
+PREEMPTION_MODES = ("auto", "recompute", "swap")
 
 
 @dataclass(slots=True)
@@ -11,7 +12,9 @@ class EngineConfig:
     """Everything the engine is built from; names follow vLLM's engine arguments.
 
     kv_cache_memory is the KV pool's size in GiB; None picks a default for the device (see
-    LLMEngine). The pool is never sized from max_model_len x max_num_seqs.
+    LLMEngine). The pool is never sized from max_model_len x max_num_seqs. swap_space is the
+    CPU pool (GiB) that preemption by swap moves blocks to; preemption_mode "auto" swaps groups
+    of several sequences (parallel samples, beams) and recomputes single ones, as vLLM V0.
     """
 
     model: str = DEFAULT_MODEL
@@ -23,6 +26,10 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     attention_backend: str = "auto"
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "auto"
+    swap_space: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -35,6 +42,12 @@ class EngineConfig:
             )
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0 GiB, got {self.kv_cache_memory}")
         if self.max_num_seqs < 1:

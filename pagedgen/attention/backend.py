@@ -29,20 +29,38 @@ class AttentionBackend(ABC):
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
         """Copies whole blocks inside each layer's [2, num_blocks, ...] cache (copy-on-write)."""
-        if not src_to_dst:
-            return
         src, dst = (torch.tensor(ids, device=kv_caches[0].device) for ids in zip(*src_to_dst))
         for kv_cache in kv_caches:
             kv_cache[:, dst] = kv_cache[:, src]
 
+    def swap_blocks(
+        self,
+        src_caches: list[torch.Tensor],  # per layer [2, num_src_blocks, ...]
+        dst_caches: list[
+            torch.Tensor
+        ],  # per layer [2, num_dst_blocks, ...], maybe on another device
+        src_to_dst: list[tuple[int, int]],
+    ) -> None:
+        """Copies blocks between the device pool and the CPU pool, in either direction."""
+        src, dst = (list(ids) for ids in zip(*src_to_dst))
+        src_index = torch.tensor(src, device=src_caches[0].device)
+        dst_index = torch.tensor(dst, device=dst_caches[0].device)
+        for src_cache, dst_cache in zip(src_caches, dst_caches):
+            blocks = src_cache.index_select(1, src_index).to(dst_cache.device, non_blocking=True)
+            dst_cache.index_copy_(1, dst_index, blocks)
 
-def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
+
+def get_attention_backend(
+    name: str, device: torch.device, head_size: int, block_size: int
+) -> AttentionBackend:
+    """auto: our CUDA kernels on a CUDA device when CuPy works and they cover the shapes."""
     if name == "auto":
         name = "torch"
         if device.type == "cuda":
-            from pagedgen.attention.cupy_backend import cupy_available
+            from pagedgen.attention.cupy_backend import CupyAttentionBackend, cupy_available
 
-            name = "cupy" if cupy_available() else "torch"
+            if cupy_available() and CupyAttentionBackend.supports(head_size, block_size):
+                name = "cupy"
     if name == "torch":
         from pagedgen.attention.torch_backend import TorchAttentionBackend
 

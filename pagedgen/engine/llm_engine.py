@@ -7,11 +7,12 @@ import torch
 
 from pagedgen.attention import get_attention_backend
 from pagedgen.config import EngineConfig
+from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
 from pagedgen.engine.block_manager import BlockManager
 from pagedgen.engine.model_runner import ModelRunner
 from pagedgen.engine.request import Request
-from pagedgen.engine.scheduler import Scheduler
-from pagedgen.engine.sequence import Sequence, SequenceStatus
+from pagedgen.engine.scheduler import PreemptionMode, Scheduler
+from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.stop_checker import StopChecker
 from pagedgen.loader import load_model, resolve_model
@@ -21,6 +22,7 @@ from pagedgen.sampling_params import SamplingParams
 
 GIB = 1 << 30
 DEFAULT_CPU_KV_CACHE_GIB = 4.0
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 4096
 
 
 def log_to_stderr(message: str) -> None:
@@ -30,8 +32,8 @@ def log_to_stderr(message: str) -> None:
 class LLMEngine:
     """Adds requests and runs steps: schedule, run the model, sample, stop, free.
 
-    A request becomes n sequences. step() returns the requests that finished during it, so
-    callers can stream results while the rest keep running.
+    step() returns the requests that finished during it, so callers can stream results while
+    the rest keep running.
     """
 
     def __init__(self, config: EngineConfig, log: Callable[[str], None] = log_to_stderr) -> None:
@@ -43,7 +45,12 @@ class LLMEngine:
         self.hf_config = load_config(resolved)
         self.tokenizer = load_tokenizer(resolved)
         self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
-        backend = get_attention_backend(config.attention_backend, self.device)
+        head_size = getattr(self.hf_config, "head_dim", None) or (
+            self.hf_config.hidden_size // self.hf_config.num_attention_heads
+        )
+        backend = get_attention_backend(
+            config.attention_backend, self.device, head_size, config.block_size
+        )
         model = load_model(
             resolved, self.hf_config, backend, self.max_model_len, self.dtype, self.device
         )
@@ -51,23 +58,36 @@ class LLMEngine:
         self.bytes_per_token = ModelRunner.bytes_per_token(
             len(model.attention_layers), head.num_kv_heads, head.head_dim, self.dtype
         )
+        bytes_per_block = self.bytes_per_token * config.block_size
         kv_bytes = self._kv_cache_bytes()
-        num_blocks = int(kv_bytes // (self.bytes_per_token * config.block_size))
+        num_blocks = int(kv_bytes // bytes_per_block)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory={config.kv_cache_memory} GiB holds no block")
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
-        max_batched = config.max_num_batched_tokens or max(self.max_model_len, 2048)
+        num_cpu_blocks = int(config.swap_space * GIB // bytes_per_block)
+        self.runner = ModelRunner(
+            model, backend, num_blocks, config.block_size, self.device, self.dtype, num_cpu_blocks
+        )
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, num_cpu_blocks, config.enable_prefix_caching
+        )
+        max_batched = config.max_num_batched_tokens or (
+            DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if config.enable_chunked_prefill
+            else max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        )
+        mode = None if config.preemption_mode == "auto" else PreemptionMode(config.preemption_mode)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
             max(max_batched, config.max_num_seqs),
             self.max_model_len,
+            config.enable_chunked_prefill,
+            mode,
         )
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
         self.eos_token_ids = _eos_token_ids(self.hf_config, self.tokenizer)
         self.requests: dict[str, Request] = {}
-        self.ignored: list[Request] = []
+        self.rejected: list[Request] = []
         self.stats = EngineStats()
         log(
             f"model {config.model} ({type(model).__name__}, {self.dtype}, {self.device}, "
@@ -76,7 +96,7 @@ class LLMEngine:
         log(
             f"KV cache: {num_blocks} blocks x {config.block_size} tokens = "
             f"{num_blocks * config.block_size} tokens, {kv_bytes / GIB:.2f} GiB "
-            f"({self.bytes_per_token} bytes/token)"
+            f"({self.bytes_per_token} bytes/token); CPU swap pool {num_cpu_blocks} blocks"
         )
 
     def _kv_cache_bytes(self) -> float:
@@ -95,91 +115,89 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int],
-        sampling_params: SamplingParams | None = None,
+        params: SamplingParams | BeamSearchParams | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Queues a prompt (text, or token ids) to be completed sampling_params.n times."""
+        """Queues a prompt (text, or token ids) for sampling, parallel sampling or beam search."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
-        params = sampling_params or SamplingParams()
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= self.eos_token_ids
-        params = replace(params, all_stop_token_ids=stop_ids)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
-        seqs = [
-            Sequence(request_id, token_ids, _sample_params(params, i), arrival_time)
-            for i in range(params.n)
-        ]
-        request = Request(request_id, text, token_ids, seqs)
-        for seq in seqs:
-            error = self.scheduler.add(seq)
-            if error is not None:
-                seq.finish(SequenceStatus.FINISHED_IGNORED, error)
-        if any(seq.is_finished for seq in seqs):
-            for seq in seqs:
-                if not seq.is_finished:
-                    seq.finish(SequenceStatus.FINISHED_ABORTED)
-                    self.scheduler.finish(seq)
-                self.stop_checker.free(seq)
-            self.ignored.append(request)
-            return
-        self.requests[request_id] = request
+        beam = None
+        if isinstance(params, BeamSearchParams):
+            beam = BeamSearchState(params, self.eos_token_ids)
+            sampling_params = params.sampling_params()
+        else:
+            sampling_params = params or SamplingParams()
+            stop_ids = set(sampling_params.stop_token_ids)
+            if not sampling_params.ignore_eos:
+                stop_ids |= self.eos_token_ids
+            sampling_params = replace(sampling_params, all_stop_token_ids=stop_ids)
+        seq = Sequence(request_id, token_ids, sampling_params, arrival_time)
+        group = SequenceGroup(
+            request_id, seq, sampling_params, params.beam_width if beam is not None else None
+        )
+        request = Request(request_id, text, token_ids, group, beam)
+        error = self.scheduler.add(group)
+        if error is not None:
+            seq.finish(SequenceStatus.FINISHED_IGNORED, error)
+            self.rejected.append(request)
+        else:
+            self.requests[request_id] = request
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
         if request is None:
             return
-        for seq in request.seqs:
-            if not seq.is_finished:
-                seq.finish(SequenceStatus.FINISHED_ABORTED)
-                self.scheduler.finish(seq)
-                self.stop_checker.free(seq)
+        self.scheduler.abort(request.group)
+        for seq in request.group.unfinished_seqs:
+            seq.finish(SequenceStatus.FINISHED_ABORTED)
+            self.scheduler.finish(seq)
+            self.stop_checker.free(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests or self.ignored)
+        return bool(self.requests or self.rejected)
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self.requests) + len(self.ignored)
+        return len(self.requests) + len(self.rejected)
 
     def step(self) -> list[RequestOutput]:
-        finished = [request.output(self.tokenizer) for request in self.ignored]
-        self.ignored.clear()
+        finished = [request.output(self.tokenizer) for request in self.rejected]
+        self.rejected.clear()
         scheduled = self.scheduler.schedule()
-        self.stats.num_preemptions += len(scheduled.preempted)
         if scheduled.is_empty:
             if self.scheduler.has_unfinished() and not finished:
                 raise RuntimeError("the scheduler can make no progress; the KV pool is too small")
             return finished
         start = time.perf_counter()
-        sampled = self.runner.execute(scheduled.seqs, scheduled.num_new_tokens)
+        sampled, samples = self.runner.execute(scheduled)
         self.stats.record_step(scheduled, time.perf_counter() - start)
-        done: set[str] = set()
-        for i, (seq, num_new) in enumerate(zip(scheduled.seqs, scheduled.num_new_tokens)):
+        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens):
             seq.num_computed_tokens += num_new
-            logprobs = sampled.logprobs[i] if sampled.logprobs is not None else None
-            seq.append_token_id(sampled.token_ids[i], logprobs)
+        beam_rows: dict[str, dict[int, dict[int, float]]] = {}
+        for i, seq in enumerate(sampled):
+            logprobs = samples.logprobs[i] if samples.logprobs is not None else None
+            if self.requests[seq.request_id].beam is not None:
+                beam_rows.setdefault(seq.request_id, {})[seq.seq_id] = logprobs
+                continue
+            seq.append_token_id(samples.token_ids[i], logprobs)
             self.stop_checker.check(seq)
             if seq.is_finished:
                 self.scheduler.finish(seq)
-                done.add(seq.request_id)
-        for request_id in done:
+        for request_id, rows in beam_rows.items():
+            request = self.requests[request_id]
+            request.beam.step(request.group, rows, self.block_manager)
+        self.scheduler.remove_finished_groups()
+        for request_id in dict.fromkeys(seq.request_id for seq in sampled):
             request = self.requests[request_id]
             if request.is_finished:
                 finished.append(request.output(self.tokenizer))
                 del self.requests[request_id]
         self.stats.observe(self.scheduler, self.block_manager)
         return finished
-
-
-def _sample_params(params: SamplingParams, index: int) -> SamplingParams:
-    """The index-th of n samples draws from seed + index, as a separate request with it would."""
-    seed = None if params.seed is None else params.seed + index
-    return replace(params, n=1, seed=seed)
 
 
 def _pick_device(name: str) -> torch.device:

@@ -3,7 +3,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from pagedgen.attention import AttentionMetadata
+from pagedgen.attention import AttentionBackend, AttentionMetadata
+from pagedgen.engine.block_manager import BlockMapping
+from pagedgen.engine.scheduler import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
 from pagedgen.layers.sampler import Sampler, SamplerOutput, SamplingMetadata
 
@@ -24,27 +26,31 @@ class ModelRunner:
 
     Token position p of a sequence lives at block block_table[p // block_size], offset
     p % block_size, i.e. in flat slot block_table[p // block_size] * block_size + p % block_size.
+    The CPU swap pool, cpu_cache, has the same layout with num_cpu_blocks blocks.
     """
 
     def __init__(
         self,
         model: nn.Module,
+        backend: AttentionBackend,
         num_blocks: int,
         block_size: int,
         device: torch.device,
         dtype: torch.dtype,
+        num_cpu_blocks: int = 0,
     ) -> None:
         self.model = model
+        self.backend = backend
         self.block_size = block_size
         self.device = device
         layers = model.attention_layers
         head = layers[0]
-        self.kv_cache = torch.zeros(
-            len(layers), 2, num_blocks, block_size, head.num_kv_heads, head.head_dim,
-            dtype=dtype, device=device,
-        )  # fmt: skip
+        shape = (len(layers), 2, num_blocks, block_size, head.num_kv_heads, head.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         for i, attention in enumerate(layers):
             attention.key_cache, attention.value_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        cpu_shape = (*shape[:2], num_cpu_blocks, *shape[3:])
+        self.cpu_cache = torch.zeros(cpu_shape, dtype=dtype, pin_memory=device.type == "cuda")
         self.sampler = Sampler()
 
     @staticmethod
@@ -65,8 +71,7 @@ class ModelRunner:
         for seq, num_new in zip(seqs, num_new_tokens):
             start = seq.num_computed_tokens
             end = start + num_new
-            if num_new == 1:
-                assert end == seq.num_tokens
+            if num_new == 1 and end == seq.num_tokens:
                 num_decode_seqs += num_decode_seqs == len(context_lens)
                 input_ids.append(seq.last_token_id)
             else:
@@ -105,15 +110,41 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> SamplerOutput:
-        """Runs one step and samples the next token of every sequence in seqs (in that order)."""
+    def execute(self, scheduled: SchedulerOutput) -> tuple[list[Sequence], SamplerOutput]:
+        """Moves blocks as scheduled, runs one step, and samples the next token of every
+        sequence whose prompt is complete after it. Returns those sequences and their samples."""
+        self.move_blocks(scheduled)
+        computed = [(s, n) for s, n in zip(scheduled.seqs, scheduled.num_new_tokens) if n]
+        computed.sort(key=lambda item: item[1] != 1)  # decodes first, stable
+        seqs, num_new_tokens = [s for s, _ in computed], [n for _, n in computed]
         inputs = self.prepare(seqs, num_new_tokens)
+        last_row = {s.seq_id: row for s, row in zip(seqs, inputs.logits_indices.tolist())}
+        sampled: list[Sequence] = []
+        rows: list[int] = []
+        owner = None
+        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens):
+            owner = seq if num_new else owner  # forked siblings sample from the row before them
+            if seq.num_computed_tokens + num_new == seq.num_tokens:
+                sampled.append(seq)
+                rows.append(last_row[owner.seq_id])
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if not sampled:
+            return sampled, SamplerOutput([], None)
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         sampling = SamplingMetadata.build(
-            [seq.sampling_params for seq in seqs],
-            [seq.prompt_token_ids for seq in seqs],
-            [seq.output_token_ids for seq in seqs],
+            [seq.sampling_params for seq in sampled],
+            [seq.prompt_token_ids for seq in sampled],
+            [seq.output_token_ids for seq in sampled],
             self.device,
         )
-        return self.sampler(logits, sampling)
+        return sampled, self.sampler(logits, sampling)
+
+    def move_blocks(self, scheduled: SchedulerOutput) -> None:
+        """Swap-outs first: their device blocks may be reused by this very step."""
+        layers = list(self.kv_cache)
+        if scheduled.blocks_to_swap_out:
+            self.backend.swap_blocks(layers, list(self.cpu_cache), scheduled.blocks_to_swap_out)
+        if scheduled.blocks_to_swap_in:
+            self.backend.swap_blocks(list(self.cpu_cache), layers, scheduled.blocks_to_swap_in)
+        if scheduled.blocks_to_copy:
+            self.backend.copy_blocks(layers, scheduled.blocks_to_copy)

@@ -1,53 +1,74 @@
 from dataclasses import dataclass
 
-from pagedgen.engine.sequence import Sequence
+from pagedgen.engine.beam_search import BeamSearchState
+from pagedgen.engine.sequence import Sequence, SequenceGroup
 from pagedgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
 @dataclass(slots=True)
 class Request:
-    """A user's request: one prompt and the n sequences sampled from it."""
+    """A user's request: one prompt, its sequence group, and the beam search state if any."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    seqs: list[Sequence]
+    group: SequenceGroup
+    beam: BeamSearchState | None = None
+    error: str | None = None
 
     @property
     def is_finished(self) -> bool:
-        return all(seq.is_finished for seq in self.seqs)
+        return self.error is not None or self.group.is_finished
 
     def output(self, tokenizer) -> RequestOutput:
-        completions = []
-        for index, seq in enumerate(self.seqs):
-            logprobs = seq.output_logprobs or None
-            cumulative = None
-            if logprobs is not None:
-                cumulative = sum(lp[t] for lp, t in zip(logprobs, seq.output_token_ids))
-            completions.append(
-                CompletionOutput(
-                    index=index,
-                    text=seq.output_text,
-                    token_ids=list(seq.output_token_ids),
-                    cumulative_logprob=cumulative,
-                    logprobs=logprobs,
-                    finish_reason=seq.finish_reason,
-                    stop_reason=seq.stop_reason,
-                )
-            )
-        first = [seq.first_token_time for seq in self.seqs if seq.first_token_time is not None]
-        done = [seq.finished_time for seq in self.seqs if seq.finished_time is not None]
+        if self.beam is not None:
+            completions = self._beam_completions(tokenizer)
+        else:
+            completions = [_completion(i, seq) for i, seq in enumerate(self.group.seqs)]
+        seqs = self.group.seqs or []
+        first = [seq.first_token_time for seq in seqs if seq.first_token_time is not None]
+        done = [seq.finished_time for seq in seqs if seq.finished_time is not None]
         metrics = RequestMetrics(
-            arrival_time=min(seq.arrival_time for seq in self.seqs),
+            arrival_time=self.group.arrival_time,
             first_token_time=min(first) if first else None,
             finished_time=max(done) if done else None,
         )
-        errors = [seq.error for seq in self.seqs if seq.error]
+        errors = [seq.error for seq in seqs if seq.error]
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
             outputs=completions,
             metrics=metrics,
-            error=errors[0] if errors else None,
+            error=self.error or (errors[0] if errors else None),
         )
+
+    def _beam_completions(self, tokenizer) -> list[CompletionOutput]:
+        completions = []
+        for index, hypothesis in enumerate(self.beam.best(self.group)):
+            completions.append(
+                CompletionOutput(
+                    index=index,
+                    text=tokenizer.decode(hypothesis.token_ids, skip_special_tokens=True),
+                    token_ids=hypothesis.token_ids,
+                    cumulative_logprob=hypothesis.cumulative_logprob,
+                    finish_reason="stop" if hypothesis.finished_by_eos else "length",
+                )
+            )
+        return completions
+
+
+def _completion(index: int, seq: Sequence) -> CompletionOutput:
+    logprobs = seq.output_logprobs or None
+    cumulative = None
+    if logprobs is not None:
+        cumulative = sum(lp[t] for lp, t in zip(logprobs, seq.output_token_ids))
+    return CompletionOutput(
+        index=index,
+        text=seq.output_text,
+        token_ids=list(seq.output_token_ids),
+        cumulative_logprob=cumulative,
+        logprobs=logprobs,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+    )

@@ -1,4 +1,7 @@
+import copy
 import time
+from collections.abc import Hashable
+from dataclasses import replace
 from enum import Enum, auto
 from itertools import count
 
@@ -46,17 +49,23 @@ class Sequence:
     ) -> None:
         self.seq_id = next(Sequence._ids)
         self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.sampling_params = sampling_params
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.num_computed_tokens = 0
+        # Content hashes of the full blocks of token_ids, chained; the first num_cached_blocks
+        # blocks of block_table are indexed in the prefix cache.
+        self.block_hashes: list[Hashable] = []
+        self.num_cached_blocks = 0
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
         self.output_text = ""
         self.output_logprobs: list[dict[int, float]] = []
+        self.cumulative_logprob = 0.0
         self.stop_reason: int | str | None = None
         self.error: str | None = None
 
@@ -70,10 +79,6 @@ class Sequence:
         )
 
     @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
@@ -83,11 +88,15 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.token_ids)
 
     @property
     def last_token_id(self) -> int:
-        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+        return self.token_ids[-1]
+
+    @property
+    def is_prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.num_tokens - 1
 
     @property
     def is_finished(self) -> bool:
@@ -98,6 +107,7 @@ class Sequence:
         return FINISH_REASONS.get(self.status)
 
     def append_token_id(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
+        self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
         if logprobs is not None:
             self.output_logprobs.append(logprobs)
@@ -109,3 +119,60 @@ class Sequence:
         self.status = status
         self.error = error
         self.finished_time = time.monotonic()
+
+    def fork(self, sampling_params: SamplingParams | None = None) -> "Sequence":
+        """A new sequence with this one's tokens and progress; the caller shares the blocks."""
+        child = copy.copy(self)
+        child.seq_id = next(Sequence._ids)
+        child.sampling_params = sampling_params or self.sampling_params
+        for name in ("token_ids", "output_token_ids", "output_logprobs", "block_hashes"):
+            setattr(child, name, list(getattr(self, name)))
+        child.block_table = []
+        return child
+
+
+class SequenceGroup:
+    """A request's sequences: one, the n samples of parallel sampling, or the beams of a search.
+
+    The group is the unit the scheduler admits, preempts and swaps. A group waiting for its
+    first prefill holds one sequence; the n - 1 siblings are forked from it, sharing its blocks,
+    in the step that finishes the prompt.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        seq: Sequence,
+        sampling_params: SamplingParams,
+        max_num_seqs: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.seqs = [seq]
+        self.sampling_params = sampling_params
+        self.arrival_time = seq.arrival_time
+        self.max_num_seqs = max_num_seqs or sampling_params.n  # beam search: beam_width
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup({self.request_id!r}, {self.seqs})"
+
+    @property
+    def unfinished_seqs(self) -> list[Sequence]:
+        return [seq for seq in self.seqs if not seq.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return all(seq.is_finished for seq in self.seqs)
+
+    @property
+    def num_pending_forks(self) -> int:
+        return self.sampling_params.n - len(self.seqs)
+
+    def fork_samples(self, parent: Sequence) -> list[Sequence]:
+        """Forks the siblings of parallel sampling; sample i draws from seed + i."""
+        params = self.sampling_params
+        children = []
+        for index in range(len(self.seqs), params.n):
+            seed = None if params.seed is None else params.seed + index
+            children.append(parent.fork(replace(parent.sampling_params, seed=seed)))
+        self.seqs.extend(children)
+        return children

@@ -1,4 +1,4 @@
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedgen.engine.block_manager import BlockManager
 from pagedgen.engine.scheduler import Scheduler, SchedulerOutput
@@ -17,6 +17,9 @@ class EngineStats:
     num_swapped: int = 0
     kv_cache_usage_perc: float = 0.0
     peak_kv_cache_usage_perc: float = 0.0
+    num_preemptions_by_mode: dict[str, int] = field(default_factory=dict)
+    num_blocks_swapped_in: int = 0
+    num_blocks_swapped_out: int = 0
     num_prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     num_prefix_cache_hits: int = 0  # of those, tokens whose K/V were found cached
     model_time: float = 0.0
@@ -29,12 +32,20 @@ class EngineStats:
         self.num_steps += 1
         self.model_time += model_time
         for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens):
-            self.num_generation_tokens += 1
-            if num_new > 1 or not seq.output_token_ids:
+            if seq.num_computed_tokens + num_new == seq.num_tokens:
+                self.num_generation_tokens += 1
+            if num_new > 1 or seq.num_computed_tokens < seq.num_tokens - 1:
                 self.num_prompt_tokens += num_new
 
     def observe(self, scheduler: Scheduler, block_manager: BlockManager) -> None:
-        self.num_running = len(scheduler.running)
+        self.num_running = sum(len(group.unfinished_seqs) for group in scheduler.running)
         self.num_waiting = len(scheduler.waiting)
+        self.num_swapped = len(scheduler.swapped)
+        self.num_preemptions = sum(scheduler.num_preemptions.values())
+        self.num_preemptions_by_mode = {m.value: n for m, n in scheduler.num_preemptions.items()}
+        self.num_blocks_swapped_in = scheduler.num_blocks_swapped_in
+        self.num_blocks_swapped_out = scheduler.num_blocks_swapped_out
+        self.num_prefix_cache_queries = block_manager.num_prefix_cache_queries
+        self.num_prefix_cache_hits = block_manager.num_prefix_cache_hits
         self.kv_cache_usage_perc = block_manager.usage
         self.peak_kv_cache_usage_perc = max(self.peak_kv_cache_usage_perc, block_manager.usage)

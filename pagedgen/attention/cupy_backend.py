@@ -1,0 +1,84 @@
+import torch
+
+from pagedgen.attention.backend import AttentionBackend
+from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.attention.torch_backend import prefill_attention
+from pagedgen.kernels import loader
+from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
+from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention
+
+
+def cupy_available() -> bool:
+    """CuPy imports and sees a GPU, so `auto` may pick this backend on CUDA devices."""
+    return loader.cupy_available()
+
+
+class CupyAttentionBackend(AttentionBackend):
+    """Our CUDA kernels through CuPy: reshape_and_cache writes K/V, paged attention v1/v2 serves
+    decode rows, and PyTorch's SDPA serves prefill rows. Reads the same cache layout as the torch
+    backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES."""
+
+    name = "cupy"
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise RuntimeError(
+                f"the cupy attention backend runs on CUDA devices only, got {device}; "
+                "use --attention-backend torch"
+            )
+        if not cupy_available():
+            raise RuntimeError(
+                "the cupy attention backend needs CuPy and a visible GPU: install it with "
+                "`pip install 'pagedgen[cuda]'` (cupy-cuda12x) or use --attention-backend torch"
+            )
+        self.device = device
+
+    @staticmethod
+    def supports(head_size: int, block_size: int) -> bool:
+        return head_size in HEAD_SIZES and block_size in BLOCK_SIZES
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        block_size, head_size = key_cache.shape[1], key_cache.shape[3]
+        if not self.supports(head_size, block_size):
+            raise ValueError(
+                f"the cupy backend supports block sizes {BLOCK_SIZES} and head sizes "
+                f"{HEAD_SIZES}, got block_size={block_size}, head_size={head_size}; "
+                "use --attention-backend torch"
+            )
+        reshape_and_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        num_decode = metadata.num_decode_seqs
+        if num_decode:
+            paged_attention(
+                out[:num_decode],
+                query[:num_decode],
+                key_cache,
+                value_cache,
+                metadata.block_tables[:num_decode],
+                metadata.context_lens[:num_decode],
+                max(metadata.context_lens_cpu[:num_decode]),
+                scale,
+            )
+        if num_decode < metadata.num_seqs:
+            prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
+        return out
+
+    def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
+        copy_blocks(kv_caches, src_to_dst)
+
+    def swap_blocks(
+        self, src: list[torch.Tensor], dst: list[torch.Tensor], src_to_dst: list[tuple[int, int]]
+    ) -> None:
+        """Copies blocks between per-layer [2, num_blocks, ...] caches, GPU <-> pinned host."""
+        for src_cache, dst_cache in zip(src, dst, strict=True):
+            swap_blocks(src_cache[0], dst_cache[0], src_to_dst)
+            swap_blocks(src_cache[1], dst_cache[1], src_to_dst)

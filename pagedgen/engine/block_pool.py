@@ -1,0 +1,108 @@
+from collections.abc import Hashable
+
+
+class Block:
+    """One KV-cache block. prev/next link it into the free queue while its ref_count is 0."""
+
+    __slots__ = ("block_id", "ref_count", "block_hash", "prev", "next")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: Hashable | None = None
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref_count={self.ref_count}, hash={self.block_hash})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks in eviction order, as vLLM's FreeKVCacheBlockQueue.
+
+    Freed blocks join the tail and allocation takes the head, so the block freed longest ago is
+    evicted first; a cached block revived by a prefix hit is unlinked from the middle. All O(1).
+    """
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self.head = Block(-1)  # sentinels: head.next is the first free block, tail.prev the last
+        self.tail = Block(-1)
+        self.head.next, self.tail.prev = self.tail, self.head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+    def __iter__(self):
+        block = self.head.next
+        while block is not self.tail:
+            yield block
+            block = block.next
+
+    def popleft(self) -> Block:
+        block = self.head.next
+        assert block is not self.tail, "no free block"
+        self.remove(block)
+        return block
+
+    def append(self, block: Block) -> None:
+        assert block.prev is None and block.next is None, f"{block} is already queued"
+        last = self.tail.prev
+        last.next, block.prev, block.next, self.tail.prev = block, last, self.tail, block
+        self.num_free_blocks += 1
+
+    def remove(self, block: Block) -> None:
+        block.prev.next, block.next.prev = block.next, block.prev
+        block.prev = block.next = None
+        self.num_free_blocks -= 1
+
+
+class BlockPool:
+    """The device's blocks: ref counts, the free queue, and the index of cached full blocks.
+
+    A block is free iff its ref_count is 0. A freed block keeps its hash and contents while it
+    waits in the free queue, so a later prefix hit can revive it; the hash is dropped only when
+    the block is handed out again (evicted).
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[Hashable, Block] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def allocate(self) -> Block:
+        block = self.free_queue.popleft()
+        if block.block_hash is not None:
+            del self.cached[block.block_hash]
+            block.block_hash = None
+            self.num_evictions += 1
+        block.ref_count = 1
+        return block
+
+    def touch(self, block: Block) -> None:
+        """Takes one more reference, reviving the block if it was free."""
+        if block.ref_count == 0:
+            self.free_queue.remove(block)
+        block.ref_count += 1
+
+    def free(self, block: Block) -> None:
+        assert block.ref_count > 0, f"{block} freed twice"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_queue.append(block)
+
+    def lookup(self, block_hash: Hashable) -> Block | None:
+        return self.cached.get(block_hash)
+
+    def cache(self, block: Block, block_hash: Hashable) -> None:
+        """Indexes a full, computed block; a hash already indexed keeps its first block."""
+        if block.block_hash is None and block_hash not in self.cached:
+            block.block_hash = block_hash
+            self.cached[block_hash] = block

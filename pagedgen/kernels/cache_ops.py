@@ -1,0 +1,166 @@
+import numpy as np
+import torch
+
+from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
+
+RESHAPE_AND_CACHE = KernelModule(
+    "reshape_and_cache.cu",
+    (),
+    tuple(f"pagedgen::reshape_and_cache_kernel<{c_type}>" for c_type in C_TYPES.values()),
+)
+COPY_BLOCKS = KernelModule(
+    "copy_blocks.cu",
+    (),
+    tuple(f"pagedgen::copy_blocks_kernel<{c_type}>" for c_type in C_TYPES.values()),
+)
+
+
+def reshape_and_cache_launch(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size], rows may be strided
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size], rows may be strided
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = write nothing
+) -> KernelLaunch | None:
+    """Plans writing token i's key and value into cache slot slot_mapping[i]."""
+    dtype = key_cache.dtype
+    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check_tensor("key_cache", key_cache, dtype, 4)
+    check_tensor("value_cache", value_cache, dtype, 4)
+    check(
+        key_cache.shape == value_cache.shape,
+        f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
+    )
+    num_kv_heads, head_size = key_cache.shape[2:]
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(name, t, dtype, 3, contiguous=False)
+        check(
+            t.shape[1:] == (num_kv_heads, head_size),
+            f"{name} shape {tuple(t.shape)} does not match the cache's {(num_kv_heads, head_size)}",
+        )
+        check(
+            t.stride(2) == 1 and t.stride(1) == head_size,
+            f"{name} rows must be contiguous, got strides {t.stride()}",
+        )
+    check_tensor("slot_mapping", slot_mapping, torch.int64, 1)
+    num_tokens = slot_mapping.shape[0]
+    check(
+        key.shape[0] == num_tokens and value.shape[0] == num_tokens,
+        f"{num_tokens} slots for {key.shape[0]} keys and {value.shape[0]} values",
+    )
+    if num_tokens == 0:
+        return None
+    token_size = num_kv_heads * head_size
+    return KernelLaunch(
+        RESHAPE_AND_CACHE,
+        f"pagedgen::reshape_and_cache_kernel<{C_TYPES[dtype]}>",
+        (num_tokens, 1, 1),
+        (min(512, -(-token_size // 32) * 32), 1, 1),
+        (
+            key_cache,
+            value_cache,
+            key,
+            value,
+            slot_mapping,
+            np.int32(key.stride(0)),
+            np.int32(value.stride(0)),
+            np.int32(token_size),
+        ),
+    )
+
+
+def copy_blocks_launch(
+    kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, num_kv_heads, head_size]
+    src_to_dst: list[tuple[int, int]],
+) -> KernelLaunch | None:
+    """Plans one launch copying block src to dst, keys and values, in every layer.
+
+    No block may be both a source and a destination: the pairs are copied concurrently.
+    """
+    if not kv_caches or not src_to_dst:
+        return None
+    first = kv_caches[0]
+    check(first.dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {first.dtype}")
+    for i, kv_cache in enumerate(kv_caches):
+        check_tensor(f"kv_caches[{i}]", kv_cache, first.dtype, 5)
+        check(
+            kv_cache.shape == first.shape and kv_cache.device == first.device,
+            f"kv_caches[{i}] {tuple(kv_cache.shape)} on {kv_cache.device} differs from "
+            f"kv_caches[0] {tuple(first.shape)} on {first.device}",
+        )
+    num_blocks = first.shape[1]
+    sources = {src for src, _ in src_to_dst}
+    for src, dst in src_to_dst:
+        check(
+            0 <= src < num_blocks and 0 <= dst < num_blocks,
+            f"block pair {(src, dst)} outside 0..{num_blocks - 1}",
+        )
+        check(dst not in sources, f"block {dst} is both a copy source and a destination")
+    numel_per_block = first[0, 0].numel()
+
+    def pointers(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(first.device, non_blocking=True)
+
+    return KernelLaunch(
+        COPY_BLOCKS,
+        f"pagedgen::copy_blocks_kernel<{C_TYPES[first.dtype]}>",
+        (len(kv_caches), len(src_to_dst), 1),
+        (min(1024, -(-numel_per_block // 32) * 32), 1, 1),
+        (
+            pointers([kv_cache[0].data_ptr() for kv_cache in kv_caches]),
+            pointers([kv_cache[1].data_ptr() for kv_cache in kv_caches]),
+            pointers([index for pair in src_to_dst for index in pair]),
+            np.int32(numel_per_block),
+        ),
+    )
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Writes new keys and values into their slots on the GPU; see reshape_and_cache_launch."""
+    from pagedgen.kernels.loader import launch
+
+    kernel_launch = reshape_and_cache_launch(key, value, key_cache, value_cache, slot_mapping)
+    if kernel_launch is not None:
+        launch(kernel_launch)
+
+
+def copy_blocks(kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
+    """Copies blocks inside every layer's cache on the GPU; see copy_blocks_launch."""
+    from pagedgen.kernels.loader import launch
+
+    kernel_launch = copy_blocks_launch(kv_caches, src_to_dst)
+    if kernel_launch is not None:
+        launch(kernel_launch)
+
+
+def swap_blocks(src: torch.Tensor, dst: torch.Tensor, src_to_dst: list[tuple[int, int]]) -> None:
+    """Copies block src of one cache to block dst of another, host <-> device, as async copies on
+    the current stream. The host side must be pinned so the copies really are asynchronous.
+
+    src, dst: [num_blocks, ...] caches of one dtype and block shape; for a layer's
+    [2, num_blocks, ...] cache call this for [0] and [1].
+    """
+    from pagedgen.kernels.loader import copy_async
+
+    check(src.dtype == dst.dtype, f"src dtype {src.dtype} != dst dtype {dst.dtype}")
+    check(src.shape[1:] == dst.shape[1:], f"block shapes differ: {src.shape} vs {dst.shape}")
+    check(src.is_contiguous() and dst.is_contiguous(), "src and dst must be contiguous")
+    for name, t in (("src", src), ("dst", dst)):
+        check(t.is_cuda or t.is_pinned(), f"{name} must be on the GPU or in pinned host memory")
+    block_bytes = src[0].numel() * src.element_size()
+    stream = torch.cuda.current_stream(src.device if src.is_cuda else dst.device)
+    for src_block, dst_block in src_to_dst:
+        check(0 <= src_block < src.shape[0], f"src block {src_block} outside 0..{src.shape[0] - 1}")
+        check(0 <= dst_block < dst.shape[0], f"dst block {dst_block} outside 0..{dst.shape[0] - 1}")
+        copy_async(
+            dst.data_ptr() + dst_block * block_bytes,
+            src.data_ptr() + src_block * block_bytes,
+            block_bytes,
+            stream.cuda_stream,
+        )

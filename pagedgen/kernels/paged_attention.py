@@ -1,0 +1,163 @@
+import numpy as np
+import torch
+
+from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
+
+HEAD_SIZES = (64, 80, 96, 128, 256)
+BLOCK_SIZES = (8, 16, 32)
+# Instantiated with these in kernels/paged_attention.cu.
+NUM_THREADS = 128
+PARTITION_SIZE = 512
+
+
+def use_v1(max_context_len: int, num_seqs: int, num_heads: int, partition_size: int) -> bool:
+    """vLLM's rule: one pass when a single partition covers the context or the batch alone fills
+    the GPU with (head, sequence) blocks; split the context otherwise."""
+    max_num_partitions = -(-max_context_len // partition_size)
+    return max_context_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_heads > 512)
+
+
+def paged_attention_module(
+    dtype: torch.dtype, head_size: int, block_size: int, partition_size: int = PARTITION_SIZE
+) -> KernelModule:
+    c_type = C_TYPES[dtype]
+    return KernelModule(
+        source="paged_attention.cu",
+        defines=(
+            f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_HEAD_SIZE={head_size}",
+            f"PAGEDGEN_BLOCK_SIZE={block_size}",
+        ),
+        name_expressions=(
+            f"pagedgen::paged_attention_v1_kernel<{c_type}, {head_size}, {block_size}, "
+            f"{NUM_THREADS}>",
+            f"pagedgen::paged_attention_v2_kernel<{c_type}, {head_size}, {block_size}, "
+            f"{NUM_THREADS}, {partition_size}>",
+            f"pagedgen::paged_attention_v2_reduce_kernel<{c_type}, {head_size}, {NUM_THREADS}, "
+            f"{partition_size}>",
+        ),
+    )
+
+
+def paged_attention_launches(
+    out: torch.Tensor,  # [num_seqs, num_heads, head_size]
+    query: torch.Tensor,  # [num_seqs, num_heads, head_size], rows may be strided
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32, each >= 1
+    max_context_len: int,
+    scale: float,
+    version: int | None = None,
+    partition_size: int = PARTITION_SIZE,
+) -> list[KernelLaunch]:
+    """Checks the arguments and plans decode attention for one query row per sequence: a single
+    v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors).
+    version forces 1 or 2; None applies use_v1."""
+    check_tensor("query", query, query.dtype, 3, contiguous=False)
+    num_seqs, num_heads, head_size = query.shape
+    dtype = query.dtype
+    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check(head_size in HEAD_SIZES, f"head_size must be one of {HEAD_SIZES}, got {head_size}")
+    check(
+        query.stride(2) == 1 and query.stride(1) == head_size,
+        f"query rows must be contiguous, got strides {query.stride()}",
+    )
+    check_tensor("out", out, dtype, 3)
+    check(out.shape == query.shape, f"out shape {tuple(out.shape)} != query {tuple(query.shape)}")
+    check_tensor("key_cache", key_cache, dtype, 4)
+    check_tensor("value_cache", value_cache, dtype, 4)
+    check(
+        key_cache.shape == value_cache.shape,
+        f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
+    )
+    _, block_size, num_kv_heads, cache_head_size = key_cache.shape
+    check(block_size in BLOCK_SIZES, f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
+    check(cache_head_size == head_size, f"cache head_size {cache_head_size} != {head_size}")
+    check(
+        num_heads % num_kv_heads == 0,
+        f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+    )
+    check(
+        key_cache.data_ptr() % 16 == 0 and value_cache.data_ptr() % 16 == 0,
+        "the caches must be 16-byte aligned (they are read in 16-byte vectors)",
+    )
+    check_tensor("block_tables", block_tables, torch.int32, 2)
+    check_tensor("context_lens", context_lens, torch.int32, 1)
+    check(
+        block_tables.shape[0] == num_seqs and context_lens.shape[0] == num_seqs,
+        f"{num_seqs} queries, {block_tables.shape[0]} block tables, "
+        f"{context_lens.shape[0]} context lens",
+    )
+    check(
+        max_context_len <= block_tables.shape[1] * block_size,
+        f"max_context_len {max_context_len} exceeds the block tables' "
+        f"{block_tables.shape[1]} blocks of {block_size}",
+    )
+    check(partition_size % block_size == 0, f"partition_size {partition_size} % {block_size}")
+    devices = {t.device for t in (out, query, key_cache, value_cache, block_tables, context_lens)}
+    check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    if num_seqs == 0:
+        return []
+    check(max_context_len >= 1, f"max_context_len must be >= 1, got {max_context_len}")
+
+    module = paged_attention_module(dtype, head_size, block_size, partition_size)
+    v1_name, v2_name, reduce_name = module.name_expressions
+    block = (NUM_THREADS, 1, 1)
+    common = (
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        np.int32(block_tables.shape[1]),
+        np.int32(query.stride(0)),
+        np.int32(num_kv_heads),
+        np.float32(scale),
+    )
+    if version is None:
+        version = 1 if use_v1(max_context_len, num_seqs, num_heads, partition_size) else 2
+    if version == 1:
+        return [KernelLaunch(module, v1_name, (num_heads, num_seqs, 1), block, (out, *common))]
+
+    check(version == 2, f"version must be 1, 2 or None, got {version}")
+    max_num_partitions = -(-max_context_len // partition_size)
+    stats_shape = (num_seqs, num_heads, max_num_partitions)
+    exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=query.device)
+    max_logits = torch.empty_like(exp_sums)
+    tmp_out = torch.empty((*stats_shape, head_size), dtype=torch.float32, device=query.device)
+    return [
+        KernelLaunch(
+            module,
+            v2_name,
+            (num_heads, num_seqs, max_num_partitions),
+            block,
+            (exp_sums, max_logits, tmp_out, *common),
+        ),
+        KernelLaunch(
+            module,
+            reduce_name,
+            (num_heads, num_seqs, 1),
+            block,
+            (out, exp_sums, max_logits, tmp_out, context_lens, np.int32(max_num_partitions)),
+        ),
+    ]
+
+
+def paged_attention(
+    out: torch.Tensor,  # [num_seqs, num_heads, head_size]
+    query: torch.Tensor,  # [num_seqs, num_heads, head_size], rows may be strided
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32, each >= 1
+    max_context_len: int,
+    scale: float,
+) -> None:
+    """Decode attention on the GPU into out; see paged_attention_launches."""
+    from pagedgen.kernels.loader import launch
+
+    for kernel_launch in paged_attention_launches(
+        out, query, key_cache, value_cache, block_tables, context_lens, max_context_len, scale
+    ):
+        launch(kernel_launch)

@@ -1,0 +1,111 @@
+"""Runs the kernels' launch plans on the CPU: g++ compiles a kernels/ source against cuda_emu.h
+into a shared library with one entry point per name expression, and ctypes launches it with the
+same grid, block and arguments that pagedgen.kernels.loader would hand to CuPy."""
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pagedgen.kernels.launch import KernelLaunch
+
+HERE = Path(__file__).resolve().parent
+EMU_HEADER = HERE / "cuda_emu.h"
+CXX_FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-w")
+_C_TYPES = {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float}
+
+
+def have_gxx() -> bool:
+    return shutil.which("g++") is not None
+
+
+@functools.cache
+def _gxx_version() -> str:
+    return subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
+
+
+def _cache_dir() -> Path:
+    path = Path(os.environ.get("PAGEDGEN_EMU_CACHE", Path(tempfile.gettempdir()) / "pagedgen-emu"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_library(source: str, name_expressions: list[str], defines: tuple[str, ...] = ()) -> Path:
+    """Compiles source (a kernels/ file's text, includes inlined) with an entry point launch_<i>
+    for name_expressions[i]; cached by content, so each build happens once per machine.
+
+    defines are -D macros, e.g. a KernelModule's, which narrow the explicit instantiations that
+    g++ compiles besides those the entry points ask for."""
+    entry_points = "\n".join(
+        f'extern "C" const char* launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx,\n'
+        f"                                  void** args) {{\n"
+        f"  static std::string error;\n"
+        f"  error = emu::launch(&{expression}, dim3(gx, gy, gz), dim3(bx), args);\n"
+        f"  return error.c_str();\n"
+        f"}}"
+        for i, expression in enumerate(name_expressions)
+    )
+    header = EMU_HEADER.read_text()
+    flags = [*CXX_FLAGS, *(f"-D{define}" for define in defines)]
+    key = hashlib.sha256(
+        "\0".join([header, source, entry_points, " ".join(flags), _gxx_version()]).encode()
+    ).hexdigest()[:24]
+    library = _cache_dir() / f"{key}.so"
+    if library.exists():
+        return library
+    work = Path(tempfile.mkdtemp(dir=_cache_dir()))
+    (work / "kernel.cu").write_text(source)
+    (work / "driver.cpp").write_text(
+        f'#include "{EMU_HEADER}"\n#include "kernel.cu"\n\n{entry_points}\n'
+    )
+    result = subprocess.run(
+        ["g++", *flags, "-o", str(work / "lib.so"), str(work / "driver.cpp")],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"g++ failed to build the emulated kernels:\n{result.stderr[-4000:]}")
+    os.replace(work / "lib.so", library)
+    shutil.rmtree(work, ignore_errors=True)
+    return library
+
+
+class EmulationError(RuntimeError):
+    """The emulator refused the launch: a deadlock, a partial-mask shuffle, a bad block shape."""
+
+
+class Emulator:
+    """The kernels of one source, compiled for the CPU; runs KernelLaunch plans on CPU tensors."""
+
+    def __init__(
+        self, source: str, name_expressions: list[str], defines: tuple[str, ...] = ()
+    ) -> None:
+        self.name_expressions = list(name_expressions)
+        self.library = ctypes.CDLL(str(build_library(source, self.name_expressions, defines)))
+
+    def launch(self, kernel_launch: KernelLaunch) -> None:
+        index = self.name_expressions.index(kernel_launch.name_expression)
+        entry = getattr(self.library, f"launch_{index}")
+        entry.restype = ctypes.c_char_p
+        values = [self._c_value(arg) for arg in kernel_launch.args]
+        args = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        gx, gy, gz = kernel_launch.grid
+        bx, by, bz = kernel_launch.block
+        assert by == bz == 1, kernel_launch.block
+        error = entry(gx, gy, gz, bx, args).decode()
+        if error:
+            raise EmulationError(f"{kernel_launch.name_expression}: {error}")
+
+    @staticmethod
+    def _c_value(arg: object) -> ctypes._SimpleCData:
+        if isinstance(arg, torch.Tensor):
+            assert arg.device.type == "cpu", arg.device
+            return ctypes.c_void_p(arg.data_ptr())
+        return _C_TYPES[type(arg)](arg.item())

@@ -1,0 +1,167 @@
+"""Random decode batches over a scattered, NaN-poisoned paged cache, and the check against the
+torch reference; shared by the emulation, mutation and GPU tests."""
+
+import random
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.attention.reference import paged_attention_reference
+from pagedgen.kernels.launch import KernelLaunch
+from pagedgen.kernels.paged_attention import PARTITION_SIZE, paged_attention_launches
+
+CONTEXT_LENS = (1, 15, 16, 17, 100, 257)
+# Small enough that the longer contexts above span several partitions.
+SMALL_PARTITION_SIZE = 64
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Both sides read the same rounded inputs and accumulate in float; they differ in the order of
+# the sums and, for half types, by at most an output rounding step.
+TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+class DecodeCase(NamedTuple):
+    query: torch.Tensor  # [num_seqs, num_heads, head_size]
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor  # [num_seqs, max_num_blocks_per_seq] int32, padded with 0
+    context_lens: torch.Tensor  # [num_seqs] int32
+    block_table_lists: list[list[int]]
+    scale: float
+
+    @property
+    def max_context_len(self) -> int:
+        return int(self.context_lens.max())
+
+
+def make_decode_case(
+    dtype: torch.dtype,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    context_lens: tuple[int, ...] = CONTEXT_LENS,
+    seed: int = 0,
+    device: str = "cpu",
+) -> DecodeCase:
+    """Each sequence gets randomly chosen blocks; every slot it does not own stays NaN.
+
+    Block 0 is never handed out, and the block tables are padded with 0, so a kernel that reads
+    one token or one block too far reads NaN and the result shows it.
+    """
+    g = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // block_size) for n in context_lens]
+    num_blocks = sum(blocks_per_seq) + 4
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache = torch.full(shape, float("nan"), dtype=dtype)
+    value_cache = torch.full(shape, float("nan"), dtype=dtype)
+    free_blocks = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    block_table_lists = []
+    for context_len, num_seq_blocks in zip(context_lens, blocks_per_seq):
+        block_table = [free_blocks.pop() for _ in range(num_seq_blocks)]
+        block_table_lists.append(block_table)
+        positions = torch.arange(context_len)
+        slots = torch.tensor(block_table)[positions // block_size] * block_size
+        slots += positions % block_size
+        for cache in (key_cache, value_cache):
+            values = torch.randn(context_len, num_kv_heads, head_size, generator=g)
+            cache.view(-1, num_kv_heads, head_size)[slots] = values.to(dtype)
+    max_blocks = max(blocks_per_seq)
+    block_tables = torch.tensor(
+        [table + [0] * (max_blocks - len(table)) for table in block_table_lists], dtype=torch.int32
+    )
+    # Doubled queries make the softmax peakier, so a missed rescale cannot hide in the noise.
+    query = 2 * torch.randn(len(context_lens), num_heads, head_size, generator=g)
+    return DecodeCase(
+        query.to(dtype).to(device),
+        key_cache.to(device),
+        value_cache.to(device),
+        block_tables.to(device),
+        torch.tensor(context_lens, dtype=torch.int32, device=device),
+        block_table_lists,
+        head_size**-0.5,
+    )
+
+
+def reference(case: DecodeCase) -> torch.Tensor:
+    return paged_attention_reference(
+        case.query.cpu(),
+        case.key_cache.cpu(),
+        case.value_cache.cpu(),
+        case.block_table_lists,
+        case.context_lens.tolist(),
+        [1] * case.query.shape[0],
+        case.scale,
+    )
+
+
+def run_decode(
+    launch: Callable[[KernelLaunch], None],
+    case: DecodeCase,
+    version: int | None,
+    partition_size: int = PARTITION_SIZE,
+    query: torch.Tensor | None = None,
+) -> torch.Tensor:
+    query = case.query if query is None else query
+    out = torch.full_like(case.query, float("nan"))
+    for kernel_launch in paged_attention_launches(
+        out,
+        query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.context_lens,
+        case.max_context_len,
+        case.scale,
+        version=version,
+        partition_size=partition_size,
+    ):
+        launch(kernel_launch)
+    return out
+
+
+def check_decode(
+    launch: Callable[[KernelLaunch], None],
+    case: DecodeCase,
+    version: int | None,
+    partition_size: int = PARTITION_SIZE,
+) -> None:
+    """Runs the kernels through launch and asserts they match the reference (NaN never does)."""
+    out = run_decode(launch, case, version, partition_size)
+    tolerance = TOLERANCES[case.query.dtype]
+    torch.testing.assert_close(
+        out.cpu().float(), reference(case).float(), atol=tolerance, rtol=tolerance
+    )
+
+
+def make_metadata(
+    query_lens: list[int], context_lens: list[int], block_size: int, num_blocks: int, device: str
+) -> AttentionMetadata:
+    """Scattered block tables; the same ones for every device."""
+    rng = random.Random(0)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables, slots = [], []
+    for query_len, context_len in zip(query_lens, context_lens):
+        table = [free.pop() for _ in range(-(-context_len // block_size))]
+        tables.append(table)
+        positions = range(context_len - query_len, context_len)
+        slots += [table[p // block_size] * block_size + p % block_size for p in positions]
+    width = max(len(table) for table in tables)
+    cu_seqlens = [0]
+    for query_len in query_lens:
+        cu_seqlens.append(cu_seqlens[-1] + query_len)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=device),
+        cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+        block_tables=torch.tensor(
+            [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device
+        ),
+        max_seqlen_q=max(query_lens),
+        max_context_len=max(context_lens),
+        num_decode_seqs=next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens)),
+        query_lens_cpu=query_lens,
+        context_lens_cpu=context_lens,
+    )

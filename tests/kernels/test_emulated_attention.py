@@ -1,0 +1,108 @@
+"""kernels/paged_attention.cu run on the CPU through cuda_emu.h, against the torch reference.
+
+Each case: 6 sequences with context lengths 1, 15, 16, 17, 100, 257 (one token, a block minus
+one, exactly a block, a block plus one, several blocks, several partitions) over scattered
+blocks in a NaN-poisoned cache.
+"""
+
+import pytest
+import torch
+
+from pagedgen.kernels.paged_attention import (
+    HEAD_SIZES,
+    PARTITION_SIZE,
+    paged_attention_launches,
+    use_v1,
+)
+from tests.kernels.paged_cases import (
+    DTYPES,
+    SMALL_PARTITION_SIZE,
+    check_decode,
+    make_decode_case,
+    run_decode,
+)
+
+
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_v1_head_sizes(attention_emulator, dtype: torch.dtype, head_size: int) -> None:
+    case = make_decode_case(dtype, 4, 2, head_size, 16, seed=head_size)
+    check_decode(attention_emulator.launch, case, version=1)
+
+
+@pytest.mark.parametrize("head_size", [80, 128])
+@pytest.mark.parametrize("block_size", [8, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_v1_block_sizes(attention_emulator, dtype: torch.dtype, block_size: int, head_size: int):
+    case = make_decode_case(dtype, 4, 2, head_size, block_size, seed=block_size)
+    check_decode(attention_emulator.launch, case, version=1)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 1), (8, 2)])
+def test_v1_gqa(attention_emulator, num_heads: int, num_kv_heads: int) -> None:
+    case = make_decode_case(torch.float32, num_heads, num_kv_heads, 64, 16, seed=num_heads)
+    check_decode(attention_emulator.launch, case, version=1)
+
+
+@pytest.mark.parametrize(
+    ("head_size", "block_size"), [(64, 8), (96, 16), (128, 32), (256, 16)], ids=str
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_v2_partitions(attention_emulator, dtype: torch.dtype, head_size: int, block_size: int):
+    case = make_decode_case(dtype, 4, 2, head_size, block_size, seed=head_size + block_size)
+    check_decode(attention_emulator.launch, case, version=2, partition_size=SMALL_PARTITION_SIZE)
+
+
+def test_v2_single_partition(attention_emulator) -> None:
+    case = make_decode_case(torch.float16, 4, 2, 128, 16)
+    check_decode(attention_emulator.launch, case, version=2, partition_size=PARTITION_SIZE)
+
+
+def test_strided_query_rows(attention_emulator) -> None:
+    """Queries as the q part of a fused qkv projection: rows q_stride apart, not contiguous."""
+    case = make_decode_case(torch.float32, 4, 2, 64, 16, context_lens=(17, 100))
+    qkv = torch.randn(2, 8, 64)
+    qkv[:, :4] = case.query
+    expected = run_decode(attention_emulator.launch, case, version=1)
+    strided = run_decode(attention_emulator.launch, case, version=1, query=qkv[:, :4])
+    torch.testing.assert_close(strided, expected, atol=0, rtol=0)
+
+
+def test_v1_v2_rule_matches_vllm() -> None:
+    assert use_v1(512, 1, 32, 512)
+    assert not use_v1(513, 1, 32, 512)
+    assert use_v1(4096, 64, 32, 512)  # 2048 (head, sequence) blocks fill the GPU
+    assert not use_v1(8193, 64, 32, 512)
+    case = make_decode_case(torch.float32, 4, 2, 64, 16, context_lens=(600,))
+    out = torch.empty_like(case.query)
+    args = (out, case.query, case.key_cache, case.value_cache, case.block_tables)
+    launches = paged_attention_launches(*args, case.context_lens, 600, case.scale)
+    assert [launch.grid for launch in launches] == [(4, 1, 2), (4, 1, 1)]
+    assert "v2_kernel" in launches[0].name_expression and "reduce" in launches[1].name_expression
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"query": torch.zeros(6, 4, 72)}, "head_size"),
+        ({"query": torch.zeros(6, 4, 64, dtype=torch.float64)}, "dtype"),
+        ({"query": torch.zeros(6, 3, 64)}, "multiple of num_kv_heads"),
+        ({"block_tables": torch.zeros(6, 17, dtype=torch.int64)}, "block_tables must be"),
+        ({"context_lens": torch.zeros(5, dtype=torch.int32)}, "context lens"),
+        ({"max_context_len": 10_000}, "exceeds"),
+    ],
+)
+def test_wrapper_rejects_bad_arguments(change: dict, message: str) -> None:
+    case = make_decode_case(torch.float32, 4, 2, 64, 16)
+    args = {
+        "query": case.query,
+        "key_cache": case.key_cache,
+        "value_cache": case.value_cache,
+        "block_tables": case.block_tables,
+        "context_lens": case.context_lens,
+        "max_context_len": case.max_context_len,
+        "scale": case.scale,
+    } | change
+    args["out"] = torch.empty_like(args["query"])
+    with pytest.raises(ValueError, match=message):
+        paged_attention_launches(**args)
