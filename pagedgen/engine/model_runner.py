@@ -4,7 +4,6 @@ import torch
 from torch import nn
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.block_manager import BlockMapping
 from pagedgen.engine.scheduler import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
 from pagedgen.layers.sampler import Sampler, SamplerOutput, SamplingMetadata
