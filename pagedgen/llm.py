@@ -3,6 +3,7 @@ from dataclasses import fields
 from typing import Any
 
 from pagedgen.config import EngineConfig
+from pagedgen.engine.beam_search import BeamSearchParams
 from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
 from pagedgen.loader.resolve import DEFAULT_MODEL
 from pagedgen.outputs import RequestOutput
@@ -10,6 +11,7 @@ from pagedgen.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 Messages = list[dict[str, str]]
+Params = SamplingParams | BeamSearchParams
 
 
 class LLM:
@@ -32,7 +34,7 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | Iterable[Prompt],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        sampling_params: Params | list[Params] | None = None,
     ) -> list[RequestOutput]:
         """Completes every prompt (text or token ids); returns the outputs in prompt order."""
         if isinstance(prompts, str) or (
@@ -52,6 +54,16 @@ class LLM:
         outputs = {out.request_id: out for out in self.stream(requests)}
         return [outputs[str(i)] for i in range(len(prompts))]
 
+    def beam_search(
+        self, prompts: Prompt | Iterable[Prompt], params: BeamSearchParams
+    ) -> list[RequestOutput]:
+        """Beam search for each prompt; each output holds the beam_width best beams, best first."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        return self.generate(prompts, [params] * len(list(prompts)))
+
     def chat(
         self,
         messages: Messages | list[Messages],
@@ -70,7 +82,7 @@ class LLM:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def stream(
-        self, requests: Iterable[tuple[str, Prompt, SamplingParams]], max_pending: int | None = None
+        self, requests: Iterable[tuple[str, Prompt, Params]], max_pending: int | None = None
     ) -> Iterator[RequestOutput]:
         """Yields each request's output as soon as it finishes.
 
