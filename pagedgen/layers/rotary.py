@@ -1,3 +1,5 @@
+from typing import NamedTuple
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -39,17 +41,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
 
-    def forward(
-        self,
-        positions: torch.Tensor,  # [num_tokens]
-        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+    def forward(self, positions: torch.Tensor) -> "Rope":
+        """The step's cos and sin rows, looked up once and shared by every layer."""
+        return Rope(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+class Rope(NamedTuple):
+    cos: torch.Tensor  # [num_tokens, 1, head_dim // 2], float32
+    sin: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        out = torch.cat((x1 * self.cos - x2 * self.sin, x2 * self.cos + x1 * self.sin), dim=-1)
+        return out.to(x.dtype)

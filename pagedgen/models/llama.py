@@ -7,7 +7,7 @@ from transformers import PretrainedConfig
 from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import RMSNorm
-from pagedgen.layers.rotary import RotaryEmbedding
+from pagedgen.layers.rotary import Rope, RotaryEmbedding
 
 # checkpoint projection -> (our fused module, shard index)
 STACKED_PARAMS = {
@@ -21,12 +21,7 @@ STACKED_PARAMS = {
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self,
-        config: PretrainedConfig,
-        rotary: RotaryEmbedding,
-        backend: AttentionBackend,
-        qkv_bias: bool,
-        o_bias: bool,
+        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -35,7 +30,6 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(config.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias)
         self.o_proj = Linear(q_size, config.hidden_size, bias=o_bias)
-        self.rotary = rotary
         self.backend = backend
         self.scale = self.head_dim**-0.5
         # Bound by the model runner once the pool exists: [num_blocks, block_size, kv_heads, dim].
@@ -43,7 +37,7 @@ class LlamaAttention(nn.Module):
         self.value_cache = torch.empty(0)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
+        self, rope: Rope, hidden: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.output_sizes, dim=-1)
@@ -51,7 +45,7 @@ class LlamaAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.normalize_qk(q, k)
-        q, k = self.rotary(positions, q, k)
+        q, k = rope.apply(q), rope.apply(k)
         out = self.backend.forward(q, k, v, self.key_cache, self.value_cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
 
@@ -83,9 +77,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
+        self, rope: Rope, hidden: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), metadata)
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -111,9 +105,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(
-                config, self.attention_cls(config, self.rotary, backend, qkv_bias, o_bias)
-            )
+            LlamaDecoderLayer(config, self.attention_cls(config, backend, qkv_bias, o_bias))
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -134,8 +126,9 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        rope = self.rotary(positions)
         for layer in self.layers:
-            hidden = layer(positions, hidden, metadata)
+            hidden = layer(rope, hidden, metadata)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
