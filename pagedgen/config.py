@@ -31,6 +31,7 @@ class EngineConfig:
     preemption_mode: str = "auto"
     swap_space: float = 1.0
     seed: int = 0
+    num_threads: int | None = None  # torch's intra-op threads; None keeps torch's default
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -50,6 +51,8 @@ class EngineConfig:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0 GiB, got {self.kv_cache_memory}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len < 1:

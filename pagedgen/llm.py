@@ -2,6 +2,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from typing import Any
 
+from pagedgen.chat_template import Messages, apply_chat_template
 from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams
 from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
@@ -10,7 +11,6 @@ from pagedgen.outputs import RequestOutput
 from pagedgen.sampling_params import SamplingParams
 
 Prompt = str | list[int]
-Messages = list[dict[str, str]]
 Params = SamplingParams | BeamSearchParams
 
 
@@ -74,21 +74,20 @@ class LLM:
         return self.generate([self.apply_chat_template(m) for m in conversations], sampling_params)
 
     def apply_chat_template(self, messages: Messages) -> list[int]:
-        if not self.tokenizer.chat_template:
-            raise ValueError("this model's tokenizer has no chat template; give plain prompts")
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return apply_chat_template(self.tokenizer, messages)
 
     def stream(
-        self, requests: Iterable[tuple[str, Prompt, Params]], max_pending: int | None = None
+        self,
+        requests: Iterable[tuple[str, Prompt, Params]],
+        max_pending: int | None = None,
+        on_step: Callable[[LLMEngine], None] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yields each request's output as soon as it finishes.
 
         Requests are pulled from the iterable only while fewer than max_pending are unfinished
         (default: twice max_num_seqs), so an input of any length streams through in bounded
-        memory while the batch stays full.
+        memory while the batch stays full. on_step(engine) runs after every step, where the
+        engine is consistent: it may read the gauges or abort requests.
         """
         engine = self.engine
         max_pending = max_pending or 2 * engine.config.max_num_seqs
@@ -103,4 +102,7 @@ class LLM:
                     engine.add_request(*request)
             if not engine.has_unfinished_requests():
                 return
-            yield from engine.step()
+            finished = engine.step()
+            if on_step is not None:
+                on_step(engine)
+            yield from finished

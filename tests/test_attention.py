@@ -72,3 +72,21 @@ def test_reference_attends_only_to_visible_positions():
         torch.randn(1, 1, 8), torch.randn(1, 1, 8), value, key_cache, value_cache, md, 1.0
     )
     assert torch.equal(out, value)
+
+
+def test_batched_and_per_sequence_decode_agree():
+    """The GPU's padded batch path and the CPU's per-sequence path compute the same thing."""
+    from pagedgen.attention.torch_backend import decode_attention, decode_attention_per_seq
+
+    torch.manual_seed(0)
+    context_lens = [1, 15, 16, 17, 100, 257]
+    md = make_batch([1] * len(context_lens), context_lens, 16, 64, 0)
+    query = torch.randn(len(context_lens), 8, 32)
+    cache = torch.randn(2, 64, 16, 2, 32)
+    batched = decode_attention(
+        query, cache[0], cache[1], md.block_tables, md.context_lens, 257, 0.2
+    )
+    per_seq = decode_attention_per_seq(
+        query, cache[0], cache[1], md.block_tables, context_lens, 0.2
+    )
+    torch.testing.assert_close(batched, per_seq, atol=1e-5, rtol=1e-5)

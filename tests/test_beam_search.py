@@ -23,8 +23,8 @@ def llm(smollm2_path):
 
 @torch.no_grad()
 def reference_beam_search(model, prompt, params: BeamSearchParams, eos: set[int]):
-    """Recomputes every beam from scratch each step; vLLM's rule: each beam proposes its top
-    2 * width tokens, eos proposals retire, the width best others by score live on."""
+    """Recomputes every beam from scratch each step, without a cache. vLLM's rule: each beam
+    proposes its top 2 * width tokens, eos proposals retire, the width best others live on."""
 
     def score(beam):
         tokens, cumulative = beam
@@ -34,9 +34,10 @@ def reference_beam_search(model, prompt, params: BeamSearchParams, eos: set[int]
     beams, finished = [(list(prompt), 0.0)], []
     for _ in range(params.max_tokens):
         candidates = []
-        for tokens, cumulative in beams:
-            logprobs = torch.log_softmax(model(torch.tensor([tokens])).logits[0, -1].float(), -1)
-            top = torch.topk(logprobs, 2 * params.beam_width)
+        # all live beams have the same length, so one forward pass scores them all
+        logits = model(torch.tensor([tokens for tokens, _ in beams])).logits[:, -1].float()
+        for (tokens, cumulative), row in zip(beams, torch.log_softmax(logits, -1)):
+            top = torch.topk(row, 2 * params.beam_width)
             for logprob, token in zip(top.values.tolist(), top.indices.tolist()):
                 beam = (tokens + [token], cumulative + logprob)
                 (finished if token in eos and not params.ignore_eos else candidates).append(beam)

@@ -1,10 +1,9 @@
 import json
-import subprocess
-import sys
 
 import pytest
 
-from pagedgen.cli.inputs import read_jsonl
+from pagedgen.io.readers import read_jsonl
+from tests.cli_util import pagedgen, read_records, run_in_process, tiny
 
 GOOD = [
     {"id": "a", "prompt": "hello there"},
@@ -13,30 +12,17 @@ GOOD = [
 ]
 
 
-def pagedgen(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pagedgen.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def common(model) -> list[str]:
-    return ["--model", str(model), "--kv-cache-memory", "0.01", "--max-tokens", "5"]
-
-
 def test_run_writes_one_record_per_line_in_order(tiny_llama_path, tmp_path):
     lines = [json.dumps(GOOD[0]), "{not json", json.dumps(GOOD[1]), '{"prompt": ""}']
     lines += [json.dumps(GOOD[2]), '{"id": "x", "prompt": "a", "messages": []}']
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
-    result = pagedgen("run", str(src), "-o", str(out), *common(tiny_llama_path))
+    result = pagedgen("run", str(src), "-o", str(out), *tiny(tiny_llama_path))
     assert result.returncode == 1, result.stderr  # some lines failed
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    records = read_records(out)
     assert [r["id"] for r in records] == ["a", "line-2", "b", "line-4", "line-5", "x"]
+    assert [r["line"] for r in records] == [1, 2, 3, 4, 5, 6]
     errors = {r["id"]: r["error"] for r in records if r["error"]}
     assert set(errors) == {"line-2", "line-4", "x"}
     assert errors["line-2"].startswith("line 2: invalid JSON")
@@ -45,12 +31,13 @@ def test_run_writes_one_record_per_line_in_order(tiny_llama_path, tmp_path):
         if not r["error"]:
             assert r["completion_tokens"] == 5 and r["finish_reason"] in ("length", "stop")
             assert r["prompt_tokens"] > 0 and isinstance(r["text"], str)
-    assert "3 failed" in result.stderr
+            assert r["latency"] >= r["time_to_first_token"] > 0
+    assert "3 failed" in result.stderr and "2, 4, 6" in result.stderr
 
 
 def test_stdin_to_stdout_and_greedy_is_deterministic(tiny_llama_path):
     stdin = "".join(json.dumps(r) + "\n" for r in GOOD)
-    args = ["run", "-", "-o", "-", "--temperature", "0", *common(tiny_llama_path)]
+    args = ["run", "-", "-o", "-", *tiny(tiny_llama_path)]
     first, second = pagedgen(*args, stdin=stdin), pagedgen(*args, stdin=stdin)
     assert first.returncode == 0, first.stderr
     records = [json.loads(line) for line in first.stdout.splitlines()]
@@ -65,17 +52,39 @@ def test_stdin_to_stdout_and_greedy_is_deterministic(tiny_llama_path):
         (["run", "missing.jsonl", "-o", "-"], "not found"),
         (["run", "-", "-o", "-", "--model", "/no/such/model"], "neither a local folder"),
         (["run", "-", "-o", "-", "--temperature", "-1"], "temperature"),
+        (["run", "-", "-o", "-", "--bogus"], "No such option: --bogus"),
+        (["run", "-", "-o", "-", "--max-tokens", "x"], "--max-tokens"),
+        (["run", "-", "-o", "-", "--order", "random"], "--order"),
+        (["run", "-", "-o", "-", "--resume"], "--resume needs an output file"),
+        (["run", "-", "-o", "-", "--input-format", "xml"], "input format"),
+        (["run", "no/such-dataset", "-o", "-"], "neither a local file or folder nor a dataset"),
+        (["profile", "-", "--block-sizes", "7"], "block sizes"),
     ],
 )
-def test_usage_errors_exit_2_with_one_line(args, message):
-    result = pagedgen(*args, stdin="")
+def test_usage_errors_exit_2_with_one_line(args, message, capsys):
+    code, _, stderr = run_in_process(capsys, *args)
+    assert code == 2, stderr
+    assert message in stderr and "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_usage_error_in_a_subprocess_has_no_trace():
+    result = pagedgen("run", "-", "-o", "-", "--bogus", stdin="")
     assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "error: No such option: --bogus (see 'pagedgen run --help')"
+
+
+def test_refuses_to_overwrite_records_without_resume_or_overwrite(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "a", "line": 1, "error": null}\n')
+    code, _, stderr = run_in_process(capsys, "run", "-", "-o", str(out))
+    assert code == 2 and "--resume" in stderr and "--overwrite" in stderr
+    assert out.read_text() == '{"id": "a", "line": 1, "error": null}\n'
 
 
 def test_read_jsonl_reports_line_numbers():
     lines = ['{"prompt": "x"}\n', "\n", "[1, 2]\n", '{"messages": [{"role": "user"}]}\n']
     records = list(read_jsonl(iter(lines)))
-    assert [r.line_number for r in records] == [1, 3, 4]
+    assert [r.line for r in records] == [1, 3, 4]
     assert records[0].error is None and records[0].prompt == "x"
     assert "JSON object" in records[1].error and "messages" in records[2].error

@@ -26,7 +26,8 @@ def decode_attention(
     max_context_len: int,
     scale: float,
 ) -> torch.Tensor:
-    """Gathers only the blocks each sequence uses (padded to the longest) and attends once."""
+    """Gathers only the blocks each sequence uses (padded to the longest) and attends once:
+    one launch for the whole batch, the better trade on a GPU."""
     block_size = key_cache.shape[1]
     num_blocks = -(-max_context_len // block_size)
     blocks = block_tables[:, :num_blocks]
@@ -39,6 +40,32 @@ def decode_attention(
         query.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )
     return out.squeeze(2)
+
+
+def decode_attention_per_seq(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query row per sequence
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, >= ceil(max context_len / block_size)]
+    context_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """One SDPA call per sequence over exactly its context: on a CPU, cheaper than padding the
+    batch to its longest context, which makes SDPA take its slow masked path."""
+    block_size = key_cache.shape[1]
+    out = torch.empty_like(query)
+    for i, context_len in enumerate(context_lens):
+        blocks = block_tables[i, : -(-context_len // block_size)]
+        keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
+        values = value_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
+        out[i] = F.scaled_dot_product_attention(
+            query[i].unsqueeze(1),
+            keys.transpose(0, 1),
+            values.transpose(0, 1),
+            scale=scale,
+            enable_gqa=True,
+        ).squeeze(1)
+    return out
 
 
 def prefill_attention(
@@ -92,7 +119,16 @@ class TorchAttentionBackend(AttentionBackend):
         write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
         num_decode = metadata.num_decode_seqs
-        if num_decode:
+        if num_decode and query.device.type == "cpu":
+            out[:num_decode] = decode_attention_per_seq(
+                query[:num_decode],
+                key_cache,
+                value_cache,
+                metadata.block_tables,
+                metadata.context_lens_cpu[:num_decode],
+                scale,
+            )
+        elif num_decode:
             out[:num_decode] = decode_attention(
                 query[:num_decode],
                 key_cache,

@@ -1,59 +1,126 @@
 import time
+from collections import deque
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
-from pagedgen.engine.stats import EngineStats
+from pagedgen.batch.job import JobProgress
+
+REFRESH_S = 0.25
+LOG_EVERY_S = 5.0
+RATE_WINDOW_S = 10.0
 
 
 class RunProgress:
-    """A rich progress bar with throughput and KV-cache gauges; a plain log line off a terminal."""
+    """Live progress on stderr: requests done of total with an ETA, prompt and generation
+    tokens/s, running / waiting / swapped sequences, a KV-cache usage gauge, preemptions and the
+    prefix-cache hit rate. Off a terminal, one plain line every few seconds instead."""
 
-    def __init__(self, console: Console, total: int | None, enabled: bool = True) -> None:
+    def __init__(self, console: Console, enabled: bool = True) -> None:
         self.console = console
         self.enabled = enabled
-        self.start = time.perf_counter()
-        self.last_log = self.start
-        self.live = enabled and console.is_terminal
+        self.live_display = enabled and console.is_terminal
         self.progress = Progress(
-            TextColumn("[bold]generating"),
+            TextColumn("[bold]requests"),
             BarColumn(),
             MofNCompleteColumn(),
+            TextColumn("ETA"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[status]}"),
             console=console,
-            transient=False,
         )
-        self.task = self.progress.add_task("run", total=total, status="")
+        self.task = self.progress.add_task("run", total=None)
+        self.throughput, self.cache = Text(), Text()
+        self.live = Live(
+            Group(self.progress, self.throughput, self.cache), console=console, auto_refresh=False
+        )
+        self.last_update = 0.0
+        self.last_log = time.perf_counter()
+        self.samples: deque[tuple[float, int, int]] = deque()  # (time, prompt, generation tokens)
+        self.first_done: int | None = None
+        self.stops_seen = 0
 
     def __enter__(self) -> "RunProgress":
-        if self.live:
-            self.progress.start()
+        if self.live_display:
+            self.live.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.live:
-            self.progress.stop()
+        if self.live_display:
+            self.live.refresh()
+            self.live.stop()
 
-    def status_line(self, stats: EngineStats) -> str:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        return (
-            f"prompt {stats.num_prompt_tokens / elapsed:,.0f} tok/s · "
-            f"gen {stats.num_generation_tokens / elapsed:,.0f} tok/s · "
-            f"running {stats.num_running} waiting {stats.num_waiting} "
-            f"swapped {stats.num_swapped} · KV {stats.kv_cache_usage_perc:.0%} · "
-            f"preempted {stats.num_preemptions}"
-        )
-
-    def update(self, completed: int, stats: EngineStats) -> None:
-        if not self.enabled:
-            return
-        status = self.status_line(stats)
-        if self.live:
-            self.progress.update(self.task, completed=completed, status=status)
-            return
+    def update(self, progress: JobProgress) -> None:
+        self._report_stop(progress)
         now = time.perf_counter()
-        if now - self.last_log >= 5.0:
+        finished = progress.total is not None and progress.num_done >= progress.total
+        if not self.enabled or (now - self.last_update < REFRESH_S and not finished):
+            return
+        self.last_update = now
+        stats = progress.engine.stats
+        self.samples.append((now, stats.num_prompt_tokens, stats.num_generation_tokens))
+        while now - self.samples[0][0] > RATE_WINDOW_S and len(self.samples) > 2:
+            self.samples.popleft()
+        if self.first_done is None:
+            self.first_done = progress.num_done
+        throughput, cache = self.status_lines(progress)
+        if self.live_display:
+            self.progress.update(self.task, total=progress.total, completed=progress.num_done)
+            for text, markup in ((self.throughput, throughput), (self.cache, cache)):
+                text.plain = ""
+                text.append_text(Text.from_markup(markup))
+            self.live.refresh()
+        elif now - self.last_log >= LOG_EVERY_S:
             self.last_log = now
-            total = self.progress.tasks[0].total
-            self.console.print(f"{completed}/{total if total is not None else '?'} done · {status}")
+            total = progress.total if progress.total is not None else "?"
+            eta = self._eta(progress)
+            plain = Text.from_markup(f"{throughput} · {cache}").plain
+            self.console.print(
+                f"{progress.num_done}/{total} requests{eta} · {plain}", highlight=False
+            )
+
+    def status_lines(self, progress: JobProgress) -> tuple[str, str]:
+        stats = progress.engine.stats
+        (t0, p0, g0), (t1, p1, g1) = self.samples[0], self.samples[-1]
+        if t1 <= t0:  # one sample yet: the rate since the start
+            t0, p0, g0 = t1 - progress.metrics.elapsed, 0, 0
+        prompt_rate = (p1 - p0) / (t1 - t0)
+        gen_rate = (g1 - g0) / (t1 - t0)
+        usage = stats.kv_cache_usage_perc
+        filled = round(usage * 10)
+        color = "green" if usage < 0.8 else "yellow" if usage < 0.95 else "red"
+        gauge = f"[{color}]{'█' * filled}[/][dim]{'░' * (10 - filled)}[/]"
+        throughput = (
+            f"prompt {prompt_rate:,.0f} tok/s · gen {gen_rate:,.0f} tok/s · "
+            f"running {stats.num_running} · waiting {stats.num_waiting} · "
+            f"swapped {stats.num_swapped}"
+        )
+        cache = (
+            f"KV cache {gauge} {usage:.0%} · preemptions {stats.num_preemptions} · "
+            f"prefix cache hit rate {stats.prefix_cache_hit_rate:.0%}"
+        )
+        return throughput, cache
+
+    def _eta(self, progress: JobProgress) -> str:
+        done_now = progress.num_done - (self.first_done or 0)
+        if progress.total is None or done_now <= 0:
+            return ""
+        rate = done_now / progress.metrics.elapsed
+        remaining = (progress.total - progress.num_done) / rate
+        minutes, seconds = divmod(int(remaining), 60)
+        return f" · ETA {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+    def _report_stop(self, progress: JobProgress) -> None:
+        engine = progress.engine
+        stops = progress.num_stop_requests
+        if stops == self.stops_seen:
+            return
+        self.stops_seen = stops
+        if stops == 1:
+            self.console.print(
+                f"stopping: no new requests; finishing the {engine.num_unfinished_requests} "
+                "started (Ctrl-C again to stop at once)"
+            )
+        else:
+            self.console.print("stopping now")

@@ -8,10 +8,9 @@ import torch
 from pagedgen.attention import get_attention_backend
 from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
-from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.control_plane import build_control_plane, resolve_max_model_len
 from pagedgen.engine.model_runner import ModelRunner
 from pagedgen.engine.request import Request
-from pagedgen.engine.scheduler import PreemptionMode, Scheduler
 from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.stop_checker import StopChecker
@@ -22,7 +21,6 @@ from pagedgen.sampling_params import SamplingParams
 
 GIB = 1 << 30
 DEFAULT_CPU_KV_CACHE_GIB = 4.0
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 4096
 
 
 def log_to_stderr(message: str) -> None:
@@ -39,12 +37,14 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, log: Callable[[str], None] = log_to_stderr) -> None:
         self.config = config
         torch.manual_seed(config.seed)
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.device = _pick_device(config.device)
         self.dtype = _pick_dtype(config.dtype, self.device)
         resolved = resolve_model(config.model)
         self.hf_config = load_config(resolved)
         self.tokenizer = load_tokenizer(resolved)
-        self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
+        self.max_model_len = resolve_max_model_len(self.hf_config, config.max_model_len)
         head_size = getattr(self.hf_config, "head_dim", None) or (
             self.hf_config.hidden_size // self.hf_config.num_attention_heads
         )
@@ -67,22 +67,8 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, backend, num_blocks, config.block_size, self.device, self.dtype, num_cpu_blocks
         )
-        self.block_manager = BlockManager(
-            num_blocks, config.block_size, num_cpu_blocks, config.enable_prefix_caching
-        )
-        max_batched = config.max_num_batched_tokens or (
-            DEFAULT_MAX_NUM_BATCHED_TOKENS
-            if config.enable_chunked_prefill
-            else max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        )
-        mode = None if config.preemption_mode == "auto" else PreemptionMode(config.preemption_mode)
-        self.scheduler = Scheduler(
-            self.block_manager,
-            config.max_num_seqs,
-            max(max_batched, config.max_num_seqs),
-            self.max_model_len,
-            config.enable_chunked_prefill,
-            mode,
+        self.block_manager, self.scheduler = build_control_plane(
+            config, num_blocks, num_cpu_blocks, self.max_model_len
         )
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
         self.eos_token_ids = _eos_token_ids(self.hf_config, self.tokenizer)
@@ -157,6 +143,13 @@ class LLMEngine:
             self.scheduler.finish(seq)
             self.stop_checker.free(seq)
 
+    def abort_unstarted_requests(self) -> list[str]:
+        """Aborts every request none of whose tokens has been computed; returns their ids."""
+        unstarted = [rid for rid, request in self.requests.items() if not request.is_started]
+        for request_id in unstarted:
+            self.abort_request(request_id)
+        return unstarted
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self.rejected)
 
@@ -213,13 +206,6 @@ def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
-
-
-def _max_model_len(hf_config, requested: int | None) -> int:
-    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
-    if requested is not None and requested > limit:
-        raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit}")
-    return requested or limit
 
 
 def _eos_token_ids(hf_config, tokenizer) -> set[int]:

@@ -20,6 +20,11 @@ class Request:
     def is_finished(self) -> bool:
         return self.error is not None or self.group.is_finished
 
+    @property
+    def is_started(self) -> bool:
+        """Whether any of its tokens was ever computed (a recompute preemption keeps outputs)."""
+        return any(seq.num_computed_tokens or seq.output_token_ids for seq in self.group.seqs)
+
     def output(self, tokenizer) -> RequestOutput:
         if self.beam is not None:
             completions = self._beam_completions(tokenizer)

@@ -179,11 +179,12 @@ class Scheduler:
 
     def _schedule_waiting(self, step: "_Step") -> None:
         bm = self.block_manager
+        num_running = step.num_seqs(self.running)
         while self.waiting:
             group = self.waiting[0]
             seqs = group.unfinished_seqs
             num_seqs = len(seqs) + group.num_pending_forks
-            if step.num_seqs(self.running) + num_seqs > self.max_num_seqs:
+            if num_running + num_seqs > self.max_num_seqs:
                 return
             plans = []
             budget = step.budget
@@ -204,6 +205,7 @@ class Scheduler:
                 step.add(seq, n)
             self._fork_samples(group, step)
             self.running.append(group)
+            num_running += num_seqs
 
     # -- helpers ---------------------------------------------------------------------------------
     def _num_new_tokens(self, seq: Sequence, step: "_Step") -> int:

@@ -19,9 +19,10 @@ class SequenceStatus(Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+        return self in FINISHED_STATUSES
 
 
+FINISHED_STATUSES = frozenset(s for s in SequenceStatus if s.name.startswith("FINISHED"))
 FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
     SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
@@ -100,7 +101,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status in FINISHED_STATUSES
 
     @property
     def finish_reason(self) -> str | None:
@@ -157,7 +158,9 @@ class SequenceGroup:
 
     @property
     def unfinished_seqs(self) -> list[Sequence]:
-        return [seq for seq in self.seqs if not seq.is_finished]
+        if len(self.seqs) == 1:  # the common case, on the scheduler's hot path
+            return [] if self.seqs[0].status in FINISHED_STATUSES else self.seqs
+        return [seq for seq in self.seqs if seq.status not in FINISHED_STATUSES]
 
     @property
     def is_finished(self) -> bool:

@@ -1,0 +1,166 @@
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any, NamedTuple
+
+from pagedgen.batch.metrics import RunMetrics
+from pagedgen.batch.requests import RequestBuilder, vocab_size_of
+from pagedgen.engine.llm_engine import LLMEngine
+from pagedgen.io.output import RecordFormatter
+from pagedgen.io.readers import InputSource
+from pagedgen.io.records import InputRecord
+from pagedgen.io.resume import OutputFile
+from pagedgen.io.spec import InputError
+from pagedgen.io.writer import MAX_FAILED_LINES, RecordWriter
+from pagedgen.llm import LLM
+from pagedgen.sampling_params import SamplingParams
+
+ORDERS = ("input", "completion")
+
+
+class JobProgress(NamedTuple):
+    num_done: int  # records in the output, those a resumed run found included
+    total: int | None
+    metrics: RunMetrics
+    engine: LLMEngine
+    num_stop_requests: int
+
+
+@dataclass(slots=True)
+class JobResult:
+    num_records: int
+    num_failed: int
+    failed_lines: list[int]  # the first few input lines whose records are errors
+    num_resumed: int  # records already in the output before this run
+    interrupted: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class BatchJob:
+    """Runs every record of an input through an LLM and writes one output line for each.
+
+    sampling holds the SamplingParams fields every record starts from; a record's own fields
+    override them. A record that cannot run (bad input, a duplicate id, a prompt the model cannot
+    take) becomes an error line and the job goes on. Records already in a resumed output are
+    skipped. stop() (safe to call from a signal handler) stops admitting requests and lets the
+    started ones finish; a second stop() aborts those too. Either way the output stays a
+    complete set of records that --resume continues from.
+    """
+
+    def __init__(
+        self,
+        llm: LLM,
+        source: InputSource,
+        output: OutputFile,
+        sampling: dict[str, Any] | None = None,
+        order: str = "input",
+    ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        self.llm = llm
+        self.engine = llm.engine
+        self.source = source
+        self.output = output
+        self.writer = RecordWriter(output.stream, ordered=order == "input")
+        self.formatter = RecordFormatter(source.is_openai, llm.engine.config.model, llm.tokenizer)
+        self.builder = RequestBuilder(
+            llm.tokenizer, sampling or {}, vocab_size_of(llm.engine), llm.engine.config.max_num_seqs
+        )
+        self.metrics = RunMetrics()
+        self.num_stop_requests = 0
+        self.num_aborted = 0
+        self.input_exhausted = False
+        self._handled_stops = 0
+        self._pending: dict[int, tuple[InputRecord, SamplingParams]] = {}
+        self._on_progress: Callable[[JobProgress], None] | None = None
+
+    def stop(self) -> None:
+        self.num_stop_requests += 1
+
+    @property
+    def num_done(self) -> int:
+        return len(self.output.state.done) + self.writer.num_written
+
+    def run(self, on_progress: Callable[[JobProgress], None] | None = None) -> JobResult:
+        self.metrics = RunMetrics()
+        self._on_progress = on_progress
+        for result in self.llm.stream(self._requests(), on_step=self._on_step):
+            record, params = self._pending.pop(int(result.request_id))
+            self.metrics.observe_output(result)
+            line = self.formatter.output(record, result, params.logprobs or 0)
+            self.writer.put(int(result.request_id), line, record.line, result.error is not None)
+        self.metrics.end = time.perf_counter()
+        if on_progress is not None:
+            on_progress(self._progress())
+        state = self.output.state
+        failed_lines = sorted(state.failed_lines + self.writer.failed_lines)[:MAX_FAILED_LINES]
+        summary = {
+            "num_requests": self.num_done,
+            "num_failed": state.num_failed + self.writer.num_failed,
+            "num_resumed": len(state.done),
+            **self.metrics.summary(self.engine),
+        }
+        return JobResult(
+            num_records=self.num_done,
+            num_failed=summary["num_failed"],
+            failed_lines=failed_lines,
+            num_resumed=len(state.done),
+            interrupted=self.num_stop_requests > 0
+            and (not self.input_exhausted or self.num_aborted > 0),
+            summary=summary,
+        )
+
+    def _requests(self) -> Iterator[tuple[str, list[int], SamplingParams]]:
+        done = self.output.state.done
+        first_line: dict[str, int] = {}
+        indices = count()
+        for record in self.source.records:
+            if self.num_stop_requests:
+                return
+            first = first_line.setdefault(record.id, record.line)
+            if record.line in done:
+                _check_same_input(record, done[record.line], self.output.path)
+                continue
+            index = next(indices)
+            prepared = self.builder.build(record)
+            if first != record.line and not isinstance(prepared, str):
+                prepared = f"duplicate id {record.id!r} (first at {record.where_at(first)})"
+            if isinstance(prepared, str):
+                self.writer.put(index, self.formatter.error(record, prepared), record.line, True)
+                continue
+            prompt, params = prepared
+            self._pending[index] = (record, params)
+            yield str(index), prompt, params
+        self.input_exhausted = True
+
+    def _on_step(self, engine: LLMEngine) -> None:
+        self.metrics.observe_step(engine)
+        if self.num_stop_requests > self._handled_stops:
+            self._handled_stops = self.num_stop_requests
+            # Admission is in arrival order, so the started requests are a prefix of those
+            # admitted; aborting the rest leaves the written records a prefix of the input.
+            if self.num_stop_requests >= 2:
+                aborted = list(engine.requests)
+                for request_id in aborted:
+                    engine.abort_request(request_id)
+            else:
+                aborted = engine.abort_unstarted_requests()
+            for request_id in aborted:
+                self._pending.pop(int(request_id), None)
+            self.num_aborted += len(aborted)
+        if self._on_progress is not None:
+            self._on_progress(self._progress())
+
+    def _progress(self) -> JobProgress:
+        return JobProgress(
+            self.num_done, self.source.total, self.metrics, self.engine, self.num_stop_requests
+        )
+
+
+def _check_same_input(record: InputRecord, done_id: str | None, path: str) -> None:
+    if done_id is not None and done_id != record.id:
+        raise InputError(
+            f"{path!r} does not answer this input: its record for {record.where} has id "
+            f"{done_id!r}, the input has {record.id!r}"
+        )

@@ -1,0 +1,220 @@
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from pagedgen.bench import engines, latency
+from pagedgen.bench.overhead import profile_engine
+from pagedgen.bench.result import RunResult, agreement, ratios
+from pagedgen.bench.roofline import Roofline, measure_roofline
+from pagedgen.bench.system import machine_info, machine_state, sample_cpu
+from pagedgen.bench.workloads import Workload, random_workload, sharegpt_workload
+from pagedgen.engine.llm_engine import log_to_stderr
+from pagedgen.llm import LLM
+from pagedgen.loader.resolve import DEFAULT_MODEL, resolve_model
+
+WORKLOADS = ("sharegpt", "fixed", "latency")
+LATENCY_OUTPUT_LEN = 64
+
+
+@dataclass(slots=True)
+class BenchOptions:
+    """One `pagedgen bench` run: a workload, the engines to compare and pagedgen's settings."""
+
+    model: str = DEFAULT_MODEL
+    workload: str = "sharegpt"
+    num_prompts: int = 64
+    input_len: int = 128
+    output_len: int | None = None  # fixed: 128, latency: 64
+    baselines: list[str] = field(default_factory=lambda: ["static32", "static64"])
+    dtype: str = "float32"
+    device: str = "cpu"
+    num_threads: int = 2
+    num_iters: int = 1  # timed passes per engine, round robin; the fastest is kept
+    kv_cache_memory: float | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    roofline: bool = True
+    overhead: bool = True
+    generate_batch_timeout: float = 600.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+        unknown = sorted(set(self.baselines) - set(engines.BASELINES))
+        if unknown:
+            raise ValueError(f"unknown baselines {unknown}; known: {list(engines.BASELINES)}")
+        if self.dtype == "auto":
+            raise ValueError("give the dtype explicitly, so that both engines run the same one")
+        for name in ("num_prompts", "input_len", "num_threads", "num_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.output_len is not None and self.output_len < 1:
+            raise ValueError(f"output_len must be >= 1, got {self.output_len}")
+
+
+def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr) -> dict:
+    """Runs pagedgen and the baselines on one workload in this process; returns every figure."""
+    torch.set_num_threads(options.num_threads)
+    start_state, start = machine_state(), sample_cpu()
+    llm = LLM(
+        options.model,
+        log=log,
+        dtype=options.dtype,
+        device=options.device,
+        kv_cache_memory=options.kv_cache_memory,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        block_size=options.block_size,
+        seed=options.seed,
+    )
+    engine = llm.engine
+    workload = _workload(options, llm)
+    log(f"workload {workload.name}: {workload.describe()}")
+    model = None
+    if options.baselines:
+        resolved = resolve_model(options.model)
+        log(f"loading {resolved.path} into transformers for the baselines")
+        model = engines.load_hf_model(resolved, engine.dtype, options.device)
+    tokenizer = llm.tokenizer
+    pad_token_id = next(
+        (i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0
+    )
+    roofline = None
+    if options.roofline:
+        log("measuring the roofline")
+        config = engine.hf_config
+        roofline = measure_roofline(
+            engine.runner.model,
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+            engine.dtype,
+        )
+    engines.warm_up(llm, model, pad_token_id)
+    report: dict = {
+        "model": options.model,
+        "options": asdict(options),
+        "machine": machine_info(options.num_threads),
+        "machine_start": start_state,
+        "workload": workload.describe(),
+        "engine": {
+            "max_num_seqs": engine.scheduler.max_num_seqs,
+            "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
+            "block_size": engine.config.block_size,
+            "num_blocks": engine.num_blocks,
+            "dtype": str(engine.dtype).removeprefix("torch."),
+        },
+        "roofline": roofline.to_dict() if roofline else None,
+    }
+    if options.workload == "latency":
+        report["latency"] = _latency_runs(options, llm, model, workload, pad_token_id, roofline)
+    else:
+        report.update(_throughput_runs(options, llm, model, workload, pad_token_id, roofline))
+    report["machine_end"] = machine_state(since=start)
+    return report
+
+
+def _workload(options: BenchOptions, llm: LLM) -> Workload:
+    tokenizer = llm.tokenizer
+    if options.workload == "sharegpt":
+        return sharegpt_workload(tokenizer, options.num_prompts)
+    if options.workload == "fixed":
+        output_len = options.output_len or 128
+        return random_workload(
+            tokenizer, options.num_prompts, options.input_len, output_len, options.seed
+        )
+    output_len = options.output_len or LATENCY_OUTPUT_LEN
+    return random_workload(tokenizer, 1, options.input_len, output_len, options.seed, "latency")
+
+
+def _throughput_runs(
+    options: BenchOptions,
+    llm: LLM,
+    model: PreTrainedModel | None,
+    workload: Workload,
+    pad_token_id: int,
+    roofline: Roofline | None,
+) -> dict:
+    max_batch_tokens = llm.engine.scheduler.max_num_batched_tokens
+    best: dict[str, RunResult] = {}
+    overhead = None
+    for i in range(options.num_iters):
+        profiling = options.overhead and i == 0
+        with profile_engine(llm.engine) if profiling else nullcontext() as profiler:
+            runs = [engines.run_pagedgen(llm, workload)]
+        if profiler is not None:
+            overhead = profiler.summary()
+        for name in options.baselines:
+            if name == "generate_batch":
+                runs.append(
+                    engines.run_generate_batch(
+                        model,
+                        workload,
+                        max_batch_tokens,
+                        options.max_num_seqs,
+                        timeout=options.generate_batch_timeout,
+                    )
+                )
+            else:
+                batch_size = int(name.removeprefix("static"))
+                runs.append(engines.run_static(model, workload, batch_size, pad_token_id))
+        for run in runs:
+            if run.name not in best or run.output_tokens_per_s > best[run.name].output_tokens_per_s:
+                best[run.name] = run
+    ours = best["pagedgen"]
+    figures = {}
+    for name, run in best.items():
+        figures[name] = run.figures()
+        if roofline is not None:
+            total = run.num_prompt_tokens + run.num_output_tokens
+            figures[name]["matmul_peak_share"] = roofline.compute_share(total, run.elapsed)
+            if run.num_steps:
+                figures[name]["bandwidth_share"] = roofline.bandwidth_share(
+                    run.num_steps, run.elapsed
+                )
+    return {
+        "runs": figures,
+        "ratios": {name: ratios(ours, run) for name, run in best.items() if run is not ours},
+        "agreement": {
+            name: agreement(ours.output_token_ids, run.output_token_ids)
+            for name, run in best.items()
+            if run is not ours and not run.note
+        },
+        "overhead": overhead,
+    }
+
+
+def _latency_runs(
+    options: BenchOptions,
+    llm: LLM,
+    model: PreTrainedModel | None,
+    workload: Workload,
+    pad_token_id: int,
+    roofline: Roofline | None,
+) -> dict:
+    num_iters = max(options.num_iters, 3)
+    runs = {"pagedgen": latency.pagedgen_latency(llm, workload, num_iters)}
+    if any(name.startswith("static") for name in options.baselines):
+        runs["static"] = latency.static_latency(model, workload, pad_token_id, num_iters)
+    if "generate_batch" in options.baselines:
+        max_batch_tokens = llm.engine.scheduler.max_num_batched_tokens
+        runs["generate_batch"] = latency.generate_batch_latency(
+            model, workload, max_batch_tokens, num_iters
+        )
+    ours = runs["pagedgen"]
+    for run in runs.values():
+        if roofline is not None:
+            run["bandwidth_share"] = run["decode_tokens_per_s"] / roofline.max_steps_per_s
+        if run is not ours:
+            run["pagedgen_decode_speedup"] = (
+                ours["decode_tokens_per_s"] / run["decode_tokens_per_s"]
+            )
+            run["pagedgen_tokens_per_s_ratio"] = (
+                ours["output_tokens_per_s"] / run["output_tokens_per_s"]
+            )
+    return runs

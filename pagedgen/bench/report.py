@@ -1,0 +1,137 @@
+from rich.console import Console
+from rich.table import Table
+
+from pagedgen.bench.overhead import PARTS
+
+
+def render(report: dict, console: Console) -> None:
+    """Prints a `run_bench` report: machine state, roofline, figures, ratios, overhead."""
+    machine, workload = report["machine"], report["workload"]
+    console.print(
+        f"[bold]pagedgen bench[/] {report['model']} on {machine['cpu']} ({machine['num_threads']} "
+        f"threads of {machine['num_cpus']} CPUs, torch {machine['torch']})",
+        highlight=False,
+    )
+    console.print(
+        f"workload {workload['name']}: {workload['num_requests']} requests, "
+        f"{workload['num_prompt_tokens']} prompt + {workload['num_output_tokens']} output tokens "
+        f"(prompt ≤ {workload['max_prompt_len']}, output ≤ {workload['max_output_len']}; "
+        f"{workload['prompt_format']}; greedy, ignore_eos)",
+        highlight=False,
+    )
+    engine = report["engine"]
+    console.print(
+        f"pagedgen: {engine['dtype']}, max_num_seqs {engine['max_num_seqs']}, "
+        f"max_num_batched_tokens {engine['max_num_batched_tokens']}, "
+        f"{engine['num_blocks']} KV blocks of {engine['block_size']} tokens",
+        highlight=False,
+    )
+    console.print(_machine_line("start", report["machine_start"], "since boot"), highlight=False)
+    if report.get("roofline"):
+        console.print(_roofline_line(report["roofline"]), highlight=False)
+    if "latency" in report:
+        _render_latency(report["latency"], console)
+    else:
+        _render_throughput(report, console)
+        if report.get("overhead"):
+            _render_overhead(report["overhead"], console)
+    console.print(_machine_line("end", report["machine_end"], "during the bench"), highlight=False)
+
+
+def _machine_line(when: str, state: dict, span: str) -> str:
+    load = " ".join(f"{x:.2f}" for x in state["loadavg"])
+    return (
+        f"machine at {when}: load average {load}; CPU steal {state['steal_perc']:.1f}% and other "
+        f"processes' CPU {state['others_busy_perc']:.1f}% {span}"
+    )
+
+
+def _roofline_line(roof: dict) -> str:
+    sizes = ", ".join(f"{shape} {g:.0f}" for shape, g in roof["matmul_gflops"].items())
+    return (
+        f"roofline: matmul {sizes} GFLOP/s (peak {roof['peak_gflops']:.0f}); copy "
+        f"{roof['copy_gbps']:.1f} GB/s; model {roof['flops_per_token'] / 1e6:.4g} MFLOP/token, "
+        f"{roof['weight_bytes_per_step'] / 1e6:.4g} MB weights/decode step -> at most "
+        f"{roof['max_tokens_per_s']:,.0f} tokens/s compute-bound, "
+        f"{roof['max_decode_steps_per_s']:.1f} decode steps/s bandwidth-bound"
+    )
+
+
+def _render_throughput(report: dict, console: Console) -> None:
+    table = Table(title="throughput (vLLM bench throughput figures)")
+    for column in ("engine", "requests/s", "total tokens/s", "output tokens/s", "elapsed s"):
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    table.add_column("% matmul peak", justify="right")
+    table.add_column("others' CPU %", justify="right")
+    table.add_column("steal %", justify="right")
+    for name, run in report["runs"].items():
+        share = run.get("matmul_peak_share")
+        table.add_row(
+            name + (f" ({run['note']})" if run["note"] else ""),
+            f"{run['requests_per_s']:.3f}",
+            f"{run['total_tokens_per_s']:,.1f}",
+            f"{run['output_tokens_per_s']:,.1f}",
+            f"{run['elapsed_s']:.1f}",
+            "" if share is None else f"{100 * share:.1f}",
+            f"{run['others_busy_perc']:.1f}",
+            f"{run['steal_perc']:.1f}",
+        )
+    console.print(table)
+    if not report["ratios"]:
+        return
+    table = Table(title="pagedgen / baseline")
+    for column in ("baseline", "requests/s", "total tokens/s", "output tokens/s", "identical"):
+        table.add_column(column, justify="left" if column == "baseline" else "right")
+    for name, ratio in report["ratios"].items():
+        same = report["agreement"].get(name)
+        identical = (
+            f"{same['num_identical_requests']}/{same['num_requests']} requests, "
+            f"{same['num_matching_prefix_tokens']}/{same['num_tokens']} tokens"
+            if same
+            else "n/a"
+        )
+        table.add_row(
+            name,
+            f"{ratio['requests_per_s']:.2f}x",
+            f"{ratio['total_tokens_per_s']:.2f}x",
+            f"{ratio['output_tokens_per_s']:.2f}x",
+            identical,
+        )
+    console.print(table)
+
+
+def _render_overhead(overhead: dict, console: Console) -> None:
+    table = Table(title="pagedgen step time by part, timed in the pagedgen run")
+    table.add_column("")
+    for kind in overhead:
+        table.add_column(kind.replace("_", " "), justify="right")
+    rows = overhead.values()
+    table.add_row("steps", *(str(row["num_steps"]) for row in rows))
+    table.add_row(
+        "mean / max seqs", *(f"{r['mean_num_seqs']:.1f} / {r['max_num_seqs']}" for r in rows)
+    )
+    table.add_row("mean tokens", *(f"{row['mean_num_tokens']:.1f}" for row in rows))
+    table.add_row("ms / step", *(f"{row['mean_step_ms']:.1f}" for row in rows))
+    for part in PARTS:
+        table.add_row(f"% {part}", *(f"{100 * row['shares'][part]:.2f}" for row in rows))
+    console.print(table)
+
+
+def _render_latency(runs: dict, console: Console) -> None:
+    table = Table(title="batch-1 latency")
+    columns = ("engine", "TTFT ms", "decode ms/token", "decode tokens/s", "output tokens/s")
+    for column in (*columns, "% bandwidth bound", "pagedgen decode speedup"):
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    for name, run in runs.items():
+        share = run.get("bandwidth_share")
+        speedup = run.get("pagedgen_decode_speedup")
+        table.add_row(
+            name,
+            f"{1000 * run['time_to_first_token_s']:.1f}",
+            f"{run['decode_latency_ms_per_token']:.2f}",
+            f"{run['decode_tokens_per_s']:.1f}",
+            f"{run['output_tokens_per_s']:.1f}",
+            "" if share is None else f"{100 * share:.1f}",
+            "" if speedup is None else f"{speedup:.2f}x",
+        )
+    console.print(table)

@@ -1,0 +1,80 @@
+import json
+import sys
+
+import typer
+
+from pagedgen.loader.resolve import DEFAULT_MODEL
+
+
+def bench(
+    workload: str = typer.Option("sharegpt", help="sharegpt, fixed or latency (batch 1)"),
+    num_prompts: int = typer.Option(64, help="requests (sharegpt, fixed)"),
+    input_len: int = typer.Option(128, help="prompt tokens (fixed, latency)"),
+    output_len: int | None = typer.Option(
+        None, help="output tokens (fixed: default 128, latency: default 64)"
+    ),
+    baselines: str = typer.Option(
+        "static32,static64",
+        help="comma-separated: static32, static64, generate_batch; '' for none",
+    ),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="HF folder, hub id or .gguf"),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16 (both engines)"),
+    device: str = typer.Option("cpu", help="cpu or cuda (both engines)"),
+    threads: int = typer.Option(2, help="torch intra-op threads"),
+    num_iters: int = typer.Option(1, help="timed passes per engine, round robin; best is kept"),
+    kv_cache_memory: float | None = typer.Option(None, help="pagedgen's KV pool in GiB"),
+    max_num_seqs: int = typer.Option(256),
+    max_num_batched_tokens: int | None = typer.Option(None),
+    block_size: int = typer.Option(16),
+    roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
+    overhead: bool = typer.Option(True, help="time pagedgen's step parts"),
+    generate_batch_timeout: float = typer.Option(
+        600.0, help="stop generate_batch after this many seconds; figures then cover the done"
+    ),
+    seed: int = typer.Option(0),
+    output_json: str | None = typer.Option(None, "--output-json", help="write the figures here"),
+) -> None:
+    """Benchmark pagedgen against transformers' generate on the same prompts, in one process.
+
+    Prints requests/s, total tokens/s and output tokens/s for each engine, pagedgen's ratio to
+    each baseline, how many requests produced identical greedy tokens, a roofline of this
+    machine, the share of pagedgen's step time per engine part, and the machine's load.
+    """
+    from rich.console import Console
+
+    from pagedgen.bench.benchmark import BenchOptions, run_bench
+    from pagedgen.bench.report import render
+    from pagedgen.loader import ModelNotFoundError
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    errors = Console(stderr=True)
+    try:
+        options = BenchOptions(
+            model=model,
+            workload=workload,
+            num_prompts=num_prompts,
+            input_len=input_len,
+            output_len=output_len,
+            baselines=[name.strip() for name in baselines.split(",") if name.strip()],
+            dtype=dtype,
+            device=device,
+            num_threads=threads,
+            num_iters=num_iters,
+            kv_cache_memory=kv_cache_memory,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+            roofline=roofline,
+            overhead=overhead,
+            generate_batch_timeout=generate_batch_timeout,
+            seed=seed,
+        )
+        report = run_bench(options, log=lambda message: errors.print(message, highlight=False))
+    except (ModelNotFoundError, ValueError) as e:
+        errors.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    render(report, console)
+    if output_json:
+        with open(output_json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")

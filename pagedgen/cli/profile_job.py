@@ -1,0 +1,128 @@
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+@dataclass(slots=True)
+class ProfileOptions:
+    input: dict[str, Any]  # InputSpec fields
+    engine: dict[str, Any]  # EngineConfig fields
+    sampling: dict[str, Any]  # SamplingParams fields
+    simulate: bool = False
+    block_sizes: str = "8,16,32,64,128"
+    json_output: bool = False
+    plot: str | None = None
+
+
+def profile_job(options: ProfileOptions) -> int:
+    """The `pagedgen profile` command; returns its exit code."""
+    errors = Console(stderr=True, soft_wrap=True)
+    from pagedgen.batch.requests import RequestBuilder
+    from pagedgen.config import EngineConfig
+    from pagedgen.io.readers import open_input
+    from pagedgen.io.spec import InputError, InputSpec
+    from pagedgen.loader import ModelNotFoundError
+    from pagedgen.profile.profiler import build_workload
+
+    def log(message: str) -> None:
+        errors.print(message, highlight=False)
+
+    try:
+        block_sizes = _block_sizes(options.block_sizes)
+        config = EngineConfig(**options.engine)
+        source = open_input(InputSpec(**options.input))
+        if options.plot is not None:
+            import matplotlib  # noqa: F401
+    except ImportError:
+        errors.print("[red]error:[/] --plot needs matplotlib: pip install 'pagedgen[plot]'")
+        return EXIT_USAGE
+    except (ValueError, InputError) as e:
+        errors.print(f"[red]error:[/] {e}", highlight=False)
+        return EXIT_USAGE
+    try:
+        llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
+        vocab_size = getattr(hf_config, "vocab_size", None) or len(tokenizer)
+        builder = RequestBuilder(tokenizer, options.sampling, vocab_size, config.max_num_seqs)
+        log("reading and tokenizing the input")
+        requests, workload = build_workload(source.records, builder, max_model_len)
+        if not requests:
+            raise ValueError("the input holds no request that can run")
+        log(f"{len(requests)} requests; {'simulating' if llm is None else 'running'}")
+        report = _profile(config, llm, hf_config, max_model_len, requests, workload, block_sizes)
+    except (ModelNotFoundError, ValueError, OSError, InputError) as e:
+        errors.print(f"[red]error:[/] {e}", highlight=False)
+        return EXIT_USAGE
+    if options.json_output:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        from pagedgen.cli.profile_view import render_report
+
+        render_report(Console(width=None if sys.stdout.isatty() else 150), report)
+    if options.plot is not None:
+        from pagedgen.profile.plot import plot_report
+
+        plot_report(report, options.plot)
+        log(f"plot saved to {options.plot}")
+    return EXIT_OK
+
+
+def _load(config: Any, simulate: bool, log: Any) -> tuple[Any, Any, Any, int]:
+    """An LLM for a real run; for a simulation only the tokenizer and the model's config."""
+    if not simulate:
+        from pagedgen import LLM
+
+        config_fields = {f: getattr(config, f) for f in config.__slots__}
+        llm = LLM(log=log, **config_fields)
+        engine = llm.engine
+        return llm, llm.tokenizer, engine.hf_config, engine.max_model_len
+    from pagedgen.engine.control_plane import resolve_max_model_len
+    from pagedgen.loader import resolve_model
+    from pagedgen.loader.weights import load_config, load_tokenizer
+
+    resolved = resolve_model(config.model)
+    hf_config = load_config(resolved)
+    return (
+        None,
+        load_tokenizer(resolved),
+        hf_config,
+        resolve_max_model_len(hf_config, config.max_model_len),
+    )
+
+
+def _profile(
+    config: Any,
+    llm: Any,
+    hf_config: Any,
+    max_model_len: int,
+    requests: list,
+    workload: dict,
+    block_sizes: list[int],
+) -> Any:
+    from pagedgen.profile.geometry import KVGeometry, simulated_dtype, simulated_kv_bytes
+    from pagedgen.profile.profiler import profile_real, profile_simulated
+
+    if llm is None:
+        geometry = KVGeometry.of(hf_config, simulated_dtype(config))
+        kv_bytes = simulated_kv_bytes(config)
+        return profile_simulated(
+            config, geometry, kv_bytes, max_model_len, requests, workload, block_sizes
+        )
+    geometry = KVGeometry.of(hf_config, llm.engine.dtype)
+    assert geometry.bytes_per_token == llm.engine.bytes_per_token
+    return profile_real(llm, geometry, requests, workload, block_sizes)
+
+
+def _block_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as e:
+        raise ValueError(f"--block-sizes must be comma-separated integers, got {text!r}") from e
+    bad = [size for size in sizes if size not in (8, 16, 32, 64, 128)]
+    if bad:
+        raise ValueError(f"block sizes must be 8, 16, 32, 64 or 128, got {bad}")
+    return sizes

@@ -1,0 +1,42 @@
+from rich.console import Console
+from rich.table import Table
+
+from pagedgen.batch.job import JobResult
+
+
+def print_summary(console: Console, result: JobResult, output: str) -> None:
+    """The end-of-run table: what was written, how fast, and how the KV cache was used."""
+    s = result.summary
+    table = Table(title="pagedgen run", show_header=False, title_justify="left")
+    failed = f"{result.num_failed} failed" if result.num_failed else "all succeeded"
+    table.add_row("requests", f"{result.num_records} ({failed})")
+    if result.num_resumed:
+        table.add_row("kept from before (--resume)", str(result.num_resumed))
+    table.add_row("elapsed", f"{s['elapsed_s']:.1f} s")
+    table.add_row("requests/s", f"{s['requests_per_s']:.2f}")
+    table.add_row("output tokens/s", f"{s['output_tokens_per_s']:,.1f}")
+    table.add_row("prompt tokens/s", f"{s['prompt_tokens_per_s']:,.1f}")
+    table.add_row(
+        "latency mean / p90", f"{_seconds(s['mean_latency_s'])} / {_seconds(s['p90_latency_s'])}"
+    )
+    table.add_row("time to first token, mean", _seconds(s["mean_time_to_first_token_s"]))
+    table.add_row(
+        "KV cache usage peak / mean",
+        f"{s['peak_kv_cache_usage_perc']:.1%} / {s['mean_kv_cache_usage_perc']:.1%}",
+    )
+    table.add_row("preemptions", str(s["num_preemptions"]))
+    table.add_row("prefix cache hit rate", f"{s['prefix_cache_hit_rate']:.1%}")
+    console.print(table)
+    if result.num_failed:
+        lines = ", ".join(str(line) for line in result.failed_lines)
+        more = ", ..." if result.num_failed > len(result.failed_lines) else ""
+        where = "stdout" if output == "-" else output
+        console.print(
+            f"{result.num_failed} failed (input lines {lines}{more}); their error records are "
+            f"in {where}",
+            highlight=False,
+        )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"

@@ -1,0 +1,191 @@
+"""The OpenAI batch format: request lines in, response lines out.
+
+A request line is {"custom_id", "method": "POST", "url", "body"} where url is /v1/chat/completions
+(body.messages) or /v1/completions (body.prompt). A response line is {"id", "custom_id",
+"response": {"status_code", "request_id", "body"}, "error"}; a request that fails has response
+null and error {"code", "message"}. The id, batch_req_<line>, is what --resume matches lines by.
+"""
+
+import time
+from typing import Any
+
+from pagedgen.io.records import (
+    SAMPLING_FIELDS,
+    InputRecord,
+    check_messages,
+    check_prompt,
+    json_type,
+    sampling_overrides,
+)
+from pagedgen.outputs import RequestOutput
+
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_RENAMED = ("max_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
+
+
+def is_openai_request(obj: object) -> bool:
+    return isinstance(obj, dict) and ("custom_id" in obj or "body" in obj)
+
+
+def parse_openai(obj: object, line: int) -> InputRecord:
+    if not isinstance(obj, dict):
+        error = f"a line must be a JSON object, got {json_type(obj)}"
+        return InputRecord(line, f"line-{line}", error=error)
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        error = f"'custom_id' must be a non-empty string, got {json_type(custom_id)}"
+        return InputRecord(line, f"line-{line}", error=error)
+    record = InputRecord(line, custom_id)
+    method, url, body = obj.get("method", "POST"), obj.get("url"), obj.get("body")
+    if method != "POST":
+        return record._replace(error=f"'method' must be POST, got {method!r}")
+    if url not in ENDPOINTS:
+        return record._replace(error=f"'url' must be one of {sorted(ENDPOINTS)}, got {url!r}")
+    record = record._replace(endpoint=ENDPOINTS[url])
+    if not isinstance(body, dict):
+        return record._replace(error=f"'body' must be an object, got {json_type(body)}")
+    if record.endpoint == "chat":
+        messages = _text_messages(body.get("messages"))
+        error = check_messages(messages)
+        record = record._replace(messages=messages)
+    else:
+        prompt = body.get("prompt")
+        error = check_prompt(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            error = "a list of prompts is not supported; write one request per prompt"
+        record = record._replace(prompt=prompt)
+    if error is None:
+        sampling, error = _sampling(body, record.endpoint)
+        record = record._replace(sampling=sampling)
+    return record._replace(error=error) if error else record
+
+
+def _text_messages(messages: object) -> object:
+    """Joins content given as a list of {"type": "text", "text"} parts into one string."""
+    if not isinstance(messages, list):
+        return messages
+    joined = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        ):
+            message = {**message, "content": "".join(p["text"] for p in content)}
+        joined.append(message)
+    return joined
+
+
+def _sampling(body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], str | None]:
+    plain = {k: v for k, v in body.items() if k in SAMPLING_FIELDS and k not in _RENAMED}
+    renamed = {"max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if endpoint == "chat":
+        if logprobs is not None and not isinstance(logprobs, bool):
+            return {}, f"'logprobs' must be a boolean for chat, got {json_type(logprobs)}"
+        renamed["logprobs"] = (top or 0) if logprobs else None
+        if top is not None and not isinstance(top, int):
+            return {}, f"'top_logprobs' must be an integer, got {json_type(top)}"
+    else:
+        renamed["logprobs"] = logprobs
+    overrides, error = sampling_overrides({**plain, **renamed})
+    overrides = {k: v for k, v in overrides.items() if k not in renamed or v is not None}
+    return overrides, error
+
+
+def openai_response(
+    record: InputRecord, output: RequestOutput, top_logprobs: int, model: str, tokenizer: Any
+) -> dict[str, Any]:
+    """The response line for a request that ran (output.error is None)."""
+    chat = record.endpoint == "chat"
+    choices = []
+    for completion in output.outputs:
+        logprobs = None
+        if completion.logprobs:
+            steps = list(zip(completion.token_ids, completion.logprobs))
+            logprobs = (_chat_logprobs if chat else _completion_logprobs)(
+                steps, top_logprobs, tokenizer
+            )
+        choice: dict[str, Any] = {"index": completion.index}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": completion.text}
+        else:
+            choice["text"] = completion.text
+        choice.update(logprobs=logprobs, finish_reason=completion.finish_reason)
+        choices.append(choice)
+    usage = {
+        "prompt_tokens": output.num_prompt_tokens,
+        "completion_tokens": output.num_output_tokens,
+        "total_tokens": output.num_prompt_tokens + output.num_output_tokens,
+    }
+    body = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{record.line}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
+    response = {"status_code": 200, "request_id": f"req_{record.line}", "body": body}
+    return {
+        "id": batch_id(record.line),
+        "custom_id": record.id,
+        "response": response,
+        "error": None,
+    }
+
+
+def openai_error(record: InputRecord, message: str) -> dict[str, Any]:
+    custom_id = None if record.id == f"line-{record.line}" else record.id
+    error = {"code": "invalid_request", "message": message}
+    return {"id": batch_id(record.line), "custom_id": custom_id, "response": None, "error": error}
+
+
+def batch_id(line: int) -> str:
+    return f"batch_req_{line}"
+
+
+def line_of_batch_id(value: object) -> int | None:
+    if isinstance(value, str) and value.startswith("batch_req_") and value[10:].isdigit():
+        return int(value[10:])
+    return None
+
+
+def _entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
+    token = tokenizer.decode([token_id])
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def _top(step: dict[int, float], k: int) -> list[tuple[int, float]]:
+    return sorted(step.items(), key=lambda item: -item[1])[:k]
+
+
+def _chat_logprobs(
+    steps: list[tuple[int, dict[int, float]]], k: int, tokenizer: Any
+) -> dict[str, Any]:
+    content = []
+    for token_id, step in steps:
+        entry = _entry(tokenizer, token_id, step[token_id])
+        entry["top_logprobs"] = [_entry(tokenizer, t, lp) for t, lp in _top(step, k)]
+        content.append(entry)
+    return {"content": content}
+
+
+def _completion_logprobs(
+    steps: list[tuple[int, dict[int, float]]], k: int, tokenizer: Any
+) -> dict[str, Any]:
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    offset = 0
+    for token_id, step in steps:
+        token = tokenizer.decode([token_id])
+        tokens.append(token)
+        token_logprobs.append(step[token_id])
+        top_logprobs.append({tokenizer.decode([t]): lp for t, lp in _top(step, k)})
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }

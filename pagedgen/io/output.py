@@ -1,0 +1,67 @@
+from typing import Any
+
+from pagedgen.io.openai_batch import openai_error, openai_response
+from pagedgen.io.records import InputRecord
+from pagedgen.outputs import RequestOutput
+
+
+def output_record(record: InputRecord, output: RequestOutput) -> dict[str, Any]:
+    """The JSON line of a finished request: text (a list when n > 1), finish_reason, token counts,
+    seconds to the first token and in all, and logprobs when asked for."""
+    completions = output.outputs
+    single = len(completions) == 1
+    result: dict[str, Any] = {
+        "id": record.id,
+        "line": record.line,
+        "text": completions[0].text if single else [c.text for c in completions],
+        "finish_reason": completions[0].finish_reason
+        if single
+        else [c.finish_reason for c in completions],
+        "prompt_tokens": output.num_prompt_tokens,
+        "completion_tokens": output.num_output_tokens,
+    }
+    if any(c.logprobs for c in completions):
+        result["logprobs"] = [
+            [{str(t): lp for t, lp in step.items()} for step in c.logprobs or []]
+            for c in completions
+        ]
+    metrics = output.metrics
+    ttft = metrics.time_to_first_token
+    result["time_to_first_token"] = round(ttft, 4) if ttft is not None else None
+    result["latency"] = round(metrics.latency, 4) if metrics.latency is not None else None
+    result["error"] = None
+    return result
+
+
+def error_record(record: InputRecord, reason: str, num_prompt_tokens: int = 0) -> dict[str, Any]:
+    """The line of a request that could not run; the error names where it is in the input."""
+    return {
+        "id": record.id,
+        "line": record.line,
+        "text": None,
+        "finish_reason": "error",
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": 0,
+        "error": f"{record.where}: {reason}",
+    }
+
+
+class RecordFormatter:
+    """Turns finished requests and failures into output lines, pagedgen's or OpenAI's."""
+
+    def __init__(self, openai: bool, model: str = "", tokenizer: Any = None) -> None:
+        self.openai = openai
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def output(self, record: InputRecord, output: RequestOutput, num_logprobs: int) -> dict:
+        if output.error is not None:
+            return self.error(record, output.error, output.num_prompt_tokens)
+        if self.openai:
+            return openai_response(record, output, num_logprobs, self.model, self.tokenizer)
+        return output_record(record, output)
+
+    def error(self, record: InputRecord, reason: str, num_prompt_tokens: int = 0) -> dict:
+        if self.openai:
+            return openai_error(record, f"{record.where}: {reason}")
+        return error_record(record, reason, num_prompt_tokens)

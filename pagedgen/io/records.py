@@ -1,0 +1,153 @@
+from typing import Any, NamedTuple
+
+Prompt = str | list[int]
+Messages = list[dict[str, str]]
+
+_FLOAT = "float"
+_INT = "int"
+_OPTIONAL_INT = "int or null"
+_BOOL = "bool"
+_STRINGS = "string or list of strings"
+_TOKEN_IDS = "list of token ids"
+
+# The SamplingParams fields an input line may set for itself, and the JSON type each takes.
+SAMPLING_FIELDS = {
+    "n": _INT,
+    "temperature": _FLOAT,
+    "top_p": _FLOAT,
+    "top_k": _INT,
+    "min_p": _FLOAT,
+    "presence_penalty": _FLOAT,
+    "frequency_penalty": _FLOAT,
+    "repetition_penalty": _FLOAT,
+    "seed": _OPTIONAL_INT,
+    "max_tokens": _OPTIONAL_INT,
+    "min_tokens": _INT,
+    "stop": _STRINGS,
+    "stop_token_ids": _TOKEN_IDS,
+    "ignore_eos": _BOOL,
+    "logprobs": _OPTIONAL_INT,
+    "include_stop_str_in_output": _BOOL,
+    "skip_special_tokens": _BOOL,
+}
+
+
+class InputRecord(NamedTuple):
+    """One input request: a prompt or chat messages, with its own sampling overrides.
+
+    line is the 1-based position in the input (the line of a file, the row + 1 of a dataset); it
+    is the key that --resume matches output records by. unit names positions in messages: line 7
+    of a file, row 6 of a dataset. A record that cannot run carries error.
+    """
+
+    line: int
+    id: str
+    prompt: Prompt | None = None
+    messages: Messages | None = None
+    sampling: dict[str, Any] = {}
+    error: str | None = None
+    reference: Any = None  # a reference completion (text or token count) for profile
+    endpoint: str | None = None  # "chat" or "completions" for OpenAI batch input
+    unit: str = "line"  # "line" counts from 1; "row" and "conversation" count from 0
+
+    @property
+    def where(self) -> str:
+        return self.where_at(self.line)
+
+    def where_at(self, line: int) -> str:
+        return f"line {line}" if self.unit == "line" else f"{self.unit} {line - 1}"
+
+
+def is_token_ids(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _is_type(value: object, kind: str) -> bool:
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if kind == _FLOAT:
+        return is_int or isinstance(value, float)
+    if kind == _INT:
+        return is_int
+    if kind == _OPTIONAL_INT:
+        return value is None or is_int
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    if kind == _STRINGS:
+        return isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(s, str) for s in value)
+        )
+    return is_token_ids(value)
+
+
+def sampling_overrides(obj: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Picks the sampling fields out of obj; returns them, or the first wrongly typed one."""
+    overrides = {}
+    for name, kind in SAMPLING_FIELDS.items():
+        if name not in obj:
+            continue
+        value = obj[name]
+        if not _is_type(value, kind):
+            return {}, f"{name!r} must be a {kind}, got {json_type(value)}"
+        overrides[name] = value
+    return overrides, None
+
+
+def check_prompt(prompt: object) -> str | None:
+    if isinstance(prompt, str):
+        return None if prompt else "the prompt is empty"
+    if is_token_ids(prompt):
+        return None if prompt else "the prompt is an empty list of token ids"
+    return f"'prompt' must be a string or a list of token ids, got {json_type(prompt)}"
+
+
+def check_messages(messages: object) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return f"'messages' must be a non-empty list, got {json_type(messages)}"
+    for i, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            return f"messages[{i}] must be an object with string 'role' and 'content'"
+    return None
+
+
+def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
+    """A pagedgen input object: {"prompt" | "messages", "id"?, sampling fields?}."""
+    default_id = f"line-{line}"
+    if not isinstance(obj, dict):
+        error = f"a line must be a JSON object, got {json_type(obj)}"
+        return InputRecord(line, default_id, error=error, unit=unit)
+    record_id = obj.get("id", default_id)
+    if not isinstance(record_id, str | int) or isinstance(record_id, bool):
+        error = f"'id' must be a string or an integer, got {json_type(record_id)}"
+        return InputRecord(line, default_id, error=error, unit=unit)
+    record = InputRecord(line, str(record_id), unit=unit)
+    prompt, messages = obj.get("prompt"), obj.get("messages")
+    if (prompt is None) == (messages is None):
+        return record._replace(error="a line needs exactly one of 'prompt' and 'messages'")
+    error = check_prompt(prompt) if prompt is not None else check_messages(messages)
+    if error is None:
+        overrides, error = sampling_overrides(obj)
+    if error is not None:
+        return record._replace(error=error)
+    return record._replace(prompt=prompt, messages=messages, sampling=overrides)
+
+
+def json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

