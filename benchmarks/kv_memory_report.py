@@ -1,12 +1,13 @@
 """Counts (not timings) behind issue 6's proofs, on the real SmolLM2-135M-Instruct:
 
-    python benchmarks/kv_memory_report.py
+    python benchmarks/kv_memory_report.py [prefix] [parallel] [beam] [pool]
 
 prefix caching with a shared system prompt; n=8 parallel sampling against 8 separate requests;
 beam search against beam_width independent sequences; a pool a tenth of the workload's need.
 """
 
 import random
+import sys
 
 from pagedgen import LLM, BeamSearchParams, SamplingParams
 
@@ -68,18 +69,15 @@ def prefix_caching() -> None:
 
 
 def parallel_sampling() -> None:
-    prompt = "Write a short poem about the moon."
+    prompt = SYSTEM + " Write a short poem about the moon."
+    sampled = dict(temperature=0.9, max_tokens=96, ignore_eos=True)
     grouped = llm(kv_cache_memory=0.5)
-    (out,) = grouped.generate(
-        [prompt], SamplingParams(n=8, temperature=0.9, seed=11, max_tokens=96)
-    )
+    (out,) = grouped.generate([prompt], SamplingParams(n=8, seed=11, **sampled))
     apart = llm(kv_cache_memory=0.5, enable_prefix_caching=False)
-    seps = apart.generate(
-        [prompt] * 8,
-        [SamplingParams(temperature=0.9, seed=11 + i, max_tokens=96) for i in range(8)],
-    )
+    seps = apart.generate([prompt] * 8, [SamplingParams(seed=11 + i, **sampled) for i in range(8)])
     same = [c.token_ids for c in out.outputs] == [s.outputs[0].token_ids for s in seps]
-    print("## parallel sampling: n=8 against 8 separate requests (96 tokens each)")
+    num_prompt = len(grouped.tokenizer.encode(prompt))
+    print(f"## parallel sampling: n=8 vs 8 separate requests ({num_prompt}-token prompt, 96 out)")
     print(f"peak KV blocks, n=8 sharing the prompt:  {peak_blocks(grouped.engine)}")
     print(f"peak KV blocks, 8 separate requests:     {peak_blocks(apart.engine)}")
     print(f"seeded outputs identical to separate requests with seeds 11..18: {same}\n")
@@ -125,8 +123,13 @@ def tenth_of_the_pool() -> None:
         )
 
 
+SECTIONS = {
+    "prefix": prefix_caching,
+    "parallel": parallel_sampling,
+    "beam": beam_search,
+    "pool": tenth_of_the_pool,
+}
+
 if __name__ == "__main__":
-    prefix_caching()
-    parallel_sampling()
-    beam_search()
-    tenth_of_the_pool()
+    for name in sys.argv[1:] or SECTIONS:
+        SECTIONS[name]()

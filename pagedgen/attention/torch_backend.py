@@ -58,13 +58,14 @@ def decode_attention_per_seq(
         blocks = block_tables[i, : -(-context_len // block_size)]
         keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
         values = value_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
+        # 4-D inputs: a 3-D call takes SDPA's slow math path on the CPU
         out[i] = F.scaled_dot_product_attention(
-            query[i].unsqueeze(1),
-            keys.transpose(0, 1),
-            values.transpose(0, 1),
+            query[i, None, :, None],
+            keys.transpose(0, 1)[None],
+            values.transpose(0, 1)[None],
             scale=scale,
             enable_gqa=True,
-        ).squeeze(1)
+        )[0, :, 0]
     return out
 
 
@@ -97,14 +98,14 @@ def prefill_attention(
             rows = torch.arange(context_len - query_len, context_len, device=query.device)
             mask = torch.arange(context_len, device=query.device)[None, :] <= rows[:, None]
         out[start:end] = F.scaled_dot_product_attention(
-            query[start:end].transpose(0, 1),
-            keys.transpose(0, 1),
-            values.transpose(0, 1),
+            query[start:end].transpose(0, 1)[None],
+            keys.transpose(0, 1)[None],
+            values.transpose(0, 1)[None],
             attn_mask=mask,
             is_causal=mask is None,
             scale=scale,
             enable_gqa=True,
-        ).transpose(0, 1)
+        )[0].transpose(0, 1)
         start = end
 
 
