@@ -76,7 +76,11 @@ def test_reference_attends_only_to_visible_positions():
 
 def test_batched_and_per_sequence_decode_agree():
     """The GPU's padded batch path and the CPU's per-sequence path compute the same thing."""
-    from pagedgen.attention.torch_backend import decode_attention, decode_attention_per_seq
+    from pagedgen.attention.torch_backend import (
+        decode_attention,
+        decode_attention_per_seq,
+        split_block_tables,
+    )
 
     torch.manual_seed(0)
     context_lens = [1, 15, 16, 17, 100, 257]
@@ -86,7 +90,6 @@ def test_batched_and_per_sequence_decode_agree():
     batched = decode_attention(
         query, cache[0], cache[1], md.block_tables, md.context_lens, 257, 0.2
     )
-    per_seq = decode_attention_per_seq(
-        query, cache[0], cache[1], md.block_tables, context_lens, 0.2
-    )
+    seq_blocks = split_block_tables(md.block_tables, context_lens, 16)
+    per_seq = decode_attention_per_seq(query, cache[0], cache[1], seq_blocks, context_lens, 0.2)
     torch.testing.assert_close(batched, per_seq, atol=1e-5, rtol=1e-5)

@@ -46,27 +46,35 @@ def decode_attention_per_seq(
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query row per sequence
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [num_seqs, >= ceil(max context_len / block_size)]
+    seq_blocks: list[torch.Tensor],  # per sequence, the blocks of its context
     context_lens: list[int],
     scale: float,
 ) -> torch.Tensor:
     """One SDPA call per sequence over exactly its context: on a CPU, cheaper than padding the
-    batch to its longest context, which makes SDPA take its slow masked path."""
-    block_size = key_cache.shape[1]
-    out = torch.empty_like(query)
-    for i, context_len in enumerate(context_lens):
-        blocks = block_tables[i, : -(-context_len // block_size)]
-        keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
-        values = value_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
-        # 4-D inputs: a 3-D call takes SDPA's slow math path on the CPU
-        out[i] = F.scaled_dot_product_attention(
-            query[i, None, :, None],
-            keys.transpose(0, 1)[None],
-            values.transpose(0, 1)[None],
-            scale=scale,
-            enable_gqa=True,
-        )[0, :, 0]
-    return out
+    batch to its longest context, which makes SDPA take its slow masked path. Each sequence's
+    blocks are gathered right before use, while they fit in cache."""
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    queries = query[:, None, :, None]  # 4-D per sequence: 3-D takes SDPA's slow math path
+    outs = []
+    for i, (blocks, context_len) in enumerate(zip(seq_blocks, context_lens)):
+        keys = key_cache.index_select(0, blocks).view(1, -1, num_kv_heads, head_dim)
+        values = value_cache.index_select(0, blocks).view(1, -1, num_kv_heads, head_dim)
+        outs.append(
+            F.scaled_dot_product_attention(
+                queries[i],
+                keys[:, :context_len].transpose(1, 2),
+                values[:, :context_len].transpose(1, 2),
+                scale=scale,
+                enable_gqa=True,
+            )
+        )
+    return torch.cat(outs).view_as(query)
+
+
+def split_block_tables(
+    block_tables: torch.Tensor, context_lens: list[int], block_size: int
+) -> list[torch.Tensor]:
+    return [block_tables[i, : -(-n // block_size)] for i, n in enumerate(context_lens)]
 
 
 def prefill_attention(
@@ -114,6 +122,10 @@ class TorchAttentionBackend(AttentionBackend):
 
     name = "torch"
 
+    def __init__(self) -> None:
+        self._step: AttentionMetadata | None = None
+        self._seq_blocks: list[torch.Tensor] = []
+
     def forward(
         self, query, key, value, key_cache, value_cache, metadata: AttentionMetadata, scale
     ):
@@ -121,13 +133,14 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         num_decode = metadata.num_decode_seqs
         if num_decode and query.device.type == "cpu":
+            context_lens = metadata.context_lens_cpu[:num_decode]
+            if self._step is not metadata:  # once per step, shared by every layer
+                self._step = metadata
+                self._seq_blocks = split_block_tables(
+                    metadata.block_tables, context_lens, key_cache.shape[1]
+                )
             out[:num_decode] = decode_attention_per_seq(
-                query[:num_decode],
-                key_cache,
-                value_cache,
-                metadata.block_tables,
-                metadata.context_lens_cpu[:num_decode],
-                scale,
+                query[:num_decode], key_cache, value_cache, self._seq_blocks, context_lens, scale
             )
         elif num_decode:
             out[:num_decode] = decode_attention(
