@@ -37,11 +37,7 @@ class LLM:
         sampling_params: Params | list[Params] | None = None,
     ) -> list[RequestOutput]:
         """Completes every prompt (text or token ids); returns the outputs in prompt order."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(prompts):
                 raise ValueError(
@@ -58,11 +54,8 @@ class LLM:
         self, prompts: Prompt | Iterable[Prompt], params: BeamSearchParams
     ) -> list[RequestOutput]:
         """Beam search for each prompt; each output holds the beam_width best beams, best first."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
-        return self.generate(prompts, [params] * len(list(prompts)))
+        prompts = _prompt_list(prompts)
+        return self.generate(prompts, [params] * len(prompts))
 
     def chat(
         self,
@@ -106,3 +99,12 @@ class LLM:
             if on_step is not None:
                 on_step(engine)
             yield from finished
+
+
+def _prompt_list(prompts: Prompt | Iterable[Prompt]) -> list[Prompt]:
+    """One prompt (text, or a list of token ids) or many, as a list of prompts."""
+    if isinstance(prompts, str) or (
+        isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+    ):
+        return [prompts]
+    return list(prompts)

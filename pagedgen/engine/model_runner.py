@@ -13,7 +13,7 @@ class StepInputs(NamedTuple):
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     metadata: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_seqs], the last row of each sequence
+    last_rows: list[int]  # per sequence, the row of its last token
 
 
 class ModelRunner:
@@ -103,9 +103,9 @@ class ModelRunner:
             query_lens_cpu=list(num_new_tokens),
             context_lens_cpu=context_lens,
         )
-        logits_indices = tensor(cu_seqlens_q[1:], torch.int64) - 1
+        last_rows = [end - 1 for end in cu_seqlens_q[1:]]
         return StepInputs(
-            tensor(input_ids, torch.int64), tensor(positions, torch.int64), metadata, logits_indices
+            tensor(input_ids, torch.int64), tensor(positions, torch.int64), metadata, last_rows
         )
 
     @torch.inference_mode()
@@ -117,7 +117,7 @@ class ModelRunner:
         computed.sort(key=lambda item: item[1] != 1)  # decodes first, stable
         seqs, num_new_tokens = [s for s, _ in computed], [n for _, n in computed]
         inputs = self.prepare(seqs, num_new_tokens)
-        last_row = {s.seq_id: row for s, row in zip(seqs, inputs.logits_indices.tolist())}
+        last_row = {s.seq_id: row for s, row in zip(seqs, inputs.last_rows)}
         sampled: list[Sequence] = []
         rows: list[int] = []
         owner = None
