@@ -3,7 +3,7 @@ from dataclasses import dataclass
 from pagedgen.loader.resolve import DEFAULT_MODEL
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "torch", "cupy", "reference")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 
 

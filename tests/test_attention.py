@@ -3,9 +3,10 @@ import random
 import pytest
 import torch
 
+from pagedgen.attention import get_attention_backend
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.reference import ReferenceAttentionBackend
-from pagedgen.attention.torch_backend import TorchAttentionBackend
+from pagedgen.kernels.cpu import cpu_kernel_error
 
 
 def make_batch(query_lens, context_lens, block_size, num_blocks, seed):
@@ -37,12 +38,19 @@ def make_batch(query_lens, context_lens, block_size, num_blocks, seed):
     )
 
 
+@pytest.mark.parametrize("backend_name", ["torch", "cpu"])
+@pytest.mark.parametrize("head_dim", [16, 64])
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_torch_backend_matches_reference(block_size, num_heads, num_kv_heads, seed):
+def test_backend_matches_reference(
+    backend_name, head_dim, block_size, num_heads, num_kv_heads, seed
+):
+    if backend_name == "cpu" and cpu_kernel_error() is not None:
+        pytest.skip(f"no CPU kernel: {cpu_kernel_error()}")
     torch.manual_seed(seed)
-    head_dim, num_blocks = 16, 128
+    num_blocks = 128
+    backend = get_attention_backend(backend_name, torch.device("cpu"), head_dim, block_size)
     # decodes (1 query row) first, then prefills with and without cached context
     query_lens = [1, 1, 1, 7, 16, 5, 1]
     context_lens = [1, 17, 100, 7, 40, 33, 1]
@@ -54,7 +62,7 @@ def test_torch_backend_matches_reference(block_size, num_heads, num_kv_heads, se
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim)
     ref_cache = cache.clone()
     scale = head_dim**-0.5
-    out = TorchAttentionBackend().forward(query, key, value, cache[0], cache[1], md, scale)
+    out = backend.forward(query, key, value, cache[0], cache[1], md, scale)
     ref = ReferenceAttentionBackend().forward(
         query, key, value, ref_cache[0], ref_cache[1], md, scale
     )

@@ -53,10 +53,16 @@ class AttentionBackend(ABC):
 def get_attention_backend(
     name: str, device: torch.device, head_size: int, block_size: int
 ) -> AttentionBackend:
-    """auto: our CUDA kernels on a CUDA device when CuPy works and they cover the shapes."""
+    """auto: our CUDA kernels on a CUDA device when CuPy works and they cover the shapes; our C
+    decode kernel on the CPU when it compiles here; else the torch backend."""
     if name == "auto":
         name = "torch"
-        if device.type == "cuda":
+        if device.type == "cpu":
+            from pagedgen.kernels.cpu import cpu_kernel_error
+
+            if cpu_kernel_error() is None:
+                name = "cpu"
+        elif device.type == "cuda":
             from pagedgen.attention.cupy_backend import CupyAttentionBackend, cupy_available
 
             if cupy_available() and CupyAttentionBackend.supports(head_size, block_size):
@@ -65,6 +71,10 @@ def get_attention_backend(
         from pagedgen.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
+    if name == "cpu":
+        from pagedgen.attention.cpu_backend import CpuAttentionBackend
+
+        return CpuAttentionBackend(device)
     if name == "reference":
         from pagedgen.attention.reference import ReferenceAttentionBackend
 
@@ -73,4 +83,6 @@ def get_attention_backend(
         from pagedgen.attention.cupy_backend import CupyAttentionBackend
 
         return CupyAttentionBackend(device)
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch, cupy or reference")
+    raise ValueError(
+        f"unknown attention backend {name!r}; choose auto, torch, cpu, cupy or reference"
+    )

@@ -131,8 +131,23 @@ class TorchAttentionBackend(AttentionBackend):
     ):
         write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
+        if metadata.num_decode_seqs:
+            self.decode(query, key_cache, value_cache, metadata, scale, out)
+        if metadata.num_decode_seqs < metadata.num_seqs:
+            prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
+        return out
+
+    def decode(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,  # [num_tokens, num_heads, head_dim]; the decode rows are set
+    ) -> None:
         num_decode = metadata.num_decode_seqs
-        if num_decode and query.device.type == "cpu":
+        if query.device.type == "cpu":
             context_lens = metadata.context_lens_cpu[:num_decode]
             if self._step is not metadata:  # once per step, shared by every layer
                 self._step = metadata
@@ -142,7 +157,7 @@ class TorchAttentionBackend(AttentionBackend):
             out[:num_decode] = decode_attention_per_seq(
                 query[:num_decode], key_cache, value_cache, self._seq_blocks, context_lens, scale
             )
-        elif num_decode:
+        else:
             out[:num_decode] = decode_attention(
                 query[:num_decode],
                 key_cache,
@@ -152,6 +167,3 @@ class TorchAttentionBackend(AttentionBackend):
                 max(metadata.context_lens_cpu[:num_decode]),
                 scale,
             )
-        if num_decode < metadata.num_seqs:
-            prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
-        return out

@@ -48,8 +48,9 @@ def _machine_line(when: str, state: dict, span: str) -> str:
 
 def _roofline_line(roof: dict) -> str:
     sizes = ", ".join(f"{shape} {g:.0f}" for shape, g in roof["matmul_gflops"].items())
+    mm = ", ".join(f"{g:.0f}" for g in roof.get("mm_gflops", {}).values())
     return (
-        f"roofline: matmul {sizes} GFLOP/s (peak {roof['peak_gflops']:.0f}); copy "
+        f"roofline: matmul {sizes} GFLOP/s (torch.mm: {mm}; peak {roof['peak_gflops']:.0f}); copy "
         f"{roof['copy_gbps']:.1f} GB/s; model {roof['flops_per_token'] / 1e6:.4g} MFLOP/token, "
         f"{roof['weight_bytes_per_step'] / 1e6:.4g} MB weights/decode step -> at most "
         f"{roof['max_tokens_per_s']:,.0f} tokens/s compute-bound, "

@@ -4,6 +4,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from pagedgen.layers.linear import Linear
+
 COPY_BYTES = 256 << 20  # well past the last-level cache
 
 
@@ -11,9 +13,13 @@ COPY_BYTES = 256 << 20  # well past the last-level cache
 class Roofline:
     """What this machine and model allow: measured fp matmul and copy speeds, and the model's
     cost per token (2 x non-embedding parameters FLOPs, attention left out) and per decode step
-    (every non-embedding weight read once; the embedding is a gather of a few rows)."""
+    (every non-embedding weight read once; the embedding is a gather of a few rows).
 
-    matmul_gflops: dict[str, float]  # "MxKxN" -> GFLOP/s
+    Matmuls are timed through pagedgen's Linear (oneDNN where it packs) and through torch.mm
+    (what transformers runs); the peak is the faster of the two."""
+
+    matmul_gflops: dict[str, float]  # "MxKxN" -> GFLOP/s through pagedgen's Linear
+    mm_gflops: dict[str, float]  # "MxKxN" -> GFLOP/s through torch.mm
     peak_gflops: float
     copy_gbps: float  # bytes read + written per second
     flops_per_token: float
@@ -76,6 +82,19 @@ def measure_matmul(
     return 2 * m * k * n / seconds / 1e9
 
 
+def measure_linear(
+    m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, min_time: float = 0.3
+) -> float:
+    """The same through pagedgen's Linear, packed as the engine packs its weights."""
+    layer = Linear(k, n).to(device=device, dtype=dtype)
+    layer.weight.data.normal_()
+    layer.pack()
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    with torch.inference_mode():
+        seconds = _best_time(lambda: layer(a), device, min_time)
+    return 2 * m * k * n / seconds / 1e9
+
+
 def measure_copy(device: torch.device, num_bytes: int = COPY_BYTES, min_time: float = 0.3) -> float:
     """Best GB/s of a large tensor copy, counting the bytes read and written."""
     src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
@@ -87,12 +106,14 @@ def measure_roofline(
     model: nn.Module, hidden: int, intermediate: int, vocab: int, dtype: torch.dtype
 ) -> Roofline:
     device = next(model.parameters()).device
-    gflops = {
-        f"{m}x{k}x{n}": round(measure_matmul(m, k, n, dtype, device), 1)
-        for m, k, n in matmul_shapes(hidden, intermediate, vocab)
+    shapes = matmul_shapes(hidden, intermediate, vocab)
+    linear = {
+        f"{m}x{k}x{n}": round(measure_linear(m, k, n, dtype, device), 1) for m, k, n in shapes
     }
+    mm = {f"{m}x{k}x{n}": round(measure_matmul(m, k, n, dtype, device), 1) for m, k, n in shapes}
     flops, weight_bytes = model_costs(model)
-    return Roofline(gflops, max(gflops.values()), measure_copy(device), flops, weight_bytes)
+    peak = max(*linear.values(), *mm.values())
+    return Roofline(linear, mm, peak, measure_copy(device), flops, weight_bytes)
 
 
 def _best_time(fn, device: torch.device, min_time: float, repeats: int = 3) -> float:

@@ -28,7 +28,7 @@ KV_CACHE_MEMORY = typer.Option(None, help="KV pool size in GiB")
 MAX_NUM_SEQS = typer.Option(256)
 MAX_NUM_BATCHED_TOKENS = typer.Option(None)
 MAX_MODEL_LEN = typer.Option(None)
-ATTENTION_BACKEND = typer.Option("auto", help="auto, torch, cupy or reference")
+ATTENTION_BACKEND = typer.Option("auto", help="auto, torch, cpu, cupy or reference")
 PREFIX_CACHING = typer.Option(
     True,
     "--enable-prefix-caching/--no-enable-prefix-caching",

@@ -1,4 +1,5 @@
-"""CUDA kernels compiled at run time by CuPy, one thin wrapper per kernel.
+"""Our kernels, one thin wrapper each: CUDA ones compiled at run time by CuPy, and a C one for the
+CPU (pagedgen.kernels.cpu) compiled on first use by the machine's C compiler.
 
 Only pagedgen.kernels.loader imports cupy, and only when a kernel is launched; planning a launch
 (shape checks, instantiation, grid) needs torch alone, which lets the tests run the same launch

@@ -8,6 +8,7 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from pagedgen.attention import AttentionBackend
+from pagedgen.layers.linear import pack_linear_weights
 from pagedgen.loader.resolve import ResolvedModel
 from pagedgen.models.registry import get_model_class
 
@@ -64,4 +65,5 @@ def load_model(
     else:
         weights = iterate_safetensors(resolved.path)
     model.load_weights(weights)
+    pack_linear_weights(model)
     return model.eval()

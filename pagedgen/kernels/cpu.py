@@ -1,0 +1,158 @@
+"""The CPU decode attention kernel (kernels/paged_attention_cpu.c): compiled on first use with the
+machine's C compiler, cached on disk, called through ctypes (which releases the GIL).
+
+Built with -fopenmp where the compiler has it; loaded after torch, so its libgomp.so.1 is the one
+torch already runs and the kernel shares torch's threads."""
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pagedgen.kernels.source import kernel_source
+
+SOURCE = "paged_attention_cpu.c"
+CFLAGS = (
+    "-O3",
+    "-march=native",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-fPIC",
+    "-shared",
+)
+OPENMP_FLAGS = ("-fopenmp",)
+
+
+class CpuKernelUnavailable(RuntimeError):
+    pass
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("PAGEDGEN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedgen"
+    )
+    return Path(root) / "cpu_kernels"
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    raise CpuKernelUnavailable("no C compiler found (set CC, or install gcc)")
+
+
+def _cpu_id() -> str:
+    """-march=native code is only valid where the CPU has the same features."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return sys.platform
+
+
+def _compile(compiler: str, source: str, flags: tuple[str, ...]) -> Path:
+    key = hashlib.sha256("\0".join([source, compiler, *flags, _cpu_id()]).encode()).hexdigest()
+    path = _cache_dir() / f"paged_attention_cpu-{key[:16]}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        src = Path(tmp) / SOURCE
+        src.write_text(source, encoding="utf-8")
+        out = Path(tmp) / path.name
+        result = subprocess.run(
+            [compiler, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise CpuKernelUnavailable(f"{compiler} failed on {SOURCE}:\n{result.stderr}")
+        os.replace(out, path)  # atomic: concurrent processes never load a partial file
+    return path
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    compiler, source = _compiler(), kernel_source(SOURCE)
+    try:
+        path = _compile(compiler, source, CFLAGS + OPENMP_FLAGS)
+    except CpuKernelUnavailable:  # no OpenMP (Apple clang): one thread
+        path = _compile(compiler, source, CFLAGS)
+    lib = ctypes.CDLL(str(path))
+    fn = lib.paged_attention_decode_f32
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fn.argtypes = [p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, ctypes.c_float, i32]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def cpu_kernel_error() -> str | None:
+    """None when the kernel compiles and loads here, else why not."""
+    try:
+        _library()
+    except (CpuKernelUnavailable, OSError) as e:
+        return str(e)
+    return None
+
+
+def paged_attention_decode(
+    out: torch.Tensor,  # [num_seqs, num_heads, head_dim], contiguous
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim], each row contiguous
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], contiguous
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, >= ceil(max context / block_size)] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32, every entry >= 1
+    scale: float,
+    num_threads: int | None = None,
+) -> torch.Tensor:
+    """Decode attention of one query row per sequence over its context in the paged cache."""
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
+    if any(t.device.type != "cpu" for t in tensors):
+        raise ValueError("paged_attention_decode runs on CPU tensors only")
+    if not (query.dtype == out.dtype == key_cache.dtype == value_cache.dtype == torch.float32):
+        raise TypeError(f"float32 only, got query {query.dtype}, cache {key_cache.dtype}")
+    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise TypeError("block_tables and context_lens must be int32")
+    if cache_head_dim != head_dim or value_cache.shape != key_cache.shape:
+        raise ValueError(
+            f"query {tuple(query.shape)} does not match cache {tuple(key_cache.shape)}"
+        )
+    if out.shape != query.shape or not out.is_contiguous():
+        raise ValueError("out must be contiguous and shaped like query")
+    if query.stride()[1:] != (head_dim, 1):
+        raise ValueError("each query row must be contiguous")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("the caches must be contiguous")
+    if block_tables.stride(1) != 1 or not context_lens.is_contiguous():
+        raise ValueError("block_tables rows and context_lens must be contiguous")
+    if block_tables.shape[0] < num_seqs or context_lens.shape[0] < num_seqs:
+        raise ValueError("one block table and context length per sequence")
+    status = _library().paged_attention_decode_f32(
+        out.data_ptr(),
+        query.data_ptr(),
+        query.stride(0),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        block_tables.data_ptr(),
+        block_tables.stride(0),
+        context_lens.data_ptr(),
+        num_seqs,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        num_threads or torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"paged_attention_decode_f32 failed with status {status}")
+    return out

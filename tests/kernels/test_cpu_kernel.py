@@ -1,0 +1,87 @@
+"""The C decode attention kernel (kernels/paged_attention_cpu.c) against the reference; the cpu
+backend on mixed decode/prefill batches is in tests/test_attention.py."""
+
+import random
+
+import pytest
+import torch
+
+from pagedgen.attention.reference import paged_attention_reference
+from pagedgen.kernels.cpu import cpu_kernel_error, paged_attention_decode
+
+pytestmark = pytest.mark.skipif(
+    cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"
+)
+
+
+def scattered_tables(context_lens, block_size, num_blocks, seed):
+    rng = random.Random(seed)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-n // block_size))] for n in context_lens]
+    width = max(len(t) for t in tables) + 2  # wider than needed, as the runner's tables are
+    return tables, torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 32])  # 80, 32: the generic path
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_matches_reference(head_dim, block_size, num_heads, num_kv_heads, num_threads):
+    seed = head_dim + block_size + num_heads + num_threads
+    torch.manual_seed(seed)
+    context_lens = [1, 15, 16, 17, 100, 257, 3]
+    num_blocks = sum(-(-n // block_size) for n in context_lens) + 8
+    tables, block_tables = scattered_tables(context_lens, block_size, num_blocks, seed)
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim)
+    # every slot no sequence owns holds NaN: reading past a context poisons the output
+    owned = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    for table, n in zip(tables, context_lens):
+        for p in range(n):
+            owned[table[p // block_size] * block_size + p % block_size] = True
+    key_cache.view(-1, num_kv_heads, head_dim)[~owned] = float("nan")
+    value_cache.view(-1, num_kv_heads, head_dim)[~owned] = float("nan")
+    # query rows inside a wider fused projection, as the model hands them over
+    fused = torch.randn(len(context_lens), (num_heads + 2 * num_kv_heads) * head_dim)
+    query = fused[:, : num_heads * head_dim].view(-1, num_heads, head_dim)
+    scale = head_dim**-0.5
+    out = torch.empty(query.shape)
+    paged_attention_decode(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        torch.tensor(context_lens, dtype=torch.int32),
+        scale,
+        num_threads,
+    )
+    ref = paged_attention_reference(
+        query, key_cache, value_cache, tables, context_lens, [1] * len(context_lens), scale
+    )
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_rejects_what_it_cannot_read():
+    query = torch.randn(2, 4, 64)
+    cache = torch.randn(4, 16, 2, 64)
+    tables = torch.zeros(2, 1, dtype=torch.int32)
+    lens = torch.ones(2, dtype=torch.int32)
+    out = torch.empty(query.shape)
+    with pytest.raises(TypeError, match="float32"):
+        paged_attention_decode(out, query.double(), cache, cache, tables, lens, 1.0)
+    with pytest.raises(TypeError, match="int32"):
+        paged_attention_decode(out, query, cache, cache, tables.long(), lens, 1.0)
+    with pytest.raises(ValueError, match="contiguous"):
+        paged_attention_decode(
+            out, query.transpose(1, 2).contiguous().transpose(1, 2), cache, cache, tables, lens, 1.0
+        )
+    with pytest.raises(ValueError, match="does not match"):
+        paged_attention_decode(out, query, cache[..., :32], cache[..., :32], tables, lens, 1.0)
+
+
+def test_auto_picks_the_cpu_kernel_on_the_cpu():
+    from pagedgen.attention import get_attention_backend
+
+    assert get_attention_backend("auto", torch.device("cpu"), 64, 16).name == "cpu"
