@@ -25,7 +25,6 @@
 
 #define MAX_THREADS 256
 #define MAX_GROUP 64  // query heads per kv head
-#define PREFETCH_BLOCKS 4
 
 // exp(x) for x <= 0 (scores minus their max) as 2^n * p(r), r = x - n ln 2, |r| <= ln 2 / 2:
 // Cephes' expf polynomial, within 2 ulp of expf, and free of calls so the softmax loop vectorizes.
@@ -60,32 +59,6 @@ typedef struct {
   int64_t unit_begin, unit_end;  // units: seq * num_kv_heads + kv_head
 } Work;
 
-// Blocks are scattered in the pool, so the hardware prefetchers lose the stream at every block
-// boundary: each unit pulls the blocks it reads PREFETCH_BLOCKS ahead. The unit of kv head 0
-// pulls whole rows (every kv head: one contiguous run per block), which the units of the other
-// heads of that sequence, next on the same thread, then find in L2.
-enum { PREFETCH_NONE, PREFETCH_HEAD, PREFETCH_ROWS };
-
-static inline void prefetch_block(const Work *w, const float *cache, int64_t block, int kv_head,
-                                  int mode) {
-  const int64_t row_stride = (int64_t)w->num_kv_heads * w->head_dim;
-  const float *rows = cache + block * w->block_size * row_stride;
-  if (mode == PREFETCH_ROWS) {
-    for (int64_t i = 0; i < w->block_size * row_stride; i += 16) __builtin_prefetch(rows + i, 0, 3);
-  } else if (mode == PREFETCH_HEAD) {
-    for (int i = 0; i < w->block_size; i++)
-      for (int d = 0; d < w->head_dim; d += 16)
-        __builtin_prefetch(rows + i * row_stride + (int64_t)kv_head * w->head_dim + d, 0, 3);
-  }
-}
-
-static inline void prefetch_first_blocks(const Work *w, const float *cache, int64_t seq,
-                                         int kv_head, int mode) {
-  const int32_t *block_table = w->block_tables + seq * w->block_table_stride;
-  for (int b = 0; b < PREFETCH_BLOCKS && b * w->block_size < w->context_lens[seq]; b++)
-    prefetch_block(w, cache, block_table[b], kv_head, mode);
-}
-
 // 16 floats, lowered by GCC/Clang to whatever vector registers the target has.
 typedef float vf16 __attribute__((vector_size(64)));
 
@@ -109,7 +82,7 @@ static inline float hsum_f1(float v) { return v; }
 // constant, q and the output accumulators stay in registers while a block's K or V rows for this
 // head (a few KiB) are re-read from L1 for each query head of the group.
 #define ATTEND_UNIT(NAME, VEC, WIDTH, NV)                                                      \
-  static void NAME(const Work *w, int64_t seq, int kv_head, int prefetch, float *scores) {     \
+  static void NAME(const Work *w, int64_t seq, int kv_head, float *scores) {                   \
     const int nv = (NV), head_dim = nv * (WIDTH);                                             \
     const int group = w->num_heads / w->num_kv_heads;                                         \
     const int context_len = w->context_lens[seq];                                             \
@@ -122,8 +95,6 @@ static inline float hsum_f1(float v) { return v; }
     const float *q = w->query + seq * w->query_seq_stride + (int64_t)kv_head * group * head_dim; \
     float *out = w->out + (seq * w->num_heads + (int64_t)kv_head * group) * head_dim;         \
     for (int b = 0; b < num_blocks; b++) {                                                    \
-      if (b + PREFETCH_BLOCKS < num_blocks)                                                   \
-        prefetch_block(w, w->key_cache, block_table[b + PREFETCH_BLOCKS], kv_head, prefetch); \
       const float *k_block =                                                                  \
           w->key_cache + (int64_t)block_table[b] * block_size * row_stride + head_offset;     \
       const int t0 = b * block_size;                                                          \
@@ -140,7 +111,6 @@ static inline float hsum_f1(float v) { return v; }
         }                                                                                     \
       }                                                                                       \
     }                                                                                         \
-    prefetch_first_blocks(w, w->value_cache, seq, kv_head, prefetch);                         \
     float inv_sum[MAX_GROUP];                                                                 \
     for (int g = 0; g < group; g++) {                                                         \
       float *s = scores + g * context_len;                                                    \
@@ -158,9 +128,6 @@ static inline float hsum_f1(float v) { return v; }
       for (int j = 0; j < nv; j++) acc[j] = (VEC){0};                                         \
       const float *p = scores + g * context_len;                                              \
       for (int b = 0; b < num_blocks; b++) {                                                  \
-        if (g == 0 && b + PREFETCH_BLOCKS < num_blocks)                                       \
-          prefetch_block(w, w->value_cache, block_table[b + PREFETCH_BLOCKS], kv_head,        \
-                         prefetch);                                                           \
         const float *v_block =                                                                \
             w->value_cache + (int64_t)block_table[b] * block_size * row_stride + head_offset; \
         const int t0 = b * block_size;                                                        \
@@ -184,7 +151,7 @@ ATTEND_UNIT(attend_unit_128, vf16, 16, 8)
 ATTEND_UNIT(attend_unit_256, vf16, 16, 16)
 ATTEND_UNIT(attend_unit_any, f1, 1, w->head_dim)  // q and accumulators as arrays of floats
 
-typedef void (*AttendUnit)(const Work *, int64_t, int, int, float *);
+typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
 
 static AttendUnit attend_unit_for(int head_dim) {
   switch (head_dim) {
@@ -210,13 +177,7 @@ static int run_units(const Work *w) {
   for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
     const int64_t seq = u / w->num_kv_heads;
     const int kv_head = (int)(u % w->num_kv_heads);
-    // kv head 0 pulls whole rows for the heads after it; the thread's first unit pulls its own.
-    const int prefetch =
-        kv_head == 0 ? PREFETCH_ROWS : (u == w->unit_begin ? PREFETCH_HEAD : PREFETCH_NONE);
-    if (u == w->unit_begin) prefetch_first_blocks(w, w->key_cache, seq, kv_head, prefetch);
-    if (u + 1 < w->unit_end && (u + 1) % w->num_kv_heads == 0)
-      prefetch_first_blocks(w, w->key_cache, seq + 1, 0, PREFETCH_ROWS);
-    attend(w, seq, kv_head, prefetch, scores);
+    attend(w, seq, kv_head, scores);
   }
   free(scores);
   return 0;
