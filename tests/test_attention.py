@@ -101,3 +101,21 @@ def test_batched_and_per_sequence_decode_agree():
     seq_blocks = split_block_tables(md.block_tables, context_lens, 16)
     per_seq = decode_attention_per_seq(query, cache[0], cache[1], seq_blocks, context_lens, 0.2)
     torch.testing.assert_close(batched, per_seq, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_falls_back_to_torch_without_the_cpu_kernel(monkeypatch):
+    monkeypatch.setattr("pagedgen.kernels.cpu.cpu_kernel_error", lambda: "no C compiler found")
+    monkeypatch.setattr("pagedgen.attention.cpu_backend.cpu_kernel_error", lambda: "no C compiler")
+    cpu = torch.device("cpu")
+    assert get_attention_backend("auto", cpu, 64, 16).name == "torch"
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        get_attention_backend("cpu", cpu, 64, 16)
+
+
+def test_a_failed_compile_says_why(monkeypatch, tmp_path):
+    from pagedgen.kernels import cpu
+
+    monkeypatch.setenv("PAGEDGEN_CACHE", str(tmp_path))
+    with pytest.raises(cpu.CpuKernelUnavailable, match="failed on paged_attention_cpu.c"):
+        cpu._compile("false", "int x;", cpu.CFLAGS)
+    assert not list(tmp_path.rglob("*.so"))

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pagedgen.kernels.source import kernel_source
+from pagedgen.loader.resolve import cache_dir
 
 SOURCE = "paged_attention_cpu.c"
 CFLAGS = (
@@ -34,13 +35,6 @@ OPENMP_FLAGS = ("-fopenmp",)
 
 class CpuKernelUnavailable(RuntimeError):
     pass
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("PAGEDGEN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedgen"
-    )
-    return Path(root) / "cpu_kernels"
 
 
 def _compiler() -> str:
@@ -61,7 +55,7 @@ def _cpu_id() -> str:
 
 def _compile(compiler: str, source: str, flags: tuple[str, ...]) -> Path:
     key = hashlib.sha256("\0".join([source, compiler, *flags, _cpu_id()]).encode()).hexdigest()
-    path = _cache_dir() / f"paged_attention_cpu-{key[:16]}.so"
+    path = cache_dir() / "cpu_kernels" / f"paged_attention_cpu-{key[:16]}.so"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
