@@ -1,8 +1,7 @@
 import torch
 
-from pagedgen.attention.backend import AttentionBackend
 from pagedgen.attention.metadata import AttentionMetadata
-from pagedgen.attention.torch_backend import prefill_attention
+from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention
@@ -13,7 +12,7 @@ def cupy_available() -> bool:
     return loader.cupy_available()
 
 
-class CupyAttentionBackend(AttentionBackend):
+class CupyAttentionBackend(TorchAttentionBackend):
     """Our CUDA kernels through CuPy: reshape_and_cache writes K/V, paged attention v1/v2 serves
     decode rows, and PyTorch's SDPA serves prefill rows. Reads the same cache layout as the torch
     backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES."""
@@ -31,22 +30,14 @@ class CupyAttentionBackend(AttentionBackend):
                 "the cupy attention backend needs CuPy and a visible GPU: install it with "
                 "`pip install 'pagedgen[cuda]'` (cupy-cuda12x) or use --attention-backend torch"
             )
+        super().__init__()
         self.device = device
 
     @staticmethod
     def supports(head_size: int, block_size: int) -> bool:
         return head_size in HEAD_SIZES and block_size in BLOCK_SIZES
 
-    def forward(
-        self,
-        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-        value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-        metadata: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         block_size, head_size = key_cache.shape[1], key_cache.shape[3]
         if not self.supports(head_size, block_size):
             raise ValueError(
@@ -54,23 +45,20 @@ class CupyAttentionBackend(AttentionBackend):
                 f"{HEAD_SIZES}, got block_size={block_size}, head_size={head_size}; "
                 "use --attention-backend torch"
             )
-        reshape_and_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
         num_decode = metadata.num_decode_seqs
-        if num_decode:
-            paged_attention(
-                out[:num_decode],
-                query[:num_decode],
-                key_cache,
-                value_cache,
-                metadata.block_tables[:num_decode],
-                metadata.context_lens[:num_decode],
-                max(metadata.context_lens_cpu[:num_decode]),
-                scale,
-            )
-        if num_decode < metadata.num_seqs:
-            prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
-        return out
+        paged_attention(
+            out[:num_decode],
+            query[:num_decode],
+            key_cache,
+            value_cache,
+            metadata.block_tables[:num_decode],
+            metadata.context_lens[:num_decode],
+            max(metadata.context_lens_cpu[:num_decode]),
+            scale,
+        )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
         copy_blocks(kv_caches, src_to_dst)

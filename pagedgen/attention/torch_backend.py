@@ -118,7 +118,10 @@ def prefill_attention(
 
 
 class TorchAttentionBackend(AttentionBackend):
-    """PyTorch paged attention for CPU and GPU: K/V written in place, no per-step cache rebuild."""
+    """PyTorch paged attention for CPU and GPU: K/V written in place, no per-step cache rebuild.
+
+    forward() writes the step's K/V (write_cache), attends the decode rows (decode) and the
+    prefill rows (SDPA per sequence); the kernel backends override the first two."""
 
     name = "torch"
 
@@ -129,13 +132,23 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(
         self, query, key, value, key_cache, value_cache, metadata: AttentionMetadata, scale
     ):
-        write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
-        out = torch.empty_like(query)
+        self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if metadata.num_decode_seqs:
             self.decode(query, key_cache, value_cache, metadata, scale, out)
         if metadata.num_decode_seqs < metadata.num_seqs:
             prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
         return out
+
+    def write_cache(
+        self,
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [num_tokens]
+    ) -> None:
+        write_kv(key, value, key_cache, value_cache, slot_mapping)
 
     def decode(
         self,
