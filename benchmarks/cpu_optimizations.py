@@ -18,10 +18,9 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from pagedgen import LLM
+from pagedgen import LLM, cpu_features
 from pagedgen.bench.engines import greedy_params
 from pagedgen.bench.workloads import sharegpt_workload
-from pagedgen.layers import linear
 from pagedgen.layers.linear import Linear
 
 
@@ -45,7 +44,7 @@ CONFIGS: list[tuple[str, bool, str, Callable[[LLM], None] | None]] = [
 
 def run(name: str, onednn: bool, backend: str, change, num_prompts: int) -> dict:
     os.environ["PAGEDGEN_DISABLE_ONEDNN"] = "0" if onednn else "1"
-    linear.onednn_linear_available.cache_clear()
+    cpu_features.onednn_matmul_dtypes.cache_clear()
     llm = LLM(attention_backend=backend, log=lambda _: None)
     if change is not None:
         change(llm)

@@ -1,6 +1,6 @@
 """pagedgen as a library: batch generation from Python, greedy and sampled.
 
-    python examples/python_api.py
+python examples/python_api.py
 """
 
 from pagedgen import LLM, SamplingParams

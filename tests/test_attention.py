@@ -70,6 +70,34 @@ def test_backend_matches_reference(
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend_name", ["torch", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_backends_match_reference(backend_name, dtype):
+    """Half-precision caches on the CPU: the C kernel widens K/V, SDPA computes float16 in
+    float32; both agree with the float32 reference on the same (rounded) inputs."""
+    if backend_name == "cpu" and cpu_kernel_error() is not None:
+        pytest.skip(f"no CPU kernel: {cpu_kernel_error()}")
+    torch.manual_seed(0)
+    num_blocks, block_size, num_heads, num_kv_heads, head_dim = 64, 16, 6, 2, 64
+    backend = get_attention_backend(backend_name, torch.device("cpu"), head_dim, block_size)
+    query_lens = [1, 1, 1, 7, 16, 5]
+    context_lens = [1, 17, 100, 7, 40, 33]
+    md = make_batch(query_lens, context_lens, block_size, num_blocks, 0)
+    num_tokens = sum(query_lens)
+    query = torch.randn(num_tokens, num_heads, head_dim).to(dtype)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
+    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    ref_cache = cache.float()
+    out = backend.forward(query, key, value, cache[0], cache[1], md, head_dim**-0.5)
+    ref = ReferenceAttentionBackend().forward(
+        query.float(), key.float(), value.float(), ref_cache[0], ref_cache[1], md, head_dim**-0.5
+    )
+    assert out.dtype == dtype
+    assert torch.equal(cache.float(), ref_cache)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
 def test_reference_attends_only_to_visible_positions():
     """A sanity check of the yardstick: a lone query sees only itself, so it returns its V."""
     md = make_batch([1], [1], 4, 4, 0)

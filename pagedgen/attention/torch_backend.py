@@ -12,9 +12,11 @@ def write_kv(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens], every slot valid
 ) -> None:
+    """Writes the step's K/V, rounded to the cache's dtype where it is narrower."""
     num_kv_heads, head_dim = key_cache.shape[2:]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    dtype = key_cache.dtype
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(dtype))
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(dtype))
 
 
 def decode_attention(
@@ -37,7 +39,12 @@ def decode_attention(
     positions = torch.arange(num_blocks * block_size, device=query.device)
     mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]
     out = F.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        query.unsqueeze(2),
+        keys.to(query.dtype),
+        values.to(query.dtype),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
     )
     return out.squeeze(2)
 
@@ -54,7 +61,8 @@ def decode_attention_per_seq(
     batch to its longest context, which makes SDPA take its slow masked path. Each sequence's
     blocks are gathered right before use, while they fit in cache."""
     num_kv_heads, head_dim = key_cache.shape[2:]
-    queries = query[:, None, :, None]  # 4-D per sequence: 3-D takes SDPA's slow math path
+    dtype = sdpa_dtype(query)
+    queries = query[:, None, :, None].to(dtype)  # 4-D per sequence: 3-D takes SDPA's math path
     outs = []
     for i, (blocks, context_len) in enumerate(zip(seq_blocks, context_lens)):
         keys = key_cache.index_select(0, blocks).view(1, -1, num_kv_heads, head_dim)
@@ -62,13 +70,21 @@ def decode_attention_per_seq(
         outs.append(
             F.scaled_dot_product_attention(
                 queries[i],
-                keys[:, :context_len].transpose(1, 2),
-                values[:, :context_len].transpose(1, 2),
+                keys[:, :context_len].transpose(1, 2).to(dtype),
+                values[:, :context_len].transpose(1, 2).to(dtype),
                 scale=scale,
                 enable_gqa=True,
             )
         )
-    return torch.cat(outs).view_as(query)
+    return torch.cat(outs).view_as(query).to(query.dtype)
+
+
+def sdpa_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype SDPA computes in: torch's CPU flash kernel runs float16 2-3x slower than float32
+    (it has no float16 GEMM on these CPUs), bfloat16 as fast."""
+    if query.device.type == "cpu" and query.dtype == torch.float16:
+        return torch.float32
+    return query.dtype
 
 
 def split_block_tables(
@@ -93,6 +109,7 @@ def prefill_attention(
     tokens before its queries gathers its context from the pool through its block table.
     """
     block_size = key_cache.shape[1]
+    dtype = sdpa_dtype(query)
     start = metadata.num_decode_seqs
     for i in range(metadata.num_decode_seqs, metadata.num_seqs):
         query_len, context_len = metadata.query_lens_cpu[i], metadata.context_lens_cpu[i]
@@ -101,14 +118,14 @@ def prefill_attention(
             keys, values, mask = key[start:end], value[start:end], None
         else:
             blocks = metadata.block_tables[i, : -(-context_len // block_size)]
-            keys = key_cache[blocks].flatten(0, 1)[:context_len]
-            values = value_cache[blocks].flatten(0, 1)[:context_len]
+            keys = key_cache[blocks].flatten(0, 1)[:context_len].to(query.dtype)
+            values = value_cache[blocks].flatten(0, 1)[:context_len].to(query.dtype)
             rows = torch.arange(context_len - query_len, context_len, device=query.device)
             mask = torch.arange(context_len, device=query.device)[None, :] <= rows[:, None]
         out[start:end] = F.scaled_dot_product_attention(
-            query[start:end].transpose(0, 1)[None],
-            keys.transpose(0, 1)[None],
-            values.transpose(0, 1)[None],
+            query[start:end].transpose(0, 1)[None].to(dtype),
+            keys.transpose(0, 1)[None].to(dtype),
+            values.transpose(0, 1)[None].to(dtype),
             attn_mask=mask,
             is_causal=mask is None,
             scale=scale,

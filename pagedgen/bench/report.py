@@ -8,8 +8,9 @@ def render(report: dict, console: Console) -> None:
     """Prints a `run_bench` report: machine state, roofline, figures, ratios, overhead."""
     machine, workload = report["machine"], report["workload"]
     console.print(
-        f"[bold]pagedgen bench[/] {report['model']} on {machine['cpu']} ({machine['num_threads']} "
-        f"threads of {machine['num_cpus']} CPUs, torch {machine['torch']})",
+        f"[bold]pagedgen bench[/] {report['model']} on {machine['cpu']} {machine.get('isa', '')} "
+        f"({machine['num_threads']} threads of {machine['num_cpus']} CPUs, "
+        f"torch {machine['torch']})",
         highlight=False,
     )
     console.print(

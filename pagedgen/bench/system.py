@@ -59,8 +59,11 @@ def machine_state(since: CpuSample | None = None) -> dict:
 
 
 def machine_info(num_threads: int) -> dict:
+    from pagedgen.cpu_features import isa_name
+
     return {
         "cpu": _cpu_model(),
+        "isa": isa_name(),
         "num_cpus": os.cpu_count(),
         "num_threads": num_threads,
         "torch": torch.__version__,

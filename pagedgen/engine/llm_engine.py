@@ -7,6 +7,7 @@ import torch
 
 from pagedgen.attention import get_attention_backend
 from pagedgen.config import EngineConfig
+from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
 from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
 from pagedgen.engine.control_plane import build_control_plane, resolve_max_model_len
 from pagedgen.engine.model_runner import ModelRunner
@@ -40,7 +41,8 @@ class LLMEngine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device = _pick_device(config.device)
-        self.dtype = _pick_dtype(config.dtype, self.device)
+        self.dtype = _pick_dtype(config.dtype, self.device)  # the weights' values and the KV cache
+        compute_dtype = cpu_compute_dtype(self.dtype) if self.device.type == "cpu" else self.dtype
         resolved = resolve_model(config.model)
         self.hf_config = load_config(resolved)
         self.tokenizer = load_tokenizer(resolved)
@@ -52,7 +54,13 @@ class LLMEngine:
             config.attention_backend, self.device, head_size, config.block_size
         )
         model = load_model(
-            resolved, self.hf_config, backend, self.max_model_len, self.dtype, self.device
+            resolved,
+            self.hf_config,
+            backend,
+            self.max_model_len,
+            self.dtype,
+            self.device,
+            compute_dtype,
         )
         head = model.attention_layers[0]
         self.bytes_per_token = ModelRunner.bytes_per_token(
@@ -75,8 +83,11 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.rejected: list[Request] = []
         self.stats = EngineStats()
+        device = str(self.device)
+        if self.device.type == "cpu":
+            device = f"cpu {isa_name()}, {describe_cpu_compute(self.dtype)}"
         log(
-            f"model {config.model} ({type(model).__name__}, {self.dtype}, {self.device}, "
+            f"model {config.model} ({type(model).__name__}, {self.dtype}, {device}, "
             f"{backend.name} attention), max_model_len {self.max_model_len}"
         )
         log(

@@ -1,8 +1,9 @@
 """The CPU decode attention kernel (kernels/paged_attention_cpu.c): compiled on first use with the
 machine's C compiler, cached on disk, called through ctypes (which releases the GIL).
 
-Built with -fopenmp where the compiler has it; loaded after torch, so its libgomp.so.1 is the one
-torch already runs and the kernel shares torch's threads."""
+Built for -march=native (or the cap PAGEDGEN_MAX_CPU_ISA sets), with -fopenmp where the compiler
+has it; loaded after torch, so its libgomp.so.1 is the one torch already runs and the kernel
+shares torch's threads."""
 
 import ctypes
 import functools
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import torch
 
+from pagedgen.cpu_features import cpu_flags, kernel_march
 from pagedgen.kernels.source import kernel_source
 from pagedgen.loader.resolve import cache_dir
 
 SOURCE = "paged_attention_cpu.c"
 CFLAGS = (
     "-O3",
-    "-march=native",
     "-fno-math-errno",
     "-fassociative-math",
     "-fno-signed-zeros",
@@ -31,6 +32,7 @@ CFLAGS = (
     "-shared",
 )
 OPENMP_FLAGS = ("-fopenmp",)
+KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 class CpuKernelUnavailable(RuntimeError):
@@ -44,17 +46,10 @@ def _compiler() -> str:
     raise CpuKernelUnavailable("no C compiler found (set CC, or install gcc)")
 
 
-def _cpu_id() -> str:
-    """-march=native code is only valid where the CPU has the same features."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return sys.platform
-
-
 def _compile(compiler: str, source: str, flags: tuple[str, ...]) -> Path:
-    key = hashlib.sha256("\0".join([source, compiler, *flags, _cpu_id()]).encode()).hexdigest()
+    # -march=native code is only valid where the CPU has the same features.
+    cpu_id = " ".join(sorted(cpu_flags())) or sys.platform
+    key = hashlib.sha256("\0".join([source, compiler, *flags, cpu_id]).encode()).hexdigest()
     path = cache_dir() / "cpu_kernels" / f"paged_attention_cpu-{key[:16]}.so"
     if path.exists():
         return path
@@ -73,27 +68,37 @@ def _compile(compiler: str, source: str, flags: tuple[str, ...]) -> Path:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
+def _library(march: str) -> ctypes.CDLL:
     compiler, source = _compiler(), kernel_source(SOURCE)
+    flags = (*CFLAGS, f"-march={march}")
     try:
-        path = _compile(compiler, source, CFLAGS + OPENMP_FLAGS)
+        path = _compile(compiler, source, flags + OPENMP_FLAGS)
     except CpuKernelUnavailable:  # no OpenMP (Apple clang): one thread
-        path = _compile(compiler, source, CFLAGS)
+        path = _compile(compiler, source, flags)
     lib = ctypes.CDLL(str(path))
-    fn = lib.paged_attention_decode_f32
+    fn = lib.paged_attention_decode
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    fn.argtypes = [p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, ctypes.c_float, i32]
+    fn.argtypes = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, ctypes.c_float, i32]
     fn.restype = ctypes.c_int
+    lib.paged_attention_has_float16.restype = ctypes.c_int
     return lib
 
 
-def cpu_kernel_error() -> str | None:
+def cpu_kernel_error(march: str | None = None) -> str | None:
     """None when the kernel compiles and loads here, else why not."""
     try:
-        _library()
+        _library(march or kernel_march())
     except (CpuKernelUnavailable, OSError) as e:
         return str(e)
     return None
+
+
+def kernel_dtypes(march: str | None = None) -> tuple[torch.dtype, ...]:
+    """The cache dtypes the kernel reads (float16 needs a compiler with _Float16)."""
+    lib = _library(march or kernel_march())
+    if lib.paged_attention_has_float16():
+        return (torch.float32, torch.bfloat16, torch.float16)
+    return (torch.float32, torch.bfloat16)
 
 
 def paged_attention_decode(
@@ -105,15 +110,24 @@ def paged_attention_decode(
     context_lens: torch.Tensor,  # [num_seqs] int32, every entry >= 1
     scale: float,
     num_threads: int | None = None,
+    march: str | None = None,  # the build to run; None: this machine's (see kernel_march)
 ) -> torch.Tensor:
-    """Decode attention of one query row per sequence over its context in the paged cache."""
+    """Decode attention of one query row per sequence over its context in the paged cache.
+
+    query and out are float32; the caches float32, bfloat16 or float16 (see kernel_dtypes)."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
     if any(t.device.type != "cpu" for t in tensors):
         raise ValueError("paged_attention_decode runs on CPU tensors only")
-    if not (query.dtype == out.dtype == key_cache.dtype == value_cache.dtype == torch.float32):
-        raise TypeError(f"float32 only, got query {query.dtype}, cache {key_cache.dtype}")
+    march = march or kernel_march()
+    if not (query.dtype == out.dtype == torch.float32):
+        raise TypeError(f"query and out must be float32, got {query.dtype} and {out.dtype}")
+    if key_cache.dtype != value_cache.dtype or key_cache.dtype not in kernel_dtypes(march):
+        raise TypeError(
+            f"caches of {key_cache.dtype} and {value_cache.dtype}; this build reads "
+            f"{[str(d) for d in kernel_dtypes(march)]}"
+        )
     if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
         raise TypeError("block_tables and context_lens must be int32")
     if cache_head_dim != head_dim or value_cache.shape != key_cache.shape:
@@ -130,7 +144,8 @@ def paged_attention_decode(
         raise ValueError("block_tables rows and context_lens must be contiguous")
     if block_tables.shape[0] < num_seqs or context_lens.shape[0] < num_seqs:
         raise ValueError("one block table and context length per sequence")
-    status = _library().paged_attention_decode_f32(
+    status = _library(march).paged_attention_decode(
+        KV_DTYPE_CODES[key_cache.dtype],
         out.data_ptr(),
         query.data_ptr(),
         query.stride(0),
@@ -148,5 +163,5 @@ def paged_attention_decode(
         num_threads or torch.get_num_threads(),
     )
     if status != 0:
-        raise RuntimeError(f"paged_attention_decode_f32 failed with status {status}")
+        raise RuntimeError(f"paged_attention_decode failed with status {status}")
     return out

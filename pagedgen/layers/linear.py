@@ -1,28 +1,10 @@
-import functools
-import os
-
 import torch
 from torch import nn
 
+from pagedgen.cpu_features import onednn_matmul_dtypes
+
 # oneDNN's blocked weight layout is chosen for this many rows; any number of rows works.
 PACK_BATCH_SIZE = 64
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-
-
-@functools.cache
-def onednn_linear_available() -> bool:
-    """torch's oneDNN linear ops exist and run here (x86 and Arm builds of torch have them).
-    PAGEDGEN_DISABLE_ONEDNN=1 turns them off, for comparisons."""
-    if os.environ.get("PAGEDGEN_DISABLE_ONEDNN", "0") not in ("", "0"):
-        return False
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 3), PACK_BATCH_SIZE)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 3), weight, None, "none", [], "")
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return out.tolist() == [[3.0, 3.0]]
 
 
 class Linear(nn.Module):
@@ -31,7 +13,9 @@ class Linear(nn.Module):
     As loaded, the weight is dense and pre-transposed, [in_features, out_features]: below ~64 rows
     x @ W is several times faster than x @ W.T in nn.Linear's layout. On the CPU, pack() then moves
     it into oneDNN's blocked layout ([out_features, in_features], opaque), whose kernels run 2-3x
-    faster than MKL's on this kind of machine, with row results that do not depend on the batch.
+    faster than MKL's on these machines, with row results that do not depend on the batch. (Where
+    oneDNN has no kernel for a half-precision dtype, the engine computes in float32 instead: see
+    cpu_features.cpu_compute_dtype.)
     output_sizes splits the output columns into shards so that fused projections (QKV, gate/up)
     can load each checkpoint tensor into its own column range.
     """
@@ -55,15 +39,11 @@ class Linear(nn.Module):
         return torch.addmm(self.bias, x, self.weight)
 
     def pack(self) -> bool:
-        """Moves the weight into oneDNN's layout where that is available (CPU, float32 or
-        bfloat16); returns whether it did. The dense copy is freed."""
+        """Moves the weight into oneDNN's layout where oneDNN has a kernel for its dtype on this
+        CPU (see cpu_features.onednn_matmul_dtypes); returns whether it did. The dense copy is
+        freed."""
         weight = self.weight
-        if (
-            self.packed
-            or weight.device.type != "cpu"
-            or weight.dtype not in PACKABLE_DTYPES
-            or not onednn_linear_available()
-        ):
+        if self.packed or weight.device.type != "cpu" or weight.dtype not in onednn_matmul_dtypes():
             return self.packed
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.t(), PACK_BATCH_SIZE)
         self.weight = nn.Parameter(packed, requires_grad=False)

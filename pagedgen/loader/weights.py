@@ -48,8 +48,11 @@ def load_model(
     max_position: int,
     dtype: torch.dtype,
     device: torch.device,
+    compute_dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Builds our own implementation of the checkpoint's architecture and loads its weights."""
+    """Builds our own implementation of the checkpoint's architecture and loads its weights in
+    dtype; a compute_dtype other than dtype (float32 for a half-precision model on a CPU without
+    a native half matmul) then widens them, keeping dtype's values."""
     model_cls = get_model_class(config)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # parameters in dtype; the rotary table stays float32
@@ -65,5 +68,7 @@ def load_model(
     else:
         weights = iterate_safetensors(resolved.path)
     model.load_weights(weights)
+    if compute_dtype is not None and compute_dtype != dtype:
+        model.to(compute_dtype)
     pack_linear_weights(model)
     return model.eval()

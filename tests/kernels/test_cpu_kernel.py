@@ -1,17 +1,26 @@
 """The C decode attention kernel (kernels/paged_attention_cpu.c) against the reference; the cpu
 backend on mixed decode/prefill batches is in tests/test_attention.py."""
 
+import platform
 import random
 
 import pytest
 import torch
 
 from pagedgen.attention.reference import paged_attention_reference
-from pagedgen.kernels.cpu import cpu_kernel_error, paged_attention_decode
+from pagedgen.cpu_features import cpu_flags
+from pagedgen.kernels.cpu import cpu_kernel_error, kernel_dtypes, paged_attention_decode
 
 pytestmark = pytest.mark.skipif(
     cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"
 )
+
+# Every build a machine of ours may run: its own, AVX2 (x86-64-v3, what an AVX-512 machine runs
+# under PAGEDGEN_MAX_CPU_ISA=avx2) and the x86-64 baseline (SSE2), so both ISAs' code paths are
+# tested whichever machine the tests run on.
+MARCHES = ["native"]
+if platform.machine() in ("x86_64", "AMD64"):
+    MARCHES += ["x86-64-v3"] * ("avx2" in cpu_flags()) + ["x86-64"]
 
 
 def scattered_tables(context_lens, block_size, num_blocks, seed):
@@ -23,18 +32,16 @@ def scattered_tables(context_lens, block_size, num_blocks, seed):
     return tables, torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 80, 32])  # 80, 32: the generic path
-@pytest.mark.parametrize("block_size", [8, 16, 32])
-@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
-@pytest.mark.parametrize("num_threads", [1, 2, 3])
-def test_matches_reference(head_dim, block_size, num_heads, num_kv_heads, num_threads):
+def check_against_reference(
+    head_dim, block_size, num_heads, num_kv_heads, num_threads, dtype=torch.float32, march=None
+):
     seed = head_dim + block_size + num_heads + num_threads
     torch.manual_seed(seed)
     context_lens = [1, 15, 16, 17, 100, 257, 3]
     num_blocks = sum(-(-n // block_size) for n in context_lens) + 8
     tables, block_tables = scattered_tables(context_lens, block_size, num_blocks, seed)
-    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim)
-    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     # every slot no sequence owns holds NaN: reading past a context poisons the output
     owned = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     for table, n in zip(tables, context_lens):
@@ -56,11 +63,36 @@ def test_matches_reference(head_dim, block_size, num_heads, num_kv_heads, num_th
         torch.tensor(context_lens, dtype=torch.int32),
         scale,
         num_threads,
+        march,
     )
-    ref = paged_attention_reference(
-        query, key_cache, value_cache, tables, context_lens, [1] * len(context_lens), scale
+    ref = paged_attention_reference(  # the kernel widens the cache exactly: compare in float32
+        query,
+        key_cache.float(),
+        value_cache.float(),
+        tables,
+        context_lens,
+        [1] * len(context_lens),
+        scale,
     )
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 32])  # 80, 32: the generic path
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_matches_reference(head_dim, block_size, num_heads, num_kv_heads, num_threads):
+    check_against_reference(head_dim, block_size, num_heads, num_kv_heads, num_threads)
+
+
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 80, 32])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 1)])
+def test_every_build_reads_every_cache_dtype(march, dtype, head_dim, num_heads, num_kv_heads):
+    if dtype not in kernel_dtypes(march):
+        pytest.skip(f"this compiler has no _Float16 for the {march} build")
+    check_against_reference(head_dim, 16, num_heads, num_kv_heads, 2, dtype, march)
 
 
 def test_rejects_what_it_cannot_read():
@@ -71,6 +103,8 @@ def test_rejects_what_it_cannot_read():
     out = torch.empty(query.shape)
     with pytest.raises(TypeError, match="float32"):
         paged_attention_decode(out, query.double(), cache, cache, tables, lens, 1.0)
+    with pytest.raises(TypeError, match="this build reads"):
+        paged_attention_decode(out, query, cache.double(), cache.double(), tables, lens, 1.0)
     with pytest.raises(TypeError, match="int32"):
         paged_attention_decode(out, query, cache, cache, tables.long(), lens, 1.0)
     with pytest.raises(ValueError, match="contiguous"):
