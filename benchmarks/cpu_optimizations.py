@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 from torch import nn
@@ -27,9 +26,9 @@ from pagedgen.layers.linear import Linear
 def nn_linear_layout(llm: LLM) -> None:
     """Back to nn.Linear's [out, in] weights and F.linear, the layout transformers uses."""
     for module in llm.engine.runner.model.modules():
-        if isinstance(module, Linear):
+        if isinstance(module, Linear) and module.transposed:
             module.weight = nn.Parameter(module.weight.data.t().contiguous(), requires_grad=False)
-            module.forward = lambda x, m=module: F.linear(x, m.weight, m.bias)
+            module.transposed = False  # forward() is then F.linear
 
 
 # name, oneDNN packing, attention backend, change applied after loading

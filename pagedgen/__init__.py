@@ -1,17 +1,27 @@
-"""pagedgen: offline batch generation with a paged KV cache and continuous batching."""
+"""pagedgen: offline batch generation with a paged KV cache and continuous batching.
 
-from pagedgen.config import EngineConfig
-from pagedgen.engine.beam_search import BeamSearchParams
-from pagedgen.llm import LLM
-from pagedgen.outputs import CompletionOutput, RequestOutput
-from pagedgen.sampling_params import SamplingParams
+The names below load on first use, so that the control plane (pagedgen.engine's scheduler,
+block manager and engine loop) imports without torch.
+"""
 
-__all__ = [
-    "LLM",
-    "BeamSearchParams",
-    "CompletionOutput",
-    "EngineConfig",
-    "RequestOutput",
-    "SamplingParams",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LLM": "pagedgen.llm",
+    "BeamSearchParams": "pagedgen.engine.beam_search",
+    "CompletionOutput": "pagedgen.outputs",
+    "EngineConfig": "pagedgen.config",
+    "RequestOutput": "pagedgen.outputs",
+    "SamplingParams": "pagedgen.sampling_params",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pagedgen' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -1,20 +1,23 @@
 from dataclasses import dataclass
 
-from pagedgen.loader.resolve import DEFAULT_MODEL
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @dataclass(slots=True)
 class EngineConfig:
     """Everything the engine is built from; names follow vLLM's engine arguments.
 
-    kv_cache_memory is the KV pool's size in GiB; None picks a default for the device (see
-    LLMEngine). The pool is never sized from max_model_len x max_num_seqs. swap_space is the
-    CPU pool (GiB) that preemption by swap moves blocks to; preemption_mode "auto" swaps groups
-    of several sequences (parallel samples, beams) and recomputes single ones, as vLLM V0.
+    kv_cache_memory is the KV pool's size in GiB; None picks a default for the device: 4 GiB on
+    a CPU; on a GPU, gpu_memory_utilization of its memory less the weights and the activations of
+    the largest step, measured. The pool is never sized from max_model_len x max_num_seqs.
+    swap_space is the CPU pool (GiB) that preemption by swap moves blocks to; preemption_mode
+    "auto" swaps groups of several sequences (parallel samples, beams) and recomputes single
+    ones, as vLLM V0. gpu_memory_utilization is vLLM's: the share of GPU memory pagedgen uses.
     """
 
     model: str = DEFAULT_MODEL
@@ -22,6 +25,7 @@ class EngineConfig:
     device: str = "auto"
     block_size: int = 16
     kv_cache_memory: float | None = None
+    gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
@@ -41,8 +45,10 @@ class EngineConfig:
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
             )
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ValueError(f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(
+                f"block_size must be a power of two from 1 to 128, got {self.block_size}"
+            )
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
@@ -51,6 +57,10 @@ class EngineConfig:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0 GiB, got {self.kv_cache_memory}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.max_num_seqs < 1:

@@ -5,13 +5,10 @@ from typing import Any
 from pagedgen.chat_template import Messages, apply_chat_template
 from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams
-from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
+from pagedgen.engine.llm_engine import LLMEngine, Params, Prompt, log_to_stderr
 from pagedgen.loader.resolve import DEFAULT_MODEL
 from pagedgen.outputs import RequestOutput
 from pagedgen.sampling_params import SamplingParams
-
-Prompt = str | list[int]
-Params = SamplingParams | BeamSearchParams
 
 
 class LLM:
@@ -28,7 +25,7 @@ class LLM:
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unknown engine arguments {unknown}; known: {sorted(names)}")
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), log=log)
+        self.engine = LLMEngine.from_config(EngineConfig(model=model, **kwargs), log=log)
         self.tokenizer = self.engine.tokenizer
 
     def generate(
@@ -82,23 +79,7 @@ class LLM:
         memory while the batch stays full. on_step(engine) runs after every step, where the
         engine is consistent: it may read the gauges or abort requests.
         """
-        engine = self.engine
-        max_pending = max_pending or 2 * engine.config.max_num_seqs
-        requests = iter(requests)
-        exhausted = False
-        while True:
-            while not exhausted and engine.num_unfinished_requests < max_pending:
-                request = next(requests, None)
-                if request is None:
-                    exhausted = True
-                else:
-                    engine.add_request(*request)
-            if not engine.has_unfinished_requests():
-                return
-            finished = engine.step()
-            if on_step is not None:
-                on_step(engine)
-            yield from finished
+        yield from self.engine.stream(requests, max_pending, on_step)
 
 
 def _prompt_list(prompts: Prompt | Iterable[Prompt]) -> list[Prompt]:

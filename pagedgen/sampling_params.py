@@ -27,6 +27,7 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True  # False: output text stays empty (token ids only)
     # Filled from the tokenizer by the engine; not part of vLLM's public surface.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -54,6 +55,7 @@ class SamplingParams:
             ),
             (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"),
             (all(self.stop), "stop strings must not be empty"),
+            (self.detokenize or not self.stop, "stop strings need detokenize=True"),
         ]
         for ok, message in checks:
             if not ok:

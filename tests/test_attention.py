@@ -32,6 +32,7 @@ def make_batch(query_lens, context_lens, block_size, num_blocks, seed):
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         max_seqlen_q=max(query_lens),
         max_context_len=max(context_lens),
+        block_size=block_size,
         num_decode_seqs=num_decode,
         query_lens_cpu=list(query_lens),
         context_lens_cpu=list(context_lens),
@@ -62,6 +63,7 @@ def test_backend_matches_reference(
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim)
     ref_cache = cache.clone()
     scale = head_dim**-0.5
+    backend.prepare(md)
     out = backend.forward(query, key, value, cache[0], cache[1], md, scale)
     ref = ReferenceAttentionBackend().forward(
         query, key, value, ref_cache[0], ref_cache[1], md, scale
@@ -89,6 +91,7 @@ def test_half_precision_backends_match_reference(backend_name, dtype):
     value = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     ref_cache = cache.float()
+    backend.prepare(md)
     out = backend.forward(query, key, value, cache[0], cache[1], md, head_dim**-0.5)
     ref = ReferenceAttentionBackend().forward(
         query.float(), key.float(), value.float(), ref_cache[0], ref_cache[1], md, head_dim**-0.5

@@ -1,29 +1,46 @@
+from itertools import count
+
 import pytest
 
-from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.block_manager import BlockManager, PromptPlan
 from pagedgen.engine.block_pool import Block, FreeBlockQueue
 from pagedgen.engine.sequence import Sequence
 from pagedgen.sampling_params import SamplingParams
+
+_seq_ids = count()
+_distinct_tokens = count(10**6)
+
+
+def distinct_seq(num_tokens: int) -> Sequence:
+    """A sequence sharing no prefix with any other."""
+    return make_seq([next(_distinct_tokens) for _ in range(num_tokens)])
 
 
 def make_seq(token_ids: list[int] | int) -> Sequence:
     if isinstance(token_ids, int):
         token_ids = list(range(token_ids))
-    return Sequence("r", token_ids, SamplingParams())
+    return Sequence(next(_seq_ids), "r", token_ids, SamplingParams())
 
 
-def admit(bm: BlockManager, seq: Sequence) -> None:
-    """Allocates a waiting sequence for all its remaining tokens, as the scheduler does."""
-    cached = bm.find_cached_blocks(seq)
-    n = seq.num_tokens - len(cached) * bm.block_size
-    assert bm.can_allocate([(seq, cached, n)])
-    bm.allocate(seq, cached, n)
-    seq.num_computed_tokens = seq.num_tokens  # pretend the step ran
+def try_admit(bm: BlockManager, *seqs: Sequence) -> list[PromptPlan] | None:
+    """Admits waiting sequences for all their remaining tokens, as the scheduler does, and
+    pretends the step ran."""
+    plans = bm.allocate_prompt(list(seqs), lambda seq, num_computed: seq.num_tokens - num_computed)
+    for seq in seqs if plans is not None else ():
+        seq.num_computed_tokens = seq.num_tokens
+    return plans
+
+
+def admit(bm: BlockManager, *seqs: Sequence) -> list[PromptPlan]:
+    plans = try_admit(bm, *seqs)
+    assert plans is not None
+    return plans
 
 
 def decode(bm: BlockManager, seq: Sequence, token: int = 0) -> list[tuple[int, int]]:
     seq.append_token_id(token)
-    copies = bm.append_slots(seq, 1)
+    copies = bm.allocate_slots([seq], [1])
+    assert copies is not None
     seq.num_computed_tokens += 1
     bm.check_integrity()
     return copies
@@ -69,11 +86,20 @@ def test_free_returns_every_block():
 
 def test_watermark_applies_only_while_sequences_run():
     bm = BlockManager(num_blocks=100, block_size=4, watermark=0.05)
-    big = make_seq(4 * 100)
-    assert bm.can_allocate([(big, [], big.num_tokens)])  # an idle pool needs no watermark
-    admit(bm, make_seq(4 * 90))
-    assert not bm.can_allocate([(make_seq(1), [], 4 * 6)])  # 10 free, 5 held back
-    assert bm.can_allocate([(make_seq(1), [], 4 * 5)])
+    big = distinct_seq(4 * 100)
+    admit(bm, big)  # an idle pool needs no watermark
+    bm.free(big)
+    admit(bm, distinct_seq(4 * 90))
+    assert try_admit(bm, distinct_seq(4 * 6)) is None  # 10 free, 5 held back
+    assert bm.num_free_blocks == 10  # and nothing was taken
+    assert try_admit(bm, distinct_seq(4 * 5)) is not None
+
+
+def test_a_group_is_admitted_all_or_nothing():
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    assert try_admit(bm, distinct_seq(4 * 6), distinct_seq(4 * 5)) is None
+    assert bm.num_free_blocks == 10 and not bm.seqs
+    bm.check_integrity()
 
 
 def test_prefix_hits_share_full_blocks_and_leave_a_token_to_compute():
@@ -82,15 +108,13 @@ def test_prefix_hits_share_full_blocks_and_leave_a_token_to_compute():
     first = make_seq(system + [1, 2])
     admit(bm, first)
     second = make_seq(system + [3, 4, 5])
-    cached = bm.find_cached_blocks(second)
-    assert [b.block_id for b in cached] == first.block_table[:2]
-    admit(bm, second)
+    assert admit(bm, second) == [PromptPlan(8, 5)]
     assert second.block_table[:2] == first.block_table[:2]
     assert bm.pool.blocks[first.block_table[0]].ref_count == 2
     # identical prompt of exactly 3 blocks: the last block is recomputed, not hit
     exact = make_seq(first.token_ids)
-    assert len(bm.find_cached_blocks(exact)) == 2
-    assert bm.num_prefix_cache_hits == 8 and bm.num_prefix_cache_queries == 12 + 13
+    assert admit(bm, exact) == [PromptPlan(8, 4)]
+    assert bm.num_prefix_cache_hits == 16 and bm.num_prefix_cache_queries == 12 + 13 + 12
     bm.check_integrity()
 
 
@@ -102,12 +126,14 @@ def test_freed_blocks_stay_cached_until_evicted():
     bm.free(seq)
     bm.check_integrity()
     again = make_seq([1, 2, 3, 4, 9])
-    assert [b.block_id for b in bm.find_cached_blocks(again)] == held[:2]
+    assert admit(bm, again) == [PromptPlan(4, 1)] and again.block_table[:2] == held[:2]
+    bm.free(again)
     filler = make_seq(8)  # takes every free block: the cached ones are evicted
     admit(bm, filler)
     assert bm.pool.num_evictions == 2
     assert all(b.block_hash in filler.block_hashes for b in bm.pool.cached.values())
-    assert bm.find_cached_blocks(make_seq([1, 2, 3, 4, 9])) == []
+    bm.free(filler)
+    assert admit(bm, make_seq([1, 2, 3, 4, 9])) == [PromptPlan(0, 5)]
     bm.check_integrity()
 
 
@@ -115,7 +141,7 @@ def test_fork_shares_blocks_and_copies_the_partial_block_on_write():
     bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
     parent = make_seq(6)
     admit(bm, parent)
-    child = parent.fork()
+    child = parent.fork(next(_seq_ids))
     bm.fork(parent, child)
     assert child.block_table == parent.block_table
     bm.check_integrity()
@@ -135,18 +161,18 @@ def test_swap_out_and_in_keeps_sharing_all_or_nothing():
     bm = BlockManager(num_blocks=16, block_size=4, num_cpu_blocks=3, enable_prefix_caching=False)
     parent = make_seq(6)
     admit(bm, parent)
-    child = parent.fork()
+    child = parent.fork(next(_seq_ids))
     bm.fork(parent, child)
     decode(bm, child)  # child now owns a copy of the partial block: 3 unique blocks
-    assert bm.can_swap_out([parent, child])
     out = bm.swap_out([parent, child])
     assert len(out) == 3 and bm.num_free_blocks == 16 and bm.num_free_cpu_blocks == 0
     assert parent.block_table[0] == child.block_table[0]  # still shared, now on the CPU
     bm.check_integrity()
     other = make_seq(4)
     admit(bm, other)
-    assert not bm.can_swap_out([other])  # CPU pool full
-    back = bm.swap_in([parent, child])
+    assert bm.swap_out([other]) is None  # CPU pool full
+    back, copies = bm.swap_in([parent, child], [0, 0])
+    assert copies == []
     assert sorted(cpu for cpu, _ in back) == sorted(cpu for _, cpu in out)
     assert parent.block_table[0] == child.block_table[0]
     assert bm.pool.blocks[parent.block_table[0]].ref_count == 2

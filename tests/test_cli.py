@@ -50,7 +50,7 @@ def test_stdin_to_stdout_and_greedy_is_deterministic(tiny_llama_path):
     "args,message",
     [
         (["run", "missing.jsonl", "-o", "-"], "not found"),
-        (["run", "-", "-o", "-", "--model", "/no/such/model"], "neither a local folder"),
+        (["run", "-", "-o", "-", "--model", "/no/such/model"], "does not exist"),
         (["run", "-", "-o", "-", "--temperature", "-1"], "temperature"),
         (["run", "-", "-o", "-", "--bogus"], "No such option: --bogus"),
         (["run", "-", "-o", "-", "--max-tokens", "x"], "--max-tokens"),

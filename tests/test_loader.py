@@ -92,3 +92,46 @@ def test_a_gguf_file_loads_directly(smollm2_path):
         direct.generate([prompt], params)[0].outputs[0].token_ids
         == converted.generate([prompt], params)[0].outputs[0].token_ids
     )
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("complete", [False, True])
+def test_plain_config_reads_as_transformers_does(tmp_path, model_type, complete):
+    """config.json read without transformers.models (start-up time) gives every field our
+    decoders read as transformers' own config class does: what it states, and the class's
+    defaults for what it leaves out."""
+    import json
+
+    from transformers import AutoConfig
+
+    from pagedgen.engine.kv_geometry import head_dim_of
+    from pagedgen.layers.rotary import rope_parameters
+    from pagedgen.loader.model_files import read_plain_config
+
+    data = {"model_type": model_type, "vocab_size": 300, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}  # fmt: skip
+    if complete:
+        data |= {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
+                 "rope_theta": 50000.0, "head_dim": 32, "eos_token_id": 7, "mlp_bias": True,
+                 "attention_bias": True, "tie_word_embeddings": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    ours, theirs = read_plain_config(tmp_path / "config.json"), AutoConfig.from_pretrained(tmp_path)
+    for name in ("hidden_act", "max_position_embeddings", "rms_norm_eps", "num_key_value_heads",
+                 "eos_token_id", "tie_word_embeddings", "model_type"):  # fmt: skip
+        assert getattr(ours, name) == getattr(theirs, name), name
+    for name in ("attention_bias", "mlp_bias"):
+        assert getattr(ours, name, False) == getattr(theirs, name, False), name
+    assert head_dim_of(ours) == head_dim_of(theirs)
+    assert rope_parameters(ours) == rope_parameters(theirs)
+
+
+def test_scaled_rope_configs_take_transformers_path(tmp_path):
+    import json
+
+    from pagedgen.loader.model_files import read_plain_config
+
+    data = {"model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert read_plain_config(tmp_path / "config.json") is None

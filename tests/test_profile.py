@@ -43,9 +43,9 @@ def test_simulation_keeps_the_pool_consistent_under_pressure():
     requests.append(SimRequest([1] * 400, 10, max_tokens=10))  # longer than the pool
     checked = []
 
-    def check(block_manager, scheduler):
-        block_manager.check_integrity()
-        checked.append(len(block_manager.seqs))
+    def check(engine):
+        engine.block_manager.check_integrity()
+        checked.append(len(engine.block_manager.seqs))
 
     config = EngineConfig(model="unused", block_size=16, max_num_seqs=32)
     shape = PoolShape(num_blocks=24, num_cpu_blocks=16, max_model_len=512)
@@ -73,7 +73,6 @@ def test_real_run_and_simulation_of_its_lengths_agree(tiny_llama_path, one_threa
     from pagedgen import LLM
     from pagedgen.batch.requests import RequestBuilder
     from pagedgen.io.records import InputRecord
-    from pagedgen.profile.geometry import KVGeometry
     from pagedgen.profile.profiler import build_workload, profile_real
 
     llm = LLM(str(tiny_llama_path), kv_cache_memory=0.0003, max_num_seqs=8, log=lambda m: None)
@@ -82,8 +81,7 @@ def test_real_run_and_simulation_of_its_lengths_agree(tiny_llama_path, one_threa
     records = [InputRecord(i + 1, str(i), prompt=f"{i} distinct prompt " * (1 + i % 6))
                for i in range(24)]  # fmt: skip
     requests, workload = build_workload(records, builder, llm.engine.max_model_len)
-    geometry = KVGeometry.of(llm.engine.hf_config, llm.engine.dtype)
-    report = profile_real(llm, geometry, requests, workload, [16, 32])
+    report = profile_real(llm, requests, workload, [16, 32])
     run = report.run
     assert run["num_finished"] == 24 and run["num_preemptions"] > 0
     simulated = next(row for row in report.block_sizes if row["block_size"] == 16)

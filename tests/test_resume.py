@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from pagedgen.io.resume import OutputFile, scan_output
+from pagedgen.io import OutputFile
+from pagedgen.io.resume import scan_output
 from pagedgen.io.spec import InputError
 from tests.cli_util import count_lines, pagedgen, read_records, start, tiny, write_jsonl
 
@@ -122,9 +123,11 @@ def test_scan_output_keeps_complete_records_and_drops_a_torn_tail(tmp_path):
         b'{"id": "d", "li'
     )
     state = scan_output(str(path))
-    assert state.done == {1: "a", 4: "b", 9: "c"}
+    assert {line: done.id for line, done in state.done.items()} == {1: "a", 4: "b", 9: "c"}
     assert state.num_failed == 2 and state.failed_lines == [4, 9] and state.num_torn_bytes == 15
     output = OutputFile(str(path), resume=True)
+    assert path.read_bytes().endswith(b'"li')  # claiming changes no byte
+    output.stream.write(b"")
     output.close()
     assert path.read_bytes().endswith(b"}}\n")
     path.write_text('{"id": "a", "line": 1, "error": null}\nnot a record\n')

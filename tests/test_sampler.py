@@ -18,11 +18,19 @@ from pagedgen.sampling_params import SamplingParams
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+@pytest.fixture(autouse=True)
+def seeded_logits():
+    """The random logits the tests build come from a fixed seed; the sampler's draws come from
+    its own generator (see sample), never from torch's global one."""
+    torch.manual_seed(0)
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     prompt_token_ids: list[list[int]] | None = None,
     output_token_ids: list[list[int]] | None = None,
+    generator: torch.Generator | None = None,
 ) -> SamplerOutput:
     num_seqs = len(params)
     metadata = SamplingMetadata.build(
@@ -31,7 +39,8 @@ def sample(
         output_token_ids or [[]] * num_seqs,
         logits.device,
     )
-    return Sampler()(logits, metadata)
+    generator = generator or torch.Generator(logits.device).manual_seed(0)
+    return Sampler(generator)(logits, metadata)
 
 
 def sampled_set(probs: list[float], device: str, num_samples: int = 4000, **kwargs) -> set[int]:
@@ -90,19 +99,21 @@ def test_seed_is_independent_of_batch_and_row(device: str) -> None:
     assert len(set(alone)) > 1  # the seed moves on with the step
 
 
-def test_different_seeds_differ_and_global_rng_is_used() -> None:
+def test_different_seeds_differ_and_unseeded_rows_use_the_samplers_generator() -> None:
     logits = torch.zeros(1, 1000)
 
-    def draw(seed: int | None) -> list[int]:
+    def draw(seed: int | None, generator_seed: int = 0) -> list[int]:
+        generator = torch.Generator().manual_seed(generator_seed)
         params = [SamplingParams(seed=seed)]
-        return [sample(logits, params, [[0]], [[0] * step]).token_ids[0] for step in range(10)]
+        return [
+            sample(logits, params, [[0]], [[0] * step], generator).token_ids[0]
+            for step in range(10)
+        ]
 
-    assert draw(1) == draw(1)
+    assert draw(1) == draw(1) == draw(1, generator_seed=1)  # a seeded row ignores the generator
     assert draw(1) != draw(2)
-    torch.manual_seed(0)
-    first = draw(None)
-    torch.manual_seed(0)
-    assert draw(None) == first
+    assert draw(None) == draw(None)  # unseeded rows: the engine's generator, not torch's global
+    assert draw(None) != draw(None, generator_seed=1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -86,7 +86,7 @@ def generate(
     """Feeds output_token_ids one by one, as the engine would, until the sequence finishes."""
     params = SamplingParams(**{"max_tokens": None, **kwargs})
     params.all_stop_token_ids = {tokenizer.eos_token_id, *params.stop_token_ids}
-    seq = Sequence("request-0", tokenizer.encode(prompt), params)
+    seq = Sequence(0, "request-0", tokenizer.encode(prompt), params)
     seq.status = SequenceStatus.RUNNING
     checker = checker or StopChecker(tokenizer, max_model_len)
     for token_id in output_token_ids:

@@ -10,11 +10,17 @@ class AttentionBackend(ABC):
 
     Cache layout, shared by every backend so they can read the same pool:
         key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+
+    The runner calls prepare(metadata) once per step; then every layer calls forward(), which
+    writes the step's K/V and serves the decode rows (the first num_decode_seqs sequences, one
+    query row each) and the prefill rows (the rest). Backends implement those three parts.
     """
 
     name: str
 
-    @abstractmethod
+    def prepare(self, metadata: AttentionMetadata) -> None:  # noqa: B027 (optional hook)
+        """Per-step state shared by every layer, computed once before the first."""
+
     def forward(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -25,7 +31,50 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        ...
+        self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if metadata.num_decode_seqs:
+            self.decode(query, key_cache, value_cache, metadata, scale, out)
+        if metadata.num_decode_seqs < metadata.num_seqs:
+            self.prefill(query, key, value, key_cache, value_cache, metadata, scale, out)
+        return out
+
+    @abstractmethod
+    def write_cache(
+        self,
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [num_tokens] int64, every slot valid
+    ) -> None:
+        """Writes token i's K and V at flat slot slot_mapping[i] (rounded to the cache dtype)."""
+
+    @abstractmethod
+    def decode(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets rows :num_decode_seqs
+    ) -> None:
+        """Attention of the decode rows over their contexts in the cache (K/V written)."""
+
+    @abstractmethod
+    def prefill(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets the prefill rows
+    ) -> None:
+        """Causal attention of the prefill rows: this step's K/V and any cached context."""
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
         """Copies whole blocks inside each layer's [2, num_blocks, ...] cache (copy-on-write)."""
@@ -82,7 +131,7 @@ def get_attention_backend(
     if name == "cupy":
         from pagedgen.attention.cupy_backend import CupyAttentionBackend
 
-        return CupyAttentionBackend(device)
+        return CupyAttentionBackend(device, head_size, block_size)
     raise ValueError(
         f"unknown attention backend {name!r}; choose auto, torch, cpu, cupy or reference"
     )

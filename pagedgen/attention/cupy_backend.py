@@ -19,7 +19,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
 
     name = "cupy"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
             raise RuntimeError(
                 f"the cupy attention backend runs on CUDA devices only, got {device}; "
@@ -30,6 +30,12 @@ class CupyAttentionBackend(TorchAttentionBackend):
                 "the cupy attention backend needs CuPy and a visible GPU: install it with "
                 "`pip install 'pagedgen[cuda]'` (cupy-cuda12x) or use --attention-backend torch"
             )
+        if not self.supports(head_size, block_size):
+            raise ValueError(
+                f"the cupy backend supports block sizes {BLOCK_SIZES} and head sizes "
+                f"{HEAD_SIZES}, got block_size={block_size}, head_size={head_size}; "
+                "use --attention-backend torch"
+            )
         super().__init__()
         self.device = device
 
@@ -38,13 +44,6 @@ class CupyAttentionBackend(TorchAttentionBackend):
         return head_size in HEAD_SIZES and block_size in BLOCK_SIZES
 
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        block_size, head_size = key_cache.shape[1], key_cache.shape[3]
-        if not self.supports(head_size, block_size):
-            raise ValueError(
-                f"the cupy backend supports block sizes {BLOCK_SIZES} and head sizes "
-                f"{HEAD_SIZES}, got block_size={block_size}, head_size={head_size}; "
-                "use --attention-backend torch"
-            )
         reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
     def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):

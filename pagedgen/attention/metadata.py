@@ -16,12 +16,13 @@ class AttentionMetadata:
         slot = block_table[pos // block_size] * block_size + pos % block_size
     """
 
-    slot_mapping: torch.Tensor  # [num_tokens] int64; -1 = write nothing
+    slot_mapping: torch.Tensor  # [num_tokens] int64, every slot valid
     cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
     context_lens: torch.Tensor  # [num_seqs] int32, cached + new tokens after this step
     block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int32, padded with 0
     max_seqlen_q: int
     max_context_len: int
+    block_size: int
     num_decode_seqs: int
     query_lens_cpu: list[int]
     context_lens_cpu: list[int]
@@ -29,7 +30,3 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens_cpu)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return self.num_decode_seqs

@@ -58,18 +58,31 @@ class ReferenceAttentionBackend(AttentionBackend):
 
     name = "reference"
 
-    def forward(
-        self, query, key, value, key_cache, value_cache, metadata: AttentionMetadata, scale
-    ):
-        write_kv_reference(key, value, key_cache, value_cache, metadata.slot_mapping)
-        num_seqs = metadata.num_seqs
-        block_tables = metadata.block_tables[:num_seqs].tolist()
-        return paged_attention_reference(
-            query,
+    def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        write_kv_reference(key, value, key_cache, value_cache, slot_mapping)
+
+    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
+        self._attend(
+            query, key_cache, value_cache, metadata, scale, out, 0, metadata.num_decode_seqs
+        )
+
+    def prefill(self, query, key, value, key_cache, value_cache, metadata, scale, out) -> None:
+        self._attend(
+            query, key_cache, value_cache, metadata, scale, out, metadata.num_decode_seqs, None
+        )
+
+    @staticmethod
+    def _attend(query, key_cache, value_cache, metadata, scale, out, first: int, last: int | None):
+        """Sequences first..last of the batch, over the cache (their K/V are written)."""
+        seqs = slice(first, last)
+        rows = metadata.cu_seqlens_q.tolist()
+        start, end = rows[first], rows[metadata.num_seqs if last is None else last]
+        out[start:end] = paged_attention_reference(
+            query[start:end],
             key_cache,
             value_cache,
-            block_tables,
-            metadata.context_lens_cpu,
-            metadata.query_lens_cpu,
+            metadata.block_tables[seqs].tolist(),
+            metadata.context_lens_cpu[seqs],
+            metadata.query_lens_cpu[seqs],
             scale,
         )

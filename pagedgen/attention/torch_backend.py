@@ -136,56 +136,34 @@ def prefill_attention(
 
 class TorchAttentionBackend(AttentionBackend):
     """PyTorch paged attention for CPU and GPU: K/V written in place, no per-step cache rebuild.
-
-    forward() writes the step's K/V (write_cache), attends the decode rows (decode) and the
-    prefill rows (SDPA per sequence); the kernel backends override the first two."""
+    Decode rows: one SDPA call per sequence on a CPU, one padded batch on a GPU; prefill rows:
+    one SDPA call per sequence. The kernel backends override write_cache and decode."""
 
     name = "torch"
 
     def __init__(self) -> None:
-        self._step: AttentionMetadata | None = None
         self._seq_blocks: list[torch.Tensor] = []
 
-    def forward(
-        self, query, key, value, key_cache, value_cache, metadata: AttentionMetadata, scale
-    ):
-        self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        if metadata.num_decode_seqs:
-            self.decode(query, key_cache, value_cache, metadata, scale, out)
-        if metadata.num_decode_seqs < metadata.num_seqs:
-            prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
-        return out
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        if metadata.num_decode_seqs and metadata.block_tables.device.type == "cpu":
+            context_lens = metadata.context_lens_cpu[: metadata.num_decode_seqs]
+            self._seq_blocks = split_block_tables(
+                metadata.block_tables, context_lens, metadata.block_size
+            )
 
-    def write_cache(
-        self,
-        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        value: torch.Tensor,
-        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,  # [num_tokens]
-    ) -> None:
+    def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         write_kv(key, value, key_cache, value_cache, slot_mapping)
 
-    def decode(
-        self,
-        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-        value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        scale: float,
-        out: torch.Tensor,  # [num_tokens, num_heads, head_dim]; the decode rows are set
-    ) -> None:
+    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
         num_decode = metadata.num_decode_seqs
         if query.device.type == "cpu":
-            context_lens = metadata.context_lens_cpu[:num_decode]
-            if self._step is not metadata:  # once per step, shared by every layer
-                self._step = metadata
-                self._seq_blocks = split_block_tables(
-                    metadata.block_tables, context_lens, key_cache.shape[1]
-                )
             out[:num_decode] = decode_attention_per_seq(
-                query[:num_decode], key_cache, value_cache, self._seq_blocks, context_lens, scale
+                query[:num_decode],
+                key_cache,
+                value_cache,
+                self._seq_blocks,
+                metadata.context_lens_cpu[:num_decode],
+                scale,
             )
         else:
             out[:num_decode] = decode_attention(
@@ -197,3 +175,6 @@ class TorchAttentionBackend(AttentionBackend):
                 max(metadata.context_lens_cpu[:num_decode]),
                 scale,
             )
+
+    def prefill(self, query, key, value, key_cache, value_cache, metadata, scale, out) -> None:
+        prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)

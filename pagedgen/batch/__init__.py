@@ -4,11 +4,13 @@ from pagedgen import LLM
 from pagedgen.batch import BatchJob
 from pagedgen.io import InputSpec, OutputFile, open_input
 
+output = OutputFile("out.jsonl", resume=True)  # locked: one run per output
 job = BatchJob(
-    LLM(), open_input(InputSpec("prompts.jsonl")), OutputFile("out.jsonl", resume=True),
+    LLM(), open_input(InputSpec("prompts.jsonl")), output,
     sampling={"temperature": 0, "max_tokens": 128},
 )
 result = job.run()  # JobResult: records written, failures, the summary `pagedgen run` prints
+output.close()
 """
 
 from pagedgen.batch.job import BatchJob, JobProgress, JobResult

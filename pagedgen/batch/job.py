@@ -5,14 +5,14 @@ from itertools import count
 from typing import Any, NamedTuple
 
 from pagedgen.batch.metrics import RunMetrics
-from pagedgen.batch.requests import RequestBuilder, vocab_size_of
+from pagedgen.batch.requests import RequestBuilder, RequestError, sampling_defaults, vocab_size_of
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.io.output import RecordFormatter
+from pagedgen.io.output_file import OutputFile
 from pagedgen.io.readers import InputSource
 from pagedgen.io.records import InputRecord
-from pagedgen.io.resume import OutputFile
-from pagedgen.io.spec import InputError
-from pagedgen.io.writer import MAX_FAILED_LINES, RecordWriter
+from pagedgen.io.resume import resume_source
+from pagedgen.io.writer import MAX_FAILED_LINES, OutputWriteError, RecordWriter
 from pagedgen.llm import LLM
 from pagedgen.sampling_params import SamplingParams
 
@@ -25,6 +25,7 @@ class JobProgress(NamedTuple):
     metrics: RunMetrics
     engine: LLMEngine
     num_stop_requests: int
+    max_output_tokens: int | None = None  # of a request with the default sampling: the ETA's bound
 
 
 @dataclass(slots=True)
@@ -35,6 +36,7 @@ class JobResult:
     num_resumed: int  # records already in the output before this run
     interrupted: bool
     summary: dict[str, Any] = field(default_factory=dict)
+    write_error: OutputWriteError | None = None  # the output refused a record; the job stopped
 
 
 class BatchJob:
@@ -43,9 +45,11 @@ class BatchJob:
     sampling holds the SamplingParams fields every record starts from; a record's own fields
     override them. A record that cannot run (bad input, a duplicate id, a prompt the model cannot
     take) becomes an error line and the job goes on. Records already in a resumed output are
-    skipped. stop() (safe to call from a signal handler) stops admitting requests and lets the
-    started ones finish; a second stop() aborts those too. Either way the output stays a
-    complete set of records that --resume continues from.
+    skipped, once the input is proven to be the one they answer (see resume_source). stop()
+    (safe to call from a signal handler) stops admitting requests and lets the started ones
+    finish; a second stop() aborts those too. If the output refuses a record (a full disk), the
+    job aborts and reports it in JobResult.write_error. Whatever ends the job, the output stays a
+    set of whole records that --resume continues from.
     """
 
     def __init__(
@@ -60,13 +64,19 @@ class BatchJob:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.llm = llm
         self.engine = llm.engine
-        self.source = source
+        self.builder = RequestBuilder(
+            llm.tokenizer,
+            sampling or {},
+            vocab_size_of(llm.engine),
+            llm.engine.config.max_num_seqs,
+            llm.engine.max_model_len,
+        )
+        self.source = resume_source(source, output.state, output.path)
         self.output = output
         self.writer = RecordWriter(output.stream, ordered=order == "input")
         self.formatter = RecordFormatter(source.is_openai, llm.engine.config.model, llm.tokenizer)
-        self.builder = RequestBuilder(
-            llm.tokenizer, sampling or {}, vocab_size_of(llm.engine), llm.engine.config.max_num_seqs
-        )
+        defaults = sampling_defaults(self.builder.defaults)
+        self.max_output_tokens = defaults.n * (defaults.max_tokens or llm.engine.max_model_len)
         self.metrics = RunMetrics()
         self.num_stop_requests = 0
         self.num_aborted = 0
@@ -85,11 +95,20 @@ class BatchJob:
     def run(self, on_progress: Callable[[JobProgress], None] | None = None) -> JobResult:
         self.metrics = RunMetrics()
         self._on_progress = on_progress
-        for result in self.llm.stream(self._requests(), on_step=self._on_step):
-            record, params = self._pending.pop(int(result.request_id))
-            self.metrics.observe_output(result)
-            line = self.formatter.output(record, result, params.logprobs or 0)
-            self.writer.put(int(result.request_id), line, record.line, result.error is not None)
+        write_error = None
+        try:
+            for result in self.llm.stream(self._requests(), on_step=self._on_step):
+                record, params = self._pending.pop(int(result.request_id))
+                self.metrics.observe_output(result)
+                line = self.formatter.output(record, result, params.logprobs or 0)
+                self.writer.put(int(result.request_id), line, record.line, result.error is not None)
+        except OutputWriteError as e:
+            write_error = e
+            for request_id in list(self.engine.requests):
+                self.engine.abort_request(request_id)
+        except BaseException:  # a signal can strike in the middle of a write
+            self.writer.cut_torn_record()
+            raise
         self.metrics.end = time.perf_counter()
         if on_progress is not None:
             on_progress(self._progress())
@@ -109,6 +128,7 @@ class BatchJob:
             interrupted=self.num_stop_requests > 0
             and (not self.input_exhausted or self.num_aborted > 0),
             summary=summary,
+            write_error=write_error,
         )
 
     def _requests(self) -> Iterator[tuple[str, list[int], SamplingParams]]:
@@ -120,16 +140,16 @@ class BatchJob:
                 return
             first = first_line.setdefault(record.id, record.line)
             if record.line in done:
-                _check_same_input(record, done[record.line], self.output.path)
                 continue
             index = next(indices)
-            prepared = self.builder.build(record)
-            if first != record.line and not isinstance(prepared, str):
-                prepared = f"duplicate id {record.id!r} (first at {record.where_at(first)})"
-            if isinstance(prepared, str):
-                self.writer.put(index, self.formatter.error(record, prepared), record.line, True)
+            try:
+                prompt, params = self.builder.prepare(record)
+                if first != record.line:
+                    where = record.where_at(first)
+                    raise RequestError(f"duplicate id {record.id!r} (first at {where})")
+            except RequestError as e:
+                self.writer.put(index, self.formatter.error(record, str(e)), record.line, True)
                 continue
-            prompt, params = prepared
             self._pending[index] = (record, params)
             yield str(index), prompt, params
         self.input_exhausted = True
@@ -154,13 +174,10 @@ class BatchJob:
 
     def _progress(self) -> JobProgress:
         return JobProgress(
-            self.num_done, self.source.total, self.metrics, self.engine, self.num_stop_requests
-        )
-
-
-def _check_same_input(record: InputRecord, done_id: str | None, path: str) -> None:
-    if done_id is not None and done_id != record.id:
-        raise InputError(
-            f"{path!r} does not answer this input: its record for {record.where} has id "
-            f"{done_id!r}, the input has {record.id!r}"
+            self.num_done,
+            self.source.total,
+            self.metrics,
+            self.engine,
+            self.num_stop_requests,
+            self.max_output_tokens,
         )

@@ -15,6 +15,7 @@ class RunMetrics:
     end: float | None = None
     num_completed: int = 0  # requests that ran and finished in this run
     num_output_tokens: int = 0
+    max_num_output_tokens: int = 0  # of one request
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     num_steps: int = 0
@@ -26,13 +27,14 @@ class RunMetrics:
 
     def observe_step(self, engine: LLMEngine) -> None:
         self.num_steps += 1
-        self.kv_cache_usage_sum += engine.block_manager.usage
+        self.kv_cache_usage_sum += engine.stats.kv_cache_usage_perc
 
     def observe_output(self, output: RequestOutput) -> None:
         if output.error is not None:
             return
         self.num_completed += 1
         self.num_output_tokens += output.num_output_tokens
+        self.max_num_output_tokens = max(self.max_num_output_tokens, output.num_output_tokens)
         if output.metrics.latency is not None:
             self.latencies.append(output.metrics.latency)
         if output.metrics.time_to_first_token is not None:

@@ -1,10 +1,29 @@
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 from pagedgen.chat_template import apply_chat_template
 from pagedgen.io.records import InputRecord
 from pagedgen.sampling_params import SamplingParams
 
 MAX_INT64 = 2**63 - 1
+MAX_UTF8_BYTES_PER_CHAR = 4
+
+
+class RequestError(Exception):
+    """Why one input record cannot run; the job writes it as that record's error line."""
+
+
+class PreparedRequest(NamedTuple):
+    prompt: list[int]  # token ids
+    params: SamplingParams
+
+
+def sampling_defaults(defaults: dict[str, Any]) -> SamplingParams:
+    """The SamplingParams every record starts from; raises ValueError for a bad one."""
+    for name, value in defaults.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    return SamplingParams(**defaults)
 
 
 class RequestBuilder:
@@ -12,52 +31,103 @@ class RequestBuilder:
     SamplingParams (defaults, then the record's own fields), or the reason it cannot run.
 
     Text is tokenized here, as the engine would, so that a prompt the tokenizer rejects fails
-    alone instead of stopping the batch.
+    alone instead of stopping the batch. A text longer than max_model_len tokens could ever
+    spell is rejected from its length without being tokenized: the cost of a prompt is bounded
+    by what the model can take, not by the size of the line.
     """
 
     def __init__(
-        self, tokenizer: Any, defaults: dict[str, Any], vocab_size: int, max_num_seqs: int
+        self,
+        tokenizer: Any,
+        defaults: dict[str, Any],
+        vocab_size: int,
+        max_num_seqs: int,
+        max_model_len: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.defaults = dict(defaults)
-        SamplingParams(**self.defaults)
+        sampling_defaults(self.defaults)
         self.vocab_size = vocab_size
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_prompt_bytes = None
+        if max_model_len is not None:
+            self.max_prompt_bytes = max_model_len * max_bytes_per_token(tokenizer)
 
-    def build(self, record: InputRecord) -> tuple[list[int], SamplingParams] | str:
+    def prepare(self, record: InputRecord) -> PreparedRequest:
+        """The request for record; raises RequestError if it cannot run."""
         if record.error is not None:
-            return record.error
+            raise RequestError(record.error)
         try:
             params = SamplingParams(**{**self.defaults, **record.sampling})
         except (TypeError, ValueError) as e:
-            return f"invalid sampling parameters: {e}"
-        error = self._check_limits(params)
-        if error is not None:
-            return error
+            raise RequestError(f"invalid sampling parameters: {e}") from e
+        self._check_limits(params)
+        self._check_length(record)
         if record.messages is not None:
             try:
-                return apply_chat_template(self.tokenizer, record.messages), params
+                return PreparedRequest(apply_chat_template(self.tokenizer, record.messages), params)
             except Exception as e:  # a template can reject any conversation it dislikes
-                return f"chat template failed: {e}"
+                raise RequestError(f"chat template failed: {e}") from e
         if isinstance(record.prompt, str):
             try:
-                return self.tokenizer.encode(record.prompt), params
-            except Exception as e:
-                return f"cannot tokenize the prompt: {e}"
+                return PreparedRequest(self.tokenizer.encode(record.prompt), params)
+            except Exception as e:  # tokenizers raise their own kinds
+                raise RequestError(f"cannot tokenize the prompt: {e}") from e
         assert record.prompt is not None
-        bad = next((t for t in record.prompt if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
-        return record.prompt, params
+        if self.max_model_len is not None and len(record.prompt) > self.max_model_len:
+            raise RequestError(
+                f"the prompt's {len(record.prompt)} tokens exceed max_model_len "
+                f"({self.max_model_len})"
+            )
+        self._check_vocab(record.prompt, "token id")
+        return PreparedRequest(record.prompt, params)
 
-    def _check_limits(self, params: SamplingParams) -> str | None:
+    def _check_limits(self, params: SamplingParams) -> None:
         if params.n > self.max_num_seqs:
-            return f"n={params.n} exceeds max_num_seqs ({self.max_num_seqs})"
+            raise RequestError(f"n={params.n} exceeds max_num_seqs ({self.max_num_seqs})")
         if params.logprobs is not None and params.logprobs > self.vocab_size:
-            return f"logprobs={params.logprobs} exceeds the vocabulary size ({self.vocab_size})"
+            raise RequestError(
+                f"logprobs={params.logprobs} exceeds the vocabulary size ({self.vocab_size})"
+            )
         if params.top_k > MAX_INT64:
-            return f"top_k={params.top_k} is too large"
-        return None
+            raise RequestError(f"top_k={params.top_k} is too large")
+        self._check_vocab(params.stop_token_ids or [], "stop token id")
+
+    def _check_vocab(self, token_ids: list[int], what: str) -> None:
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"{what} {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def _check_length(self, record: InputRecord) -> None:
+        if self.max_prompt_bytes is None or isinstance(record.prompt, list):
+            return
+        if record.messages is not None:
+            texts = [message["content"] for message in record.messages]
+        else:
+            texts = [record.prompt or ""]
+        if sum(map(len, texts)) * MAX_UTF8_BYTES_PER_CHAR <= self.max_prompt_bytes:
+            return
+        num_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+        if num_bytes > self.max_prompt_bytes:
+            raise RequestError(
+                f"the prompt's {num_bytes:,} bytes are more than max_model_len "
+                f"({self.max_model_len}) tokens can hold"
+            )
+
+
+def max_bytes_per_token(tokenizer: Any) -> int:
+    """An upper bound on the UTF-8 bytes of text that one token stands for.
+
+    A vocabulary entry as spelled never takes fewer bytes than the text it stands for (a
+    byte-level spelling takes 1 or 2 bytes per byte, SentencePiece's '▁' 3 for a space), so the
+    longest entry bounds a token's text, added tokens included. A normalizer may shrink the text
+    first, by at most 3x (NFC makes one 3-byte Hangul syllable of three 3-byte jamo).
+    """
+    vocab = tokenizer.get_vocab()
+    longest = max((len(token.encode("utf-8", "surrogatepass")) for token in vocab), default=1)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return longest * (1 if backend is not None and backend.normalizer is None else 3)
 
 
 def vocab_size_of(llm_engine: Any) -> int:

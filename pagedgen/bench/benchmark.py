@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from pagedgen.bench import engines, latency
+from pagedgen.bench import engines, latency, vllm_baseline
 from pagedgen.bench.overhead import profile_engine
 from pagedgen.bench.result import RunResult, agreement, ratios
 from pagedgen.bench.roofline import Roofline, measure_roofline
@@ -13,7 +13,7 @@ from pagedgen.bench.system import machine_info, machine_state, sample_cpu
 from pagedgen.bench.workloads import Workload, random_workload, sharegpt_workload
 from pagedgen.engine.llm_engine import log_to_stderr
 from pagedgen.llm import LLM
-from pagedgen.loader.resolve import DEFAULT_MODEL, resolve_model
+from pagedgen.loader.resolve import DEFAULT_MODEL, ResolvedModel, resolve_model
 
 WORKLOADS = ("sharegpt", "fixed", "latency")
 LATENCY_OUTPUT_LEN = 64
@@ -73,13 +73,14 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         seed=options.seed,
     )
     engine = llm.engine
+    dtype = engine.runner.kv_cache_dtype  # the model's, as asked
     workload = _workload(options, llm)
     log(f"workload {workload.name}: {workload.describe()}")
     model = None
-    if options.baselines:
-        resolved = resolve_model(options.model)
+    resolved = resolve_model(options.model)
+    if set(options.baselines) & set(engines.TRANSFORMERS_BASELINES):
         log(f"loading {resolved.path} into transformers for the baselines")
-        model = engines.load_hf_model(resolved, engine.dtype, options.device)
+        model = engines.load_hf_model(resolved, dtype, options.device)
     tokenizer = llm.tokenizer
     pad_token_id = next(
         (i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0
@@ -93,7 +94,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
             config.hidden_size,
             config.intermediate_size,
             config.vocab_size,
-            engine.dtype,
+            dtype,
         )
     engines.warm_up(llm, model, pad_token_id)
     report: dict = {
@@ -107,14 +108,18 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
             "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
             "block_size": engine.config.block_size,
             "num_blocks": engine.num_blocks,
-            "dtype": str(engine.dtype).removeprefix("torch."),
+            "dtype": str(dtype).removeprefix("torch."),
         },
         "roofline": roofline.to_dict() if roofline else None,
     }
     if options.workload == "latency":
+        if "vllm" in options.baselines:
+            log("vllm baseline skipped: it runs the throughput workloads (sharegpt, fixed) only")
         report["latency"] = _latency_runs(options, llm, model, workload, pad_token_id, roofline)
     else:
-        report.update(_throughput_runs(options, llm, model, workload, pad_token_id, roofline))
+        report.update(
+            _throughput_runs(options, llm, model, workload, pad_token_id, roofline, resolved, log)
+        )
     report["machine_end"] = machine_state(since=start)
     return report
 
@@ -139,18 +144,31 @@ def _throughput_runs(
     workload: Workload,
     pad_token_id: int,
     roofline: Roofline | None,
+    resolved: ResolvedModel,
+    log: Callable[[str], None],
 ) -> dict:
     max_batch_tokens = llm.engine.scheduler.max_num_batched_tokens
     best: dict[str, RunResult] = {}
     overhead = None
+    baselines = list(options.baselines)
     for i in range(options.num_iters):
         profiling = options.overhead and i == 0
         with profile_engine(llm.engine) if profiling else nullcontext() as profiler:
             runs = [engines.run_pagedgen(llm, workload)]
         if profiler is not None:
             overhead = profiler.summary()
-        for name in options.baselines:
-            if name == "generate_batch":
+        for name in list(baselines):
+            if name == "vllm":
+                try:
+                    runs.append(
+                        vllm_baseline.run_vllm(
+                            resolved.path, workload, options.dtype, options.max_num_seqs
+                        )
+                    )
+                except vllm_baseline.VllmUnavailable as e:
+                    log(f"vllm baseline skipped: {e}")
+                    baselines.remove("vllm")
+            elif name == "generate_batch":
                 runs.append(
                     engines.run_generate_batch(
                         model,

@@ -10,7 +10,8 @@ from pagedgen.llm import LLM
 from pagedgen.loader.resolve import ResolvedModel
 from pagedgen.sampling_params import SamplingParams
 
-BASELINES = ("static32", "static64", "generate_batch")
+BASELINES = ("static32", "static64", "generate_batch", "vllm")
+TRANSFORMERS_BASELINES = ("static32", "static64", "generate_batch")
 
 
 def greedy_params(workload: Workload) -> list[SamplingParams]:

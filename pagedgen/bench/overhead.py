@@ -7,19 +7,10 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedgen.engine.llm_engine import LLMEngine
-from pagedgen.layers.sampler import SamplingMetadata
+from pagedgen.engine.step_timer import STEP_PARTS, StepTimer
 
 # Each part's time is exclusive: a block manager call inside schedule() counts as block_manager.
-PARTS = (
-    "scheduler",
-    "block_manager",
-    "prepare_inputs",
-    "model_forward",
-    "sampling_metadata",
-    "sampler",
-    "detokenize_stop",
-    "other",
-)
+PARTS = (*STEP_PARTS, "other")
 
 
 @dataclass(slots=True)
@@ -31,11 +22,12 @@ class StepRecord:
     parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
 
 
-class StepProfiler:
-    """Times the engine's parts inside every step by wrapping its objects' methods in place.
+class StepProfiler(StepTimer):
+    """Times the engine's parts inside every step: set as the engine's timer, it times the
+    sections the engine and its runner mark; the block manager's calls are wrapped in place.
 
-    Wrappers nest (schedule() calls the block manager); a stack turns inclusive times into
-    exclusive ones, and whatever no wrapper covers in a step is `other` (stats, bookkeeping).
+    Sections nest (schedule() calls the block manager); a stack turns inclusive times into
+    exclusive ones, and whatever no section covers in a step is `other` (stats, bookkeeping).
     On a GPU each boundary synchronizes, which slows the run but keeps the split honest.
     """
 
@@ -44,20 +36,25 @@ class StepProfiler:
         self._stack: list[list[float]] = []  # [start, child time] per open wrapper
         self._sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        self._sync()
+        self._stack.append([time.perf_counter(), 0.0])
+        try:
+            yield
+        finally:
+            self._sync()
+            start, children = self._stack.pop()
+            elapsed = time.perf_counter() - start
+            if self._stack:
+                self._stack[-1][1] += elapsed
+            if self.steps:
+                self.steps[-1].parts[name] += elapsed - children
+
     def wrap(self, part: str, fn: Callable) -> Callable:
         def timed(*args, **kwargs):
-            self._sync()
-            self._stack.append([time.perf_counter(), 0.0])
-            try:
+            with self.section(part):
                 return fn(*args, **kwargs)
-            finally:
-                self._sync()
-                start, children = self._stack.pop()
-                elapsed = time.perf_counter() - start
-                if self._stack:
-                    self._stack[-1][1] += elapsed
-                if self.steps:
-                    self.steps[-1].parts[part] += elapsed - children
 
         return timed
 
@@ -75,6 +72,8 @@ class StepProfiler:
         return timed_step
 
     def wrap_schedule(self, schedule: Callable) -> Callable:
+        """Records the step's shape; the engine's "scheduler" section times it."""
+
         def schedule_and_record():
             scheduled = schedule()
             if self.steps:
@@ -84,7 +83,7 @@ class StepProfiler:
                 record.is_decode = record.num_tokens == record.num_seqs
             return scheduled
 
-        return self.wrap("scheduler", schedule_and_record)
+        return schedule_and_record
 
     def summary(self) -> dict:
         """Shares of step time per part over all steps, prefill steps and decode-only steps."""
@@ -119,31 +118,25 @@ def _public_methods(obj: object) -> list[str]:
 
 @contextmanager
 def profile_engine(engine: LLMEngine) -> Iterator[StepProfiler]:
-    """Instruments one engine for the duration of the block; everything is restored after."""
-    profiler = StepProfiler(engine.device)
-    runner, model = engine.runner, engine.runner.model
+    """Times one engine's steps for the duration of the block; everything is restored after."""
+    profiler = StepProfiler(engine.runner.device)
+    block_manager = engine.block_manager
     patches: list[tuple[object, str, Callable]] = [
         (engine, "step", profiler.wrap_step(engine.step)),
         (engine.scheduler, "schedule", profiler.wrap_schedule(engine.scheduler.schedule)),
-        (runner, "prepare", profiler.wrap("prepare_inputs", runner.prepare)),
-        (model, "forward", profiler.wrap("model_forward", model.forward)),
-        (model, "compute_logits", profiler.wrap("model_forward", model.compute_logits)),
-        (runner.sampler, "forward", profiler.wrap("sampler", runner.sampler.forward)),
-        (engine.stop_checker, "check", profiler.wrap("detokenize_stop", engine.stop_checker.check)),
     ]
-    block_manager = engine.block_manager
     patches += [
         (block_manager, name, profiler.wrap("block_manager", getattr(block_manager, name)))
         for name in _public_methods(block_manager)
     ]
-    build = SamplingMetadata.__dict__["build"]
+    timer = engine.timer
+    engine.timer = profiler
     for obj, name, wrapper in patches:
         setattr(obj, name, wrapper)
-    SamplingMetadata.build = classmethod(profiler.wrap("sampling_metadata", build.__func__))
     try:
         yield profiler
     finally:
-        SamplingMetadata.build = build
+        engine.timer = timer
         for obj, name, _ in patches:
             with suppress(AttributeError):
                 delattr(obj, name)

@@ -68,15 +68,17 @@ def _render_throughput(report: dict, console: Console) -> None:
     table.add_column("steal %", justify="right")
     for name, run in report["runs"].items():
         share = run.get("matmul_peak_share")
+        label = name + "".join(f" ({run[k]})" for k in ("engine", "note") if run.get(k))
+        others, steal = run.get("others_busy_perc"), run.get("steal_perc")
         table.add_row(
-            name + (f" ({run['note']})" if run["note"] else ""),
+            label,
             f"{run['requests_per_s']:.3f}",
             f"{run['total_tokens_per_s']:,.1f}",
             f"{run['output_tokens_per_s']:,.1f}",
             f"{run['elapsed_s']:.1f}",
             "" if share is None else f"{100 * share:.1f}",
-            f"{run['others_busy_perc']:.1f}",
-            f"{run['steal_perc']:.1f}",
+            "" if others is None else f"{others:.1f}",  # none for a baseline run elsewhere
+            "" if steal is None else f"{steal:.1f}",
         )
     console.print(table)
     if not report["ratios"]:

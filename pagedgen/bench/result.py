@@ -19,7 +19,8 @@ class RunResult:
     output_token_ids: list[list[int]] = field(repr=False)
     num_steps: int | None = None  # model forward passes, where the engine tells
     cpu: dict[str, float] = field(default_factory=dict)
-    note: str = ""
+    note: str = ""  # why the figures cover less than the workload (a baseline stopped early)
+    engine: str = ""  # the engine's name and version, where it differs from the run's name
 
     @property
     def requests_per_s(self) -> float:
@@ -45,6 +46,7 @@ class RunResult:
             "num_steps": self.num_steps,
             **self.cpu,
             "note": self.note,
+            "engine": self.engine,
         }
 
 

@@ -23,15 +23,17 @@ def bench(
     threads: int = typer.Option(2, help="torch intra-op threads"),
     num_iters: int = typer.Option(1, help="timed passes per engine, round robin; best is kept"),
     kv_cache_memory: float | None = typer.Option(None, help="pagedgen's KV pool in GiB"),
-    max_num_seqs: int = typer.Option(256),
-    max_num_batched_tokens: int | None = typer.Option(None),
-    block_size: int = typer.Option(16),
+    max_num_seqs: int = typer.Option(256, help="pagedgen's most sequences running at once"),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, help="pagedgen's most tokens per step [default: the engine's]"
+    ),
+    block_size: int = typer.Option(16, help="pagedgen's tokens per KV-cache block"),
     roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
     overhead: bool = typer.Option(True, help="time pagedgen's step parts"),
     generate_batch_timeout: float = typer.Option(
         600.0, help="stop generate_batch after this many seconds; figures then cover the done"
     ),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="seed of the random prompts and of sampling"),
     output_json: str | None = typer.Option(None, "--output-json", help="write the figures here"),
 ) -> None:
     """Benchmark pagedgen against transformers' generate on the same prompts, in one process.

@@ -1,79 +1,221 @@
-"""Options that `run` and `profile` share: the model and engine, the input, and sampling."""
+"""The options `run` and `profile` share, each defined once: the input (built into an InputSpec),
+the model and engine (an EngineConfig), and the common sampling options."""
 
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import typer
 
+from pagedgen.config import EngineConfig
+from pagedgen.io.spec import InputSpec
 from pagedgen.loader.resolve import DEFAULT_MODEL
 
-INPUT = typer.Argument(
-    ...,
-    help="JSONL (pagedgen or OpenAI batch), text (--input-format text), '-' for stdin, a dataset "
-    "(save_to_disk folder, parquet/csv/json file, hub id in the local cache), or 'sharegpt'",
-)
-INPUT_FORMAT = typer.Option(
-    "auto", help="auto, jsonl, openai, text, dataset or sharegpt (auto: from the path)"
-)
-SPLIT = typer.Option("train", help="dataset split")
-PROMPT_COLUMN = typer.Option(None, help="dataset column holding the prompt")
-MESSAGES_COLUMN = typer.Option(None, help="dataset column holding chat messages")
-ID_COLUMN = typer.Option(None, help="dataset column holding the request id")
-LIMIT = typer.Option(None, help="read at most this many input records")
-
-MODEL = typer.Option(DEFAULT_MODEL, "--model", "-m", help="HF folder, hub id or .gguf")
-DTYPE = typer.Option("auto", help="auto, float32, bfloat16 or float16")
-DEVICE = typer.Option("auto", help="auto, cpu or cuda")
-BLOCK_SIZE = typer.Option(16, help="tokens per KV-cache block: 8, 16, 32, 64 or 128")
-KV_CACHE_MEMORY = typer.Option(None, help="KV pool size in GiB")
-MAX_NUM_SEQS = typer.Option(256)
-MAX_NUM_BATCHED_TOKENS = typer.Option(None)
-MAX_MODEL_LEN = typer.Option(None)
-ATTENTION_BACKEND = typer.Option("auto", help="auto, torch, cpu, cupy or reference")
-PREFIX_CACHING = typer.Option(
-    True,
-    "--enable-prefix-caching/--no-enable-prefix-caching",
-    "--prefix-caching/--no-prefix-caching",
-)
-CHUNKED_PREFILL = typer.Option(True, "--enable-chunked-prefill/--no-enable-chunked-prefill")
-PREEMPTION_MODE = typer.Option("auto", help="auto, recompute or swap")
-SWAP_SPACE = typer.Option(1.0, help="CPU swap pool in GiB")
-NUM_THREADS = typer.Option(None, help="CPU threads for torch (default: torch's choice)")
-
-MAX_TOKENS = typer.Option(256, help="most tokens to generate per request")
-TEMPERATURE = typer.Option(1.0, help="0 = greedy")
-N = typer.Option(1, "--n", "-n", help="completions per prompt")
-SEED = typer.Option(None, help="per-request sampling seed")
+INPUT_PANEL = "Input"
+OUTPUT_PANEL = "Output"
+SAMPLING_PANEL = "Sampling (vLLM's names and defaults; an input line may set its own)"
+ENGINE_PANEL = "Model and engine"
 
 
-def engine_args(
-    model: str,
-    dtype: str,
-    device: str,
-    block_size: int,
-    kv_cache_memory: float | None,
-    max_num_seqs: int,
-    max_num_batched_tokens: int | None,
-    max_model_len: int | None,
-    attention_backend: str,
-    enable_prefix_caching: bool,
-    enable_chunked_prefill: bool,
-    preemption_mode: str,
-    swap_space: float,
-    num_threads: int | None,
-) -> dict[str, Any]:
-    return dict(
-        model=model,
-        dtype=dtype,
-        device=device,
-        block_size=block_size,
-        kv_cache_memory=kv_cache_memory,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        attention_backend=attention_backend,
-        enable_prefix_caching=enable_prefix_caching,
-        enable_chunked_prefill=enable_chunked_prefill,
-        preemption_mode=preemption_mode,
-        swap_space=swap_space,
-        num_threads=num_threads,
+class OptionGroup(NamedTuple):
+    """Options that a command receives built into one object, under one parameter."""
+
+    param: str  # the command's parameter that receives the object
+    build: Callable[..., Any]  # called with the options as keywords
+    options: dict[str, tuple[Any, Any]]  # option parameter: (its type, typer.Option/Argument)
+
+
+def option(panel: str, default: Any, *names: str, help: str, metavar: str | None = None) -> Any:
+    """A typer option, listed in its panel's section of the help. A flag's help says its
+    default itself."""
+    return typer.Option(
+        default,
+        *names,
+        help=help,
+        metavar=metavar,
+        rich_help_panel=panel,
+        show_default=not isinstance(default, bool),
     )
+
+
+input_option = functools.partial(option, INPUT_PANEL)
+output_option = functools.partial(option, OUTPUT_PANEL)
+sampling_option = functools.partial(option, SAMPLING_PANEL)
+_engine = functools.partial(option, ENGINE_PANEL)
+
+
+def _input(default: Any, help: str, metavar: str) -> Any:
+    return input_option(default, help=help, metavar=metavar)
+
+
+INPUT = OptionGroup(
+    "spec",
+    InputSpec,
+    {
+        "path": (
+            str,
+            typer.Argument(
+                ...,
+                metavar="INPUT",
+                show_default=False,
+                help="JSONL (pagedgen's or OpenAI batch), text, '-' for stdin, a dataset "
+                "(save_to_disk folder, parquet/csv/json file, hub id in the local cache) or "
+                "'sharegpt'",
+                rich_help_panel=INPUT_PANEL,
+            ),
+        ),
+        "input_format": (
+            str,
+            _input("auto", "auto (from the path), jsonl, openai, text, dataset or sharegpt", "FMT"),
+        ),
+        "split": (str, _input("train", "the dataset split to read", "NAME")),
+        "prompt_column": (str | None, _input(None, "dataset column holding the prompt", "COL")),
+        "messages_column": (
+            str | None,
+            _input(None, "dataset column holding chat messages", "COL"),
+        ),
+        "id_column": (str | None, _input(None, "dataset column holding the request id", "COL")),
+        "limit": (int | None, _input(None, "read at most N input records", "N")),
+    },
+)
+
+ENGINE = OptionGroup(
+    "engine",
+    EngineConfig,
+    {
+        "model": (
+            str,
+            _engine(
+                DEFAULT_MODEL,
+                "--model",
+                "-m",
+                help="local Hugging Face folder, hub id in the local cache, or .gguf file",
+                metavar="MODEL",
+            ),
+        ),
+        "dtype": (
+            str,
+            _engine(
+                "auto", help="weights and KV cache: auto, float32, bfloat16, float16", metavar="T"
+            ),
+        ),
+        "device": (str, _engine("auto", help="auto, cpu or cuda", metavar="DEVICE")),
+        "block_size": (
+            int,
+            _engine(16, help="tokens per KV-cache block: a power of two up to 128", metavar="N"),
+        ),
+        "kv_cache_memory": (
+            float | None,
+            _engine(
+                None,
+                help="KV-cache pool in GiB [default: 4 on a CPU; on a GPU, see "
+                "--gpu-memory-utilization]",
+                metavar="GIB",
+            ),
+        ),
+        "max_num_seqs": (int, _engine(256, help="most sequences running at once", metavar="N")),
+        "max_num_batched_tokens": (
+            int | None,
+            _engine(
+                None, help="most tokens one step computes [default: the engine's]", metavar="N"
+            ),
+        ),
+        "max_model_len": (
+            int | None,
+            _engine(None, help="longest prompt + completion [default: the model's]", metavar="N"),
+        ),
+        "attention_backend": (
+            str,
+            _engine("auto", help="auto, torch, cpu, cupy (CUDA) or reference", metavar="NAME"),
+        ),
+        "enable_prefix_caching": (
+            bool,
+            _engine(
+                True,
+                "--prefix-caching/--no-prefix-caching",
+                help="share the KV blocks of prompts' common prefixes [default: on]",
+            ),
+        ),
+        "enable_chunked_prefill": (
+            bool,
+            _engine(
+                True,
+                "--enable-chunked-prefill/--no-enable-chunked-prefill",
+                help="split long prompts over steps, beside the running decodes [default: on]",
+            ),
+        ),
+        "preemption_mode": (
+            str,
+            _engine("auto", help="when the KV cache is full: auto, recompute or swap", metavar="M"),
+        ),
+        "gpu_memory_utilization": (
+            float,
+            _engine(
+                0.9,
+                help="GPU: share of its memory to use; the KV cache gets what the weights and "
+                "the largest step leave of it",
+                metavar="F",
+            ),
+        ),
+        "swap_space": (
+            float,
+            _engine(1.0, help="CPU pool for swapped-out KV blocks, in GiB", metavar="GIB"),
+        ),
+        "num_threads": (
+            int | None,
+            _engine(None, help="CPU threads [default: torch's choice]", metavar="N"),
+        ),
+    },
+)
+
+
+MAX_TOKENS = sampling_option(256, help="most tokens to generate per completion", metavar="N")
+TEMPERATURE = sampling_option(
+    1.0, help="0 = greedy (deterministic); higher = more random", metavar="T"
+)
+N = sampling_option(1, "--n", "-n", help="completions per prompt", metavar="N")
+SEED = sampling_option(
+    None, help="sampling seed of each request, for reproducible samples", metavar="S"
+)
+IGNORE_EOS = sampling_option(False, "--ignore-eos", help="generate past the end-of-sequence token")
+
+
+def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Gives a command each group's options; it receives each group built, as one parameter.
+
+    A value the built object rejects (its ValueError) is a usage error naming the option.
+    """
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command)
+        built = {group.param for group in groups}
+        own = [p for p in signature.parameters.values() if p.name not in built]
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
+            for group in groups
+            for name, (kind, info) in group.options.items()
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            for group in groups:
+                fields = {name: kwargs.pop(name) for name in group.options}
+                try:
+                    kwargs[group.param] = group.build(**fields)
+                except ValueError as e:
+                    raise typer.BadParameter(str(e), param_hint=_option_named(e, fields)) from e
+            return command(**kwargs)
+
+        parameters = [*own, *added]
+        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+        return wrapper
+
+    return decorate
+
+
+def _option_named(error: ValueError, fields: dict[str, Any]) -> str | None:
+    """The option an error message starts with ("block_size must be ..."), if any."""
+    first = str(error).split(" ", 1)[0]
+    return f"'--{first.replace('_', '-')}'" if first in fields else None

@@ -1,17 +1,20 @@
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console
+
+from pagedgen.config import EngineConfig
+from pagedgen.io.spec import InputSpec
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
 @dataclass(slots=True)
 class ProfileOptions:
-    input: dict[str, Any]  # InputSpec fields
-    engine: dict[str, Any]  # EngineConfig fields
+    input: InputSpec
+    engine: EngineConfig
     sampling: dict[str, Any]  # SamplingParams fields
     simulate: bool = False
     block_sizes: str = "8,16,32,64,128"
@@ -23,9 +26,8 @@ def profile_job(options: ProfileOptions) -> int:
     """The `pagedgen profile` command; returns its exit code."""
     errors = Console(stderr=True, soft_wrap=True)
     from pagedgen.batch.requests import RequestBuilder
-    from pagedgen.config import EngineConfig
     from pagedgen.io.readers import open_input
-    from pagedgen.io.spec import InputError, InputSpec
+    from pagedgen.io.spec import InputError
     from pagedgen.loader import ModelNotFoundError
     from pagedgen.profile.profiler import build_workload
 
@@ -34,8 +36,8 @@ def profile_job(options: ProfileOptions) -> int:
 
     try:
         block_sizes = _block_sizes(options.block_sizes)
-        config = EngineConfig(**options.engine)
-        source = open_input(InputSpec(**options.input))
+        config = options.engine
+        source = open_input(options.input)
         if options.plot is not None:
             import matplotlib  # noqa: F401
     except ImportError:
@@ -47,7 +49,9 @@ def profile_job(options: ProfileOptions) -> int:
     try:
         llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
         vocab_size = getattr(hf_config, "vocab_size", None) or len(tokenizer)
-        builder = RequestBuilder(tokenizer, options.sampling, vocab_size, config.max_num_seqs)
+        builder = RequestBuilder(
+            tokenizer, options.sampling, vocab_size, config.max_num_seqs, max_model_len
+        )
         log("reading and tokenizing the input")
         requests, workload = build_workload(source.records, builder, max_model_len)
         if not requests:
@@ -76,8 +80,7 @@ def _load(config: Any, simulate: bool, log: Any) -> tuple[Any, Any, Any, int]:
     if not simulate:
         from pagedgen import LLM
 
-        config_fields = {f: getattr(config, f) for f in config.__slots__}
-        llm = LLM(log=log, **config_fields)
+        llm = LLM(log=log, **asdict(config))
         engine = llm.engine
         return llm, llm.tokenizer, engine.hf_config, engine.max_model_len
     from pagedgen.engine.control_plane import resolve_max_model_len
@@ -103,18 +106,16 @@ def _profile(
     workload: dict,
     block_sizes: list[int],
 ) -> Any:
-    from pagedgen.profile.geometry import KVGeometry, simulated_dtype, simulated_kv_bytes
+    from pagedgen.profile.geometry import simulated_geometry, simulated_kv_bytes
     from pagedgen.profile.profiler import profile_real, profile_simulated
 
     if llm is None:
-        geometry = KVGeometry.of(hf_config, simulated_dtype(config))
+        geometry = simulated_geometry(config, hf_config)
         kv_bytes = simulated_kv_bytes(config)
         return profile_simulated(
             config, geometry, kv_bytes, max_model_len, requests, workload, block_sizes
         )
-    geometry = KVGeometry.of(hf_config, llm.engine.dtype)
-    assert geometry.bytes_per_token == llm.engine.bytes_per_token
-    return profile_real(llm, geometry, requests, workload, block_sizes)
+    return profile_real(llm, requests, workload, block_sizes)
 
 
 def _block_sizes(text: str) -> list[int]:

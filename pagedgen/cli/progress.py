@@ -3,10 +3,11 @@ from collections import deque
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
 from pagedgen.batch.job import JobProgress
+from pagedgen.cli.eta import EtaEstimator, format_eta
 
 REFRESH_S = 0.25
 LOG_EVERY_S = 5.0
@@ -26,11 +27,10 @@ class RunProgress:
             TextColumn("[bold]requests"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            TextColumn("ETA {task.fields[eta]}"),
             console=console,
         )
-        self.task = self.progress.add_task("run", total=None)
+        self.task = self.progress.add_task("run", total=None, eta=format_eta(None))
         self.throughput, self.cache = Text(), Text()
         self.live = Live(
             Group(self.progress, self.throughput, self.cache), console=console, auto_refresh=False
@@ -38,7 +38,7 @@ class RunProgress:
         self.last_update = 0.0
         self.last_log = time.perf_counter()
         self.samples: deque[tuple[float, int, int]] = deque()  # (time, prompt, generation tokens)
-        self.first_done: int | None = None
+        self.eta = EtaEstimator()
         self.stops_seen = 0
 
     def __enter__(self) -> "RunProgress":
@@ -62,11 +62,12 @@ class RunProgress:
         self.samples.append((now, stats.num_prompt_tokens, stats.num_generation_tokens))
         while now - self.samples[0][0] > RATE_WINDOW_S and len(self.samples) > 2:
             self.samples.popleft()
-        if self.first_done is None:
-            self.first_done = progress.num_done
+        eta = self.eta.update(now, progress)
         throughput, cache = self.status_lines(progress)
         if self.live_display:
-            self.progress.update(self.task, total=progress.total, completed=progress.num_done)
+            self.progress.update(
+                self.task, total=progress.total, completed=progress.num_done, eta=format_eta(eta)
+            )
             for text, markup in ((self.throughput, throughput), (self.cache, cache)):
                 text.plain = ""
                 text.append_text(Text.from_markup(markup))
@@ -74,10 +75,10 @@ class RunProgress:
         elif now - self.last_log >= LOG_EVERY_S:
             self.last_log = now
             total = progress.total if progress.total is not None else "?"
-            eta = self._eta(progress)
+            eta_text = f" · ETA {format_eta(eta)}" if eta is not None else ""
             plain = Text.from_markup(f"{throughput} · {cache}").plain
             self.console.print(
-                f"{progress.num_done}/{total} requests{eta} · {plain}", highlight=False
+                f"{progress.num_done}/{total} requests{eta_text} · {plain}", highlight=False
             )
 
     def status_lines(self, progress: JobProgress) -> tuple[str, str]:
@@ -102,15 +103,6 @@ class RunProgress:
         )
         return throughput, cache
 
-    def _eta(self, progress: JobProgress) -> str:
-        done_now = progress.num_done - (self.first_done or 0)
-        if progress.total is None or done_now <= 0:
-            return ""
-        rate = done_now / progress.metrics.elapsed
-        remaining = (progress.total - progress.num_done) / rate
-        minutes, seconds = divmod(int(remaining), 60)
-        return f" · ETA {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
-
     def _report_stop(self, progress: JobProgress) -> None:
         engine = progress.engine
         stops = progress.num_stop_requests
@@ -120,7 +112,7 @@ class RunProgress:
         if stops == 1:
             self.console.print(
                 f"stopping: no new requests; finishing the {engine.num_unfinished_requests} "
-                "started (Ctrl-C again to stop at once)"
+                "started (a second Ctrl-C or SIGTERM stops at once)"
             )
         else:
             self.console.print("stopping now")

@@ -1,59 +1,61 @@
 import typer
 
 from pagedgen.cli import options as opt
+from pagedgen.config import EngineConfig
+from pagedgen.io.spec import InputSpec
+
+_output = opt.output_option
 
 
+def _sampling(default: object, help: str, metavar: str) -> object:
+    return opt.sampling_option(default, help=help, metavar=metavar)
+
+
+@opt.with_options(opt.INPUT, opt.ENGINE)
 def run(
-    input: str = opt.INPUT,
-    output: str = typer.Option(..., "--output", "-o", help="output JSONL ('-' = stdout)"),
-    resume: bool = typer.Option(
-        False, help="keep the records OUTPUT already holds and generate only the missing ones"
+    ctx: typer.Context,
+    spec: InputSpec,
+    engine: EngineConfig,
+    output: str = _output(
+        ..., "--output", "-o", help="the output JSONL ('-' = stdout)", metavar="FILE"
     ),
-    overwrite: bool = typer.Option(False, help="replace an OUTPUT that already holds records"),
-    order: str = typer.Option("input", help="input: in input order; completion: as they finish"),
-    stats_json: str | None = typer.Option(None, help="write the run's summary here as JSON"),
-    progress: bool = typer.Option(True, help="show live progress on stderr"),
-    input_format: str = opt.INPUT_FORMAT,
-    split: str = opt.SPLIT,
-    prompt_column: str | None = opt.PROMPT_COLUMN,
-    messages_column: str | None = opt.MESSAGES_COLUMN,
-    id_column: str | None = opt.ID_COLUMN,
-    limit: int | None = opt.LIMIT,
-    model: str = opt.MODEL,
-    dtype: str = opt.DTYPE,
-    device: str = opt.DEVICE,
+    resume: bool = _output(
+        False, "--resume", help="keep the records OUTPUT holds and generate only the missing ones"
+    ),
+    overwrite: bool = _output(False, "--overwrite", help="replace an OUTPUT that holds records"),
+    order: str = _output(
+        "input", help="input: records in input order; completion: as they finish", metavar="O"
+    ),
+    stats_json: str | None = _output(
+        None, help="also write the final summary here, as JSON", metavar="FILE"
+    ),
+    progress: bool = _output(
+        True,
+        "--progress/--no-progress",
+        help="live progress on stderr, a line every 5 s off a terminal [default: on]",
+    ),
     max_tokens: int = opt.MAX_TOKENS,
-    min_tokens: int = typer.Option(0),
+    min_tokens: int = _sampling(0, "generate at least N tokens before any stop", "N"),
     n: int = opt.N,
     temperature: float = opt.TEMPERATURE,
-    top_p: float = typer.Option(1.0),
-    top_k: int = typer.Option(0, help="0 = off"),
-    min_p: float = typer.Option(0.0),
-    repetition_penalty: float = typer.Option(1.0),
-    presence_penalty: float = typer.Option(0.0),
-    frequency_penalty: float = typer.Option(0.0),
+    top_p: float = _sampling(1.0, "sample from the likeliest tokens that reach P (1 = off)", "P"),
+    top_k: int = _sampling(0, "sample from the K likeliest tokens (0 = off)", "K"),
+    min_p: float = _sampling(0.0, "drop tokens under P x the likeliest one's chance", "P"),
+    repetition_penalty: float = _sampling(1.0, "> 1 discourages tokens already seen", "X"),
+    presence_penalty: float = _sampling(0.0, "-2..2: penalize tokens already generated", "X"),
+    frequency_penalty: float = _sampling(0.0, "-2..2: penalize tokens by their count", "X"),
     seed: int | None = opt.SEED,
-    stop: list[str] | None = typer.Option(None, help="stop string (repeatable)"),
-    ignore_eos: bool = typer.Option(False),
-    logprobs: int | None = typer.Option(None, help="top log-probabilities per token"),
-    block_size: int = opt.BLOCK_SIZE,
-    kv_cache_memory: float | None = opt.KV_CACHE_MEMORY,
-    max_num_seqs: int = opt.MAX_NUM_SEQS,
-    max_num_batched_tokens: int | None = opt.MAX_NUM_BATCHED_TOKENS,
-    max_model_len: int | None = opt.MAX_MODEL_LEN,
-    attention_backend: str = opt.ATTENTION_BACKEND,
-    enable_prefix_caching: bool = opt.PREFIX_CACHING,
-    enable_chunked_prefill: bool = opt.CHUNKED_PREFILL,
-    preemption_mode: str = opt.PREEMPTION_MODE,
-    swap_space: float = opt.SWAP_SPACE,
-    num_threads: int | None = opt.NUM_THREADS,
+    stop: list[str] | None = _sampling(None, "stop at this string (repeatable)", "TEXT"),
+    ignore_eos: bool = opt.IGNORE_EOS,
+    logprobs: int | None = _sampling(None, "record each token's K likeliest log-probs", "K"),
 ) -> None:
     """Generate a completion for every request of INPUT and write one JSON line each to OUTPUT.
 
     Input lines are {"prompt" | "messages", "id"?, sampling fields?} or OpenAI batch requests
     (then the output is OpenAI batch responses). A bad line becomes an error record and the run
-    goes on. Ctrl-C stops admitting and finishes what started (twice: stops at once); --resume
-    continues. Exit codes: 0 all succeeded, 1 some failed, 2 usage error, 130 interrupted.
+    goes on. Ctrl-C, SIGTERM or SIGHUP stops admitting and finishes what started (a second:
+    stops at once); --resume continues. Exit codes: 0 all succeeded, 1 some failed, 2 usage
+    error, 74 the output could not be written, 130/143/129 interrupted by SIGINT/TERM/HUP.
     """
     from pagedgen.cli.run_job import RunOptions, run_job
 
@@ -73,32 +75,8 @@ def run(
         ignore_eos=ignore_eos,
         logprobs=logprobs,
     )
-    engine = opt.engine_args(
-        model,
-        dtype,
-        device,
-        block_size,
-        kv_cache_memory,
-        max_num_seqs,
-        max_num_batched_tokens,
-        max_model_len,
-        attention_backend,
-        enable_prefix_caching,
-        enable_chunked_prefill,
-        preemption_mode,
-        swap_space,
-        num_threads,
-    )
     options = RunOptions(
-        input=dict(
-            path=input,
-            input_format=input_format,
-            split=split,
-            prompt_column=prompt_column,
-            messages_column=messages_column,
-            id_column=id_column,
-            limit=limit,
-        ),
+        input=spec,
         output=output,
         engine=engine,
         sampling=sampling,
@@ -107,5 +85,6 @@ def run(
         order=order,
         stats_json=stats_json,
         progress=progress,
+        argv=list(ctx.obj or []),
     )
     raise typer.Exit(run_job(options))

@@ -1,116 +1,192 @@
 import json
 import os
 import shlex
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
+from pagedgen.batch.job import ORDERS, BatchJob, JobResult
+from pagedgen.batch.requests import sampling_defaults
+from pagedgen.cli.checks import check_engine_fits, check_writable_folder, fill_closed_std_fds
 from pagedgen.cli.progress import RunProgress
+from pagedgen.cli.signals import Interrupted, StopSignals
 from pagedgen.cli.summary import print_summary
+from pagedgen.config import EngineConfig
+from pagedgen.io import (
+    InputError,
+    InputSource,
+    InputSpec,
+    OutputFile,
+    OutputWriteError,
+    open_input,
+    resume_source,
+)
+from pagedgen.loader import ModelNotFoundError, resolve_model
 
-EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_IO_ERROR = 74  # EX_IOERR of sysexits.h: the output (or --stats-json) could not be written
+# Interrupted: 128 + the signal's number, as a shell tells: 130 SIGINT, 143 SIGTERM, 129 SIGHUP.
+USAGE_ERRORS = (ValueError, InputError, ModelNotFoundError)
 
 
 @dataclass(slots=True)
 class RunOptions:
-    input: dict[str, Any]  # InputSpec fields
+    input: InputSpec
     output: str
-    engine: dict[str, Any]  # EngineConfig fields
+    engine: EngineConfig
     sampling: dict[str, Any]  # SamplingParams fields
     resume: bool = False
     overwrite: bool = False
     order: str = "input"
     stats_json: str | None = None
     progress: bool = True
+    argv: list[str] = field(default_factory=list)  # the command line, for the resume hint
 
 
 def run_job(options: RunOptions) -> int:
-    """The `pagedgen run` command; returns its exit code."""
-    console = Console(stderr=True, soft_wrap=True)
-    from pagedgen import LLM, SamplingParams
-    from pagedgen.batch.job import ORDERS, BatchJob
-    from pagedgen.io.readers import open_input
-    from pagedgen.io.resume import OutputFile
-    from pagedgen.io.spec import InputError, InputSpec
-    from pagedgen.loader import ModelNotFoundError
+    """The `pagedgen run` command; returns its exit code.
 
-    def usage_error(error: Exception) -> int:
-        console.print(f"[red]error:[/] {error}", highlight=False)
-        return EXIT_USAGE
-
-    try:
-        SamplingParams(**options.sampling)
-        if options.order not in ORDERS:
-            raise ValueError(f"--order must be one of {ORDERS}, got {options.order!r}")
-        if options.resume and options.overwrite:
-            raise ValueError("--resume and --overwrite contradict each other")
-        source = open_input(InputSpec(**options.input))
-        output = OutputFile(options.output, options.resume, options.overwrite)
-    except (ValueError, InputError) as e:
-        return usage_error(e)
-    try:
+    Every check a user can fail runs before the model loads. The output is claimed (locked, see
+    OutputFile) before the model loads and written only once it has; a run that ends before
+    writing a record leaves no output it created behind.
+    """
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    fill_closed_std_fds()
+    with StopSignals() as signals:
         try:
-            llm = LLM(log=lambda message: console.print(message, highlight=False), **options.engine)
-        except (ModelNotFoundError, ValueError, OSError) as e:
-            return usage_error(e)
+            source, output = _claim(options)
+        except USAGE_ERRORS as e:
+            return _usage_error(console, e)
+        except Interrupted as e:
+            console.print(f"interrupted ({e}) before the run started")
+            return signals.exit_code
+        code = EXIT_USAGE
+        try:
+            code = _run(options, console, signals, source, output)
+        except Interrupted as e:  # a third signal, or one while the summary prints
+            console.print(f"stopped at once ({e})")
+            _print_resume_hint(console, options)
+            code = signals.exit_code
+        finally:
+            try:
+                output.close(keep=code in (EXIT_OK, EXIT_SOME_FAILED))
+            except OutputWriteError as e:
+                console.print(f"[red]error:[/] cannot write {escape(_where(options))}: {e}")
+                code = EXIT_IO_ERROR
+        return code
+
+
+def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
+    if options.order not in ORDERS:
+        raise ValueError(f"--order must be one of {ORDERS}, got {options.order!r}")
+    if options.resume and options.overwrite:
+        raise ValueError("--resume and --overwrite contradict each other")
+    sampling_defaults(options.sampling)
+    if options.stats_json is not None:
+        check_writable_folder(options.stats_json, "--stats-json")
+    check_engine_fits(options.engine)
+    resolve_model(options.engine.model)
+    source = open_input(options.input)
+    output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)
+    return source, output
+
+
+def _run(
+    options: RunOptions,
+    console: Console,
+    signals: StopSignals,
+    source: InputSource,
+    output: OutputFile,
+) -> int:
+    from pagedgen import LLM
+
+    where = _where(options)
+    try:
+        reopen = None if options.input.path == "-" else lambda: open_input(options.input)
+        source = resume_source(source, output.state, output.path, reopen)
+        llm = LLM(log=console.print, **asdict(options.engine))
         job = BatchJob(llm, source, output, options.sampling, options.order)
-        if output.state.done:
-            console.print(f"resuming {output.path}: {len(output.state.done)} records kept")
-        try:
-            with _stop_on_sigint(job), RunProgress(console, options.progress) as progress:
-                result = job.run(progress.update)
-        except InputError as e:
-            return usage_error(e)
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            console.print("[red]error:[/] the output pipe was closed")
-            return EXIT_SOME_FAILED
-    finally:
-        output.close()
+    except (*USAGE_ERRORS, OSError, RuntimeError, MemoryError) as e:  # no model, no memory
+        return _usage_error(console, e)
+    except Interrupted as e:
+        console.print(f"interrupted ({e}) during start-up; nothing was written to {escape(where)}")
+        return signals.exit_code
+    if output.state.done:
+        console.print(f"resuming {escape(output.path)}: {len(output.state.done)} records kept")
+    signals.job = job
+    try:
+        with RunProgress(console, options.progress) as progress:
+            result = job.run(progress.update)
+    except InputError as e:
+        return _usage_error(console, e)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        console.print("[red]error:[/] the output pipe was closed")
+        return EXIT_SOME_FAILED
+    return _report(console, options, result, signals, source.total)
+
+
+def _report(
+    console: Console,
+    options: RunOptions,
+    result: JobResult,
+    signals: StopSignals,
+    total: int | None,
+) -> int:
+    where = escape(_where(options))
     print_summary(console, result, options.output)
-    if options.stats_json:
-        summary = {**result.summary, "output": options.output, "interrupted": result.interrupted}
-        summary["failed_lines"] = result.failed_lines
-        with open(options.stats_json, "w", encoding="utf-8") as f:
+    code = EXIT_SOME_FAILED if result.num_failed else EXIT_OK
+    if options.stats_json and not _write_stats(console, options, result):
+        code = EXIT_IO_ERROR
+    if result.write_error is not None:
+        console.print(
+            f"[red]error:[/] cannot write {where}: {result.write_error}; "
+            f"its {result.num_records} records are whole"
+        )
+        _print_resume_hint(console, options)
+        return EXIT_IO_ERROR
+    if result.interrupted:
+        of_total = f" of {total}" if total is not None else ""
+        console.print(
+            f"interrupted ({signals.name}): {result.num_records}{of_total} records are in {where}"
+        )
+        _print_resume_hint(console, options)
+        return signals.exit_code
+    return code
+
+
+def _write_stats(console: Console, options: RunOptions, result: JobResult) -> bool:
+    summary = {**result.summary, "output": options.output, "interrupted": result.interrupted}
+    summary["failed_lines"] = result.failed_lines
+    try:
+        with open(options.stats_json, "w", encoding="utf-8") as f:  # type: ignore[arg-type]
             json.dump(summary, f, indent=2)
             f.write("\n")
-    if result.interrupted:
-        _print_resume_hint(console, options, result.num_records, source.total)
-        return EXIT_INTERRUPTED
-    return EXIT_SOME_FAILED if result.num_failed else EXIT_OK
+    except OSError as e:
+        path = escape(str(options.stats_json))
+        console.print(f"[red]error:[/] cannot write --stats-json {path}: {e.strerror}")
+        return False
+    return True
 
 
-@contextmanager
-def _stop_on_sigint(job: Any) -> Iterator[None]:
-    """Ctrl-C asks the job to stop (twice: at once); a third time interrupts as Python does."""
-
-    def handler(signum: int, frame: Any) -> None:
-        if job.num_stop_requests >= 2:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        job.stop()
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def _usage_error(console: Console, error: BaseException) -> int:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    console.print(f"[red]error:[/] {escape(message)}")
+    return EXIT_USAGE
 
 
-def _print_resume_hint(
-    console: Console, options: RunOptions, num_records: int, total: int | None
-) -> None:
-    of_total = f" of {total}" if total is not None else ""
-    console.print(f"interrupted: {num_records}{of_total} records are in {options.output}")
+def _where(options: RunOptions) -> str:
+    return "stdout" if options.output == "-" else options.output
+
+
+def _print_resume_hint(console: Console, options: RunOptions) -> None:
     if options.output == "-":
         console.print("the output went to stdout; run with -o FILE to be able to --resume")
         return
-    args = [a for a in sys.argv[1:] if a != "--overwrite"]
+    args = [a for a in options.argv or sys.argv[1:] if a != "--overwrite"]
     if "--resume" not in args:
         args.append("--resume")
-    console.print(f"resume with: pagedgen {shlex.join(args)}", highlight=False, soft_wrap=True)
+    console.print(f"resume with: pagedgen {escape(shlex.join(args))}", soft_wrap=True)

@@ -1,6 +1,6 @@
 from dataclasses import dataclass, field
 
-from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.scheduler import Scheduler
 from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
 from pagedgen.sampling_params import SamplingParams
 
@@ -60,10 +60,11 @@ class BeamSearchState:
         self,
         group: SequenceGroup,
         logprobs: dict[int, dict[int, float]],  # seq_id -> {token: logprob}
-        block_manager: BlockManager,
+        scheduler: Scheduler,
     ) -> None:
         """Extends the group's beams by one token: forks kept beams by reference, frees dropped
-        ones. Ends the group (every beam FINISHED_LENGTH_CAPPED) at max_tokens."""
+        ones, both through the scheduler. Ends the group (every beam FINISHED_LENGTH_CAPPED) at
+        max_tokens."""
         params = self.params
         candidates = []
         for beam in group.unfinished_seqs:
@@ -87,14 +88,13 @@ class BeamSearchState:
         for beam in group.unfinished_seqs:
             if beam.seq_id not in uses:
                 beam.status = SequenceStatus.FINISHED_ABORTED
-                block_manager.free(beam)
+                scheduler.finish(beam)
         taken: set[int] = set()
         for _, beam, token, cumulative in kept:
             if beam.seq_id in taken:  # a second child of the same beam: fork it, share blocks
-                child = beam.fork()
+                child = scheduler.fork(beam)
                 child.token_ids.pop()
                 child.output_token_ids.pop()
-                block_manager.fork(beam, child)
                 beam = child
             taken.add(beam.seq_id)
             beam.append_token_id(token)
@@ -104,7 +104,7 @@ class BeamSearchState:
         if not survivors or survivors[0].num_output_tokens >= params.max_tokens:
             for beam in survivors:
                 beam.finish(SequenceStatus.FINISHED_LENGTH_CAPPED)
-                block_manager.free(beam)
+                scheduler.finish(beam)
 
     def best(self, group: SequenceGroup) -> list[Hypothesis]:
         params = self.params

@@ -1,10 +1,19 @@
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
-from pagedgen.engine.block_pool import Block, BlockPool
+from pagedgen.engine.block_pool import Block, BlockPool, CpuBlockPool
 from pagedgen.engine.sequence import Sequence
 
 BlockMapping = list[tuple[int, int]]  # (source block id, destination block id)
+
+
+class PromptPlan(NamedTuple):
+    """How a waiting sequence is admitted: its first num_computed_tokens tokens are prefix-cache
+    hits, and this step computes the next num_new_tokens."""
+
+    num_computed_tokens: int
+    num_new_tokens: int
 
 
 class BlockManager:
@@ -14,6 +23,12 @@ class BlockManager:
     only when a sequence crosses a block boundary and returned when its last holder lets go;
     blocks are shared by reference count (prefix-cache hits, forked samples and beams) and
     copied on write. Sequences swapped out hold blocks of the CPU pool instead.
+
+    Every allocation checks and commits in one call, all or nothing for a group of sequences:
+    allocate_prompt (admission), allocate_slots (growth), swap_in, swap_out return None and
+    change nothing when the pool is short. Admission and swap-in leave watermark_blocks free
+    for running sequences to grow into, except on an idle pool, where a group that fits the pool
+    must always be able to start.
 
     Prefix caching indexes every full block by a chained hash of its tokens, registered when the
     step that computes it is scheduled; a step writes K/V before any attention reads them, so a
@@ -34,9 +49,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)
         self.pool = BlockPool(num_blocks)
-        self.num_cpu_blocks = num_cpu_blocks
-        self.cpu_free_block_ids = list(range(num_cpu_blocks - 1, -1, -1))
-        self.cpu_ref_counts = [0] * num_cpu_blocks
+        self.cpu_pool = CpuBlockPool(num_cpu_blocks)
         self.seqs: dict[int, Sequence] = {}  # holding device blocks
         self.swapped: dict[int, Sequence] = {}  # holding CPU blocks
         self.num_prefix_cache_queries = 0  # tokens looked up
@@ -57,76 +70,132 @@ class BlockManager:
 
     @property
     def num_free_cpu_blocks(self) -> int:
-        return len(self.cpu_free_block_ids)
+        return self.cpu_pool.num_free_blocks
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def fits_in_pool(self, num_tokens: int) -> bool:
-        return self.num_blocks_for(num_tokens) <= self.num_blocks
+    def _num_admittable_blocks(self) -> int:
+        """Free blocks an admission or a swap-in may take: all of them on an idle pool."""
+        return self.num_free_blocks - (self.watermark_blocks if self.seqs else 0)
 
     # -- admission -----------------------------------------------------------------------------
-    def find_cached_blocks(self, seq: Sequence) -> list[Block]:
-        """The longest run of leading full blocks already in the cache. At least one token is
-        always left to compute, so that the step yields logits for it."""
-        if not self.enable_prefix_caching:
-            return []
-        num_full = (seq.num_tokens - 1) // self.block_size
-        hits = []
-        for block_hash in self._block_hashes(seq, num_full):
-            block = self.pool.lookup(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+    def allocate_prompt(
+        self, seqs: list[Sequence], num_new_tokens: Callable[[Sequence, int], int]
+    ) -> list[PromptPlan] | None:
+        """Admits waiting sequences holding no blocks, in order, all or none.
 
-    def can_allocate(self, plans: list[tuple[Sequence, list[Block], int]]) -> bool:
-        """Whether every (seq, cached blocks, num_new_tokens) of a group can be allocated."""
-        # Reviving a free cached block takes it off the free queue like an allocation does. The
-        # watermark keeps room for running sequences to grow into; an idle pool skips it.
+        Each takes the longest run of its leading full blocks found in the prefix cache (always
+        leaving a token to compute, so the step yields logits for it). num_new_tokens(seq,
+        num_computed_tokens) says how many tokens it computes
+        this step (0: it cannot be admitted now). Returns the plans, or None.
+
+        Full blocks a sequence of the same call writes this step count as hits for the later
+        ones too (recomputed siblings share their prompt again, with or without prefix caching).
+        """
+        # Full blocks that earlier sequences of this call write: (their index, block index).
+        # Sharing them needs no prefix cache, so recomputed siblings share even without one.
+        written: dict[Hashable, tuple[int, int]] = {}
+        share = self.enable_prefix_caching or len(seqs) > 1
+        revived: set[int] = set()
+        plans: list[tuple[Sequence, list[Block | tuple[int, int]], int]] = []
         needed = 0
-        for _, cached, num_new_tokens in plans:
-            needed += self.num_blocks_for(num_new_tokens)  # cached blocks end on a boundary
-            needed += sum(1 for block in cached if block.ref_count == 0)
-        watermark = self.watermark_blocks if self.seqs else 0
-        return needed <= self.num_free_blocks - watermark
-
-    def allocate(self, seq: Sequence, cached: list[Block], num_new_tokens: int) -> None:
-        """Gives a waiting sequence its cached blocks and fresh ones for num_new_tokens more."""
-        assert not seq.block_table and seq.seq_id not in self.seqs
-        if self.enable_prefix_caching:
-            self.num_prefix_cache_queries += seq.num_tokens
-            self.num_prefix_cache_hits += len(cached) * self.block_size
-        for block in cached:
-            self.pool.touch(block)
-        seq.block_table = [block.block_id for block in cached]
-        seq.num_cached_blocks = len(cached)
-        seq.num_computed_tokens = len(cached) * self.block_size
-        self.seqs[seq.seq_id] = seq
-        self.append_slots(seq, num_new_tokens)
+        for index, seq in enumerate(seqs):
+            assert not seq.block_table and seq.seq_id not in self.seqs
+            hits: list[Block | tuple[int, int]] = []
+            if share:
+                for block_hash in self._block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
+                    block = self.pool.lookup(block_hash) if self.enable_prefix_caching else None
+                    if block is None and block_hash not in written:
+                        break
+                    if block is not None and block.ref_count == 0:
+                        needed += block.block_id not in revived  # revived off the free queue
+                        revived.add(block.block_id)
+                    hits.append(block if block is not None else written[block_hash])
+            num_computed = len(hits) * self.block_size
+            n = num_new_tokens(seq, num_computed)
+            if n <= 0:
+                return None
+            end = num_computed + n
+            needed += self.num_blocks_for(end) - len(hits)
+            if share:
+                new_hashes = self._block_hashes(seq, end // self.block_size)[len(hits) :]
+                for i, block_hash in enumerate(new_hashes, start=len(hits)):
+                    written.setdefault(block_hash, (index, i))
+            plans.append((seq, hits, n))
+        if needed > self._num_admittable_blocks():
+            return None
+        # Planned hits are held before any block is handed out, so that no fresh allocation
+        # evicts a cached block a later sequence of the group is about to share.
+        for _, hits, _ in plans:
+            for hit in hits:
+                if isinstance(hit, Block):
+                    self.pool.touch(hit)
+        result = []
+        for seq, hits, n in plans:
+            table = []
+            for hit in hits:
+                if not isinstance(hit, Block):  # written by an earlier seq of this call
+                    index, i = hit
+                    hit = self.pool.blocks[plans[index][0].block_table[i]]
+                    self.pool.touch(hit)
+                table.append(hit.block_id)
+            if self.enable_prefix_caching:
+                self.num_prefix_cache_queries += seq.num_tokens
+                self.num_prefix_cache_hits += len(hits) * self.block_size
+            seq.block_table = table
+            seq.num_cached_blocks = len(hits)
+            self.seqs[seq.seq_id] = seq
+            num_computed = len(hits) * self.block_size
+            copies = self._append(seq, num_computed, n)
+            assert not copies, "a fresh sequence's blocks are its own or read-only hits"
+            result.append(PromptPlan(num_computed, n))
+        return result
 
     # -- growth and copy-on-write ----------------------------------------------------------------
-    def num_needed_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Fresh blocks that writing tokens num_computed..+num_new_tokens takes, copies included."""
-        end = seq.num_computed_tokens + num_new_tokens
-        needed = max(0, self.num_blocks_for(end) - len(seq.block_table))
-        first = seq.num_computed_tokens // self.block_size
-        for block_id in seq.block_table[first : self.num_blocks_for(end)]:
-            needed += self.pool.blocks[block_id].ref_count > 1
-        return needed
-
-    def can_append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.num_needed_blocks(seq, num_new_tokens) <= self.num_free_blocks
-
-    def append_slots(self, seq: Sequence, num_new_tokens: int) -> BlockMapping:
-        """Makes room to write num_new_tokens more tokens; returns the block copies to do first.
+    def allocate_slots(
+        self, seqs: list[Sequence], num_new_tokens: list[int]
+    ) -> BlockMapping | None:
+        """Makes room for each running sequence to write its next num_new_tokens tokens, all or
+        none; returns the block copies to do first (copy-on-write), or None.
 
         A block that others share and this step writes into is replaced by a private copy.
         """
-        assert seq.seq_id in self.seqs
-        end = seq.num_computed_tokens + num_new_tokens
+        assert all(seq.seq_id in self.seqs for seq in seqs)
+        needed = self._num_blocks_to_append(
+            seqs, num_new_tokens, lambda block_id: self.pool.blocks[block_id].ref_count
+        )
+        if needed > self.num_free_blocks:
+            return None
         copies: BlockMapping = []
-        first = seq.num_computed_tokens // self.block_size
+        for seq, n in zip(seqs, num_new_tokens):
+            if n:
+                copies += self._append(seq, seq.num_computed_tokens, n)
+        return copies
+
+    def _num_blocks_to_append(
+        self, seqs: list[Sequence], num_new_tokens: list[int], ref_count: Callable[[int], int]
+    ) -> int:
+        """Fresh blocks that writing each seq's next tokens takes, copies included, exactly as
+        _append takes them in this order (a copy releases the shared block for the next seq)."""
+        needed = 0
+        released: Counter[int] = Counter()
+        for seq, n in zip(seqs, num_new_tokens):
+            if not n:
+                continue
+            first = seq.num_computed_tokens // self.block_size
+            last = self.num_blocks_for(seq.num_computed_tokens + n)
+            needed += max(0, last - len(seq.block_table))
+            for block_id in seq.block_table[first:last]:
+                if ref_count(block_id) - released[block_id] > 1:
+                    needed += 1
+                    released[block_id] += 1
+        return needed
+
+    def _append(self, seq: Sequence, num_computed_tokens: int, num_new_tokens: int) -> BlockMapping:
+        end = num_computed_tokens + num_new_tokens
+        copies: BlockMapping = []
+        first = num_computed_tokens // self.block_size
         for i in range(first, min(len(seq.block_table), self.num_blocks_for(end))):
             block = self.pool.blocks[seq.block_table[i]]
             if block.ref_count > 1:
@@ -157,34 +226,41 @@ class BlockManager:
                 self.pool.free(self.pool.blocks[block_id])
         elif self.swapped.pop(seq.seq_id, None) is not None:
             for block_id in seq.block_table:
-                self._free_cpu_block(block_id)
+                self.cpu_pool.free(block_id)
         seq.block_table = []
         seq.num_cached_blocks = 0
 
     # -- swapping --------------------------------------------------------------------------------
-    def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        return len(_unique_blocks(seqs)) <= self.num_free_cpu_blocks
-
-    def swap_out(self, seqs: list[Sequence]) -> BlockMapping:
-        """Moves the sequences' blocks to the CPU pool, shared blocks once; all or nothing."""
-        assert self.can_swap_out(seqs) and all(seq.seq_id in self.seqs for seq in seqs)
+    def swap_out(self, seqs: list[Sequence]) -> BlockMapping | None:
+        """Moves the sequences' blocks to the CPU pool, shared blocks once, all or none; returns
+        the (device, CPU) block copies to do, or None when the CPU pool is short."""
+        assert all(seq.seq_id in self.seqs for seq in seqs)
+        unique = _unique_blocks(seqs)
+        if len(unique) > self.num_free_cpu_blocks:
+            return None
         tables = [list(seq.block_table) for seq in seqs]
-        mapping = {block_id: self.cpu_free_block_ids.pop() for block_id in _unique_blocks(seqs)}
+        mapping = {block_id: self.cpu_pool.allocate() for block_id in unique}
         for seq, table in zip(seqs, tables):
             self.free(seq)
             seq.block_table = [mapping[block_id] for block_id in table]
             for cpu_block_id in seq.block_table:
-                self.cpu_ref_counts[cpu_block_id] += 1
+                self.cpu_pool.hold(cpu_block_id)
             self.swapped[seq.seq_id] = seq
         return list(mapping.items())
 
-    def can_swap_in(self, seqs: list[Sequence]) -> bool:
-        needed = len(_unique_blocks(seqs)) + len(seqs)  # + room for each one's next token
-        return needed <= self.num_free_blocks - self.watermark_blocks
-
-    def swap_in(self, seqs: list[Sequence]) -> BlockMapping:
+    def swap_in(
+        self, seqs: list[Sequence], num_new_tokens: list[int]
+    ) -> tuple[BlockMapping, BlockMapping] | None:
+        """Brings swapped sequences back and makes room for their next num_new_tokens tokens, all
+        or none; returns the (CPU, device) block copies and the copy-on-write copies to do after
+        them, or None."""
         assert all(seq.seq_id in self.swapped for seq in seqs)
         holders = Counter(cpu_id for seq in seqs for cpu_id in seq.block_table)
+        needed = len(holders) + self._num_blocks_to_append(
+            seqs, num_new_tokens, holders.__getitem__
+        )
+        if needed > self._num_admittable_blocks():
+            return None
         mapping = {}
         for cpu_id, num_holders in holders.items():
             block = self.pool.allocate()
@@ -195,12 +271,9 @@ class BlockManager:
             self.free(seq)
             seq.block_table = [mapping[cpu_id] for cpu_id in cpu_table]
             self.seqs[seq.seq_id] = seq
-        return list(mapping.items())
-
-    def _free_cpu_block(self, block_id: int) -> None:
-        self.cpu_ref_counts[block_id] -= 1
-        if self.cpu_ref_counts[block_id] == 0:
-            self.cpu_free_block_ids.append(block_id)
+        copies = self.allocate_slots(seqs, num_new_tokens)
+        assert copies is not None, "swap_in counted the appends' blocks"
+        return list(mapping.items()), copies
 
     # -- prefix hashing ----------------------------------------------------------------------------
     def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[Hashable]:
@@ -224,31 +297,16 @@ class BlockManager:
     def check_integrity(self) -> None:
         """Raises AssertionError unless ref counts, the free queue, the hash index and the CPU
         pool all agree with the block tables."""
-        holders = Counter(b for seq in self.seqs.values() for b in seq.block_table)
         for seq in self.seqs.values():
             assert not seq.is_finished, f"finished {seq} still holds blocks"
             assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} repeats a block"
             assert len(seq.block_table) <= self.num_blocks_for(seq.num_tokens), seq
             assert seq.num_cached_blocks <= len(seq.block_table), seq
-        free_ids = [block.block_id for block in self.pool.free_queue]
-        assert len(free_ids) == len(set(free_ids)) == self.pool.num_free_blocks
-        for block in self.pool.blocks:
-            assert block.ref_count == holders[block.block_id], (
-                f"{block} is held by {holders[block.block_id]} tables"
-            )
-            assert (block.ref_count == 0) == (block.prev is not None), f"{block} free-queue link"
-        assert len(free_ids) + len(holders) == self.num_blocks
-        for block_hash, block in self.pool.cached.items():
-            assert block.block_hash == block_hash, f"{block} indexed under another hash"
-        indexed = [b for b in self.pool.blocks if b.block_hash is not None]
-        assert len(indexed) == len(self.pool.cached), "a hashed block is missing from the index"
-        cpu_holders = Counter(b for seq in self.swapped.values() for b in seq.block_table)
         assert not set(self.seqs) & set(self.swapped), "a sequence is on both sides"
-        for cpu_id in range(self.num_cpu_blocks):
-            assert self.cpu_ref_counts[cpu_id] == cpu_holders[cpu_id], f"CPU block {cpu_id}"
-        assert len(set(self.cpu_free_block_ids)) == len(self.cpu_free_block_ids)
-        assert set(self.cpu_free_block_ids).isdisjoint(cpu_holders)
-        assert len(self.cpu_free_block_ids) + len(cpu_holders) == self.num_cpu_blocks
+        self.pool.check_integrity(Counter(b for seq in self.seqs.values() for b in seq.block_table))
+        self.cpu_pool.check_integrity(
+            Counter(b for seq in self.swapped.values() for b in seq.block_table)
+        )
 
 
 def _unique_blocks(seqs: list[Sequence]) -> list[int]:

@@ -1,3 +1,4 @@
+from collections import Counter
 from collections.abc import Hashable
 
 
@@ -106,3 +107,51 @@ class BlockPool:
         if block.block_hash is None and block_hash not in self.cached:
             block.block_hash = block_hash
             self.cached[block_hash] = block
+
+    def check_integrity(self, holders: Counter[int]) -> None:
+        """Raises AssertionError unless the ref counts equal holders (block id -> block tables
+        holding it) and the free queue and the hash index agree with them."""
+        free_ids = [block.block_id for block in self.free_queue]
+        assert len(free_ids) == len(set(free_ids)) == self.num_free_blocks
+        for block in self.blocks:
+            assert block.ref_count == holders[block.block_id], (
+                f"{block} is held by {holders[block.block_id]} tables"
+            )
+            assert (block.ref_count == 0) == (block.prev is not None), f"{block} free-queue link"
+        assert len(free_ids) + len(holders) == len(self.blocks)
+        for block_hash, block in self.cached.items():
+            assert block.block_hash == block_hash, f"{block} indexed under another hash"
+        indexed = [b for b in self.blocks if b.block_hash is not None]
+        assert len(indexed) == len(self.cached), "a hashed block is missing from the index"
+
+
+class CpuBlockPool:
+    """The swap pool on the CPU: ref counts and free block ids; no prefix cache."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.free_block_ids = list(range(num_blocks - 1, -1, -1))
+        self.ref_counts = [0] * num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def allocate(self) -> int:
+        """A free block; its holders take it with hold()."""
+        return self.free_block_ids.pop()
+
+    def hold(self, block_id: int) -> None:
+        self.ref_counts[block_id] += 1
+
+    def free(self, block_id: int) -> None:
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            self.free_block_ids.append(block_id)
+
+    def check_integrity(self, holders: Counter[int]) -> None:
+        for block_id in range(self.num_blocks):
+            assert self.ref_counts[block_id] == holders[block_id], f"CPU block {block_id}"
+        assert len(set(self.free_block_ids)) == len(self.free_block_ids)
+        assert set(self.free_block_ids).isdisjoint(holders)
+        assert len(self.free_block_ids) + len(holders) == self.num_blocks

@@ -4,16 +4,18 @@ import torch
 from torch import nn
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.scheduler import SchedulerOutput
-from pagedgen.engine.sequence import Sequence
-from pagedgen.layers.sampler import Sampler, SamplerOutput, SamplingMetadata
+from pagedgen.engine.kv_geometry import KVGeometry
+from pagedgen.engine.runner import SamplerOutput
+from pagedgen.engine.scheduler_output import SchedulerOutput
+from pagedgen.engine.step_timer import StepTimer
+from pagedgen.layers.sampler import Sampler, SamplingMetadata
 
 
 class StepInputs(NamedTuple):
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     metadata: AttentionMetadata
-    last_rows: list[int]  # per sequence, the row of its last token
+    last_rows: list[int]  # per scheduled sequence, the row of its last token
 
 
 class ModelRunner:
@@ -26,52 +28,59 @@ class ModelRunner:
     Token position p of a sequence lives at block block_table[p // block_size], offset
     p % block_size, i.e. in flat slot block_table[p // block_size] * block_size + p % block_size.
     The CPU swap pool, cpu_cache, has the same layout with num_cpu_blocks blocks.
+
+    On the CPU the pool is allocated uninitialised: pages are touched (and count in RSS) only as
+    blocks are written, and no kernel reads a slot past a sequence's context. On a GPU it is
+    zeroed, as the batched torch decode path multiplies masked slots by zero weights.
     """
 
     def __init__(
         self,
         model: nn.Module,
         backend: AttentionBackend,
-        num_blocks: int,
+        geometry: KVGeometry,
         block_size: int,
         device: torch.device,
-        dtype: torch.dtype,
-        num_cpu_blocks: int = 0,
+        kv_cache_dtype: torch.dtype,
+        seed: int = 0,
     ) -> None:
         self.model = model
         self.backend = backend
+        self.geometry = geometry
         self.block_size = block_size
         self.device = device
-        layers = model.attention_layers
-        head = layers[0]
-        shape = (len(layers), 2, num_blocks, block_size, head.num_kv_heads, head.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
-        for i, attention in enumerate(layers):
+        self.kv_cache_dtype = kv_cache_dtype
+        # Rows without a per-request seed draw from this engine's own generator.
+        self.sampler = Sampler(torch.Generator(device).manual_seed(seed))
+        self.timer = StepTimer()
+        self.kv_cache = torch.empty(0)
+        self.cpu_cache = torch.empty(0)
+
+    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
+        """(Re)creates the device pool and the CPU swap pool and binds the model's layers."""
+        self.kv_cache = self.cpu_cache = torch.empty(0)  # the old pools go first
+        on_gpu = self.device.type == "cuda"
+        shape = self.geometry.cache_shape(num_blocks, self.block_size)
+        new = torch.zeros if on_gpu else torch.empty
+        self.kv_cache = new(shape, dtype=self.kv_cache_dtype, device=self.device)
+        for i, attention in enumerate(self.model.attention_layers):
             attention.key_cache, attention.value_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
-        cpu_shape = (*shape[:2], num_cpu_blocks, *shape[3:])
-        self.cpu_cache = torch.zeros(cpu_shape, dtype=dtype, pin_memory=device.type == "cuda")
-        self.sampler = Sampler()
+        cpu_shape = self.geometry.cache_shape(num_cpu_blocks, self.block_size)
+        self.cpu_cache = torch.empty(cpu_shape, dtype=self.kv_cache_dtype, pin_memory=on_gpu)
 
-    @staticmethod
-    def bytes_per_token(
-        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
-    ) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
-
-    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]) -> StepInputs:
-        """Flattens the step's sequences. Leading single-token sequences form the decode batch."""
+    def prepare(self, scheduled: SchedulerOutput) -> StepInputs:
+        """Flattens the step's sequences in the scheduler's order (decodes first)."""
         block_size = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
         context_lens: list[int] = []
         cu_seqlens_q = [0]
-        num_decode_seqs = 0
-        for seq, num_new in zip(seqs, num_new_tokens):
-            start = seq.num_computed_tokens
+        for i, (seq, start, num_new) in enumerate(
+            zip(scheduled.seqs, scheduled.num_computed_tokens, scheduled.num_new_tokens)
+        ):
             end = start + num_new
-            if num_new == 1 and end == seq.num_tokens:
-                num_decode_seqs += num_decode_seqs == len(context_lens)
+            if i < scheduled.num_decode_seqs:
                 input_ids.append(seq.last_token_id)
             else:
                 input_ids.extend(seq.token_ids[start:end])
@@ -82,9 +91,10 @@ class ModelRunner:
             )
             context_lens.append(end)
             cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
-        max_num_blocks = max(len(seq.block_table) for seq in seqs)
+        max_num_blocks = max(len(seq.block_table) for seq in scheduled.seqs)
         block_tables = [
-            seq.block_table + [0] * (max_num_blocks - len(seq.block_table)) for seq in seqs
+            seq.block_table + [0] * (max_num_blocks - len(seq.block_table))
+            for seq in scheduled.seqs
         ]
 
         def tensor(data: list, dtype: torch.dtype) -> torch.Tensor:
@@ -97,10 +107,11 @@ class ModelRunner:
             cu_seqlens_q=tensor(cu_seqlens_q, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             block_tables=tensor(block_tables, torch.int32),
-            max_seqlen_q=max(num_new_tokens),
+            max_seqlen_q=max(scheduled.num_new_tokens),
             max_context_len=max(context_lens),
-            num_decode_seqs=num_decode_seqs,
-            query_lens_cpu=list(num_new_tokens),
+            block_size=block_size,
+            num_decode_seqs=scheduled.num_decode_seqs,
+            query_lens_cpu=list(scheduled.num_new_tokens),
             context_lens_cpu=context_lens,
         )
         last_rows = [end - 1 for end in cu_seqlens_q[1:]]
@@ -109,34 +120,30 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, scheduled: SchedulerOutput) -> tuple[list[Sequence], SamplerOutput]:
-        """Moves blocks as scheduled, runs one step, and samples the next token of every
-        sequence whose prompt is complete after it. Returns those sequences and their samples."""
+    def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
+        """Moves blocks as scheduled, runs one step, and samples the next token of every sequence
+        in scheduled.sample_seqs, in that order."""
+        timer = self.timer
         self.move_blocks(scheduled)
-        computed = [(s, n) for s, n in zip(scheduled.seqs, scheduled.num_new_tokens) if n]
-        computed.sort(key=lambda item: item[1] != 1)  # decodes first, stable
-        seqs, num_new_tokens = [s for s, _ in computed], [n for _, n in computed]
-        inputs = self.prepare(seqs, num_new_tokens)
-        last_row = {s.seq_id: row for s, row in zip(seqs, inputs.last_rows)}
-        sampled: list[Sequence] = []
-        rows: list[int] = []
-        owner = None
-        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens):
-            owner = seq if num_new else owner  # forked siblings sample from the row before them
-            if seq.num_computed_tokens + num_new == seq.num_tokens:
-                sampled.append(seq)
-                rows.append(last_row[owner.seq_id])
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
-        if not sampled:
-            return sampled, SamplerOutput([], None)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        sampling = SamplingMetadata.build(
-            [seq.sampling_params for seq in sampled],
-            [seq.prompt_token_ids for seq in sampled],
-            [seq.output_token_ids for seq in sampled],
-            self.device,
-        )
-        return sampled, self.sampler(logits, sampling)
+        with timer.section("prepare_inputs"):
+            inputs = self.prepare(scheduled)
+            self.backend.prepare(inputs.metadata)
+        with timer.section("model_forward"):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
+            if not scheduled.sample_seqs:
+                return SamplerOutput([], None)
+            rows = [inputs.last_rows[row] for row in scheduled.sample_rows]
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        sampled = scheduled.sample_seqs
+        with timer.section("sampling_metadata"):
+            sampling = SamplingMetadata.build(
+                [seq.sampling_params for seq in sampled],
+                [seq.prompt_token_ids for seq in sampled],
+                [seq.output_token_ids for seq in sampled],
+                self.device,
+            )
+        with timer.section("sampler"):
+            return self.sampler(logits, sampling)
 
     def move_blocks(self, scheduled: SchedulerOutput) -> None:
         """Swap-outs first: their device blocks may be reused by this very step."""

@@ -14,11 +14,10 @@ class Request:
     prompt_token_ids: list[int]
     group: SequenceGroup
     beam: BeamSearchState | None = None
-    error: str | None = None
 
     @property
     def is_finished(self) -> bool:
-        return self.error is not None or self.group.is_finished
+        return self.group.is_finished
 
     @property
     def is_started(self) -> bool:
@@ -45,7 +44,7 @@ class Request:
             prompt_token_ids=self.prompt_token_ids,
             outputs=completions,
             metrics=metrics,
-            error=self.error or (errors[0] if errors else None),
+            error=errors[0] if errors else None,
         )
 
     def _beam_completions(self, tokenizer) -> list[CompletionOutput]:
@@ -54,7 +53,9 @@ class Request:
             completions.append(
                 CompletionOutput(
                     index=index,
-                    text=tokenizer.decode(hypothesis.token_ids, skip_special_tokens=True),
+                    text=""
+                    if tokenizer is None
+                    else tokenizer.decode(hypothesis.token_ids, skip_special_tokens=True),
                     token_ids=hypothesis.token_ids,
                     cumulative_logprob=hypothesis.cumulative_logprob,
                     finish_reason="stop" if hypothesis.finished_by_eos else "length",

@@ -1,34 +1,16 @@
 from collections import deque
 from enum import Enum
-from typing import NamedTuple
+from itertools import count
 
-from pagedgen.engine.block_manager import BlockManager, BlockMapping
+from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.scheduler_output import ScheduledStep, SchedulerOutput
 from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedgen.sampling_params import SamplingParams
 
 
 class PreemptionMode(Enum):
     RECOMPUTE = "recompute"
     SWAP = "swap"
-
-
-class SchedulerOutput(NamedTuple):
-    """One step's work. seqs[i] computes its next num_new_tokens[i] tokens; a sequence with 0
-    new tokens is a sibling forked this step and samples from the row of the one before it."""
-
-    seqs: list[Sequence]
-    num_new_tokens: list[int]
-    preempted: list[SequenceGroup]
-    blocks_to_swap_out: BlockMapping  # device -> CPU, done before anything else
-    blocks_to_swap_in: BlockMapping  # CPU -> device
-    blocks_to_copy: BlockMapping  # device -> device, copy-on-write
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
 
 
 class Scheduler:
@@ -40,6 +22,11 @@ class Scheduler:
     nothing was preempted, swapped groups come back in; then, if none is left swapped, waiting
     groups are admitted in arrival order while max_num_seqs, max_num_batched_tokens and the
     free blocks allow.
+
+    The scheduler is the one owner of step progress: schedule() counts the tokens it schedules
+    as computed (_update_after_schedule) and decides which sequences sample; the engine runs
+    the step and appends the samples. It also hands out sequence ids, and forks and finishes
+    sequences for the engine and beam search.
     """
 
     def __init__(
@@ -63,6 +50,7 @@ class Scheduler:
         self.num_preemptions = {mode: 0 for mode in PreemptionMode}
         self.num_blocks_swapped_out = 0
         self.num_blocks_swapped_in = 0
+        self._seq_ids = count()
 
     @property
     def num_unfinished(self) -> int:
@@ -71,10 +59,19 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def add(self, group: SequenceGroup | Sequence) -> str | None:
+    def new_sequence(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Sequence:
+        return Sequence(
+            next(self._seq_ids), request_id, prompt_token_ids, sampling_params, arrival_time
+        )
+
+    def add(self, group: SequenceGroup) -> str | None:
         """Queues a group, or returns why it can never run (and then leaves it out)."""
-        if isinstance(group, Sequence):
-            group = SequenceGroup(group.request_id, group, group.sampling_params)
         seq = group.seqs[0]
         max_tokens = group.sampling_params.max_tokens or 1
         total = seq.num_prompt_tokens + max_tokens
@@ -103,20 +100,19 @@ class Scheduler:
         return None
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(self.max_num_batched_tokens)
+        step = ScheduledStep(self.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_swapped(step)
         if not self.swapped:
             self._schedule_waiting(step)
-        return SchedulerOutput(
-            step.seqs,
-            step.num_new_tokens,
-            step.preempted,
-            step.swap_out,
-            step.swap_in,
-            step.copies,
-        )
+        return self._update_after_schedule(step)
+
+    def fork(self, parent: Sequence) -> Sequence:
+        """A running sequence's copy sharing all its blocks (beam search keeps both)."""
+        child = parent.fork(next(self._seq_ids))
+        self.block_manager.fork(parent, child)
+        return child
 
     def finish(self, seq: Sequence) -> None:
         """Returns a finished sequence's blocks at once; seq.status is already FINISHED_*."""
@@ -134,51 +130,56 @@ class Scheduler:
             self.running.remove(group)
 
     # -- the three queues --------------------------------------------------------------------
-    def _schedule_running(self, step: "_Step") -> None:
+    def _schedule_running(self, step: ScheduledStep) -> None:
         bm = self.block_manager
         running = deque(self.running)
         self.running = []
         while running:
             group = running.popleft()
             seqs = group.unfinished_seqs
-            num_new = [self._num_new_tokens(seq, step) for seq in seqs]
+            num_new = self._num_new_tokens(seqs, step.budget)
             if not any(num_new):  # out of token budget: wait for the next step, holding blocks
                 self.running.append(group)
                 continue
-            while not self._can_append(seqs, num_new):
+            copies = bm.allocate_slots(seqs, num_new)
+            while copies is None:
                 victim = running.pop() if running else group
                 self._preempt(victim, step)
                 if victim is group:
                     break
-            else:
-                for seq, n in zip(seqs, num_new):
-                    if n:
-                        step.copies += bm.append_slots(seq, n)
-                        step.add(seq, n)
-                self._fork_samples(group, step)
-                self.running.append(group)
+                copies = bm.allocate_slots(seqs, num_new)
+            if copies is None:
+                continue
+            step.copies += copies
+            for seq, n in zip(seqs, num_new):
+                if n:
+                    step.add(seq, seq.num_computed_tokens, n)
+            self._fork_samples(group, step)
+            self.running.append(group)
 
-    def _schedule_swapped(self, step: "_Step") -> None:
-        bm = self.block_manager
+    def _schedule_swapped(self, step: ScheduledStep) -> None:
         while self.swapped:
             group = self.swapped[0]
             seqs = group.unfinished_seqs
-            fits = step.num_seqs(self.running) + len(seqs) <= self.max_num_seqs
-            if not fits or step.budget < len(seqs) or not bm.can_swap_in(seqs):
+            if step.num_seqs(self.running) + len(seqs) > self.max_num_seqs:
                 return
+            num_new = self._num_new_tokens(seqs, step.budget)
+            if not all(num_new):
+                return
+            swapped_in = self.block_manager.swap_in(seqs, num_new)
+            if swapped_in is None:
+                return
+            mapping, copies = swapped_in
             self.swapped.popleft()
-            mapping = bm.swap_in(seqs)
             step.swap_in += mapping
+            step.copies += copies
             self.num_blocks_swapped_in += len(mapping)
-            for seq in seqs:
+            for seq, n in zip(seqs, num_new):
                 seq.status = SequenceStatus.RUNNING
-                n = self._num_new_tokens(seq, step)
-                step.copies += bm.append_slots(seq, n)
-                step.add(seq, n)
+                step.add(seq, seq.num_computed_tokens, n)
             self.running.append(group)
 
-    def _schedule_waiting(self, step: "_Step") -> None:
-        bm = self.block_manager
+    def _schedule_waiting(self, step: ScheduledStep) -> None:
         num_running = step.num_seqs(self.running)
         while self.waiting:
             group = self.waiting[0]
@@ -186,57 +187,57 @@ class Scheduler:
             num_seqs = len(seqs) + group.num_pending_forks
             if num_running + num_seqs > self.max_num_seqs:
                 return
-            plans = []
             budget = step.budget
-            for seq in seqs:
-                cached = bm.find_cached_blocks(seq)
-                remaining = seq.num_tokens - len(cached) * bm.block_size
+
+            def num_new_tokens(seq: Sequence, num_computed_tokens: int) -> int:
+                nonlocal budget
+                remaining = seq.num_tokens - num_computed_tokens
                 n = min(remaining, budget) if self.enable_chunked_prefill else remaining
-                if n == 0 or n > budget:
-                    return
-                plans.append((seq, cached, n))
+                if n > budget:
+                    return 0
                 budget -= n
-            if not bm.can_allocate(plans):
+                return n
+
+            plans = self.block_manager.allocate_prompt(seqs, num_new_tokens)
+            if plans is None:
                 return
             self.waiting.popleft()
-            for seq, cached, n in plans:
-                bm.allocate(seq, cached, n)
+            for seq, plan in zip(seqs, plans):
                 seq.status = SequenceStatus.RUNNING
-                step.add(seq, n)
+                step.add(seq, plan.num_computed_tokens, plan.num_new_tokens)
             self._fork_samples(group, step)
             self.running.append(group)
             num_running += num_seqs
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _num_new_tokens(self, seq: Sequence, step: "_Step") -> int:
-        remaining = seq.num_tokens - seq.num_computed_tokens
-        return min(remaining, step.budget) if self.enable_chunked_prefill else remaining
+    def _num_new_tokens(self, seqs: list[Sequence], budget: int) -> list[int]:
+        num_new = []
+        for seq in seqs:
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            n = min(remaining, budget) if self.enable_chunked_prefill else remaining
+            num_new.append(n)
+            budget -= n
+        return num_new
 
-    def _can_append(self, seqs: list[Sequence], num_new: list[int]) -> bool:
-        bm = self.block_manager
-        needed = sum(bm.num_needed_blocks(seq, n) for seq, n in zip(seqs, num_new))
-        return needed <= bm.num_free_blocks
-
-    def _fork_samples(self, group: SequenceGroup, step: "_Step") -> None:
+    def _fork_samples(self, group: SequenceGroup, step: ScheduledStep) -> None:
         """In the step that completes the prompt, the n - 1 siblings fork off the first sequence
         and sample from its last row, sharing all its blocks."""
         parent = group.seqs[0]
-        pending = group.num_pending_forks
-        if not pending or parent.num_computed_tokens + step.scheduled(parent) < parent.num_tokens:
+        if not group.num_pending_forks or step.end(parent) < parent.num_tokens:
             return
-        for child in group.fork_samples(parent):
+        for child in group.fork_samples(parent, self._seq_ids):
             self.block_manager.fork(parent, child)
-            child.num_computed_tokens = parent.num_computed_tokens + step.scheduled(parent)
-            step.add(child, 0)
+            step.forks.append((parent, child))
+            step.samplers.append((child, parent))
 
-    def _preempt(self, group: SequenceGroup, step: "_Step") -> None:
+    def _preempt(self, group: SequenceGroup, step: ScheduledStep) -> None:
         bm = self.block_manager
         seqs = group.unfinished_seqs
         mode = self.preemption_mode or (
             PreemptionMode.SWAP if len(group.seqs) > 1 else PreemptionMode.RECOMPUTE
         )
-        if mode == PreemptionMode.SWAP and bm.can_swap_out(seqs):
-            mapping = bm.swap_out(seqs)
+        mapping = bm.swap_out(seqs) if mode == PreemptionMode.SWAP else None
+        if mapping is not None:
             step.swap_out += mapping
             self.num_blocks_swapped_out += len(mapping)
             for seq in seqs:
@@ -252,29 +253,10 @@ class Scheduler:
         self.num_preemptions[mode] += 1
         step.preempted.append(group)
 
-
-class _Step:
-    """What one schedule() call has decided so far."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.seqs: list[Sequence] = []
-        self.num_new_tokens: list[int] = []
-        self.preempted: list[SequenceGroup] = []
-        self.swap_out: BlockMapping = []
-        self.swap_in: BlockMapping = []
-        self.copies: BlockMapping = []
-        self._scheduled: dict[int, int] = {}
-
-    def add(self, seq: Sequence, num_new_tokens: int) -> None:
-        self.seqs.append(seq)
-        self.num_new_tokens.append(num_new_tokens)
-        self.budget -= num_new_tokens
-        self._scheduled[seq.seq_id] = num_new_tokens
-
-    def scheduled(self, seq: Sequence) -> int:
-        return self._scheduled.get(seq.seq_id, 0)
-
-    @staticmethod
-    def num_seqs(running: list[SequenceGroup]) -> int:
-        return sum(len(group.unfinished_seqs) for group in running)
+    def _update_after_schedule(self, step: ScheduledStep) -> SchedulerOutput:
+        """Counts the step's tokens as computed: the one place progress advances."""
+        for seq, start, n in zip(step.seqs, step.starts, step.num_new_tokens):
+            seq.num_computed_tokens = start + n
+        for parent, child in step.forks:
+            child.num_computed_tokens = parent.num_computed_tokens
+        return step.output()

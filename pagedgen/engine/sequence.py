@@ -1,9 +1,8 @@
 import copy
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import replace
 from enum import Enum, auto
-from itertools import count
 
 from pagedgen.sampling_params import SamplingParams
 
@@ -34,21 +33,21 @@ FINISH_REASONS = {
 class Sequence:
     """One token stream: a prompt and the tokens generated after it.
 
-    num_computed_tokens counts the leading tokens whose K/V sit in the cache. A scheduled step
-    computes token_ids[num_computed_tokens : num_computed_tokens + num_new_tokens]; a preemption by
-    recompute sets it back to 0 and keeps the generated tokens, which are then prefilled again.
+    num_computed_tokens counts the leading tokens whose K/V sit in the cache once the step
+    scheduled last has run; only the scheduler changes it (Scheduler._update_after_schedule, and
+    back to 0 on a preemption by recompute, which keeps the generated tokens to prefill again).
+    seq_id is unique within one scheduler, which hands them out.
     """
-
-    _ids = count()
 
     def __init__(
         self,
+        seq_id: int,
         request_id: str,
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        self.seq_id = next(Sequence._ids)
+        self.seq_id = seq_id
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
         self.prompt_token_ids = list(prompt_token_ids)
@@ -96,10 +95,6 @@ class Sequence:
         return self.token_ids[-1]
 
     @property
-    def is_prefill_done(self) -> bool:
-        return self.num_computed_tokens >= self.num_tokens - 1
-
-    @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
 
@@ -121,10 +116,10 @@ class Sequence:
         self.error = error
         self.finished_time = time.monotonic()
 
-    def fork(self, sampling_params: SamplingParams | None = None) -> "Sequence":
+    def fork(self, seq_id: int, sampling_params: SamplingParams | None = None) -> "Sequence":
         """A new sequence with this one's tokens and progress; the caller shares the blocks."""
         child = copy.copy(self)
-        child.seq_id = next(Sequence._ids)
+        child.seq_id = seq_id
         child.sampling_params = sampling_params or self.sampling_params
         for name in ("token_ids", "output_token_ids", "output_logprobs", "block_hashes"):
             setattr(child, name, list(getattr(self, name)))
@@ -170,12 +165,12 @@ class SequenceGroup:
     def num_pending_forks(self) -> int:
         return self.sampling_params.n - len(self.seqs)
 
-    def fork_samples(self, parent: Sequence) -> list[Sequence]:
+    def fork_samples(self, parent: Sequence, seq_ids: Iterator[int]) -> list[Sequence]:
         """Forks the siblings of parallel sampling; sample i draws from seed + i."""
         params = self.sampling_params
         children = []
         for index in range(len(self.seqs), params.n):
             seed = None if params.seed is None else params.seed + index
-            children.append(parent.fork(replace(parent.sampling_params, seed=seed)))
+            children.append(parent.fork(next(seq_ids), replace(parent.sampling_params, seed=seed)))
         self.seqs.extend(children)
         return children

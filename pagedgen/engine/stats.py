@@ -1,7 +1,7 @@
 from dataclasses import dataclass, field
 
-from pagedgen.engine.block_manager import BlockManager
-from pagedgen.engine.scheduler import Scheduler, SchedulerOutput
+from pagedgen.engine.scheduler import Scheduler
+from pagedgen.engine.scheduler_output import SchedulerOutput
 
 
 @dataclass(slots=True)
@@ -31,13 +31,11 @@ class EngineStats:
     def record_step(self, scheduled: SchedulerOutput, model_time: float) -> None:
         self.num_steps += 1
         self.model_time += model_time
-        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens):
-            if seq.num_computed_tokens + num_new == seq.num_tokens:
-                self.num_generation_tokens += 1
-            if num_new > 1 or seq.num_computed_tokens < seq.num_tokens - 1:
-                self.num_prompt_tokens += num_new
+        self.num_generation_tokens += len(scheduled.sample_seqs)
+        self.num_prompt_tokens += scheduled.num_prefill_tokens
 
-    def observe(self, scheduler: Scheduler, block_manager: BlockManager) -> None:
+    def observe(self, scheduler: Scheduler) -> None:
+        block_manager = scheduler.block_manager
         self.num_running = sum(len(group.unfinished_seqs) for group in scheduler.running)
         self.num_waiting = len(scheduler.waiting)
         self.num_swapped = len(scheduler.swapped)

@@ -8,6 +8,10 @@ NUM_PROMPT_CONTEXT_TOKENS = 5
 
 
 class Tokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
     def decode(self, token_ids: list[int], **kwargs: bool) -> str: ...
 
 
@@ -32,7 +36,7 @@ class StopChecker:
     ends in U+FFFD (a multi-byte character split across tokens), in which case it waits.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int) -> None:
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self._offsets: dict[int, tuple[int, int]] = {}  # seq_id -> (prefix_offset, read_offset)
@@ -47,7 +51,8 @@ class StopChecker:
             or (not params.ignore_eos and token_id in params.all_stop_token_ids)
         )
         new_text = ""
-        if not is_stop_token or params.include_stop_str_in_output:
+        detokenize = params.detokenize and self.tokenizer is not None
+        if detokenize and (not is_stop_token or params.include_stop_str_in_output):
             new_text = self._decode_new_text(seq)
             seq.output_text += new_text
 

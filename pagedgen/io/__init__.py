@@ -1,9 +1,20 @@
 """Inputs (JSONL, OpenAI batch, text, Hugging Face datasets, ShareGPT) read lazily into
 InputRecords, and outputs written one complete JSON line at a time, resumable."""
 
+from pagedgen.io.output_file import OutputFile
 from pagedgen.io.readers import InputSource, open_input
 from pagedgen.io.records import InputRecord
-from pagedgen.io.resume import OutputFile
+from pagedgen.io.resume import resume_source
 from pagedgen.io.spec import InputError, InputSpec
+from pagedgen.io.writer import OutputWriteError
 
-__all__ = ["InputError", "InputRecord", "InputSource", "InputSpec", "OutputFile", "open_input"]
+__all__ = [
+    "InputError",
+    "InputRecord",
+    "InputSource",
+    "InputSpec",
+    "OutputFile",
+    "OutputWriteError",
+    "open_input",
+    "resume_source",
+]

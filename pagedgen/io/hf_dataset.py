@@ -135,9 +135,10 @@ def _column_names(stream: Any) -> list[str]:
 
 
 def _parquet_rows(path: Path) -> int | None:
+    import pyarrow
     import pyarrow.parquet as pq
 
     try:
         return pq.ParquetFile(path).metadata.num_rows
-    except Exception:
+    except (OSError, pyarrow.ArrowException):  # unreadable here: the stream then says why
         return None

@@ -1,7 +1,7 @@
 from typing import Any
 
 from pagedgen.io.openai_batch import openai_error, openai_response
-from pagedgen.io.records import InputRecord
+from pagedgen.io.records import InputRecord, request_hash
 from pagedgen.outputs import RequestOutput
 
 
@@ -47,7 +47,8 @@ def error_record(record: InputRecord, reason: str, num_prompt_tokens: int = 0) -
 
 
 class RecordFormatter:
-    """Turns finished requests and failures into output lines, pagedgen's or OpenAI's."""
+    """Turns finished requests and failures into output lines, pagedgen's or OpenAI's; each line
+    ends with its request's hash, which --resume checks."""
 
     def __init__(self, openai: bool, model: str = "", tokenizer: Any = None) -> None:
         self.openai = openai
@@ -58,10 +59,14 @@ class RecordFormatter:
         if output.error is not None:
             return self.error(record, output.error, output.num_prompt_tokens)
         if self.openai:
-            return openai_response(record, output, num_logprobs, self.model, self.tokenizer)
-        return output_record(record, output)
+            line = openai_response(record, output, num_logprobs, self.model, self.tokenizer)
+        else:
+            line = output_record(record, output)
+        return {**line, "request_hash": request_hash(record)}
 
     def error(self, record: InputRecord, reason: str, num_prompt_tokens: int = 0) -> dict:
         if self.openai:
-            return openai_error(record, f"{record.where}: {reason}")
-        return error_record(record, reason, num_prompt_tokens)
+            line = openai_error(record, f"{record.where}: {reason}")
+        else:
+            line = error_record(record, reason, num_prompt_tokens)
+        return {**line, "request_hash": request_hash(record)}

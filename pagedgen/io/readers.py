@@ -1,7 +1,7 @@
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain, islice
+from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -26,6 +26,8 @@ class InputSource(NamedTuple):
 
 def open_input(spec: InputSpec) -> InputSource:
     """Opens spec.path as the format it names (or looks like); raises InputError if unreadable."""
+    if spec.path == "-" and sys.stdin is None:
+        raise InputError("stdin is closed; give the input as a file")
     input_format = spec.input_format
     if input_format == "auto":
         input_format = detect_format(spec.path)
@@ -78,46 +80,65 @@ def read_jsonl(
     parse: Callable[[object, int], InputRecord] = parse_native,
     reference_column: str | None = None,
 ) -> Iterator[InputRecord]:
-    """Parses JSON lines lazily; a bad line becomes a record with an error instead of stopping."""
-    for line, text in _decoded(lines):
-        if isinstance(text, InputRecord):
-            yield text
-            continue
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            error = f"invalid JSON: {e.msg} (column {e.colno})"
-            yield InputRecord(line, f"line-{line}", error=error)
-            continue
-        record = parse(obj, line)
-        if reference_column is not None and isinstance(obj, dict):
-            record = record._replace(reference=obj.get(reference_column))
-        yield record
+    """Parses JSON lines lazily; a bad line becomes a record with an error instead of stopping.
+
+    Only the record outlives its line: a long line is never held as bytes, text and objects at
+    once while the record is used.
+    """
+    line = 0
+    for raw in lines:  # not enumerate: it keeps its last (line, raw) tuple, a long line, alive
+        line += 1  # noqa: SIM113
+        record = _jsonl_record(line, raw, parse, reference_column)
+        del raw
+        if record is not None:
+            yield record
 
 
 def read_text(lines: Iterable[bytes | str]) -> Iterator[InputRecord]:
     """One prompt per line; blank lines are skipped."""
-    for line, text in _decoded(lines):
+    line = 0
+    for raw in lines:  # not enumerate, as above
+        line += 1  # noqa: SIM113
+        text = _decode(line, raw)
+        del raw
         if isinstance(text, InputRecord):
             yield text
-        elif text.strip():
+        elif text and not text.isspace():
             yield InputRecord(line, f"line-{line}", prompt=text.rstrip("\r\n"))
 
 
-def _decoded(lines: Iterable[bytes | str]) -> Iterator[tuple[int, str | InputRecord]]:
-    for line, raw in enumerate(lines, start=1):
-        if isinstance(raw, str):
-            yield line, raw
-            continue
-        if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        try:
-            yield line, raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            error = f"undecodable bytes: not UTF-8 ({e.reason} at byte {e.start})"
-            yield line, InputRecord(line, f"line-{line}", error=error)
+def _jsonl_record(
+    line: int,
+    raw: bytes | str,
+    parse: Callable[[object, int], InputRecord],
+    reference_column: str | None,
+) -> InputRecord | None:
+    text = _decode(line, raw)
+    if isinstance(text, InputRecord):
+        return text
+    if not text or text.isspace():
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return InputRecord(line, f"line-{line}", error=f"invalid JSON: {e.msg} (column {e.colno})")
+    record = parse(obj, line)
+    if reference_column is not None and isinstance(obj, dict):
+        record = record._replace(reference=obj.get(reference_column))
+    return record
+
+
+def _decode(line: int, raw: bytes | str) -> str | InputRecord:
+    """The line as text, or an error record if it is not UTF-8."""
+    if isinstance(raw, str):
+        return raw
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        error = f"undecodable bytes: not UTF-8 ({e.reason} at byte {e.start})"
+        return InputRecord(line, f"line-{line}", error=error)
 
 
 def _binary_lines(path: str) -> Iterator[bytes]:
@@ -135,7 +156,7 @@ def _binary_lines(path: str) -> Iterator[bytes]:
 def _count_lines(path: str) -> int:
     try:
         with open(path, "rb") as f:
-            return sum(1 for line in f if line.strip())
+            return sum(1 for line in f if line and not line.isspace())
     except OSError as e:
         raise InputError(f"cannot read input {path!r}: {e.strerror}") from e
 
@@ -146,7 +167,15 @@ def _peek_object(lines: Iterator[bytes]) -> tuple[Any, Iterator[bytes]]:
     for raw in islice(lines, 100):
         seen.append(raw)
         try:
-            return json.loads(raw), chain(seen, lines)
+            return json.loads(raw), _put_back(seen, lines)
         except ValueError:
             continue
-    return None, chain(seen, lines)
+    return None, _put_back(seen, lines)
+
+
+def _put_back(seen: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]:
+    """seen, then lines; a line given out is no longer held here."""
+    seen.reverse()
+    while seen:
+        yield seen.pop()
+    yield from lines

@@ -1,3 +1,6 @@
+import hashlib
+import json
+import math
 from typing import Any, NamedTuple
 
 Prompt = str | list[int]
@@ -58,6 +61,15 @@ class InputRecord(NamedTuple):
         return f"line {line}" if self.unit == "line" else f"{self.unit} {line - 1}"
 
 
+def request_hash(record: InputRecord) -> str:
+    """A short digest of what a record asks for. Every output record carries it, so that --resume
+    can prove an existing output answers this input, line by line, whether lines have ids or not.
+    """
+    asked = [record.id, record.prompt, record.messages, record.sampling, record.endpoint]
+    text = json.dumps([*asked, record.error], ensure_ascii=False, sort_keys=True)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
 def is_token_ids(value: object) -> bool:
     return isinstance(value, list) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value
@@ -90,6 +102,8 @@ def sampling_overrides(obj: dict[str, Any]) -> tuple[dict[str, Any], str | None]
         value = obj[name]
         if not _is_type(value, kind):
             return {}, f"{name!r} must be a {kind}, got {json_type(value)}"
+        if isinstance(value, float) and not math.isfinite(value):  # JSON's Infinity and NaN
+            return {}, f"{name!r} must be a finite number, got {value}"
         overrides[name] = value
     return overrides, None
 

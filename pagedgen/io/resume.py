@@ -1,57 +1,32 @@
 import json
-import os
-import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from itertools import chain
+from typing import NamedTuple
 
 from pagedgen.io.openai_batch import line_of_batch_id
+from pagedgen.io.readers import InputSource
+from pagedgen.io.records import InputRecord, request_hash
 from pagedgen.io.spec import InputError
 from pagedgen.io.writer import MAX_FAILED_LINES
 
 
+class DoneRecord(NamedTuple):
+    """What an output record says of the request it answers."""
+
+    id: str | None
+    request_hash: str | None  # None in outputs of pagedgen before request hashes
+
+
 @dataclass(slots=True)
 class ResumeState:
-    """What an existing output already holds: input line -> the id its record carries."""
+    """What an existing output already holds, by the input line each record answers."""
 
-    done: dict[int, str | None] = field(default_factory=dict)
+    done: dict[int, DoneRecord] = field(default_factory=dict)
     num_failed: int = 0
     failed_lines: list[int] = field(default_factory=list)
     num_torn_bytes: int = 0
-
-
-class OutputFile:
-    """The output stream, opened for a fresh run or for --resume.
-
-    Resuming keeps every complete record, cuts off a torn last line (a write that a kill
-    interrupted) and appends after them. A fresh run refuses to replace records it would lose
-    unless overwrite is set.
-    """
-
-    def __init__(self, path: str, resume: bool = False, overwrite: bool = False) -> None:
-        self.path = path
-        self.state = ResumeState()
-        if path == "-":
-            if resume:
-                raise InputError("--resume needs an output file, not stdout")
-            self.stream: BinaryIO = sys.stdout.buffer
-            return
-        if resume and os.path.exists(path):
-            self.state = scan_output(path)
-            with open(path, "r+b") as f:
-                f.truncate(os.path.getsize(path) - self.state.num_torn_bytes)
-        elif not overwrite and os.path.isfile(path) and os.path.getsize(path) > 0:
-            raise InputError(
-                f"output {path!r} already holds records; pass --resume to continue it or "
-                "--overwrite to replace it"
-            )
-        try:
-            self.stream = open(path, "ab" if resume else "wb", buffering=0)  # noqa: SIM115
-        except OSError as e:
-            raise InputError(f"cannot write output {path!r}: {e.strerror}") from e
-
-    def close(self) -> None:
-        if self.stream is not sys.stdout.buffer:
-            self.stream.close()
+    checked: bool = False  # the input was proven to be the one these records answer
 
 
 def scan_output(path: str) -> ResumeState:
@@ -78,7 +53,9 @@ def scan_output(path: str) -> ResumeState:
                 )
             if line in state.done:
                 continue
-            state.done[line] = obj.get("custom_id", obj.get("id"))
+            state.done[line] = DoneRecord(
+                obj.get("custom_id", obj.get("id")), obj.get("request_hash")
+            )
             if obj.get("error") is not None:
                 state.num_failed += 1
                 if len(state.failed_lines) < MAX_FAILED_LINES:
@@ -94,3 +71,52 @@ def record_line(obj: object) -> int | None:
     if isinstance(line, int) and not isinstance(line, bool):
         return line
     return line_of_batch_id(obj.get("id"))
+
+
+def resume_source(
+    source: InputSource,
+    state: ResumeState,
+    path: str,
+    reopen: Callable[[], InputSource] | None = None,
+) -> InputSource:
+    """The input a resumed run reads, once proven to be the one the output's records answer.
+
+    The proof reads the input up to the last line answered, before anything is written, and
+    raises InputError at the first record made from another request. The unanswered records read
+    on the way are kept for the run, unless reopen can read the input again from its start.
+    """
+    if state.checked or not state.done:
+        return source
+    skipped = _check_answers(source.records, state, path, keep=reopen is None)
+    state.checked = True
+    if reopen is not None:
+        return reopen()
+    return source._replace(records=chain(skipped, source.records))
+
+
+def _check_answers(
+    records: Iterator[InputRecord], state: ResumeState, path: str, keep: bool
+) -> list[InputRecord]:
+    last = max(state.done)
+    skipped: list[InputRecord] = []
+    for record in records:
+        done = state.done.get(record.line)
+        if done is None:
+            if keep:
+                skipped.append(record)
+        elif done.id is not None and done.id != record.id:
+            raise InputError(
+                f"{path!r} does not answer this input: its record for {record.where} has id "
+                f"{done.id!r}, the input has {record.id!r}"
+            )
+        elif done.request_hash is not None and done.request_hash != request_hash(record):
+            raise InputError(
+                f"{path!r} does not answer this input: its record for {record.where} was made "
+                "from another request; resume with the input that made it, or --overwrite"
+            )
+        if record.line >= last:
+            return skipped
+    raise InputError(
+        f"{path!r} does not answer this input: it holds a record for line {last}, past the end "
+        "of the input"
+    )

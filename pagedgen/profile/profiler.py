@@ -6,11 +6,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pagedgen.batch.requests import RequestBuilder
+from pagedgen.batch.requests import RequestBuilder, RequestError
 from pagedgen.config import EngineConfig
+from pagedgen.engine.kv_geometry import GIB, KVGeometry, size_kv_pool
 from pagedgen.io.records import InputRecord
 from pagedgen.llm import LLM
-from pagedgen.profile.geometry import KVGeometry
 from pagedgen.profile.kv_usage import KVUsageTracker
 from pagedgen.profile.simulate import PoolShape, SimRequest, SimResult, simulate
 
@@ -46,7 +46,7 @@ class ProfileReport:
                 "block_size": self.block_size,
                 "num_blocks": self.num_blocks,
                 "num_tokens": self.pool_tokens,
-                "memory_gib": round(self.pool_tokens * geometry.bytes_per_token / 2**30, 3),
+                "memory_gib": round(self.pool_tokens * geometry.bytes_per_token / GIB, 3),
                 "max_model_len": self.max_model_len,
             },
             "workload": self.workload,
@@ -63,11 +63,11 @@ def build_workload(
     requests: list[SimRequest] = []
     num_invalid = num_with_reference = 0
     for record in records:
-        built = builder.build(record)
-        if isinstance(built, str):
+        try:
+            prompt, params = builder.prepare(record)
+        except RequestError:
             num_invalid += 1
             continue
-        prompt, params = built
         output_len = _reference_length(record.reference, builder.tokenizer)
         num_with_reference += output_len is not None
         if output_len is None:
@@ -109,7 +109,6 @@ def profile_simulated(
 
 def profile_real(
     llm: LLM,
-    geometry: KVGeometry,
     requests: list[SimRequest],
     workload: dict[str, Any],
     block_sizes: Iterable[int] = BLOCK_SIZES,
@@ -117,6 +116,7 @@ def profile_real(
     """Runs the requests through the engine, sampling its block manager after every step. The
     block-size table then simulates the lengths the run actually produced."""
     engine = llm.engine
+    geometry = engine.runner.geometry
     tracker = KVUsageTracker(engine.block_manager, engine.max_model_len, keep_timeline=True)
     produced: dict[int, int] = {}
     num_errors = 0
@@ -168,12 +168,8 @@ def _simulate_at(
     requests: list[SimRequest],
     keep_timeline: bool = False,
 ) -> SimResult:
-    bytes_per_block = geometry.bytes_per_token * config.block_size
-    num_blocks = int(kv_bytes // bytes_per_block)
-    if num_blocks < 1:
-        raise ValueError(f"{kv_bytes / 2**30:.3g} GiB holds no block of {config.block_size}")
-    num_cpu_blocks = int(config.swap_space * 2**30 // bytes_per_block)
-    shape = PoolShape(num_blocks, num_cpu_blocks, max_model_len)
+    pool = size_kv_pool(geometry, config.block_size, kv_bytes, config.swap_space * GIB)
+    shape = PoolShape(pool.num_blocks, pool.num_cpu_blocks, max_model_len)
     return simulate(requests, config, shape, keep_timeline)
 
 

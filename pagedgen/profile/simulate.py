@@ -1,24 +1,24 @@
-"""Drives the real Scheduler and BlockManager with token counts only, no model.
+"""Runs the real engine loop on token counts only: LLMEngine with a NullRunner, no model.
 
-Each step does what LLMEngine.step does around the model: the scheduled tokens count as
-computed, every sequence whose prompt is then complete samples one token, and a sequence
-finishes when it reaches its target output length. Admission, chunked prefill, prefix caching,
-preemption and block allocation are the engine's own code, so the pool behaves as in a real run
-of the same lengths. Prompts keep their real token ids (prefix-cache hits are real); every
-sampled token is unique to its sequence, so generated text is never mistaken for shared.
+The null runner samples, for every sequence the scheduler says samples, a token unique to that
+sequence (so generated text is never mistaken for shared), and eos once the sequence reaches its
+request's output length. Admission, chunked prefill, prefix caching, preemption, block
+allocation, stopping and freeing are the engine's own code, so the pool behaves as in a real run
+of the same lengths. Prompts keep their real token ids (prefix-cache hits are real).
 """
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from pagedgen.config import EngineConfig
-from pagedgen.engine.block_manager import BlockManager
-from pagedgen.engine.control_plane import build_control_plane
-from pagedgen.engine.scheduler import Scheduler
-from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedgen.engine.llm_engine import LLMEngine
+from pagedgen.engine.runner import NullRunner
+from pagedgen.engine.sequence import Sequence
 from pagedgen.profile.kv_usage import KVUsageTracker
 from pagedgen.sampling_params import SamplingParams
+
+EOS = -1  # the null runner's vocabulary: eos, and -2 - seq_id for each sequence's tokens
 
 
 class SimRequest(NamedTuple):
@@ -49,65 +49,47 @@ def simulate(
     config: EngineConfig,
     shape: PoolShape,
     keep_timeline: bool = False,
-    on_step: Callable[[BlockManager, Scheduler], None] | None = None,
+    on_step: Callable[[LLMEngine], None] | None = None,
 ) -> SimResult:
     start = time.perf_counter()
-    block_manager, scheduler = build_control_plane(
-        config, shape.num_blocks, shape.num_cpu_blocks, shape.max_model_len
+    num_output_tokens: dict[str, int] = {}
+
+    def next_token(seq: Sequence) -> int:
+        done = seq.num_output_tokens + 1 >= num_output_tokens[seq.request_id]
+        return EOS if done else -2 - seq.seq_id
+
+    engine = LLMEngine(
+        config,
+        NullRunner(next_token),
+        tokenizer=None,
+        num_blocks=shape.num_blocks,
+        num_cpu_blocks=shape.num_cpu_blocks,
+        max_model_len=shape.max_model_len,
+        eos_token_ids={EOS},
     )
-    tracker = KVUsageTracker(block_manager, shape.max_model_len, keep_timeline)
-    targets: dict[str, int] = {}  # request id -> output length
-    groups: dict[str, SequenceGroup] = {}
-    pending = iter(requests)
-    max_pending = 2 * config.max_num_seqs  # as LLM.stream admits
-    exhausted = False
-    num_added = num_finished = num_rejected = 0
-    while True:
-        while not exhausted and scheduler.num_unfinished < max_pending:
-            request = next(pending, None)
-            if request is None:
-                exhausted = True
-                break
-            request_id = str(num_added)
-            num_added += 1
-            params = SamplingParams(n=request.n, max_tokens=request.max_tokens, ignore_eos=True)
-            seq = Sequence(request_id, request.prompt_token_ids, params)
-            group = SequenceGroup(request_id, seq, params)
-            if scheduler.add(group) is not None:
-                num_rejected += 1
-                continue
-            groups[request_id] = group
-            room = shape.max_model_len - len(request.prompt_token_ids)
-            targets[request_id] = max(1, min(request.num_output_tokens, request.max_tokens or room))
-        if not scheduler.has_unfinished():
-            break
-        scheduled = scheduler.schedule()
-        if scheduled.is_empty:
-            raise RuntimeError("the scheduler can make no progress; the KV pool is too small")
-        for seq, num_new_tokens in zip(scheduled.seqs, scheduled.num_new_tokens):
-            seq.num_computed_tokens += num_new_tokens
-        finished_any = False
-        for seq in scheduled.seqs:
-            if seq.num_computed_tokens != seq.num_tokens:
-                continue
-            seq.append_token_id(-1 - seq.seq_id)
-            if seq.num_output_tokens >= targets[seq.request_id]:
-                seq.finish(SequenceStatus.FINISHED_LENGTH_CAPPED)
-                scheduler.finish(seq)
-                finished_any = True
-                if groups[seq.request_id].is_finished:
-                    del targets[seq.request_id], groups[seq.request_id]
-                    num_finished += 1
-        if finished_any:
-            scheduler.remove_finished_groups()
+    tracker = KVUsageTracker(engine.block_manager, shape.max_model_len, keep_timeline)
+
+    def engine_requests() -> Iterator[tuple[str, list[int], SamplingParams]]:
+        for i, request in enumerate(requests):
+            num_output_tokens[str(i)] = request.num_output_tokens
+            params = SamplingParams(n=request.n, max_tokens=request.max_tokens, detokenize=False)
+            yield str(i), request.prompt_token_ids, params
+
+    def observe(engine: LLMEngine) -> None:
         tracker.observe()
         if on_step is not None:
-            on_step(block_manager, scheduler)
+            on_step(engine)
+
+    num_finished = num_rejected = 0
+    for output in engine.stream(engine_requests(), on_step=observe):
+        num_rejected += output.error is not None
+        num_finished += output.error is None
+    stats = engine.stats
     return SimResult(
         tracker,
         num_finished,
         num_rejected,
-        sum(scheduler.num_preemptions.values()),
-        block_manager.num_prefix_cache_hits / max(block_manager.num_prefix_cache_queries, 1),
+        stats.num_preemptions,
+        stats.prefix_cache_hit_rate,
         time.perf_counter() - start,
     )

@@ -161,6 +161,7 @@ def make_metadata(
         ),
         max_seqlen_q=max(query_lens),
         max_context_len=max(context_lens),
+        block_size=block_size,
         num_decode_seqs=next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens)),
         query_lens_cpu=query_lens,
         context_lens_cpu=context_lens,

@@ -23,7 +23,7 @@ def test_cupy_backend_refuses_cpu_device() -> None:
 def test_cupy_backend_without_cupy_or_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loader, "cupy_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"needs CuPy and a visible GPU.*pagedgen\[cuda\]"):
-        CupyAttentionBackend(torch.device("cuda"))
+        CupyAttentionBackend(torch.device("cuda"), 64, 16)
 
 
 def test_only_the_loader_imports_cupy() -> None:

@@ -35,6 +35,7 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype) -> None
     ref_cache = cache.clone()
     scale = head_size**-0.5
 
+    emulated_backend.prepare(metadata)
     out = emulated_backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
     expected = ReferenceAttentionBackend().forward(
         query, key, value, ref_cache[0], ref_cache[1], metadata, scale
@@ -44,9 +45,9 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype) -> None
     assert torch.equal(cache, ref_cache)
 
 
-def test_backend_rejects_unsupported_block_size(emulated_backend) -> None:
-    metadata = make_metadata([1], [5], 64, 2, "cpu")
-    cache = torch.zeros(2, 2, 64, 1, 64)
-    qkv = torch.zeros(1, 1, 64)
+def test_backend_rejects_unsupported_sizes_when_built(monkeypatch) -> None:
+    monkeypatch.setattr(loader, "cupy_available", lambda: True)
     with pytest.raises(ValueError, match="block sizes"):
-        emulated_backend.forward(qkv, qkv, qkv, cache[0], cache[1], metadata, 1.0)
+        CupyAttentionBackend(torch.device("cuda"), 64, 64)
+    with pytest.raises(ValueError, match="head sizes"):
+        CupyAttentionBackend(torch.device("cuda"), 72, 16)

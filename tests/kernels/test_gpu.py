@@ -93,9 +93,9 @@ def test_backend_matches_reference(dtype: torch.dtype) -> None:
     cache = torch.randn(2, 64, 16, num_kv_heads, head_size, device="cuda").to(dtype)
     ref_cache = cache.cpu()
     scale = head_size**-0.5
-    out = CupyAttentionBackend(torch.device("cuda")).forward(
-        query, key, value, cache[0], cache[1], metadata, scale
-    )
+    backend = CupyAttentionBackend(torch.device("cuda"), head_size, 16)
+    backend.prepare(metadata)
+    out = backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
     cpu_metadata = make_metadata(query_lens, context_lens, 16, 64, "cpu")
     expected = ReferenceAttentionBackend().forward(
         query.cpu(), key.cpu(), value.cpu(), ref_cache[0], ref_cache[1], cpu_metadata, scale

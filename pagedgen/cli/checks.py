@@ -1,0 +1,67 @@
+"""What `pagedgen run` checks before it loads a model or touches its output: every mistake a
+user can make there is one line and exit 2, found in a second instead of after a long start-up."""
+
+import math
+import os
+
+from pagedgen.config import EngineConfig
+
+GIB = 1 << 30
+
+
+def fill_closed_std_fds() -> None:
+    """Opens /dev/null on a closed stdin, stdout or stderr (<&-, >&-), so that no file the run
+    opens takes fd 0, 1 or 2, where a library writing to "stdout" would write into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free fd: this one
+
+
+def check_engine_fits(config: EngineConfig) -> None:
+    """Raises ValueError for an engine this machine cannot run: a GPU device or backend without
+    a GPU, a KV cache (and swap pool) on the CPU larger than the memory available."""
+    import torch
+
+    for name in ("kv_cache_memory", "swap_space"):
+        value = getattr(config, name)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    has_cuda = torch.cuda.is_available()
+    if config.device.startswith("cuda") and not has_cuda:
+        raise ValueError(f"--device {config.device}: torch sees no CUDA GPU on this machine")
+    on_gpu = config.device.startswith("cuda") or (config.device == "auto" and has_cuda)
+    if config.attention_backend == "cupy" and not on_gpu:
+        why = "--device is cpu" if has_cuda else "torch sees none on this machine"
+        raise ValueError(f"--attention-backend cupy runs on a CUDA GPU, and {why}")
+    if on_gpu or config.kv_cache_memory is None:
+        return
+    available = mem_available_gib()
+    needed = config.kv_cache_memory + config.swap_space
+    if available is not None and needed > available:
+        raise ValueError(
+            f"--kv-cache-memory {config.kv_cache_memory:g} GiB (+ --swap-space "
+            f"{config.swap_space:g}) is more than the {available:.1f} GiB of memory available"
+        )
+
+
+def mem_available_gib() -> float | None:
+    """The memory the kernel says a new allocation can take (Linux MemAvailable), in GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / GIB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_writable_folder(path: str, option: str) -> None:
+    """Raises ValueError unless the file path can be created: its folder exists and is writable."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {path!r}: folder {folder!r} is not writable")

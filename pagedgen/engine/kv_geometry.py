@@ -1,0 +1,74 @@
+"""What the KV cache holds per token and how many blocks a memory budget buys; computed here
+and nowhere else (the engine, the model runner and `pagedgen profile` all ask)."""
+
+from typing import Any, NamedTuple, Protocol
+
+GIB = 1 << 30
+DEFAULT_CPU_KV_CACHE_GIB = 4.0
+
+
+class DType(Protocol):  # torch.dtype, without importing torch
+    itemsize: int
+
+
+def head_dim_of(hf_config: Any) -> int:
+    """A model's attention head size: the config's head_dim, else hidden_size / heads."""
+    return getattr(hf_config, "head_dim", None) or (
+        hf_config.hidden_size // hf_config.num_attention_heads
+    )
+
+
+class KVGeometry(NamedTuple):
+    """What one token's K and V take in the cache: 2 x layers x kv heads x head dim x dtype."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, hf_config: Any, dtype: DType) -> "KVGeometry":
+        num_heads = hf_config.num_attention_heads
+        num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
+        name = str(dtype).removeprefix("torch.")
+        return cls(
+            hf_config.num_hidden_layers, num_kv_heads, head_dim_of(hf_config), name, dtype.itemsize
+        )
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def bytes_per_block(self, block_size: int) -> int:
+        return self.bytes_per_token * block_size
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """The pool: [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
+        return (self.num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def formula(self) -> str:
+        return (
+            f"2 x {self.num_layers} layers x {self.num_kv_heads} kv heads x {self.head_dim} "
+            f"head dim x {self.dtype_bytes} bytes ({self.dtype})"
+        )
+
+
+class PoolSize(NamedTuple):
+    num_blocks: int  # device blocks
+    num_cpu_blocks: int  # the swap pool's
+
+
+def size_kv_pool(
+    geometry: KVGeometry, block_size: int, kv_cache_bytes: float, swap_space_bytes: float
+) -> PoolSize:
+    """Blocks of block_size tokens that the budgets hold; at least one device block."""
+    bytes_per_block = geometry.bytes_per_block(block_size)
+    num_blocks = int(kv_cache_bytes // bytes_per_block)
+    if num_blocks < 1:
+        raise ValueError(
+            f"a KV cache of {kv_cache_bytes / GIB:.3g} GiB holds no block of {block_size} tokens "
+            f"({bytes_per_block} bytes: {geometry.formula} x {block_size})"
+        )
+    return PoolSize(num_blocks, int(swap_space_bytes // bytes_per_block))

@@ -1,0 +1,154 @@
+"""The torch side of building an engine: device, dtype, model, tokenizer, runner, KV pool."""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from pagedgen.attention import get_attention_backend
+from pagedgen.config import EngineConfig
+from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
+from pagedgen.engine.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
+from pagedgen.engine.kv_geometry import (
+    DEFAULT_CPU_KV_CACHE_GIB,
+    GIB,
+    KVGeometry,
+    PoolSize,
+    size_kv_pool,
+)
+from pagedgen.engine.model_runner import ModelRunner
+from pagedgen.engine.scheduler_output import SchedulerOutput
+from pagedgen.engine.sequence import Sequence
+from pagedgen.loader import load_model, resolve_model
+from pagedgen.loader.model_files import load_config, load_tokenizer
+from pagedgen.sampling_params import SamplingParams
+
+
+class ModelSetup(NamedTuple):
+    runner: ModelRunner
+    tokenizer: Any
+    hf_config: Any
+    max_model_len: int
+    num_blocks: int
+    num_cpu_blocks: int
+    eos_token_ids: set[int]
+
+
+def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
+    if config.num_threads is not None:  # asked for: torch's thread count is process-wide
+        torch.set_num_threads(config.num_threads)
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.dtype, device)  # the weights' values and the KV cache
+    compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
+    resolved = resolve_model(config.model)
+    hf_config = load_config(resolved)
+    tokenizer = load_tokenizer(resolved)
+    max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
+    geometry = KVGeometry.of(hf_config, dtype)
+    backend = get_attention_backend(
+        config.attention_backend, device, geometry.head_dim, config.block_size
+    )
+    model = load_model(resolved, hf_config, backend, max_model_len, dtype, device, compute_dtype)
+    runner = ModelRunner(model, backend, geometry, config.block_size, device, dtype, config.seed)
+    if config.kv_cache_memory is not None:
+        kv_cache_bytes = config.kv_cache_memory * GIB
+    elif device.type == "cuda":
+        kv_cache_bytes = gpu_kv_cache_bytes(runner, config, max_model_len)
+    else:
+        kv_cache_bytes = DEFAULT_CPU_KV_CACHE_GIB * GIB
+    pool = size_kv_pool(geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
+    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks)
+    where = str(device)
+    if device.type == "cpu":
+        where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"
+    log(
+        f"model {config.model} ({type(model).__name__}, {dtype}, {where}, "
+        f"{backend.name} attention), max_model_len {max_model_len}"
+    )
+    log(describe_pool(pool, geometry, config.block_size))
+    return ModelSetup(
+        runner,
+        tokenizer,
+        hf_config,
+        max_model_len,
+        pool.num_blocks,
+        pool.num_cpu_blocks,
+        eos_token_ids(hf_config, tokenizer),
+    )
+
+
+def describe_pool(pool: PoolSize, geometry: KVGeometry, block_size: int) -> str:
+    num_tokens = pool.num_blocks * block_size
+    gib = num_tokens * geometry.bytes_per_token / GIB
+    return (
+        f"KV cache: {pool.num_blocks} blocks x {block_size} tokens = {num_tokens} tokens, "
+        f"{gib:.3g} GiB ({geometry.bytes_per_token} bytes/token); "
+        f"CPU swap pool {pool.num_cpu_blocks} blocks"
+    )
+
+
+def gpu_kv_cache_bytes(runner: ModelRunner, config: EngineConfig, max_model_len: int) -> float:
+    """What the pool may take on a GPU: gpu_memory_utilization of its memory, less what is in use
+    (weights, CUDA context) and the activations' peak, measured by a warm-up step of
+    max_num_batched_tokens prompt tokens (nano-vllm's warmup_model / allocate_kv_cache)."""
+    device = runner.device
+    num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
+    seq_lens = [
+        min(max_model_len, num_tokens - done) for done in range(0, num_tokens, max_model_len)
+    ]
+    runner.allocate_kv_cache(sum(-(-n // runner.block_size) for n in seq_lens), 0)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    warm_up(runner, seq_lens)
+    torch.cuda.synchronize(device)
+    activations = torch.cuda.max_memory_allocated(device) - base
+    runner.allocate_kv_cache(0, 0)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    kv_cache_bytes = total * config.gpu_memory_utilization - (total - free) - activations
+    if kv_cache_bytes <= 0:
+        raise ValueError(
+            f"no GPU memory left for the KV cache: {total / GIB:.1f} GiB x "
+            f"gpu_memory_utilization {config.gpu_memory_utilization} is less than the "
+            f"{(total - free) / GIB:.1f} GiB in use plus {activations / GIB:.2f} GiB of "
+            "activations; lower max_num_batched_tokens or raise gpu_memory_utilization"
+        )
+    return kv_cache_bytes
+
+
+def warm_up(runner: ModelRunner, seq_lens: list[int]) -> None:
+    """One prefill step of sequences of these lengths through the runner's current pool, each
+    sampling one token: the largest step the engine will run."""
+    seqs, block_id = [], 0
+    for i, n in enumerate(seq_lens):
+        seq = Sequence(i, "warm-up", [0] * n, SamplingParams(temperature=0, max_tokens=1))
+        num_blocks = -(-n // runner.block_size)
+        seq.block_table = list(range(block_id, block_id + num_blocks))
+        block_id += num_blocks
+        seqs.append(seq)
+    rows = list(range(len(seqs)))
+    runner.execute(SchedulerOutput(seqs, [0] * len(seqs), seq_lens, 0, seqs, rows, [], [], [], []))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+    return device
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def eos_token_ids(hf_config: Any, tokenizer: Any) -> set[int]:
+    ids = getattr(hf_config, "eos_token_id", None)
+    ids = set(ids) if isinstance(ids, list) else ({ids} if ids is not None else set())
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,36 @@
+"""What the engine asks of whatever runs the model, and a runner that runs none."""
+
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from pagedgen.engine.scheduler_output import SchedulerOutput
+from pagedgen.engine.sequence import Sequence
+from pagedgen.engine.step_timer import StepTimer
+
+
+class SamplerOutput(NamedTuple):
+    token_ids: list[int]
+    # Per row: {sampled token: logprob, then the top-k tokens in descending order}, from the raw
+    # model logits; None for rows that did not ask. The whole field is None when no row asked.
+    logprobs: list[dict[int, float] | None] | None
+
+
+class Runner(Protocol):
+    """Runs one scheduled step: moves the blocks it names, computes its tokens into the KV
+    cache, and samples one token per scheduled.sample_seqs entry, in that order."""
+
+    timer: StepTimer
+
+    def execute(self, scheduled: SchedulerOutput) -> SamplerOutput: ...
+
+
+class NullRunner:
+    """Runs no model: each sampled sequence gets next_token(seq). The simulator of `pagedgen
+    profile` and the engine-loop tests drive the real engine with it."""
+
+    def __init__(self, next_token: Callable[[Sequence], int]) -> None:
+        self.next_token = next_token
+        self.timer = StepTimer()
+
+    def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
+        return SamplerOutput([self.next_token(seq) for seq in scheduled.sample_seqs], None)

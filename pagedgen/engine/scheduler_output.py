@@ -1,0 +1,95 @@
+from typing import NamedTuple
+
+from pagedgen.engine.block_manager import BlockMapping
+from pagedgen.engine.sequence import Sequence, SequenceGroup
+
+
+class SchedulerOutput(NamedTuple):
+    """One step's work, decided and already counted as done by the scheduler.
+
+    seqs[i] computes token_ids[num_computed_tokens[i] : num_computed_tokens[i] + num_new_tokens[i]]
+    (num_computed_tokens as it was before this step); the first num_decode_seqs compute one token
+    each, their last. After the step, sample_seqs[j] samples its next token from the logits of
+    the last token of seqs[sample_rows[j]]: its own, or its parent's for a sibling forked this
+    step (which computes nothing).
+    """
+
+    seqs: list[Sequence]
+    num_computed_tokens: list[int]
+    num_new_tokens: list[int]
+    num_decode_seqs: int
+    sample_seqs: list[Sequence]
+    sample_rows: list[int]
+    preempted: list[SequenceGroup]
+    blocks_to_swap_out: BlockMapping  # device -> CPU, done before anything else
+    blocks_to_swap_in: BlockMapping  # CPU -> device
+    blocks_to_copy: BlockMapping  # device -> device, copy-on-write
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens computed by prefill rows: prompts, and outputs recomputed after a preemption."""
+        return sum(self.num_new_tokens[self.num_decode_seqs :])
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class ScheduledStep:
+    """What one Scheduler.schedule() call has decided so far."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.seqs: list[Sequence] = []
+        self.starts: list[int] = []  # num_computed_tokens before the step
+        self.num_new_tokens: list[int] = []
+        self.forks: list[tuple[Sequence, Sequence]] = []  # (parent, child) forked this step
+        # (seq, the seq whose last row it samples from), in the order they were scheduled
+        self.samplers: list[tuple[Sequence, Sequence]] = []
+        self.preempted: list[SequenceGroup] = []
+        self.swap_out: BlockMapping = []
+        self.swap_in: BlockMapping = []
+        self.copies: BlockMapping = []
+        self._ends: dict[int, int] = {}
+
+    def add(self, seq: Sequence, num_computed_tokens: int, num_new_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.starts.append(num_computed_tokens)
+        self.num_new_tokens.append(num_new_tokens)
+        self.budget -= num_new_tokens
+        self._ends[seq.seq_id] = num_computed_tokens + num_new_tokens
+        if num_computed_tokens + num_new_tokens == seq.num_tokens:
+            self.samplers.append((seq, seq))
+
+    def end(self, seq: Sequence) -> int:
+        """How many of seq's tokens are computed once this step has run."""
+        return self._ends.get(seq.seq_id, seq.num_computed_tokens)
+
+    def is_decode(self, i: int) -> bool:
+        return self.num_new_tokens[i] == 1 and self.starts[i] + 1 == self.seqs[i].num_tokens
+
+    @staticmethod
+    def num_seqs(running: list[SequenceGroup]) -> int:
+        return sum(len(group.unfinished_seqs) for group in running)
+
+    def output(self) -> SchedulerOutput:
+        """The step laid out for the runner: decodes first, then prefill chunks, each in the
+        order scheduled."""
+        order = sorted(range(len(self.seqs)), key=lambda i: not self.is_decode(i))
+        row_of = {self.seqs[i].seq_id: row for row, i in enumerate(order)}
+        return SchedulerOutput(
+            seqs=[self.seqs[i] for i in order],
+            num_computed_tokens=[self.starts[i] for i in order],
+            num_new_tokens=[self.num_new_tokens[i] for i in order],
+            num_decode_seqs=sum(self.is_decode(i) for i in order),
+            sample_seqs=[seq for seq, _ in self.samplers],
+            sample_rows=[row_of[owner.seq_id] for _, owner in self.samplers],
+            preempted=self.preempted,
+            blocks_to_swap_out=self.swap_out,
+            blocks_to_swap_in=self.swap_in,
+            blocks_to_copy=self.copies,
+        )
