@@ -5,6 +5,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from pagedgen.allocator import keep_freed_memory
 from pagedgen.attention import get_attention_backend
 from pagedgen.config import EngineConfig
 from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
@@ -38,6 +39,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     if config.num_threads is not None:  # asked for: torch's thread count is process-wide
         torch.set_num_threads(config.num_threads)
     device = pick_device(config.device)
+    if device.type == "cpu":
+        keep_freed_memory()
     dtype = pick_dtype(config.dtype, device)  # the weights' values and the KV cache
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     resolved = resolve_model(config.model)
