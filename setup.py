@@ -7,5 +7,5 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages(include=["pagedgen", "pagedgen.*"]) + ["pagedgen._kernels"],
     package_dir={"pagedgen._kernels": "kernels"},
-    package_data={"pagedgen._kernels": ["*.cu", "*.cuh", "*.c"]},
+    package_data={"pagedgen._kernels": ["*.cu", "*.cuh", "*.c", "*.h"]},
 )

@@ -31,27 +31,10 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu_math.h"
+
 #define MAX_THREADS 256
 #define MAX_GROUP 64  // query heads per kv head
-
-// exp(x) for x <= 0 (scores minus their max) as 2^n * p(r), r = x - n ln 2, |r| <= ln 2 / 2:
-// Cephes' expf polynomial, within 2 ulp of expf, and free of calls so the softmax loop vectorizes.
-static inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;  // exp(-87) ~ 1.6e-38 stays a normal float; softmax sees ~0
-  const float n = __builtin_roundf(x * 1.44269504088896341f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;
-  float two_n;
-  memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
 
 // Cache element types. kv_dtype codes, as passed by pagedgen.kernels.cpu: 0 f32, 1 bf16, 2 f16.
 typedef float f32_t;

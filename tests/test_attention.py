@@ -144,9 +144,9 @@ def test_auto_falls_back_to_torch_without_the_cpu_kernel(monkeypatch):
 
 
 def test_a_failed_compile_says_why(monkeypatch, tmp_path):
-    from pagedgen.kernels import cpu
+    from pagedgen.kernels import cpu_build
 
     monkeypatch.setenv("PAGEDGEN_CACHE", str(tmp_path))
-    with pytest.raises(cpu.CpuKernelUnavailable, match="failed on paged_attention_cpu.c"):
-        cpu._compile("false", "int x;", cpu.CFLAGS)
+    with pytest.raises(cpu_build.CpuKernelUnavailable, match="failed on paged_attention_cpu.c"):
+        cpu_build.compile_source("false", "paged_attention_cpu.c", "int x;", cpu_build.CFLAGS)
     assert not list(tmp_path.rglob("*.so"))

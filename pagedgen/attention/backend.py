@@ -3,6 +3,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.layers.rotary import Rope
 
 
 class AttentionBackend(ABC):
@@ -32,6 +33,36 @@ class AttentionBackend(ABC):
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+        return self.attend(query, key, value, key_cache, value_cache, metadata, scale)
+
+    def forward_qkv(
+        self,
+        qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
+        num_heads: int,
+        num_kv_heads: int,
+        rope: Rope,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """forward() from a fused QKV projection, RoPE applied to q and k first. Backends may
+        fuse RoPE with the cache write (the cpu backend does)."""
+        q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
+        return self.forward(
+            rope.apply(q), rope.apply(k), v, key_cache, value_cache, metadata, scale
+        )
+
+    def attend(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], written
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if metadata.num_decode_seqs:
             self.decode(query, key_cache, value_cache, metadata, scale, out)
@@ -97,6 +128,23 @@ class AttentionBackend(ABC):
         for src_cache, dst_cache in zip(src_caches, dst_caches):
             blocks = src_cache.index_select(1, src_index).to(dst_cache.device, non_blocking=True)
             dst_cache.index_copy_(1, dst_index, blocks)
+
+
+def split_qkv(
+    qkv: torch.Tensor, num_heads: int, num_kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views [num_tokens, num_heads | num_kv_heads | num_kv_heads heads of head_dim] of fused
+    QKV rows."""
+    num_tokens = qkv.shape[0]
+    head_dim = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    q, k, v = qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1
+    )
+    return (
+        q.view(num_tokens, num_heads, head_dim),
+        k.view(num_tokens, num_kv_heads, head_dim),
+        v.view(num_tokens, num_kv_heads, head_dim),
+    )
 
 
 def get_attention_backend(

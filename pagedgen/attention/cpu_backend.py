@@ -1,8 +1,11 @@
 import torch
 
+from pagedgen.attention.backend import split_qkv
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.torch_backend import TorchAttentionBackend
+from pagedgen.kernels import cpu_ops
 from pagedgen.kernels.cpu import cpu_kernel_error, kernel_dtypes, paged_attention_decode
+from pagedgen.layers.rotary import Rope
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -21,6 +24,36 @@ class CpuAttentionBackend(TorchAttentionBackend):
         error = cpu_kernel_error()
         if error is not None:
             raise RuntimeError(f"the cpu attention kernel is unavailable: {error}")
+
+    def forward_qkv(
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        rope: Rope,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """RoPE and the cache write in one C pass over the QKV rows (float32), then attention
+        on q, k and v as views of those rows."""
+        if not (cpu_ops.usable(qkv) and qkv.stride(1) == 1):
+            args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
+            return super().forward_qkv(qkv, *args)
+        num_tokens = qkv.shape[0]
+        cpu_ops.rotary_embedding_and_cache(
+            qkv,
+            rope.cos.view(num_tokens, -1),
+            rope.sin.view(num_tokens, -1),
+            num_heads,
+            num_kv_heads,
+            key_cache,
+            value_cache,
+            metadata.slot_mapping,
+        )
+        q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
+        return self.attend(q, k, v, key_cache, value_cache, metadata, scale)
 
     def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
         if key_cache.dtype not in kernel_dtypes():

@@ -1,81 +1,21 @@
-"""The CPU decode attention kernel (kernels/paged_attention_cpu.c): compiled on first use with the
-machine's C compiler, cached on disk, called through ctypes (which releases the GIL).
-
-Built for -march=native (or the cap PAGEDGEN_MAX_CPU_ISA sets), with -fopenmp where the compiler
-has it; loaded after torch, so its libgomp.so.1 is the one torch already runs and the kernel
-shares torch's threads."""
+"""The CPU decode attention kernel (kernels/paged_attention_cpu.c), built and loaded by
+pagedgen.kernels.cpu_build."""
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
-from pagedgen.cpu_features import cpu_flags, kernel_march
-from pagedgen.kernels.source import kernel_source
-from pagedgen.loader.resolve import cache_dir
+from pagedgen.cpu_features import kernel_march
+from pagedgen.kernels.cpu_build import CpuKernelUnavailable, load_cpu_library
 
 SOURCE = "paged_attention_cpu.c"
-CFLAGS = (
-    "-O3",
-    "-fno-math-errno",
-    "-fassociative-math",
-    "-fno-signed-zeros",
-    "-fno-trapping-math",
-    "-fPIC",
-    "-shared",
-)
-OPENMP_FLAGS = ("-fopenmp",)
 KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
-
-class CpuKernelUnavailable(RuntimeError):
-    pass
-
-
-def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    raise CpuKernelUnavailable("no C compiler found (set CC, or install gcc)")
-
-
-def _compile(compiler: str, source: str, flags: tuple[str, ...]) -> Path:
-    # -march=native code is only valid where the CPU has the same features.
-    cpu_id = " ".join(sorted(cpu_flags())) or sys.platform
-    key = hashlib.sha256("\0".join([source, compiler, *flags, cpu_id]).encode()).hexdigest()
-    path = cache_dir() / "cpu_kernels" / f"paged_attention_cpu-{key[:16]}.so"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        src = Path(tmp) / SOURCE
-        src.write_text(source, encoding="utf-8")
-        out = Path(tmp) / path.name
-        result = subprocess.run(
-            [compiler, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            raise CpuKernelUnavailable(f"{compiler} failed on {SOURCE}:\n{result.stderr}")
-        os.replace(out, path)  # atomic: concurrent processes never load a partial file
-    return path
 
 
 @functools.cache
 def _library(march: str) -> ctypes.CDLL:
-    compiler, source = _compiler(), kernel_source(SOURCE)
-    flags = (*CFLAGS, f"-march={march}")
-    try:
-        path = _compile(compiler, source, flags + OPENMP_FLAGS)
-    except CpuKernelUnavailable:  # no OpenMP (Apple clang): one thread
-        path = _compile(compiler, source, flags)
-    lib = ctypes.CDLL(str(path))
+    lib = load_cpu_library(SOURCE, march)
     fn = lib.paged_attention_decode
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     fn.argtypes = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, ctypes.c_float, i32]

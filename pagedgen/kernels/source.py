@@ -21,7 +21,9 @@ def kernel_dir() -> Traversable:
 
 
 def kernel_names() -> list[str]:
-    return sorted(f.name for f in kernel_dir().iterdir() if f.name.endswith((".cu", ".cuh", ".c")))
+    return sorted(
+        f.name for f in kernel_dir().iterdir() if f.name.endswith((".cu", ".cuh", ".c", ".h"))
+    )
 
 
 @functools.cache

@@ -6,6 +6,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.kv_geometry import head_dim_of
+from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
@@ -41,7 +42,20 @@ class LlamaAttention(nn.Module):
         self, rope: Rope, hidden: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.output_sizes, dim=-1)
+        qkv = self.qkv_proj(hidden)
+        if not self.has_qk_norm:  # RoPE and the cache write may be one fused op
+            out = self.backend.forward_qkv(
+                qkv,
+                self.num_heads,
+                self.num_kv_heads,
+                rope,
+                self.key_cache,
+                self.value_cache,
+                metadata,
+                self.scale,
+            )
+            return self.o_proj(out.reshape(num_tokens, -1))
+        q, k, v = qkv.split(self.qkv_proj.output_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -49,6 +63,8 @@ class LlamaAttention(nn.Module):
         q, k = rope.apply(q), rope.apply(k)
         out = self.backend.forward(q, k, v, self.key_cache, self.value_cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
+
+    has_qk_norm = False  # Qwen3: normalize_qk runs between the projection and RoPE
 
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
@@ -63,10 +79,10 @@ class LlamaMLP(nn.Module):
         inter = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, [inter, inter], bias=bias)
         self.down_proj = Linear(inter, config.hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -78,10 +94,21 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, rope: Rope, hidden: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        self,
+        rope: Rope,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Takes and returns (hidden, residual) as vLLM's layers do: the residual stream gets
+        each sublayer's output added at the next norm, in one fused op."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(rope, hidden, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -125,11 +152,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden, residual = self.embed_tokens(input_ids), None
         rope = self.rotary(positions)
         for layer in self.layers:
-            hidden = layer(rope, hidden, metadata)
-        return self.norm(hidden)
+            hidden, residual = layer(rope, hidden, residual, metadata)
+        return self.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

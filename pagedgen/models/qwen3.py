@@ -7,6 +7,8 @@ from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 class Qwen3Attention(LlamaAttention):
     """Llama attention plus an RMSNorm over each head of q and k, before the rotary embedding."""
 
+    has_qk_norm = True
+
     def __init__(self, config, backend, qkv_bias: bool, o_bias: bool) -> None:
         super().__init__(config, backend, qkv_bias, o_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

@@ -1,0 +1,79 @@
+"""Builds a C kernel from kernels/ for this CPU: compiled on first use with the machine's C
+compiler, cached on disk, loaded with ctypes (whose calls release the GIL).
+
+Built for -march=native (or the cap PAGEDGEN_MAX_CPU_ISA sets), with -fopenmp where the compiler
+has it; loaded after torch, so its libgomp.so.1 is the one torch already runs and the kernels
+share torch's threads (a second pool would spin against torch's on the same cores)."""
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pagedgen.cpu_features import cpu_flags
+from pagedgen.kernels.source import kernel_source
+
+# Reassociation lets reductions vectorize; not -ffast-math, whose crtfastmath would turn on
+# flush-to-zero for the whole process.
+CFLAGS = (
+    "-O3",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-fPIC",
+    "-shared",
+)
+OPENMP_FLAGS = ("-fopenmp",)
+
+
+class CpuKernelUnavailable(RuntimeError):
+    pass
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    raise CpuKernelUnavailable("no C compiler found (set CC, or install gcc)")
+
+
+def compile_source(compiler: str, name: str, source: str, flags: tuple[str, ...]) -> Path:
+    """The cached shared library of source (kernels/<name>), compiled now if it is not there."""
+    from pagedgen.loader.resolve import cache_dir  # the loader imports the models, which use us
+
+    # -march=native code is only valid where the CPU has the same features.
+    cpu_id = " ".join(sorted(cpu_flags())) or sys.platform
+    key = hashlib.sha256("\0".join([source, compiler, *flags, cpu_id]).encode()).hexdigest()
+    path = cache_dir() / "cpu_kernels" / f"{Path(name).stem}-{key[:16]}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        src = Path(tmp) / name
+        src.write_text(source, encoding="utf-8")
+        out = Path(tmp) / path.name
+        result = subprocess.run(
+            [compiler, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise CpuKernelUnavailable(f"{compiler} failed on {name}:\n{result.stderr}")
+        os.replace(out, path)  # atomic: concurrent processes never load a partial file
+    return path
+
+
+@functools.cache
+def load_cpu_library(name: str, march: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """kernels/<name> built for march; raises CpuKernelUnavailable or OSError where it can't be."""
+    compiler, source = _compiler(), kernel_source(name)
+    flags = (*CFLAGS, *extra_flags, f"-march={march}")
+    try:
+        path = compile_source(compiler, name, source, flags + OPENMP_FLAGS)
+    except CpuKernelUnavailable:  # no OpenMP (Apple clang): one thread
+        path = compile_source(compiler, name, source, flags)
+    return ctypes.CDLL(str(path))

@@ -1,0 +1,147 @@
+"""The decoder's fused elementwise ops for float32 activations on the CPU (kernels/cpu_ops.c):
+rms_norm, fused_add_rms_norm, silu_and_mul and rotary_embedding_and_cache, each one pass over
+memory where the torch path runs several ops. Callers check usable() and keep the torch path
+for everything else (other dtypes, GPUs, no C compiler)."""
+
+import ctypes
+import functools
+import os
+
+import torch
+
+from pagedgen.cpu_features import kernel_march
+from pagedgen.kernels.cpu import KV_DTYPE_CODES
+from pagedgen.kernels.cpu_build import CpuKernelUnavailable, load_cpu_library
+
+SOURCE = "cpu_ops.c"
+# Products and sums round as torch's ops round them (no fused multiply-adds).
+EXTRA_FLAGS = ("-ffp-contract=off",)
+DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_OPS"
+
+
+@functools.cache
+def _library(march: str) -> ctypes.CDLL:
+    lib = load_cpu_library(SOURCE, march, EXTRA_FLAGS)
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    signatures = {
+        "rms_norm": [p, p, i64, p, i64, i64, f32],
+        "fused_add_rms_norm": [p, p, p, i64, i64, f32],
+        "silu_and_mul": [p, p, i64, i64],
+        "rotary_embedding_and_cache": [i32, p, i64, p, p, i64, i32, i32, i32, p, p, p],
+        "rotary_embedding_and_cache_has_float16": [],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return lib
+
+
+@functools.cache
+def cpu_ops_error(march: str | None = None) -> str | None:
+    """None when the ops compile and load here, else why not."""
+    try:
+        _library(march or kernel_march())
+    except (CpuKernelUnavailable, OSError) as e:
+        return str(e)
+    return None
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the fused ops serve x: float32 on the CPU, built here, not switched off."""
+    return (
+        x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and os.environ.get(DISABLE_ENV) != "1"
+        and cpu_ops_error() is None
+    )
+
+
+def _check(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise TypeError(f"expected float32 CPU tensors, got {t.dtype} on {t.device}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight over the last dim; x: [rows, dim], each row contiguous."""
+    _check(x, weight)
+    rows, dim = x.shape
+    if x.stride(1) != 1 or weight.shape != (dim,) or not weight.is_contiguous():
+        raise ValueError("x rows and weight must be contiguous, weight of x's last dim")
+    out = torch.empty(rows, dim)
+    lib = _library(kernel_march())
+    lib.rms_norm(out.data_ptr(), x.data_ptr(), x.stride(0), weight.data_ptr(), rows, dim, eps)
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
+    """In place: residual += x, then x = rms_norm(residual) * weight. Both [rows, dim],
+    contiguous."""
+    _check(x, residual, weight)
+    rows, dim = x.shape
+    if residual.shape != x.shape or weight.shape != (dim,):
+        raise ValueError(f"x {tuple(x.shape)}, residual {tuple(residual.shape)}: shapes differ")
+    if not (x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()):
+        raise ValueError("x, residual and weight must be contiguous")
+    lib = _library(kernel_march())
+    lib.fused_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), rows, dim, eps)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for rows [gate | up]: [rows, 2 * d] contiguous -> [rows, d]."""
+    _check(gate_up)
+    rows, width = gate_up.shape
+    if width % 2 or not gate_up.is_contiguous():
+        raise ValueError("gate_up must be contiguous rows of even width")
+    out = torch.empty(rows, width // 2)
+    _library(kernel_march()).silu_and_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2)
+    return out
+
+
+def rotary_embedding_and_cache(
+    qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], rotated in place
+    cos: torch.Tensor,  # [num_tokens, head_dim // 2], contiguous
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], contiguous
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, every slot valid
+) -> None:
+    """Neox RoPE on the q and k heads of fused QKV rows (in place), then each token's rotated K
+    and its V written at its slot of the caches, rounded to the cache dtype as torch rounds."""
+    _check(qkv, cos, sin)
+    num_tokens, width = qkv.shape
+    head_dim = key_cache.shape[-1]
+    if width != (num_heads + 2 * num_kv_heads) * head_dim or qkv.stride(1) != 1:
+        raise ValueError(f"qkv {tuple(qkv.shape)} does not hold {num_heads}+2x{num_kv_heads} heads")
+    if cos.shape != (num_tokens, head_dim // 2) or cos.shape != sin.shape:
+        raise ValueError(f"cos/sin must be [{num_tokens}, {head_dim // 2}]")
+    if not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("cos and sin must be contiguous")
+    if key_cache.shape[2:] != (num_kv_heads, head_dim) or value_cache.shape != key_cache.shape:
+        raise ValueError(f"caches {tuple(key_cache.shape)} do not match the kv heads")
+    if key_cache.dtype != value_cache.dtype or key_cache.dtype not in KV_DTYPE_CODES:
+        raise TypeError(f"caches of {key_cache.dtype} and {value_cache.dtype}")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("the caches must be contiguous")
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,):
+        raise ValueError("slot_mapping must be int64, one slot per token")
+    status = _library(kernel_march()).rotary_embedding_and_cache(
+        KV_DTYPE_CODES[key_cache.dtype],
+        qkv.data_ptr(),
+        qkv.stride(0),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        num_tokens,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        slot_mapping.contiguous().data_ptr(),
+    )
+    if status != 0:
+        raise RuntimeError(f"rotary_embedding_and_cache failed with status {status}")

@@ -1,0 +1,100 @@
+"""The fused elementwise C ops (kernels/cpu_ops.c) against the torch ops they replace, for every
+build a machine of ours may run."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedgen.attention.torch_backend import write_kv
+from pagedgen.kernels import cpu_ops
+from pagedgen.layers.rotary import Rope
+from tests.kernels.test_cpu_kernel import MARCHES
+
+pytestmark = pytest.mark.skipif(
+    cpu_ops.cpu_ops_error() is not None, reason=f"no CPU ops: {cpu_ops.cpu_ops_error()}"
+)
+TINY = torch.finfo(torch.float32).tiny
+ROWS = [1, 7, 300]  # 300 x 576 crosses the size at which the ops go parallel
+
+
+@pytest.fixture(params=MARCHES)
+def march(request, monkeypatch):
+    monkeypatch.setattr(cpu_ops, "kernel_march", lambda: request.param)
+    assert cpu_ops.cpu_ops_error(request.param) is None
+    return request.param
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_rms_norm(march, rows):
+    torch.manual_seed(rows)
+    wide = torch.randn(rows, 700) * 3
+    x = wide[:, 50:626]  # rows 700 apart
+    weight = torch.randn(576)
+    out = cpu_ops.rms_norm(x, weight, 1e-5)
+    torch.testing.assert_close(out, F.rms_norm(x, (576,), weight, 1e-5), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_fused_add_rms_norm(march, rows):
+    torch.manual_seed(rows)
+    x, residual, weight = torch.randn(rows, 576), torch.randn(rows, 576) * 4, torch.randn(576)
+    expected_residual = residual + x
+    expected = F.rms_norm(expected_residual, (576,), weight, 1e-6)
+    cpu_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(residual, expected_residual)
+    torch.testing.assert_close(x, expected, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_silu_and_mul(march, rows):
+    torch.manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * 1536) * 8
+    gate_up[0, :6] = torch.tensor([-200.0, -100.0, -88.0, 0.0, 88.0, 200.0])
+    out = cpu_ops.silu_and_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    # torch's silu(-100) is a subnormal, which slows every op it reaches; ours never is one.
+    assert not ((out != 0) & (out.abs() < TINY)).any()
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
+def test_rotary_embedding_and_cache_equals_rope_then_write(
+    march, kv_dtype, num_heads, num_kv_heads, head_dim
+):
+    torch.manual_seed(head_dim + num_heads)
+    num_tokens, num_slots = 37, 64 * 16
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = torch.randn(num_tokens, width + 5)[:, :width]  # rows width + 5 apart
+    angles = torch.rand(num_tokens, 1, head_dim // 2) * 100
+    rope = Rope(angles.cos(), angles.sin())
+    slots = torch.randperm(num_slots)[:num_tokens]
+    shape = (64, 16, num_kv_heads, head_dim)
+    caches = [torch.full(shape, float("nan"), dtype=kv_dtype) for _ in range(4)]
+
+    q, k, v = qkv.split([num_heads * head_dim, *[num_kv_heads * head_dim] * 2], dim=-1)
+    q_ref = rope.apply(q.reshape(num_tokens, num_heads, head_dim))
+    k_ref = rope.apply(k.reshape(num_tokens, num_kv_heads, head_dim))
+    v_ref = v.reshape(num_tokens, num_kv_heads, head_dim)
+    write_kv(k_ref, v_ref, caches[0], caches[1], slots)
+
+    cos, sin = rope.cos.view(num_tokens, -1), rope.sin.view(num_tokens, -1)
+    cpu_ops.rotary_embedding_and_cache(
+        qkv, cos, sin, num_heads, num_kv_heads, caches[2], caches[3], slots
+    )
+    assert torch.equal(qkv[:, : num_heads * head_dim].view_as(q_ref), q_ref)
+    for ours, ref in zip(caches[2:], caches[:2]):  # the untouched slots are still NaN in both
+        assert torch.equal(ours.nan_to_num(7.0), ref.nan_to_num(7.0))
+
+
+def test_arguments_are_checked():
+    with pytest.raises(TypeError, match="float32"):
+        cpu_ops.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8), 1e-5)
+    with pytest.raises(ValueError, match="even width"):
+        cpu_ops.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="one slot per token"):
+        cache = torch.zeros(4, 4, 1, 8)
+        rope = torch.zeros(2, 4)
+        cpu_ops.rotary_embedding_and_cache(
+            torch.randn(2, 24), rope, rope, 1, 1, cache, cache.clone(), torch.zeros(2).int()
+        )
