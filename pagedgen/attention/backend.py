@@ -30,13 +30,18 @@ class AttentionBackend(ABC):
         value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
         scale: float,
+        window: int | None = None,  # sliding window: a query sees its last `window` tokens
+        softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        # Only layers that have them pass window and softcap: backends without them still serve
+        # plain layers.
+        extra = {} if window is None and softcap is None else dict(window=window, softcap=softcap)
         if metadata.num_decode_seqs:
-            self.decode(query, key_cache, value_cache, metadata, scale, out)
+            self.decode(query, key_cache, value_cache, metadata, scale, out, **extra)
         if metadata.num_decode_seqs < metadata.num_seqs:
-            self.prefill(query, key, value, key_cache, value_cache, metadata, scale, out)
+            self.prefill(query, key, value, key_cache, value_cache, metadata, scale, out, **extra)
         return out
 
     @abstractmethod
@@ -59,8 +64,11 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets rows :num_decode_seqs
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
-        """Attention of the decode rows over their contexts in the cache (K/V written)."""
+        """Attention of the decode rows over their contexts in the cache (K/V written). With a
+        window, blocks before it may be freed: their block table entries (-1) are never read."""
 
     @abstractmethod
     def prefill(
@@ -73,6 +81,8 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets the prefill rows
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Causal attention of the prefill rows: this step's K/V and any cached context."""
 

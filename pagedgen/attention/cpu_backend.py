@@ -22,9 +22,21 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if error is not None:
             raise RuntimeError(f"the cpu attention kernel is unavailable: {error}")
 
-    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
+    def decode(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        out,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
         if key_cache.dtype not in kernel_dtypes():
-            return super().decode(query, key_cache, value_cache, metadata, scale, out)
+            return super().decode(
+                query, key_cache, value_cache, metadata, scale, out, window, softcap
+            )
         num_decode = metadata.num_decode_seqs
         query = query[:num_decode]
         if query.dtype == torch.float32:
@@ -40,6 +52,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             metadata.block_tables,
             metadata.context_lens,
             scale,
+            window=window,
+            softcap=softcap,
         )
         if result.data_ptr() != out.data_ptr():
             out[:num_decode] = result
