@@ -8,7 +8,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.block_manager import NULL_BLOCK
 from tests.conftest import build_tokenizer
 from tests.test_models import reference_greedy
 
