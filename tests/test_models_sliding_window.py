@@ -123,3 +123,21 @@ def test_used_blocks_stop_growing_past_the_window(windowed_model):
     assert used[-1] == 0  # the finished sequence let go of everything
     assert set(used[WINDOW:-1]) == {window_blocks - 1, window_blocks}  # flat past the window
     assert bm.num_sliding_window_freed_blocks == -(-(3 + 120) // 4) - window_blocks
+
+
+def test_unsupported_architecture_fails_before_the_tokenizer_loads(tmp_path):
+    config = AutoConfig.for_model("gpt2", n_layer=1, n_head=2, n_embd=16, vocab_size=257)
+    config.save_pretrained(tmp_path)  # no tokenizer, no weights: neither may be needed
+    with pytest.raises(ValueError, match="unsupported architecture.*Gemma3ForCausalLM"):
+        LLM(str(tmp_path), log=lambda _: None)
+
+
+def test_startup_line_prints_the_pool_size_asked(tmp_path):
+    from tests.conftest import build_tokenizer as tokenizer_into
+
+    config = AutoConfig.for_model(**dict(COMMON, **CONFIGS["mistral"]))
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer_into(tmp_path)
+    lines: list[str] = []
+    LLM(str(tmp_path), log=lines.append, kv_cache_memory=0.005)
+    assert "of 0.005 GiB asked" in lines[1]
