@@ -9,23 +9,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
+from tests.test_models import COMMON as TINY
 from tests.test_models import reference_greedy
 
 WINDOW = 16
-COMMON = dict(
-    vocab_size=257,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-    initializer_range=0.3,
-    eos_token_id=256,
-    bos_token_id=256,
-    pad_token_id=0,
-    sliding_window=WINDOW,
-)
+COMMON = dict(TINY, pad_token_id=0, sliding_window=WINDOW)
 CONFIGS = {
     # head_dim 32 != hidden / heads; soft caps low enough to change scores and logits
     "gemma2": dict(
