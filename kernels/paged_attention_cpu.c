@@ -11,7 +11,10 @@
 //   token t of sequence s lives in block block_tables[s][t / block_size], row t % block_size
 //
 // Only rows t < context_len are read: a partly filled block's tail, and blocks no sequence owns,
-// may hold anything (even NaN) without changing a result.
+// may hold anything (even NaN) without changing a result. With a sliding window (> 0), only
+// rows context_len - sliding_window <= t are read: the blocks before the window's first block
+// may have been freed (their block table entries are never read). With softcap (> 0), scores
+// become softcap * tanh(scores / softcap) before the softmax (Gemma 2).
 //
 // Work is split into contiguous runs of (sequence, kv head) units of about equal context length,
 // one per OpenMP thread. pagedgen.kernels.cpu compiles this file on first use with -fopenmp after
@@ -57,6 +60,8 @@ typedef struct {
   int64_t block_table_stride;
   int num_heads, num_kv_heads, head_dim, block_size;
   float scale;
+  int sliding_window;  // 0: the whole context
+  float softcap;       // 0: none
   int64_t unit_begin, unit_end;  // units: seq * num_kv_heads + kv_head
 } Work;
 
@@ -188,13 +193,17 @@ static inline float hsum_f1(float v) { return v; }
     const int context_len = w->context_lens[seq];                                             \
     const int block_size = w->block_size;                                                     \
     const int num_blocks = (context_len + block_size - 1) / block_size;                       \
+    const int first = w->sliding_window > 0 && context_len > w->sliding_window                \
+                          ? context_len - w->sliding_window                                   \
+                          : 0;                                                                \
+    const int span = context_len - first; /* scores[g * span + t - first] */                  \
     const float scale = w->scale;                                                             \
     const int64_t row_stride = (int64_t)w->num_kv_heads * head_dim;                           \
     const int64_t head_offset = (int64_t)kv_head * head_dim;                                  \
     const int32_t *block_table = w->block_tables + seq * w->block_table_stride;               \
     const float *q = w->query + seq * w->query_seq_stride + (int64_t)kv_head * group * head_dim; \
     float *out = w->out + (seq * w->num_heads + (int64_t)kv_head * group) * head_dim;         \
-    for (int b = 0; b < num_blocks; b++) {                                                    \
+    for (int b = first / block_size; b < num_blocks; b++) {                                   \
       const KV##_t *k_block = (const KV##_t *)w->key_cache +                                \
                               (int64_t)block_table[b] * block_size * row_stride + head_offset; \
       const int t0 = b * block_size;                                                          \
@@ -202,8 +211,8 @@ static inline float hsum_f1(float v) { return v; }
       for (int g = 0; g < group; g++) {                                                       \
         VEC qv[NV];                                                                           \
         for (int j = 0; j < nv; j++) qv[j] = load_##VEC##_f32(q + g * head_dim + j * (WIDTH)); \
-        float *s = scores + g * context_len + t0;                                             \
-        int i = 0;                                                                            \
+        float *s = scores + g * span + t0 - first;                                            \
+        int i = first > t0 ? first - t0 : 0;                                                  \
         for (; i + 4 <= n; i += 4) { /* four keys at a time: one horizontal reduction */      \
           const KV##_t *k = k_block + i * row_stride;                                         \
           VEC a0 = qv[0] * load_##VEC##_##KV(k);                                              \
@@ -229,11 +238,15 @@ static inline float hsum_f1(float v) { return v; }
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
     for (int g = 0; g < group; g++) {                                                         \
-      float *s = scores + g * context_len;                                                    \
+      float *s = scores + g * span;                                                           \
+      if (w->softcap > 0.0f) {                                                                \
+        const float cap = w->softcap, inv_cap = 1.0f / w->softcap;                            \
+        for (int t = 0; t < span; t++) s[t] = cap * tanhf(s[t] * inv_cap);                    \
+      }                                                                                       \
       float max = -INFINITY;                                                                  \
-      for (int t = 0; t < context_len; t++) max = s[t] > max ? s[t] : max;                    \
+      for (int t = 0; t < span; t++) max = s[t] > max ? s[t] : max;                          \
       float sum = 0.0f;                                                                       \
-      for (int t = 0; t < context_len; t++) {                                                 \
+      for (int t = 0; t < span; t++) {                                                        \
         s[t] = exp_nonpositive(s[t] - max);                                                   \
         sum += s[t];                                                                          \
       }                                                                                       \
@@ -242,13 +255,13 @@ static inline float hsum_f1(float v) { return v; }
     for (int g = 0; g < group; g++) {                                                         \
       VEC acc[NV];                                                                            \
       for (int j = 0; j < nv; j++) acc[j] = (VEC){0};                                         \
-      const float *p = scores + g * context_len;                                              \
-      for (int b = 0; b < num_blocks; b++) {                                                  \
+      const float *p = scores + g * span - first;                                             \
+      for (int b = first / block_size; b < num_blocks; b++) {                                 \
         const KV##_t *v_block = (const KV##_t *)w->value_cache +                            \
                                 (int64_t)block_table[b] * block_size * row_stride + head_offset; \
         const int t0 = b * block_size;                                                        \
         const int n = context_len - t0 < block_size ? context_len - t0 : block_size;          \
-        for (int i = 0; i < n; i++) {                                                         \
+        for (int i = first > t0 ? first - t0 : 0; i < n; i++) {                               \
           const KV##_t *v = v_block + i * row_stride;                                         \
           for (int j = 0; j < nv; j++) acc[j] += p[t0 + i] * load_##VEC##_##KV(v + j * (WIDTH)); \
         }                                                                                     \
@@ -323,7 +336,7 @@ int paged_attention_decode(int kv_dtype, float *out, const float *query, int64_t
                            const int32_t *block_tables, int64_t block_table_stride,
                            const int32_t *context_lens, int64_t num_seqs, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, float scale,
-                           int num_threads) {
+                           int sliding_window, float softcap, int num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP)
     return 1;
   if (kv_dtype < 0 || kv_dtype > 2 || (kv_dtype == 2 && !paged_attention_has_float16())) return 1;
@@ -342,7 +355,8 @@ int paged_attention_decode(int kv_dtype, float *out, const float *query, int64_t
     const int64_t target = total * (i + 1) / num_threads;
     work[i] = (Work){out,        query,        key_cache,  value_cache, block_tables,
                      context_lens, query_seq_stride, block_table_stride, num_heads,
-                     num_kv_heads, head_dim,     block_size, scale,       unit, unit};
+                     num_kv_heads, head_dim,     block_size, scale,       sliding_window,
+                     softcap,      unit,         unit};
     while (unit < num_units && (done < target || i == num_threads - 1)) {
       done += context_lens[unit / num_kv_heads];
       unit++;

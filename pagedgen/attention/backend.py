@@ -31,9 +31,13 @@ class AttentionBackend(ABC):
         value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
         scale: float,
+        window: int | None = None,  # sliding window: a query sees its last `window` tokens
+        softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        return self.attend(query, key, value, key_cache, value_cache, metadata, scale)
+        return self.attend(
+            query, key, value, key_cache, value_cache, metadata, scale, window, softcap
+        )
 
     def forward_qkv(
         self,
@@ -45,13 +49,14 @@ class AttentionBackend(ABC):
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """forward() from a fused QKV projection, RoPE applied to q and k first. Backends may
         fuse RoPE with the cache write (the cpu backend does)."""
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
-        return self.forward(
-            rope.apply(q), rope.apply(k), v, key_cache, value_cache, metadata, scale
-        )
+        q, k = rope.apply(q), rope.apply(k)
+        return self.forward(q, k, v, key_cache, value_cache, metadata, scale, window, softcap)
 
     def attend(
         self,
@@ -62,12 +67,18 @@ class AttentionBackend(ABC):
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Decode and prefill rows of a step whose K/V are in the cache already."""
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        # Only layers that have them pass window and softcap: backends without them still serve
+        # plain layers.
+        extra = {} if window is None and softcap is None else dict(window=window, softcap=softcap)
         if metadata.num_decode_seqs:
-            self.decode(query, key_cache, value_cache, metadata, scale, out)
+            self.decode(query, key_cache, value_cache, metadata, scale, out, **extra)
         if metadata.num_decode_seqs < metadata.num_seqs:
-            self.prefill(query, key, value, key_cache, value_cache, metadata, scale, out)
+            self.prefill(query, key, value, key_cache, value_cache, metadata, scale, out, **extra)
         return out
 
     @abstractmethod
@@ -90,8 +101,11 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets rows :num_decode_seqs
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
-        """Attention of the decode rows over their contexts in the cache (K/V written)."""
+        """Attention of the decode rows over their contexts in the cache (K/V written). With a
+        window, blocks before it may be freed: their block table entries (-1) are never read."""
 
     @abstractmethod
     def prefill(
@@ -104,6 +118,8 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets the prefill rows
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Causal attention of the prefill rows: this step's K/V and any cached context."""
 

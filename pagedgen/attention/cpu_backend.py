@@ -35,12 +35,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """RoPE and the cache write in one C pass over the QKV rows (float32), then attention
         on q, k and v as views of those rows."""
         if not (cpu_ops.usable(qkv) and qkv.stride(1) == 1):
             args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
-            return super().forward_qkv(qkv, *args)
+            return super().forward_qkv(qkv, *args, window, softcap)
         num_tokens = qkv.shape[0]
         cpu_ops.rotary_embedding_and_cache(
             qkv,
@@ -53,11 +55,23 @@ class CpuAttentionBackend(TorchAttentionBackend):
             metadata.slot_mapping,
         )
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
-        return self.attend(q, k, v, key_cache, value_cache, metadata, scale)
+        return self.attend(q, k, v, key_cache, value_cache, metadata, scale, window, softcap)
 
-    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
+    def decode(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        out,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
         if key_cache.dtype not in kernel_dtypes():
-            return super().decode(query, key_cache, value_cache, metadata, scale, out)
+            return super().decode(
+                query, key_cache, value_cache, metadata, scale, out, window, softcap
+            )
         num_decode = metadata.num_decode_seqs
         query = query[:num_decode]
         if query.dtype == torch.float32:
@@ -73,6 +87,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             metadata.block_tables,
             metadata.context_lens,
             scale,
+            window=window,
+            softcap=softcap,
         )
         if result.data_ptr() != out.data_ptr():
             out[:num_decode] = result

@@ -15,7 +15,9 @@ def cupy_available() -> bool:
 class CupyAttentionBackend(TorchAttentionBackend):
     """Our CUDA kernels through CuPy: reshape_and_cache writes K/V, paged attention v1/v2 serves
     decode rows, and PyTorch's SDPA serves prefill rows. Reads the same cache layout as the torch
-    backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES."""
+    backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES. Layers with a
+    sliding window or soft-capped scores (Gemma 2/3, Mistral) decode through the torch path:
+    the CUDA kernels have neither yet."""
 
     name = "cupy"
 
@@ -46,7 +48,21 @@ class CupyAttentionBackend(TorchAttentionBackend):
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
-    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
+    def decode(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        out,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
+        if window is not None or softcap is not None:
+            return super().decode(
+                query, key_cache, value_cache, metadata, scale, out, window, softcap
+            )
         num_decode = metadata.num_decode_seqs
         paged_attention(
             out[:num_decode],

@@ -27,15 +27,19 @@ def paged_attention_reference(
     context_lens: list[int],
     query_lens: list[int],
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Token by token gather through the block table, then plain causal softmax attention."""
+    """Token by token gather through the block table, then plain causal softmax attention; with
+    a window, query position q sees positions q - window < p <= q (earlier blocks unread)."""
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_heads = query.shape[1]
     group = num_heads // num_kv_heads
     out = torch.empty_like(query)
     row = 0
     for block_table, context_len, query_len in zip(block_tables, context_lens, query_lens):
-        positions = range(context_len)
+        first = 0 if window is None else max(0, context_len - query_len - window + 1)
+        positions = range(first, context_len)
         keys = torch.stack(
             [key_cache[block_table[p // block_size], p % block_size] for p in positions]
         )
@@ -43,11 +47,14 @@ def paged_attention_reference(
             [value_cache[block_table[p // block_size], p % block_size] for p in positions]
         )
         for j in range(query_len):
-            visible = context_len - query_len + j + 1
+            end = context_len - query_len + j + 1  # positions first..end - 1 may be visible
+            begin = 0 if window is None else max(0, end - window) - first
             for h in range(num_heads):
-                k = keys[:visible, h // group].float()
-                v = values[:visible, h // group].float()
+                k = keys[begin : end - first, h // group].float()
+                v = values[begin : end - first, h // group].float()
                 scores = (k @ query[row + j, h].float()) * scale
+                if softcap is not None:
+                    scores = torch.tanh(scores / softcap) * softcap
                 out[row + j, h] = (torch.softmax(scores, dim=0) @ v).to(query.dtype)
         row += query_len
     return out
@@ -61,18 +68,49 @@ class ReferenceAttentionBackend(AttentionBackend):
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         write_kv_reference(key, value, key_cache, value_cache, slot_mapping)
 
-    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
+    def decode(
+        self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out, **extra
+    ):
         self._attend(
-            query, key_cache, value_cache, metadata, scale, out, 0, metadata.num_decode_seqs
+            query,
+            key_cache,
+            value_cache,
+            metadata,
+            scale,
+            out,
+            0,
+            metadata.num_decode_seqs,
+            **extra,
         )
 
-    def prefill(self, query, key, value, key_cache, value_cache, metadata, scale, out) -> None:
+    def prefill(
+        self, query, key, value, key_cache, value_cache, metadata, scale, out, **extra
+    ) -> None:
         self._attend(
-            query, key_cache, value_cache, metadata, scale, out, metadata.num_decode_seqs, None
+            query,
+            key_cache,
+            value_cache,
+            metadata,
+            scale,
+            out,
+            metadata.num_decode_seqs,
+            None,
+            **extra,
         )
 
     @staticmethod
-    def _attend(query, key_cache, value_cache, metadata, scale, out, first: int, last: int | None):
+    def _attend(
+        query,
+        key_cache,
+        value_cache,
+        metadata,
+        scale,
+        out,
+        first: int,
+        last: int | None,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
         """Sequences first..last of the batch, over the cache (their K/V are written)."""
         seqs = slice(first, last)
         rows = metadata.cu_seqlens_q.tolist()
@@ -85,4 +123,6 @@ class ReferenceAttentionBackend(AttentionBackend):
             metadata.context_lens_cpu[seqs],
             metadata.query_lens_cpu[seqs],
             scale,
+            window,
+            softcap,
         )

@@ -19,6 +19,43 @@ def write_kv(
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(dtype))
 
 
+def attention(
+    query: torch.Tensor,  # [batch, num_heads, num_queries, head_dim]
+    key: torch.Tensor,  # [batch, num_kv_heads, num_keys, head_dim]
+    value: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,  # [.., num_queries, num_keys] bool, True = attend
+    is_causal: bool = False,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """SDPA, or with a soft cap on the scores (Gemma 2: softcap * tanh(scores / softcap)), the
+    same computed in float32 by hand (SDPA has no soft cap)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+        )
+    group = query.shape[1] // key.shape[1]
+    key = key.float().repeat_interleave(group, dim=1)
+    value = value.float().repeat_interleave(group, dim=1)
+    scores = (query.float() @ key.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:
+        num_queries, num_keys = scores.shape[-2:]
+        mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=scores.device).tril(
+            num_keys - num_queries
+        )
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ value).to(query.dtype)
+
+
+def window_start(context_len: int, num_queries: int, window: int | None) -> int:
+    """The first position any of the last num_queries queries of a context may see."""
+    if window is None:
+        return 0
+    return max(0, context_len - num_queries - window + 1)
+
+
 def decode_attention(
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query row per sequence
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -27,6 +64,8 @@ def decode_attention(
     context_lens: torch.Tensor,  # [num_seqs]
     max_context_len: int,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Gathers only the blocks each sequence uses (padded to the longest) and attends once:
     one launch for the whole batch, the better trade on a GPU."""
@@ -37,14 +76,16 @@ def decode_attention(
     keys = key_cache[blocks].flatten(1, 2).transpose(1, 2)
     values = value_cache[blocks].flatten(1, 2).transpose(1, 2)
     positions = torch.arange(num_blocks * block_size, device=query.device)
-    mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]
-    out = F.scaled_dot_product_attention(
+    mask = positions[None, :] < context_lens[:, None]
+    if window is not None:  # blocks out of the window may be freed (id -1): masked, never used
+        mask &= positions[None, :] >= context_lens[:, None] - window
+    out = attention(
         query.unsqueeze(2),
         keys.to(query.dtype),
         values.to(query.dtype),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=True,
+        scale,
+        mask[:, None, None, :],
+        softcap=softcap,
     )
     return out.squeeze(2)
 
@@ -56,24 +97,31 @@ def decode_attention_per_seq(
     seq_blocks: list[torch.Tensor],  # per sequence, the blocks of its context
     context_lens: list[int],
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """One SDPA call per sequence over exactly its context: on a CPU, cheaper than padding the
-    batch to its longest context, which makes SDPA take its slow masked path. Each sequence's
-    blocks are gathered right before use, while they fit in cache."""
+    """One SDPA call per sequence over exactly its context (its last window tokens): on a CPU,
+    cheaper than padding the batch to its longest context, which makes SDPA take its slow
+    masked path. Each sequence's blocks are gathered right before use, while they fit in cache."""
     num_kv_heads, head_dim = key_cache.shape[2:]
+    block_size = key_cache.shape[1]
     dtype = sdpa_dtype(query)
     queries = query[:, None, :, None].to(dtype)  # 4-D per sequence: 3-D takes SDPA's math path
     outs = []
     for i, (blocks, context_len) in enumerate(zip(seq_blocks, context_lens)):
+        first = window_start(context_len, 1, window)
+        first_block = first // block_size
+        blocks = blocks[first_block:]
+        first, end = first - first_block * block_size, context_len - first_block * block_size
         keys = key_cache.index_select(0, blocks).view(1, -1, num_kv_heads, head_dim)
         values = value_cache.index_select(0, blocks).view(1, -1, num_kv_heads, head_dim)
         outs.append(
-            F.scaled_dot_product_attention(
+            attention(
                 queries[i],
-                keys[:, :context_len].transpose(1, 2).to(dtype),
-                values[:, :context_len].transpose(1, 2).to(dtype),
-                scale=scale,
-                enable_gqa=True,
+                keys[:, first:end].transpose(1, 2).to(dtype),
+                values[:, first:end].transpose(1, 2).to(dtype),
+                scale,
+                softcap=softcap,
             )
         )
     return torch.cat(outs).view_as(query).to(query.dtype)
@@ -102,11 +150,14 @@ def prefill_attention(
     metadata: AttentionMetadata,
     scale: float,
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim]; rows of prefill sequences are set
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Causal attention for sequences num_decode_seqs.. of the batch, one SDPA call each.
 
     A sequence whose whole context is new attends to this step's K/V directly; one with cached
-    tokens before its queries gathers its context from the pool through its block table.
+    tokens before its queries gathers its context from the pool through its block table, from
+    the first block its window reaches (blocks before it may be freed).
     """
     block_size = key_cache.shape[1]
     dtype = sdpa_dtype(query)
@@ -114,22 +165,32 @@ def prefill_attention(
     for i in range(metadata.num_decode_seqs, metadata.num_seqs):
         query_len, context_len = metadata.query_lens_cpu[i], metadata.context_lens_cpu[i]
         end = start + query_len
+        first = window_start(context_len, query_len, window)
         if context_len == query_len:
-            keys, values, mask = key[start:end], value[start:end], None
+            keys, values = key[start:end], value[start:end]
         else:
-            blocks = metadata.block_tables[i, : -(-context_len // block_size)]
-            keys = key_cache[blocks].flatten(0, 1)[:context_len].to(query.dtype)
-            values = value_cache[blocks].flatten(0, 1)[:context_len].to(query.dtype)
+            first_block = first // block_size
+            blocks = metadata.block_tables[i, first_block : -(-context_len // block_size)]
+            offset = first_block * block_size
+            keys = key_cache[blocks].flatten(0, 1)[first - offset : context_len - offset]
+            values = value_cache[blocks].flatten(0, 1)[first - offset : context_len - offset]
+            keys, values = keys.to(query.dtype), values.to(query.dtype)
+        key_start = 0 if context_len == query_len else first
+        mask = None
+        if window is not None or context_len != query_len:
             rows = torch.arange(context_len - query_len, context_len, device=query.device)
-            mask = torch.arange(context_len, device=query.device)[None, :] <= rows[:, None]
-        out[start:end] = F.scaled_dot_product_attention(
+            cols = torch.arange(key_start, context_len, device=query.device)
+            mask = cols[None, :] <= rows[:, None]
+            if window is not None:
+                mask &= cols[None, :] > rows[:, None] - window
+        out[start:end] = attention(
             query[start:end].transpose(0, 1)[None].to(dtype),
             keys.transpose(0, 1)[None].to(dtype),
             values.transpose(0, 1)[None].to(dtype),
-            attn_mask=mask,
+            scale,
+            mask,
             is_causal=mask is None,
-            scale=scale,
-            enable_gqa=True,
+            softcap=softcap,
         )[0].transpose(0, 1)
         start = end
 
@@ -154,7 +215,17 @@ class TorchAttentionBackend(AttentionBackend):
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         write_kv(key, value, key_cache, value_cache, slot_mapping)
 
-    def decode(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out):
+    def decode(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        out,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
         num_decode = metadata.num_decode_seqs
         if query.device.type == "cpu":
             out[:num_decode] = decode_attention_per_seq(
@@ -164,6 +235,8 @@ class TorchAttentionBackend(AttentionBackend):
                 self._seq_blocks,
                 metadata.context_lens_cpu[:num_decode],
                 scale,
+                window,
+                softcap,
             )
         else:
             out[:num_decode] = decode_attention(
@@ -174,7 +247,23 @@ class TorchAttentionBackend(AttentionBackend):
                 metadata.context_lens[:num_decode],
                 max(metadata.context_lens_cpu[:num_decode]),
                 scale,
+                window,
+                softcap,
             )
 
-    def prefill(self, query, key, value, key_cache, value_cache, metadata, scale, out) -> None:
-        prefill_attention(query, key, value, key_cache, value_cache, metadata, scale, out)
+    def prefill(
+        self,
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        metadata,
+        scale,
+        out,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
+        prefill_attention(
+            query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap
+        )

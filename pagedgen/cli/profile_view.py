@@ -49,6 +49,10 @@ def render_report(console: Console, report: ProfileReport) -> None:
         f"{_pct(run['prefix_sharing_savings'])} of blocks "
         f"(prefix cache hit rate {_pct(run['prefix_cache_hit_rate'])})",
     )
+    if run.get("num_sliding_window_freed_blocks"):
+        paged.add_row(
+            "blocks freed out of the sliding window", f"{run['num_sliding_window_freed_blocks']:,}"
+        )
     paged.add_row(
         "requests finished / rejected", f"{run['num_finished']:,} / {run['num_rejected']:,}"
     )

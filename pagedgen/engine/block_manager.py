@@ -6,6 +6,7 @@ from pagedgen.engine.block_pool import Block, BlockPool, CpuBlockPool
 from pagedgen.engine.sequence import Sequence
 
 BlockMapping = list[tuple[int, int]]  # (source block id, destination block id)
+NULL_BLOCK = -1  # a block table entry whose block was freed: before every layer's window
 
 
 class PromptPlan(NamedTuple):
@@ -33,6 +34,12 @@ class BlockManager:
     Prefix caching indexes every full block by a chained hash of its tokens, registered when the
     step that computes it is scheduled; a step writes K/V before any attention reads them, so a
     sequence scheduled in the same step may already attend to them.
+
+    With a sliding_window (every layer attends to at most its last sliding_window tokens), a
+    running sequence's blocks wholly before the window of its next query are freed as it grows
+    (vLLM V1's SlidingWindowManager.remove_skipped_blocks): their table entries become
+    NULL_BLOCK, always a prefix of the table, and attention never reads them. Freed blocks keep
+    their hashes in the free queue, so prefix hits can still revive them.
     """
 
     def __init__(
@@ -42,6 +49,7 @@ class BlockManager:
         num_cpu_blocks: int = 0,
         enable_prefix_caching: bool = True,
         watermark: float = 0.01,
+        sliding_window: int | None = None,
     ) -> None:
         assert num_blocks > 0 and block_size > 0
         self.num_blocks = num_blocks
@@ -54,6 +62,8 @@ class BlockManager:
         self.swapped: dict[int, Sequence] = {}  # holding CPU blocks
         self.num_prefix_cache_queries = 0  # tokens looked up
         self.num_prefix_cache_hits = 0  # tokens found
+        self.sliding_window = sliding_window
+        self.num_sliding_window_freed_blocks = 0
 
     # -- gauges ------------------------------------------------------------------------------
     @property
@@ -162,6 +172,9 @@ class BlockManager:
         A block that others share and this step writes into is replaced by a private copy.
         """
         assert all(seq.seq_id in self.seqs for seq in seqs)
+        if self.sliding_window is not None:
+            for seq in seqs:
+                self._free_out_of_window(seq)
         needed = self._num_blocks_to_append(
             seqs, num_new_tokens, lambda block_id: self.pool.blocks[block_id].ref_count
         )
@@ -192,6 +205,19 @@ class BlockManager:
                     released[block_id] += 1
         return needed
 
+    def _free_out_of_window(self, seq: Sequence) -> None:
+        """Frees the blocks that no query from seq.num_computed_tokens on can see, last first
+        (the free queue then evicts a sequence's earlier blocks, likelier shared, later)."""
+        num_skipped_tokens = seq.num_computed_tokens - self.sliding_window + 1
+        for i in range(
+            min(num_skipped_tokens // self.block_size, len(seq.block_table)) - 1, -1, -1
+        ):
+            if seq.block_table[i] == NULL_BLOCK:
+                break
+            self.pool.free(self.pool.blocks[seq.block_table[i]])
+            seq.block_table[i] = NULL_BLOCK
+            self.num_sliding_window_freed_blocks += 1
+
     def _append(self, seq: Sequence, num_computed_tokens: int, num_new_tokens: int) -> BlockMapping:
         end = num_computed_tokens + num_new_tokens
         copies: BlockMapping = []
@@ -213,7 +239,8 @@ class BlockManager:
         """child shares every block of parent."""
         assert parent.seq_id in self.seqs and child.seq_id not in self.seqs
         for block_id in parent.block_table:
-            self.pool.touch(self.pool.blocks[block_id])
+            if block_id != NULL_BLOCK:
+                self.pool.touch(self.pool.blocks[block_id])
         child.block_table = list(parent.block_table)
         child.num_cached_blocks = parent.num_cached_blocks
         self.seqs[child.seq_id] = child
@@ -223,10 +250,12 @@ class BlockManager:
         sequence is the least likely to be shared, so it is evicted first."""
         if self.seqs.pop(seq.seq_id, None) is not None:
             for block_id in reversed(seq.block_table):
-                self.pool.free(self.pool.blocks[block_id])
+                if block_id != NULL_BLOCK:
+                    self.pool.free(self.pool.blocks[block_id])
         elif self.swapped.pop(seq.seq_id, None) is not None:
             for block_id in seq.block_table:
-                self.cpu_pool.free(block_id)
+                if block_id != NULL_BLOCK:
+                    self.cpu_pool.free(block_id)
         seq.block_table = []
         seq.num_cached_blocks = 0
 
@@ -242,9 +271,10 @@ class BlockManager:
         mapping = {block_id: self.cpu_pool.allocate() for block_id in unique}
         for seq, table in zip(seqs, tables):
             self.free(seq)
-            seq.block_table = [mapping[block_id] for block_id in table]
+            seq.block_table = [mapping.get(block_id, NULL_BLOCK) for block_id in table]
             for cpu_block_id in seq.block_table:
-                self.cpu_pool.hold(cpu_block_id)
+                if cpu_block_id != NULL_BLOCK:
+                    self.cpu_pool.hold(cpu_block_id)
             self.swapped[seq.seq_id] = seq
         return list(mapping.items())
 
@@ -255,7 +285,9 @@ class BlockManager:
         or none; returns the (CPU, device) block copies and the copy-on-write copies to do after
         them, or None."""
         assert all(seq.seq_id in self.swapped for seq in seqs)
-        holders = Counter(cpu_id for seq in seqs for cpu_id in seq.block_table)
+        holders = Counter(
+            cpu_id for seq in seqs for cpu_id in seq.block_table if cpu_id != NULL_BLOCK
+        )
         needed = len(holders) + self._num_blocks_to_append(
             seqs, num_new_tokens, holders.__getitem__
         )
@@ -269,7 +301,7 @@ class BlockManager:
         for seq in seqs:
             cpu_table = seq.block_table
             self.free(seq)
-            seq.block_table = [mapping[cpu_id] for cpu_id in cpu_table]
+            seq.block_table = [mapping.get(cpu_id, NULL_BLOCK) for cpu_id in cpu_table]
             self.seqs[seq.seq_id] = seq
         copies = self.allocate_slots(seqs, num_new_tokens)
         assert copies is not None, "swap_in counted the appends' blocks"
@@ -290,24 +322,34 @@ class BlockManager:
             return
         hashes = self._block_hashes(seq, num_full_blocks)
         for i in range(seq.num_cached_blocks, num_full_blocks):
-            self.pool.cache(self.pool.blocks[seq.block_table[i]], hashes[i])
+            if seq.block_table[i] != NULL_BLOCK:
+                self.pool.cache(self.pool.blocks[seq.block_table[i]], hashes[i])
         seq.num_cached_blocks = num_full_blocks
 
     # -- invariants --------------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Raises AssertionError unless ref counts, the free queue, the hash index and the CPU
         pool all agree with the block tables."""
+        for seq in [*self.seqs.values(), *self.swapped.values()]:
+            num_freed = seq.block_table.count(NULL_BLOCK)
+            assert NULL_BLOCK not in seq.block_table[num_freed:], (
+                f"{seq}: freed blocks not a prefix"
+            )
+            assert self.sliding_window is not None or not num_freed, seq
         for seq in self.seqs.values():
             assert not seq.is_finished, f"finished {seq} still holds blocks"
-            assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} repeats a block"
+            held = [b for b in seq.block_table if b != NULL_BLOCK]
+            assert len(set(held)) == len(held), f"{seq} repeats a block"
             assert len(seq.block_table) <= self.num_blocks_for(seq.num_tokens), seq
             assert seq.num_cached_blocks <= len(seq.block_table), seq
         assert not set(self.seqs) & set(self.swapped), "a sequence is on both sides"
-        self.pool.check_integrity(Counter(b for seq in self.seqs.values() for b in seq.block_table))
+        self.pool.check_integrity(
+            Counter(b for seq in self.seqs.values() for b in seq.block_table if b != NULL_BLOCK)
+        )
         self.cpu_pool.check_integrity(
-            Counter(b for seq in self.swapped.values() for b in seq.block_table)
+            Counter(b for seq in self.swapped.values() for b in seq.block_table if b != NULL_BLOCK)
         )
 
 
 def _unique_blocks(seqs: list[Sequence]) -> list[int]:
-    return list(dict.fromkeys(block_id for seq in seqs for block_id in seq.block_table))
+    return list(dict.fromkeys(b for seq in seqs for b in seq.block_table if b != NULL_BLOCK))

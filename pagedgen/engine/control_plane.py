@@ -28,11 +28,19 @@ def resolve_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> 
 
 
 def build_control_plane(
-    config: EngineConfig, num_blocks: int, num_cpu_blocks: int, max_model_len: int
+    config: EngineConfig,
+    num_blocks: int,
+    num_cpu_blocks: int,
+    max_model_len: int,
+    sliding_window: int | None = None,
 ) -> tuple[BlockManager, Scheduler]:
-    """The block manager and scheduler of an engine."""
+    """The block manager and scheduler of an engine; sliding_window: see freeable_window."""
     block_manager = BlockManager(
-        num_blocks, config.block_size, num_cpu_blocks, config.enable_prefix_caching
+        num_blocks,
+        config.block_size,
+        num_cpu_blocks,
+        config.enable_prefix_caching,
+        sliding_window=sliding_window,
     )
     mode = None if config.preemption_mode == "auto" else PreemptionMode(config.preemption_mode)
     scheduler = Scheduler(

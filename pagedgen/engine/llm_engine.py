@@ -10,6 +10,7 @@ from pagedgen.engine.control_plane import build_control_plane
 from pagedgen.engine.request import Request
 from pagedgen.engine.runner import Runner
 from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
+from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
@@ -45,6 +46,7 @@ class LLMEngine:
         num_cpu_blocks: int,
         max_model_len: int,
         eos_token_ids: set[int],
+        sliding_window: int | None = None,  # blocks past it are freed (freeable_window)
     ) -> None:
         self.config = config
         self.hf_config: Any = None  # the model's config, when from_config loaded one
@@ -53,7 +55,7 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.block_manager, self.scheduler = build_control_plane(
-            config, num_blocks, num_cpu_blocks, max_model_len
+            config, num_blocks, num_cpu_blocks, max_model_len, sliding_window
         )
         self.stop_checker = StopChecker(tokenizer, max_model_len)
         self.requests: dict[str, Request] = {}
@@ -77,6 +79,7 @@ class LLMEngine:
             model.num_cpu_blocks,
             model.max_model_len,
             model.eos_token_ids,
+            freeable_window(model.hf_config),
         )
         engine.hf_config = model.hf_config
         return engine

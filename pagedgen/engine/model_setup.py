@@ -22,6 +22,7 @@ from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
 from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.model_files import load_config, load_tokenizer
+from pagedgen.models.registry import get_model_class
 from pagedgen.sampling_params import SamplingParams
 
 
@@ -45,6 +46,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     resolved = resolve_model(config.model)
     hf_config = load_config(resolved)
+    get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
     tokenizer = load_tokenizer(resolved)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
     geometry = KVGeometry.of(hf_config, dtype)
@@ -64,11 +66,16 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     where = str(device)
     if device.type == "cpu":
         where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"
+    attention = f"{backend.name} attention"
+    if backend.name == "cupy" and any(
+        layer.sliding_window or layer.softcap for layer in model.attention_layers
+    ):
+        attention += ", torch for its sliding-window and soft-capped layers"
     log(
         f"model {config.model} ({type(model).__name__}, {dtype}, {where}, "
-        f"{backend.name} attention), max_model_len {max_model_len}"
+        f"{attention}), max_model_len {max_model_len}"
     )
-    log(describe_pool(pool, geometry, config.block_size))
+    log(describe_pool(pool, geometry, config.block_size, kv_cache_bytes))
     return ModelSetup(
         runner,
         tokenizer,
@@ -80,12 +87,17 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     )
 
 
-def describe_pool(pool: PoolSize, geometry: KVGeometry, block_size: int) -> str:
+def describe_pool(
+    pool: PoolSize, geometry: KVGeometry, block_size: int, asked_bytes: float | None = None
+) -> str:
+    """The pool as built, in whole blocks, and the budget it was cut from (as given: 0.005 GiB
+    prints as 0.005, not rounded to 0.01)."""
     num_tokens = pool.num_blocks * block_size
     gib = num_tokens * geometry.bytes_per_token / GIB
+    asked = "" if asked_bytes is None else f" of {asked_bytes / GIB:.6g} GiB asked"
     return (
         f"KV cache: {pool.num_blocks} blocks x {block_size} tokens = {num_tokens} tokens, "
-        f"{gib:.3g} GiB ({geometry.bytes_per_token} bytes/token); "
+        f"{gib:.3g} GiB{asked} ({geometry.bytes_per_token} bytes/token); "
         f"CPU swap pool {pool.num_cpu_blocks} blocks"
     )
 

@@ -18,7 +18,8 @@ def _library(march: str) -> ctypes.CDLL:
     lib = load_cpu_library(SOURCE, march)
     fn = lib.paged_attention_decode
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    fn.argtypes = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, ctypes.c_float, i32]
+    f32 = ctypes.c_float
+    fn.argtypes = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, i32]
     fn.restype = ctypes.c_int
     lib.paged_attention_has_float16.restype = ctypes.c_int
     return lib
@@ -51,6 +52,8 @@ def paged_attention_decode(
     scale: float,
     num_threads: int | None = None,
     march: str | None = None,  # the build to run; None: this machine's (see kernel_march)
+    window: int | None = None,  # attend to the last `window` tokens only; earlier blocks unread
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
 ) -> torch.Tensor:
     """Decode attention of one query row per sequence over its context in the paged cache.
 
@@ -100,6 +103,8 @@ def paged_attention_decode(
         head_dim,
         block_size,
         scale,
+        window or 0,
+        softcap or 0.0,
         num_threads or torch.get_num_threads(),
     )
     if status != 0:

@@ -7,7 +7,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 
-def read_gguf(path: Path) -> tuple[PretrainedConfig, dict[str, torch.Tensor]]:
+def read_gguf(
+    path: Path, config: PretrainedConfig | None = None
+) -> tuple[PretrainedConfig, dict[str, torch.Tensor]]:
     """Dequantizes a GGUF file into float32 tensors under their Hugging Face names.
 
     transformers does the format work (metadata to config, llama.cpp's q/k permutation undone);
@@ -15,7 +17,7 @@ def read_gguf(path: Path) -> tuple[PretrainedConfig, dict[str, torch.Tensor]]:
     """
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = read_gguf_config(path)
+    config = config or read_gguf_config(path)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
@@ -30,10 +32,15 @@ def read_gguf_config(path: Path) -> PretrainedConfig:
 
 
 def convert_gguf(path: Path, target: Path) -> None:
-    """Writes an HF folder (config, tokenizer, model.safetensors) for a GGUF file, atomically."""
+    """Writes an HF folder (config, tokenizer, model.safetensors) for a GGUF file, atomically.
+    An architecture we do not implement is refused after reading the metadata only."""
     from safetensors.torch import save_file
 
-    config, tensors = read_gguf(path)
+    from pagedgen.models.registry import get_model_class
+
+    config = read_gguf_config(path)
+    get_model_class(config)
+    config, tensors = read_gguf(path, config)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))

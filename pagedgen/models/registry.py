@@ -1,6 +1,8 @@
 from torch import nn
 from transformers import PretrainedConfig
 
+from pagedgen.models.gemma2 import Gemma2ForCausalLM
+from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
 
@@ -9,13 +11,24 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+}
+
+MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 
 def get_model_class(config: PretrainedConfig) -> type[nn.Module]:
     architectures = getattr(config, "architectures", None) or []
-    if not architectures and config.model_type in ("llama", "mistral", "qwen2", "qwen3"):
-        architectures = [f"{config.model_type.capitalize()}ForCausalLM"]
+    if not architectures and config.model_type in MODEL_TYPES:
+        architectures = [MODEL_TYPES[config.model_type]]
     for arch in architectures:
         if arch in MODELS:
             return MODELS[arch]

@@ -1,7 +1,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.block_manager import NULL_BLOCK, BlockManager
 
 
 @dataclass(slots=True)
@@ -37,8 +37,9 @@ class KVUsageTracker:
         max_model_len = self.max_model_len
         live = held = reserved = 0
         for seq in bm.seqs.values():
-            live += seq.num_computed_tokens
-            held += len(seq.block_table)
+            num_freed = seq.block_table.count(NULL_BLOCK)  # out of a sliding window
+            live += seq.num_computed_tokens - num_freed * bm.block_size
+            held += len(seq.block_table) - num_freed
             max_tokens = seq.sampling_params.max_tokens or max_model_len
             reserved += min(seq.num_prompt_tokens + max_tokens, max_model_len)
         used = bm.num_used_blocks
@@ -74,6 +75,7 @@ class KVUsageTracker:
             "mean_running": round(mean_running, 2),
             "peak_running": self.peak_running,
             "mean_live_tokens_per_seq": round(self.live_tokens / max(self.num_running, 1), 1),
+            "num_sliding_window_freed_blocks": bm.num_sliding_window_freed_blocks,
             "contiguous": [
                 {
                     "allocation": "paged",

@@ -1,0 +1,40 @@
+"""Which layers attend through a sliding window, read from a config without torch (the control
+plane frees KV blocks by it)."""
+
+from typing import Any
+
+
+def layer_sliding_windows(hf_config: Any) -> list[int | None]:
+    """Per layer, the number of most recent tokens (itself included) a query attends to, or None
+    for full attention. Token q sees key k iff q - window < k <= q, as transformers'
+    sliding_window_overlay.
+
+    Configs that name layer_types (Gemma 2/3, Qwen2 through its config class) say it per layer;
+    Qwen2 read from a plain config.json has use_sliding_window and max_window_layers (layers from
+    max_window_layers on slide); Mistral v0.1's sliding_window covers every layer.
+    """
+    num_layers = hf_config.num_hidden_layers
+    window = getattr(hf_config, "sliding_window", None)
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type == "qwen2" and not getattr(hf_config, "use_sliding_window", False):
+        window = None
+    if not window:
+        return [None] * num_layers
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types:
+        return [window if kind == "sliding_attention" else None for kind in layer_types]
+    if model_type == "qwen2":
+        first = getattr(hf_config, "max_window_layers", num_layers)
+        return [window if i >= first else None for i in range(num_layers)]
+    if model_type in ("gemma2", "gemma3_text", "gemma3"):
+        raise ValueError(f"a {model_type} config without layer_types")
+    return [window] * num_layers
+
+
+def freeable_window(hf_config: Any) -> int | None:
+    """The window past which a KV block is out of every layer's reach, so the block manager may
+    free it; None when some layer attends to everything."""
+    windows = layer_sliding_windows(hf_config)
+    if any(window is None for window in windows):
+        return None
+    return max(windows)  # type: ignore[type-var]

@@ -1,0 +1,40 @@
+import copy
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from pagedgen.attention import AttentionBackend
+from pagedgen.layers.rotary import RotaryEmbedding
+from pagedgen.models.gemma2 import Gemma2Attention, Gemma2ForCausalLM, GemmaRMSNorm
+
+
+class Gemma3Attention(Gemma2Attention):
+    """Gemma 2's attention plus a (1 + weight) RMSNorm over each head of q and k, before rope."""
+
+    has_qk_norm = True
+
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *biases: bool) -> None:
+        super().__init__(config, backend, *biases)
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    """Gemma 3 text: Gemma 2 with q/k norms, no soft caps by default, five local layers per global
+    one, and a rope base per kind of layer (10k local, 1M global)."""
+
+    attention_cls = Gemma3Attention
+
+    @staticmethod
+    def build_ropes(config: PretrainedConfig, head_dim: int, max_position: int) -> nn.ModuleDict:
+        params = config.rope_parameters
+        ropes = {}
+        for kind in ("full_attention", "sliding_attention"):
+            layer_config = copy.copy(config)
+            layer_config.rope_parameters = dict(params.get(kind, params))
+            ropes[kind] = RotaryEmbedding(layer_config, head_dim, max_position)
+        return nn.ModuleDict(ropes)
