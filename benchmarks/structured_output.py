@@ -76,12 +76,14 @@ def benchmark(llm: LLM, prompts: list[list[int]]) -> None:
             ("unconstrained", free),
             ("json schema", [constrained(temperature=0)] * len(prompts)),
         ):
-            before = copy.copy(grammar.stats)
+            before, stats = copy.copy(grammar.stats), llm.engine.stats
+            steps_before, model_before = stats.num_steps, stats.model_time
             elapsed, num_tokens = timed_generate(llm, prompts, params)
             rates[name].append(num_tokens / elapsed)
+            step_ms = 1e3 * (stats.model_time - model_before) / (stats.num_steps - steps_before)
             print(
                 f"  {name}: {num_tokens} output tokens in {elapsed:.1f} s "
-                f"= {num_tokens / elapsed:.1f} tok/s"
+                f"= {num_tokens / elapsed:.1f} tok/s; model step {step_ms:.1f} ms on average"
             )
             if name == "json schema":
                 steps = grammar.stats.num_masked_steps - before.num_masked_steps
