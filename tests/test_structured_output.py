@@ -168,12 +168,42 @@ def test_a_job_writes_an_error_record_for_a_bad_constraint_and_goes_on(
     assert re.fullmatch("[0-9]{3}", records["default"]["text"])
     assert "invalid json" in records["bad-schema"]["error"]
     assert "invalid regex" in records["bad-regex"]["error"]
-    assert "allows no first token" in records["never"]["error"]
+    assert "no output can satisfy the grammar" in records["never"]["error"]
     assert "grammars compiled" in stderr and "grammar mask per step" in stderr
 
     bad = ["run", str(source), "-o", "-", *tiny(tiny_llama_path), "--regex", "(", "--choice", "a"]
     code, _, stderr = run_in_process(capsys, *bad)
     assert code == 2 and "give one of --json-schema, --regex and --choice" in stderr
+
+
+def test_a_grammar_at_a_dead_end_ends_its_sequence_with_an_error(tiny_llama_path, monkeypatch):
+    """A state that allows no token (simulated: the bitmask comes back empty from the third
+    step on) fails the sequence with a clear error instead of sampling forever."""
+    import llguidance.numpy
+    from transformers import AutoTokenizer
+
+    from pagedgen.config import EngineConfig
+    from pagedgen.engine.llm_engine import LLMEngine
+    from pagedgen.engine.runner import NullRunner
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
+    (a,) = tokenizer.encode("a")
+    fill, num_calls = llguidance.numpy.fill_next_token_bitmask_par, [0]
+
+    def fill_then_dead_end(executor, matchers, bitmask) -> None:
+        fill(executor, matchers, bitmask)
+        num_calls[0] += 1
+        if num_calls[0] >= 3:
+            bitmask[:] = 0
+
+    monkeypatch.setattr(llguidance.numpy, "fill_next_token_bitmask_par", fill_then_dead_end)
+    config = EngineConfig(model="unused", block_size=4)
+    engine = LLMEngine(config, NullRunner(lambda seq: a), tokenizer, 64, 0, 256, {256}, 257)
+    params = SamplingParams(max_tokens=50, structured_outputs=StructuredOutputsParams(regex="a+"))
+    engine.add_request("r", [1, 2, 3], params)
+    (output,) = list(engine.stream([]))
+    assert output.outputs[0].finish_reason == "error"
+    assert "allows no next token after 2 output tokens" in output.error
 
 
 def test_summary_rows_show_compile_and_mask_time():

@@ -73,7 +73,10 @@ class GuidanceBackend:
             raise GrammarError(f"invalid {kind}: {error_text(matcher)}")
         matcher.compute_bitmask()  # a grammar no token can start fails only here
         if matcher.is_error():
-            raise GrammarError(f"the {kind} allows no first token ({error_text(matcher)})")
+            raise GrammarError(
+                f"no output can satisfy the {kind}: it allows no first token "
+                f"({error_text(matcher)})"
+            )
         return matcher
 
     def fill_bitmask(self, matchers: list[llguidance.LLMatcher]) -> tuple[torch.Tensor, list[int]]:
