@@ -105,7 +105,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: output text stays empty (token ids only)
-    structured_outputs: StructuredOutputsParams | None = None
+    structured_outputs: StructuredOutputsParams | None = None  # or a dict of its fields
     # Filled from the tokenizer by the engine; not part of vLLM's public surface.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -116,6 +116,16 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):  # a JSON line's, or the caller's, object
+            try:
+                self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"structured_outputs: {e}") from e
+        if not isinstance(self.structured_outputs, StructuredOutputsParams | None):
+            raise ValueError(
+                "structured_outputs must be StructuredOutputsParams or a dict of its fields, "
+                f"got {type(self.structured_outputs).__name__}"
+            )
         checks = [
             (self.n >= 1, "n must be >= 1"),
             (self.temperature >= 0, "temperature must be >= 0"),

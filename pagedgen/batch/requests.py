@@ -3,7 +3,7 @@ from typing import Any, NamedTuple
 
 from pagedgen.chat_template import apply_chat_template
 from pagedgen.io.records import InputRecord
-from pagedgen.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedgen.sampling_params import SamplingParams
 
 MAX_INT64 = 2**63 - 1
 MAX_UTF8_BYTES_PER_CHAR = 4
@@ -59,7 +59,7 @@ class RequestBuilder:
         if record.error is not None:
             raise RequestError(record.error)
         try:
-            params = SamplingParams(**{**self.defaults, **_with_params(record.sampling)})
+            params = SamplingParams(**{**self.defaults, **record.sampling})
         except (TypeError, ValueError) as e:
             raise RequestError(f"invalid sampling parameters: {e}") from e
         self._check_limits(params)
@@ -114,17 +114,6 @@ class RequestBuilder:
                 f"the prompt's {num_bytes:,} bytes are more than max_model_len "
                 f"({self.max_model_len}) tokens can hold"
             )
-
-
-def _with_params(sampling: dict[str, Any]) -> dict[str, Any]:
-    """A record's sampling fields with its "structured_outputs" object made params."""
-    spec = sampling.get("structured_outputs")
-    if spec is None:
-        return sampling
-    try:
-        return {**sampling, "structured_outputs": StructuredOutputsParams.from_dict(spec)}
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"structured_outputs: {e}") from e
 
 
 def max_bytes_per_token(tokenizer: Any) -> int:
