@@ -14,6 +14,7 @@ _EXPORTS = {
     "EngineConfig": "pagedgen.config",
     "RequestOutput": "pagedgen.outputs",
     "SamplingParams": "pagedgen.sampling_params",
+    "StructuredOutputsParams": "pagedgen.sampling_params",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

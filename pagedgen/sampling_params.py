@@ -1,4 +1,79 @@
+import json as json_module
 from dataclasses import dataclass, field
+from typing import Any
+
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """Constrains a completion to a language (vLLM's names); exactly one field is set.
+
+    json: a JSON schema, as a dict or its JSON text. regex: a regular expression (Rust syntax),
+    matched by the whole completion. choice: the completion is one of these strings. grammar: a
+    context-free grammar in Lark or GBNF syntax. json_object: any JSON object. JSON is written
+    compactly with ", " and ": " separators; a schema's "x-guidance" options may change that.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [kind for kind in STRUCTURED_OUTPUT_KINDS if getattr(self, kind) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                f"structured outputs take exactly one of {', '.join(STRUCTURED_OUTPUT_KINDS)}; "
+                f"got {', '.join(kinds) or 'none'}"
+            )
+        choice = self.choice
+        checks = [
+            (self.json is None or isinstance(self.json, str | dict), "json must be an object"),
+            (self.regex is None or _is_text(self.regex), "regex must be a non-empty string"),
+            (
+                choice is None
+                or (isinstance(choice, list) and choice and all(map(_is_text, choice))),
+                "choice must be a non-empty list of non-empty strings",
+            ),
+            (self.grammar is None or _is_text(self.grammar), "grammar must be a non-empty string"),
+            (self.json_object is None or self.json_object is True, "json_object must be true"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if isinstance(self.json, str):
+            try:
+                schema = json_module.loads(self.json)
+            except ValueError as e:
+                raise ValueError(f"json must be a JSON schema; its text does not parse: {e}") from e
+            if not isinstance(schema, dict):
+                raise ValueError(f"json must be a JSON schema object, got {self.json[:80]!r}")
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> "StructuredOutputsParams":
+        """From a JSON object such as an input line's "structured_outputs"."""
+        unknown = sorted(set(obj) - set(STRUCTURED_OUTPUT_KINDS))
+        if unknown:
+            raise ValueError(
+                f"unknown structured_outputs fields {unknown}; "
+                f"known: {list(STRUCTURED_OUTPUT_KINDS)}"
+            )
+        return cls(**obj)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, text): requests with equal keys share one compiled grammar."""
+        kind = next(k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) is not None)
+        value = getattr(self, kind)
+        if kind == "json" and isinstance(value, str):
+            value = json_module.loads(value)
+        return kind, value if isinstance(value, str) else json_module.dumps(value)
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
 
 
 @dataclass(slots=True)
@@ -7,7 +82,9 @@ class SamplingParams:
 
     temperature 0 is greedy. top_k 0 (or -1) and top_p 1 disable those filters. seed makes a
     request's samples reproducible whatever else shares its batch. logprobs=k returns, for each
-    generated token, its own log-probability and the k most likely tokens'.
+    generated token, its own log-probability and the k most likely tokens'. structured_outputs
+    constrains the completion to a JSON schema, a regex, a choice or a grammar; it ends (finish
+    reason "stop") as soon as the constraint is complete.
     """
 
     n: int = 1
@@ -28,6 +105,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: output text stays empty (token ids only)
+    structured_outputs: StructuredOutputsParams | None = None  # or a dict of its fields
     # Filled from the tokenizer by the engine; not part of vLLM's public surface.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -38,6 +116,16 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):  # a JSON line's, or the caller's, object
+            try:
+                self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"structured_outputs: {e}") from e
+        if not isinstance(self.structured_outputs, StructuredOutputsParams | None):
+            raise ValueError(
+                "structured_outputs must be StructuredOutputsParams or a dict of its fields, "
+                f"got {type(self.structured_outputs).__name__}"
+            )
         checks = [
             (self.n >= 1, "n must be >= 1"),
             (self.temperature >= 0, "temperature must be >= 0"),

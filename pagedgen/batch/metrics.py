@@ -42,7 +42,7 @@ class RunMetrics:
 
     def summary(self, engine: LLMEngine) -> dict[str, Any]:
         stats, elapsed = engine.stats, self.elapsed
-        return {
+        summary = {
             "elapsed_s": round(elapsed, 3),
             "requests_per_s": round(self.num_completed / elapsed, 3),
             "output_tokens_per_s": round(self.num_output_tokens / elapsed, 2),
@@ -58,6 +58,14 @@ class RunMetrics:
             "num_output_tokens": self.num_output_tokens,
             "num_prompt_tokens": stats.num_prompt_tokens,
         }
+        return {**summary, **structured_output_summary(engine)}
+
+
+def structured_output_summary(engine: LLMEngine) -> dict[str, Any]:
+    """Grammar compile and mask times, when some request asked for structured output."""
+    stats = engine.structured_output.stats
+    used = stats.num_grammars_compiled or stats.num_compile_cache_hits
+    return {"structured_output": stats.summary()} if used else {}
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -16,6 +16,7 @@ INPUT_PANEL = "Input"
 OUTPUT_PANEL = "Output"
 SAMPLING_PANEL = "Sampling (vLLM's names and defaults; an input line may set its own)"
 ENGINE_PANEL = "Model and engine"
+STRUCTURED_PANEL = "Structured output (a line's structured_outputs or response_format overrides)"
 
 
 class OptionGroup(NamedTuple):
@@ -42,6 +43,7 @@ def option(panel: str, default: Any, *names: str, help: str, metavar: str | None
 input_option = functools.partial(option, INPUT_PANEL)
 output_option = functools.partial(option, OUTPUT_PANEL)
 sampling_option = functools.partial(option, SAMPLING_PANEL)
+structured_option = functools.partial(option, STRUCTURED_PANEL)
 _engine = functools.partial(option, ENGINE_PANEL)
 
 

@@ -1,6 +1,7 @@
 from rich.console import Console
 from rich.table import Table
 
+from pagedgen.cli.summary import grammar_rows
 from pagedgen.profile.profiler import ProfileReport
 
 
@@ -56,6 +57,8 @@ def render_report(console: Console, report: ProfileReport) -> None:
     paged.add_row(
         "requests finished / rejected", f"{run['num_finished']:,} / {run['num_rejected']:,}"
     )
+    for row in grammar_rows(run.get("structured_output")):
+        paged.add_row(*row)
     console.print(paged)
 
     contiguous = Table(title="paged vs contiguous allocation, same memory", title_justify="left")

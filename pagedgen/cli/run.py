@@ -48,6 +48,15 @@ def run(
     stop: list[str] | None = _sampling(None, "stop at this string (repeatable)", "TEXT"),
     ignore_eos: bool = opt.IGNORE_EOS,
     logprobs: int | None = _sampling(None, "record each token's K likeliest log-probs", "K"),
+    json_schema: str | None = opt.structured_option(
+        None, help="every completion is JSON valid under this schema (a file)", metavar="FILE"
+    ),
+    regex: str | None = opt.structured_option(
+        None, help="every completion matches this regular expression", metavar="RE"
+    ),
+    choice: str | None = opt.structured_option(
+        None, help="every completion is one of these comma-separated strings", metavar="A,B,.."
+    ),
 ) -> None:
     """Generate a completion for every request of INPUT and write one JSON line each to OUTPUT.
 
@@ -58,6 +67,12 @@ def run(
     error, 74 the output could not be written, 130/143/129 interrupted by SIGINT/TERM/HUP.
     """
     from pagedgen.cli.run_job import RunOptions, run_job
+    from pagedgen.cli.structured import structured_outputs_option
+
+    try:
+        structured_outputs = structured_outputs_option(json_schema, regex, choice)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
 
     sampling = dict(
         n=n,
@@ -74,6 +89,7 @@ def run(
         stop=stop,
         ignore_eos=ignore_eos,
         logprobs=logprobs,
+        structured_outputs=structured_outputs,
     )
     options = RunOptions(
         input=spec,

@@ -1,3 +1,5 @@
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -26,6 +28,8 @@ def print_summary(console: Console, result: JobResult, output: str) -> None:
     )
     table.add_row("preemptions", str(s["num_preemptions"]))
     table.add_row("prefix cache hit rate", f"{s['prefix_cache_hit_rate']:.1%}")
+    for row in grammar_rows(s.get("structured_output")):
+        table.add_row(*row)
     console.print(table)
     if result.num_failed:
         lines = ", ".join(str(line) for line in result.failed_lines)
@@ -40,3 +44,21 @@ def print_summary(console: Console, result: JobResult, output: str) -> None:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
+
+
+def grammar_rows(grammar: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The summary's structured output rows: compile and mask times (none without a grammar)."""
+    if grammar is None:
+        return []
+    return [
+        (
+            "grammars compiled (cache hits)",
+            f"{grammar['num_grammars_compiled']} ({grammar['num_grammar_cache_hits']}), "
+            f"{grammar['grammar_compile_ms_mean']:.2f} ms each",
+        ),
+        (
+            "grammar mask per step",
+            f"{grammar['grammar_mask_ms_per_step']:.2f} ms for {grammar['mean_masked_rows']:.1f} "
+            "rows on average",
+        ),
+    ]

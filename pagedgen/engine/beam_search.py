@@ -2,7 +2,7 @@ from dataclasses import dataclass, field
 
 from pagedgen.engine.scheduler import Scheduler
 from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
-from pagedgen.sampling_params import SamplingParams
+from pagedgen.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 @dataclass(slots=True)
@@ -12,13 +12,15 @@ class BeamSearchParams:
     Every step each live beam proposes its 2 * beam_width most likely next tokens; a proposal
     ending in eos (unless ignore_eos) is set aside as a finished hypothesis, and the beam_width
     best of the others, by beam_search_score, live on. After max_tokens steps the finished
-    hypotheses and the live beams compete, and the beam_width best are returned.
+    hypotheses and the live beams compete, and the beam_width best are returned. With
+    structured_outputs, beams propose only the tokens their grammar allows.
     """
 
     beam_width: int
     max_tokens: int
     ignore_eos: bool = False
     length_penalty: float = 1.0
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if self.beam_width < 1 or self.max_tokens < 1:
@@ -30,7 +32,10 @@ class BeamSearchParams:
         """What each beam asks of the model runner: the raw log-probabilities of its best
         2 * beam_width next tokens (the sampled token itself is not used)."""
         return SamplingParams(
-            temperature=0.0, max_tokens=self.max_tokens, logprobs=2 * self.beam_width
+            temperature=0.0,
+            max_tokens=self.max_tokens,
+            logprobs=2 * self.beam_width,
+            structured_outputs=self.structured_outputs,
         )
 
 
@@ -69,6 +74,8 @@ class BeamSearchState:
         candidates = []
         for beam in group.unfinished_seqs:
             for token, logprob in logprobs[beam.seq_id].items():
+                if logprob == float("-inf"):  # a token the beam's grammar does not allow
+                    continue
                 cumulative = beam.cumulative_logprob + logprob
                 ends = token in self.eos_token_ids and not params.ignore_eos
                 score = beam_search_score(

@@ -9,13 +9,14 @@ from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
 from pagedgen.engine.control_plane import build_control_plane
 from pagedgen.engine.request import Request
 from pagedgen.engine.runner import Runner
-from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
+from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
 from pagedgen.outputs import RequestOutput
 from pagedgen.sampling_params import SamplingParams
+from pagedgen.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int]
 Params = SamplingParams | BeamSearchParams
@@ -35,6 +36,10 @@ class LLMEngine:
 
     The engine is plain Python: the runner is given (from_config builds the real one, with the
     model and the KV cache; `pagedgen profile --simulate` and the tests give a NullRunner).
+
+    A request with structured_outputs waits for its grammar, compiled on another thread, before
+    it reaches the scheduler; each step then masks the logits of its sequences' rows, and its
+    grammar advances with every token appended.
     """
 
     def __init__(
@@ -46,7 +51,9 @@ class LLMEngine:
         num_cpu_blocks: int,
         max_model_len: int,
         eos_token_ids: set[int],
+        *,
         sliding_window: int | None = None,  # blocks past it are freed (freeable_window)
+        vocab_size: int | None = None,  # the logits' width; default: the tokenizer's
     ) -> None:
         self.config = config
         self.hf_config: Any = None  # the model's config, when from_config loaded one
@@ -58,6 +65,8 @@ class LLMEngine:
             config, num_blocks, num_cpu_blocks, max_model_len, sliding_window
         )
         self.stop_checker = StopChecker(tokenizer, max_model_len)
+        vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else 0)
+        self.structured_output = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.rejected: list[Request] = []
         self.stats = EngineStats()
@@ -79,7 +88,8 @@ class LLMEngine:
             model.num_cpu_blocks,
             model.max_model_len,
             model.eos_token_ids,
-            freeable_window(model.hf_config),
+            sliding_window=freeable_window(model.hf_config),
+            vocab_size=getattr(model.hf_config, "vocab_size", None),
         )
         engine.hf_config = model.hf_config
         return engine
@@ -129,18 +139,38 @@ class LLMEngine:
             request_id, seq, sampling_params, params.beam_width if beam is not None else None
         )
         request = Request(request_id, text, token_ids, group, beam)
-        error = self.scheduler.add(group)
+        if sampling_params.structured_outputs is None:
+            self._schedule(request, self.scheduler.add(group))
+            return
+        error = self.structured_output.add_request(request_id, sampling_params.structured_outputs)
         if error is not None:
-            seq.finish(SequenceStatus.FINISHED_IGNORED, error)
-            self.rejected.append(request)
+            self._schedule(request, error)
         else:
-            self.requests[request_id] = request
+            self.requests[request_id] = request  # the scheduler gets it once its grammar is ready
+
+    def _schedule(self, request: Request, error: str | None) -> None:
+        """Keeps a request the scheduler took, or rejects it for the error."""
+        if error is None:
+            self.requests[request.request_id] = request
+            return
+        self.requests.pop(request.request_id, None)
+        request.group.seqs[0].finish(SequenceStatus.FINISHED_IGNORED, error)
+        self.rejected.append(request)
+
+    def _admit_compiled(self) -> None:
+        """Hands the scheduler the requests whose grammar is ready, and rejects those whose
+        grammar failed; waits for one when the scheduler has nothing else to run."""
+        block = not self.scheduler.has_unfinished()
+        for request_id, error in self.structured_output.pop_ready(block):
+            request = self.requests[request_id]
+            self._schedule(request, error or self.scheduler.add(request.group))
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
         if request is None:
             return
         self.scheduler.abort(request.group)
+        self.structured_output.free(request_id)
         for seq in request.group.unfinished_seqs:
             seq.finish(SequenceStatus.FINISHED_ABORTED)
             self.scheduler.finish(seq)
@@ -161,6 +191,8 @@ class LLMEngine:
         return len(self.requests) + len(self.rejected)
 
     def step(self) -> list[RequestOutput]:
+        if self.structured_output.num_pending:
+            self._admit_compiled()
         finished = [request.output(self.tokenizer) for request in self.rejected]
         self.rejected.clear()
         with self.timer.section("scheduler"):
@@ -169,6 +201,10 @@ class LLMEngine:
             if self.scheduler.has_unfinished() and not finished:
                 raise RuntimeError("the scheduler can make no progress; the KV pool is too small")
             return finished
+        with self.timer.section("structured_output"):
+            bitmask = self.structured_output.grammar_bitmask(scheduled.sample_seqs)
+        if bitmask is not None:
+            scheduled = scheduled._replace(grammar_bitmask=bitmask)
         start = time.perf_counter()
         samples = self.runner.execute(scheduled)
         self.stats.record_step(scheduled, time.perf_counter() - start)
@@ -180,7 +216,7 @@ class LLMEngine:
                     beam_rows.setdefault(seq.request_id, {})[seq.seq_id] = logprobs
                     continue
                 seq.append_token_id(samples.token_ids[i], logprobs)
-                self.stop_checker.check(seq)
+                self._check_stop(seq)
                 if seq.is_finished:
                     self.scheduler.finish(seq)
         for request_id, rows in beam_rows.items():
@@ -192,8 +228,22 @@ class LLMEngine:
             if request.is_finished:
                 finished.append(request.output(self.tokenizer))
                 del self.requests[request_id]
+                self.structured_output.free(request_id)
         self.stats.observe(self.scheduler)
         return finished
+
+    def _check_stop(self, seq: Sequence) -> None:
+        """Advances the sequence's grammar, if it has one, by its new token; then stops it when
+        it must: a complete grammar stops it, a failed one ends it with the error."""
+        if seq.sampling_params.structured_outputs is None:
+            self.stop_checker.check(seq)
+            return
+        grammar = self.structured_output.advance(seq)
+        if grammar.error is not None:
+            seq.finish(SequenceStatus.FINISHED_IGNORED, grammar.error)
+            self.stop_checker.free(seq)
+        else:
+            self.stop_checker.check(seq, grammar_terminated=grammar.is_terminated)
 
     def stream(
         self,

@@ -122,7 +122,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
         """Moves blocks as scheduled, runs one step, and samples the next token of every sequence
-        in scheduled.sample_seqs, in that order."""
+        in scheduled.sample_seqs, in that order, from logits the grammar bitmask (if any) has
+        masked first: greedy, temperature, top-k/p and penalties see only allowed tokens."""
         timer = self.timer
         self.move_blocks(scheduled)
         with timer.section("prepare_inputs"):
@@ -134,6 +135,9 @@ class ModelRunner:
                 return SamplerOutput([], None)
             rows = [inputs.last_rows[row] for row in scheduled.sample_rows]
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        if scheduled.grammar_bitmask is not None:
+            with timer.section("structured_output"):
+                scheduled.grammar_bitmask.apply_(logits)
         sampled = scheduled.sample_seqs
         with timer.section("sampling_metadata"):
             sampling = SamplingMetadata.build(

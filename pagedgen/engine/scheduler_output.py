@@ -1,7 +1,10 @@
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pagedgen.engine.block_manager import BlockMapping
 from pagedgen.engine.sequence import Sequence, SequenceGroup
+
+if TYPE_CHECKING:
+    from pagedgen.structured_output.manager import GrammarBitmask
 
 
 class SchedulerOutput(NamedTuple):
@@ -11,7 +14,8 @@ class SchedulerOutput(NamedTuple):
     (num_computed_tokens as it was before this step); the first num_decode_seqs compute one token
     each, their last. After the step, sample_seqs[j] samples its next token from the logits of
     the last token of seqs[sample_rows[j]]: its own, or its parent's for a sibling forked this
-    step (which computes nothing).
+    step (which computes nothing). grammar_bitmask, set by the engine, holds the allowed tokens
+    of the sample_seqs rows that have a structured output constraint.
     """
 
     seqs: list[Sequence]
@@ -24,6 +28,7 @@ class SchedulerOutput(NamedTuple):
     blocks_to_swap_out: BlockMapping  # device -> CPU, done before anything else
     blocks_to_swap_in: BlockMapping  # CPU -> device
     blocks_to_copy: BlockMapping  # device -> device, copy-on-write
+    grammar_bitmask: "GrammarBitmask | None" = None
 
     @property
     def num_batched_tokens(self) -> int:

@@ -7,6 +7,7 @@ STEP_PARTS = (
     "block_manager",
     "prepare_inputs",
     "model_forward",
+    "structured_output",
     "sampling_metadata",
     "sampler",
     "detokenize_stop",

@@ -26,6 +26,8 @@ class StopChecker:
     - Stop strings: output_text is cut before the stop string (after it when
       include_stop_str_in_output) and stop_reason is the stop string.
     - Neither counts until more than min_tokens tokens have been generated.
+    - A complete structured output grammar (grammar_terminated) stops the sequence, stop_reason
+      None, whatever min_tokens says: the grammar allows no further token.
     - Otherwise max_tokens output tokens or max_model_len tokens in all finish the sequence as
       FINISHED_LENGTH_CAPPED; a stop on the same token wins over the length cap.
 
@@ -41,7 +43,7 @@ class StopChecker:
         self.max_model_len = max_model_len
         self._offsets: dict[int, tuple[int, int]] = {}  # seq_id -> (prefix_offset, read_offset)
 
-    def check(self, seq: Sequence) -> None:
+    def check(self, seq: Sequence, grammar_terminated: bool = False) -> None:
         assert not seq.is_finished and seq.output_token_ids, seq
         params = seq.sampling_params
         token_id = seq.output_token_ids[-1]
@@ -69,6 +71,9 @@ class StopChecker:
                 seq.output_text = seq.output_text[:index]
                 self._finish(seq, SequenceStatus.FINISHED_STOPPED, stop_str)
                 return
+        if grammar_terminated:
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED, None)
+            return
         if seq.num_tokens >= self.max_model_len or (
             params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
         ):

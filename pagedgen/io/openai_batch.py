@@ -1,9 +1,11 @@
 """The OpenAI batch format: request lines in, response lines out.
 
 A request line is {"custom_id", "method": "POST", "url", "body"} where url is /v1/chat/completions
-(body.messages) or /v1/completions (body.prompt). A response line is {"id", "custom_id",
-"response": {"status_code", "request_id", "body"}, "error"}; a request that fails has response
-null and error {"code", "message"}. The id, batch_req_<line>, is what --resume matches lines by.
+(body.messages) or /v1/completions (body.prompt); body.response_format ({"type": "json_schema",
+"json_schema": {"schema"}} or {"type": "json_object"}) becomes structured_outputs. A response
+line is {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}; a
+request that fails has response null and error {"code", "message"}. The id, batch_req_<line>, is
+what --resume matches lines by.
 """
 
 import time
@@ -88,9 +90,37 @@ def _sampling(body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], str 
             return {}, f"'top_logprobs' must be an integer, got {json_type(top)}"
     else:
         renamed["logprobs"] = logprobs
+    if body.get("response_format") is not None:
+        if "structured_outputs" in plain:
+            return {}, "give one of 'response_format' and 'structured_outputs', not both"
+        plain["structured_outputs"], error = _response_format(body["response_format"])
+        if error is not None:
+            return {}, error
     overrides, error = sampling_overrides({**plain, **renamed})
     overrides = {k: v for k, v in overrides.items() if k not in renamed or v is not None}
     return overrides, error
+
+
+def _response_format(value: object) -> tuple[dict[str, Any] | None, str | None]:
+    """OpenAI's response_format as structured_outputs fields; "text" is no constraint."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None, None
+    if kind == "json_object":
+        return {"json_object": True}, None
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if isinstance(schema, dict):
+            return {"json": schema}, None
+        return (
+            None,
+            f"'response_format.json_schema.schema' must be an object, got {json_type(schema)}",
+        )
+    return None, (
+        "'response_format' must be an object with 'type' text, json_object or json_schema, "
+        f"got {json_type(value if kind is None else kind)}"
+    )
 
 
 def openai_response(

@@ -12,6 +12,7 @@ _OPTIONAL_INT = "int or null"
 _BOOL = "bool"
 _STRINGS = "string or list of strings"
 _TOKEN_IDS = "list of token ids"
+_OPTIONAL_OBJECT = "JSON object or null"
 
 # The SamplingParams fields an input line may set for itself, and the JSON type each takes.
 SAMPLING_FIELDS = {
@@ -32,6 +33,8 @@ SAMPLING_FIELDS = {
     "logprobs": _OPTIONAL_INT,
     "include_stop_str_in_output": _BOOL,
     "skip_special_tokens": _BOOL,
+    # StructuredOutputsParams' fields (json, regex, choice, grammar, json_object); null: none
+    "structured_outputs": _OPTIONAL_OBJECT,
 }
 
 
@@ -86,6 +89,8 @@ def _is_type(value: object, kind: str) -> bool:
         return value is None or is_int
     if kind == _BOOL:
         return isinstance(value, bool)
+    if kind == _OPTIONAL_OBJECT:
+        return value is None or isinstance(value, dict)
     if kind == _STRINGS:
         return isinstance(value, str) or (
             isinstance(value, list) and all(isinstance(s, str) for s in value)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pagedgen.batch.metrics import structured_output_summary
 from pagedgen.batch.requests import RequestBuilder, RequestError
 from pagedgen.config import EngineConfig
 from pagedgen.engine.kv_geometry import GIB, KVGeometry, size_kv_pool
@@ -137,6 +138,7 @@ def profile_real(
         "num_preemptions": stats.num_preemptions,
         "prefix_cache_hit_rate": round(stats.prefix_cache_hit_rate, 4),
         "elapsed_s": round(elapsed, 3),
+        **structured_output_summary(engine),
     }
     actual = [
         r._replace(num_output_tokens=produced[i]) for i, r in enumerate(requests) if i in produced
