@@ -26,6 +26,7 @@ class InputSpec:
     id_column: str | None = None
     reference_column: str | None = None
     limit: int | None = None
+    shard: str | None = None  # "I/N": the records whose 0-based position is I modulo N
 
     def __post_init__(self) -> None:
         if self.input_format not in INPUT_FORMATS:
@@ -36,3 +37,7 @@ class InputSpec:
             raise ValueError("give --prompt-column or --messages-column, not both")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.shard is not None:
+            from pagedgen.io.shard import parse_shard
+
+            parse_shard(self.shard)
