@@ -2,6 +2,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -135,9 +136,10 @@ def _report(
     result: JobResult,
     signals: StopSignals,
     total: int | None,
+    summary: Callable[[Console, JobResult, str], None] = print_summary,
 ) -> int:
     where = escape(_where(options))
-    print_summary(console, result, options.output)
+    summary(console, result, options.output)
     code = EXIT_SOME_FAILED if result.num_failed else EXIT_OK
     if options.stats_json and not _write_stats(console, options, result):
         code = EXIT_IO_ERROR
