@@ -81,7 +81,7 @@ def start_ray(ray: Any, address: str | None) -> bool:
     )
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
-    context.print_on_execution_start = False
+    context.print_on_execution_start = False  # a field older Rays lack: setting it is harmless
     return True
 
 

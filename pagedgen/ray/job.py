@@ -118,7 +118,7 @@ class RayJob:
             return
         ray = require_ray()
         context = ray.data.DataContext.get_current()
-        if context.wait_for_min_actors_s <= 0:  # every replica loaded before the first batch
+        if getattr(context, "wait_for_min_actors_s", 1) <= 0:  # every replica loads first
             context.wait_for_min_actors_s = WAIT_FOR_REPLICAS_S
         size = self.config.batch_size
         tables = [
