@@ -8,9 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from pagedgen.batch.job import ORDERS
-from pagedgen.batch.requests import sampling_defaults
-from pagedgen.cli.checks import check_writable_folder, fill_closed_std_fds
+from pagedgen.cli.checks import fill_closed_std_fds
 from pagedgen.cli.ray_options import RayOptions
 from pagedgen.cli.ray_progress import RayRunProgress, print_ray_summary
 from pagedgen.cli.run_job import (
@@ -23,6 +21,7 @@ from pagedgen.cli.run_job import (
     _print_resume_hint,
     _report,
     _usage_error,
+    check_options,
 )
 from pagedgen.cli.signals import Interrupted, StopSignals
 from pagedgen.io import InputSource, OutputFile, OutputWriteError, open_input, resume_source
@@ -69,6 +68,20 @@ def run_ray_job(options: RunOptions, scale: RayOptions) -> int:
         return code
 
 
+def _ray_errors() -> tuple[type[BaseException], ...]:
+    """What a failed Ray job raises: Ray's errors, Ray Data's wrapper of a replica's, and ours
+    for records that never came back."""
+    import ray.exceptions
+    from ray.data.exceptions import UserCodeException
+
+    return ray.exceptions.RayError, UserCodeException, RuntimeError
+
+
+def _gist(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
 def start_ray(ray: Any, address: str | None) -> bool:
     """Joins the cluster at address, or starts a local one; True if this call started Ray."""
     if ray.is_initialized():
@@ -100,13 +113,7 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
 
 
 def _claim(options: RunOptions, scale: RayOptions) -> tuple[InputSource, OutputFile | PartsOutput]:
-    if options.order not in ORDERS:
-        raise ValueError(f"--order must be one of {ORDERS}, got {options.order!r}")
-    if options.resume and options.overwrite:
-        raise ValueError("--resume and --overwrite contradict each other")
-    sampling_defaults(options.sampling)
-    if options.stats_json is not None:
-        check_writable_folder(options.stats_json, "--stats-json")
+    check_options(options)
     resolve_model(options.engine.model)
     source = open_input(options.input)
     if scale.output_format == "parts":
@@ -135,6 +142,11 @@ def _run(
     if output.state.done:
         console.print(f"resuming {escape(output.path)}: {len(output.state.done)} records kept")
     signals.job = job
-    with RayRunProgress(console, options.progress) as progress:
-        result = job.run(progress.update)
+    try:
+        with RayRunProgress(console, options.progress) as progress:
+            result = job.run(progress.update)
+    except _ray_errors() as e:  # a replica that cannot start (no model there), a lost cluster
+        console.print(f"[red]error:[/] the Ray job failed: {escape(_gist(e))}")
+        _print_resume_hint(console, options)
+        return EXIT_USAGE
     return _report(console, options, result, signals, source.total, print_ray_summary)
