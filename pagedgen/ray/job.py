@@ -7,6 +7,7 @@ in input order (or as they finish), into an output that --resume continues.
 """
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -84,7 +85,7 @@ class RayJob:
         except BaseException:
             self.writer.cut_torn_record()
             raise
-        self.metrics.end = self.metrics.elapsed + self.metrics.start
+        self.metrics.end = time.perf_counter()
         stopped = self.num_stop_requests > 0 or write_error is not None
         if not stopped and len(returned) != len(rows):
             raise RuntimeError(f"Ray Data returned {len(returned)} of {len(rows)} records")

@@ -37,13 +37,10 @@ class LLMReplica:
     config: ProcessorConfig  # set on the subclass that map_replicas hands to Ray Data
 
     def __init__(self) -> None:
-        import torch
-
         from pagedgen import LLM
 
         config = self.config
-        engine = config.engine_config
-        torch.set_num_threads(engine.num_threads or 1)
+        engine = config.engine_config  # num_threads: the CPUs Ray gave the replica
         self.llm = LLM(log=lambda message: None, **asdict(engine))
         self.builder = RequestBuilder(
             self.llm.tokenizer,
