@@ -123,6 +123,8 @@ def main() -> None:
     }
     console.print("local runs without loading, s:", [round(r["run_s"], 1) for r in local])
     console.print("1-replica runs without loading, s:", [round(r["run_s"], 1) for r in ray1])
+    busy = [round(sum(s["busy_s"] for s in r["replicas"].values()), 1) for r in ray1]
+    console.print("1-replica runs, the replica's own busy time, s:", busy)
     ray.shutdown()
     same = records(folder / "local.jsonl") == records(folder / "ray1.jsonl")
     same = same and records(folder / "local.jsonl") == records(folder / "ray2.jsonl")
