@@ -36,7 +36,11 @@ def cluster():
     import ray
 
     os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")  # the workers' too
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception:  # a raylet too slow to register on a loaded machine: once more
+        ray.shutdown()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -1,5 +1,7 @@
 from dataclasses import dataclass
 
+from pagedgen.io.shard import parse_shard
+
 INPUT_FORMATS = ("auto", "jsonl", "openai", "text", "dataset", "sharegpt")
 
 
@@ -38,6 +40,4 @@ class InputSpec:
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.shard is not None:
-            from pagedgen.io.shard import parse_shard
-
             parse_shard(self.shard)
