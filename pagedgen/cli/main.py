@@ -64,3 +64,7 @@ app.command(cls=SectionedCommand)(profile)
 from pagedgen.cli.bench import bench  # noqa: E402
 
 app.command(cls=SectionedCommand, short_help="Benchmark pagedgen against transformers.")(bench)
+
+from pagedgen.cli.merge import merge  # noqa: E402
+
+app.command(short_help="Merge shard outputs into one, in input order.")(merge)

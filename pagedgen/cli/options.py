@@ -79,6 +79,10 @@ INPUT = OptionGroup(
         ),
         "id_column": (str | None, _input(None, "dataset column holding the request id", "COL")),
         "limit": (int | None, _input(None, "read at most N input records", "N")),
+        "shard": (
+            str | None,
+            _input(None, "only the records at positions = I mod N (merge with 'merge')", "I/N"),
+        ),
     },
 )
 

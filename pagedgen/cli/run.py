@@ -1,6 +1,7 @@
 import typer
 
 from pagedgen.cli import options as opt
+from pagedgen.cli.ray_options import RAY, RayOptions
 from pagedgen.config import EngineConfig
 from pagedgen.io.spec import InputSpec
 
@@ -11,11 +12,12 @@ def _sampling(default: object, help: str, metavar: str) -> object:
     return opt.sampling_option(default, help=help, metavar=metavar)
 
 
-@opt.with_options(opt.INPUT, opt.ENGINE)
+@opt.with_options(opt.INPUT, opt.ENGINE, RAY)
 def run(
     ctx: typer.Context,
     spec: InputSpec,
     engine: EngineConfig,
+    scale: RayOptions,
     output: str = _output(
         ..., "--output", "-o", help="the output JSONL ('-' = stdout)", metavar="FILE"
     ),
@@ -103,4 +105,8 @@ def run(
         progress=progress,
         argv=list(ctx.obj or []),
     )
+    if scale.enabled:
+        from pagedgen.cli.run_ray import run_ray_job
+
+        raise typer.Exit(run_ray_job(options, scale))
     raise typer.Exit(run_job(options))

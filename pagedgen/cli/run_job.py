@@ -2,6 +2,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,6 +81,16 @@ def run_job(options: RunOptions) -> int:
 
 
 def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
+    check_options(options)
+    check_engine_fits(options.engine)
+    resolve_model(options.engine.model)
+    source = open_input(options.input)
+    output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)
+    return source, output
+
+
+def check_options(options: RunOptions) -> None:
+    """The checks of the options alone, before anything is read or loaded."""
     if options.order not in ORDERS:
         raise ValueError(f"--order must be one of {ORDERS}, got {options.order!r}")
     if options.resume and options.overwrite:
@@ -87,11 +98,6 @@ def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
     sampling_defaults(options.sampling)
     if options.stats_json is not None:
         check_writable_folder(options.stats_json, "--stats-json")
-    check_engine_fits(options.engine)
-    resolve_model(options.engine.model)
-    source = open_input(options.input)
-    output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)
-    return source, output
 
 
 def _run(
@@ -135,9 +141,10 @@ def _report(
     result: JobResult,
     signals: StopSignals,
     total: int | None,
+    summary: Callable[[Console, JobResult, str], None] = print_summary,
 ) -> int:
     where = escape(_where(options))
-    print_summary(console, result, options.output)
+    summary(console, result, options.output)
     code = EXIT_SOME_FAILED if result.num_failed else EXIT_OK
     if options.stats_json and not _write_stats(console, options, result):
         code = EXIT_IO_ERROR

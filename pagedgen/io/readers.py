@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 from pagedgen.io.openai_batch import is_openai_request, parse_openai
 from pagedgen.io.records import InputRecord, parse_native
+from pagedgen.io.shard import parse_shard
 from pagedgen.io.spec import InputError, InputSpec
 
 DATASET_SUFFIXES = (".parquet", ".csv", ".arrow", ".json")
@@ -53,6 +54,10 @@ def open_input(spec: InputSpec) -> InputSource:
     if spec.limit is not None:
         records = islice(records, spec.limit)
         total = spec.limit if total is None else min(total, spec.limit)
+    if spec.shard is not None:
+        shard = parse_shard(spec.shard)
+        records = shard.filter(records)
+        total = None if total is None else shard.size_of(total)
     return InputSource(records, total, input_format)
 
 

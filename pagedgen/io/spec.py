@@ -1,5 +1,7 @@
 from dataclasses import dataclass
 
+from pagedgen.io.shard import parse_shard
+
 INPUT_FORMATS = ("auto", "jsonl", "openai", "text", "dataset", "sharegpt")
 
 
@@ -26,6 +28,7 @@ class InputSpec:
     id_column: str | None = None
     reference_column: str | None = None
     limit: int | None = None
+    shard: str | None = None  # "I/N": the records whose 0-based position is I modulo N
 
     def __post_init__(self) -> None:
         if self.input_format not in INPUT_FORMATS:
@@ -36,3 +39,5 @@ class InputSpec:
             raise ValueError("give --prompt-column or --messages-column, not both")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.shard is not None:
+            parse_shard(self.shard)
