@@ -72,13 +72,12 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Decode and prefill rows of a step whose K/V are in the cache already."""
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        # Only layers that have them pass window and softcap: backends without them still serve
-        # plain layers.
-        extra = {} if window is None and softcap is None else dict(window=window, softcap=softcap)
         if metadata.num_decode_seqs:
-            self.decode(query, key_cache, value_cache, metadata, scale, out, **extra)
+            self.decode(query, key_cache, value_cache, metadata, scale, out, window, softcap)
         if metadata.num_decode_seqs < metadata.num_seqs:
-            self.prefill(query, key, value, key_cache, value_cache, metadata, scale, out, **extra)
+            self.prefill(
+                query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap
+            )
         return out
 
     @abstractmethod

@@ -69,7 +69,15 @@ class ReferenceAttentionBackend(AttentionBackend):
         write_kv_reference(key, value, key_cache, value_cache, slot_mapping)
 
     def decode(
-        self, query, key_cache, value_cache, metadata: AttentionMetadata, scale, out, **extra
+        self,
+        query,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        out,
+        window=None,
+        softcap=None,
     ):
         self._attend(
             query,
@@ -80,11 +88,22 @@ class ReferenceAttentionBackend(AttentionBackend):
             out,
             0,
             metadata.num_decode_seqs,
-            **extra,
+            window=window,
+            softcap=softcap,
         )
 
     def prefill(
-        self, query, key, value, key_cache, value_cache, metadata, scale, out, **extra
+        self,
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        metadata,
+        scale,
+        out,
+        window=None,
+        softcap=None,
     ) -> None:
         self._attend(
             query,
@@ -95,7 +114,8 @@ class ReferenceAttentionBackend(AttentionBackend):
             out,
             metadata.num_decode_seqs,
             None,
-            **extra,
+            window=window,
+            softcap=softcap,
         )
 
     @staticmethod

@@ -14,12 +14,11 @@ LOG_EVERY_S = 5.0
 RATE_WINDOW_S = 10.0
 
 
-class RunProgress:
-    """Live progress on stderr: requests done of total with an ETA, prompt and generation
-    tokens/s, running / waiting / swapped sequences, a KV-cache usage gauge, preemptions and the
-    prefix-cache hit rate. Off a terminal, one plain line every few seconds instead."""
+class LiveProgress:
+    """A requests bar with an ETA above other lines, live on a terminal (rich), for the run
+    progress displays; off a terminal they print a plain line now and then instead."""
 
-    def __init__(self, console: Console, enabled: bool = True) -> None:
+    def __init__(self, console: Console, enabled: bool) -> None:
         self.console = console
         self.enabled = enabled
         self.live_display = enabled and console.is_terminal
@@ -31,17 +30,12 @@ class RunProgress:
             console=console,
         )
         self.task = self.progress.add_task("run", total=None, eta=format_eta(None))
-        self.throughput, self.cache = Text(), Text()
-        self.live = Live(
-            Group(self.progress, self.throughput, self.cache), console=console, auto_refresh=False
-        )
-        self.last_update = 0.0
         self.last_log = time.perf_counter()
-        self.samples: deque[tuple[float, int, int]] = deque()  # (time, prompt, generation tokens)
-        self.eta = EtaEstimator()
-        self.stops_seen = 0
 
-    def __enter__(self) -> "RunProgress":
+    def show(self, *lines: Text) -> None:
+        self.live = Live(Group(self.progress, *lines), console=self.console, auto_refresh=False)
+
+    def __enter__(self):
         if self.live_display:
             self.live.start()
         return self
@@ -50,6 +44,21 @@ class RunProgress:
         if self.live_display:
             self.live.refresh()
             self.live.stop()
+
+
+class RunProgress(LiveProgress):
+    """Live progress on stderr: requests done of total with an ETA, prompt and generation
+    tokens/s, running / waiting / swapped sequences, a KV-cache usage gauge, preemptions and the
+    prefix-cache hit rate. Off a terminal, one plain line every few seconds instead."""
+
+    def __init__(self, console: Console, enabled: bool = True) -> None:
+        super().__init__(console, enabled)
+        self.throughput, self.cache = Text(), Text()
+        self.show(self.throughput, self.cache)
+        self.last_update = 0.0
+        self.samples: deque[tuple[float, int, int]] = deque()  # (time, prompt, generation tokens)
+        self.eta = EtaEstimator()
+        self.stops_seen = 0
 
     def update(self, progress: JobProgress) -> None:
         self._report_stop(progress)

@@ -1,48 +1,27 @@
 import time
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from pagedgen.batch.job import JobResult
+from pagedgen.cli.eta import format_eta
+from pagedgen.cli.progress import LiveProgress
 from pagedgen.ray.stats import RayProgress
 
 LOG_EVERY_S = 5.0
 
 
-class RayRunProgress:
+class RayRunProgress(LiveProgress):
     """Live progress of a Ray job on stderr, aggregated over the replicas as their records come
     back: records done of total with an ETA, output tokens/s, and each replica's count. Off a
     terminal, one plain line every few seconds instead."""
 
     def __init__(self, console: Console, enabled: bool = True) -> None:
-        self.console = console
-        self.enabled = enabled
-        self.live_display = enabled and console.is_terminal
-        self.progress = Progress(
-            TextColumn("[bold]requests"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("ETA {task.fields[eta]}"),
-            console=console,
-        )
-        self.task = self.progress.add_task("run", total=None, eta="-")
+        super().__init__(console, enabled)
         self.status = Text()
-        self.live = Live(Group(self.progress, self.status), console=console, auto_refresh=False)
-        self.last_log = time.perf_counter()
+        self.show(self.status)
         self.num_done_at_start: int | None = None
-
-    def __enter__(self) -> "RayRunProgress":
-        if self.live_display:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live_display:
-            self.live.refresh()
-            self.live.stop()
 
     def update(self, progress: RayProgress) -> None:
         if not self.enabled:
@@ -51,10 +30,10 @@ class RayRunProgress:
             self.num_done_at_start = progress.num_done - progress.metrics.total("num_requests")
         metrics = progress.metrics
         made = progress.num_done - self.num_done_at_start
-        eta = "-"
+        seconds_left = None
         if progress.total is not None and made:
-            left = max(progress.total - progress.num_done, 0)
-            eta = f"{left * metrics.elapsed / made:.0f} s"
+            seconds_left = max(progress.total - progress.num_done, 0) * metrics.elapsed / made
+        eta = format_eta(seconds_left)
         counts = " · ".join(f"{name} {s.num_requests}" for name, s in metrics.replicas.items())
         status = (
             f"gen {metrics.total('num_output_tokens') / metrics.elapsed:,.0f} tok/s · "

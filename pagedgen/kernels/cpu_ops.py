@@ -46,14 +46,15 @@ def cpu_ops_error(march: str | None = None) -> str | None:
     return None
 
 
+@functools.cache
+def _enabled() -> bool:
+    """Read once per process: built here and not switched off."""
+    return os.environ.get(DISABLE_ENV) != "1" and cpu_ops_error() is None
+
+
 def usable(x: torch.Tensor) -> bool:
     """Whether the fused ops serve x: float32 on the CPU, built here, not switched off."""
-    return (
-        x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and os.environ.get(DISABLE_ENV) != "1"
-        and cpu_ops_error() is None
-    )
+    return x.dtype == torch.float32 and x.device.type == "cpu" and _enabled()
 
 
 def _check(*tensors: torch.Tensor) -> None:
