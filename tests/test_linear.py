@@ -104,3 +104,22 @@ def test_a_bad_isa_cap_is_named(cpu_env):
     cpu_env(PAGEDGEN_MAX_CPU_ISA="sse9")
     with pytest.raises(ValueError, match="PAGEDGEN_MAX_CPU_ISA"):
         cpu_features.onednn_matmul_dtypes()
+
+
+def test_load_param_adopts_a_matching_tensor_and_copies_any_other():
+    """A whole unsharded weight in the parameter's dtype is used as is (no start-up copy); one
+    in another dtype or a non-contiguous view is copied in, converted."""
+    layer = Linear(8, 4)
+    same = torch.randn(4, 8)
+    layer.load_shard("weight", same)
+    assert layer.weight.data_ptr() == same.data_ptr()
+
+    other = Linear(8, 4)
+    half = torch.randn(4, 8).to(torch.bfloat16)
+    other.load_shard("weight", half)
+    assert other.weight.dtype == torch.float32 and other.weight.data_ptr() != half.data_ptr()
+    assert torch.equal(other.weight, half.float())
+
+    strided = torch.randn(8, 4).t()
+    other.load_shard("weight", strided)
+    assert other.weight.is_contiguous() and torch.equal(other.weight, strided)

@@ -62,10 +62,25 @@ class Linear(nn.Module):
         size = self.output_sizes[shard]
         if name == "weight":
             assert tensor.shape == (size, self.weight.shape[1]), (tensor.shape, size)
-            self.weight.data[start : start + size].copy_(tensor)
+            if len(self.output_sizes) == 1:
+                load_param(self.weight, tensor)
+            else:
+                self.weight.data[start : start + size].copy_(tensor)
         else:
             assert self.bias is not None and tensor.shape == (size,), tensor.shape
             self.bias.data[start : start + size].copy_(tensor)
+
+
+def load_param(param: nn.Parameter, tensor: torch.Tensor) -> None:
+    """Sets a whole parameter from a checkpoint tensor: adopts the tensor itself when it already
+    has the parameter's dtype, device and layout (a safetensors tensor is a private mapping of
+    the file, so this skips a copy of the weights at start-up), else copies it in."""
+    assert param.shape == tensor.shape, (param.shape, tensor.shape)
+    same = tensor.dtype == param.dtype and tensor.device == param.device
+    if same and tensor.is_contiguous():
+        param.data = tensor
+    else:
+        param.data.copy_(tensor)
 
 
 def pack_linear_weights(model: nn.Module) -> int:

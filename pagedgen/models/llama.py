@@ -8,7 +8,7 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.activation import SiluAndMul
-from pagedgen.layers.linear import Linear
+from pagedgen.layers.linear import Linear, load_param
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
 
@@ -203,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
                 modules[module_name].load_shard(param_name, tensor)
                 loaded.add(name)
             elif name in params:
-                params[name].data.copy_(tensor)
+                load_param(params[name], tensor)
                 loaded.add(name)
             else:
                 raise ValueError(f"unexpected weight {name!r} in the checkpoint")
