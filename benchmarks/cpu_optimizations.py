@@ -20,30 +20,35 @@ from torch import nn
 from pagedgen import LLM, cpu_features
 from pagedgen.bench.engines import greedy_params
 from pagedgen.bench.workloads import sharegpt_workload
-from pagedgen.layers.linear import Linear
+from pagedgen.kernels import cpu_gemm
+from pagedgen.layers.linear import DENSE, TRANSPOSED, Linear
 
 
 def nn_linear_layout(llm: LLM) -> None:
     """Back to nn.Linear's [out, in] weights and F.linear, the layout transformers uses."""
     for module in llm.engine.runner.model.modules():
-        if isinstance(module, Linear) and module.transposed:
+        if isinstance(module, Linear) and module.layout == TRANSPOSED:
             module.weight = nn.Parameter(module.weight.data.t().contiguous(), requires_grad=False)
-            module.transposed = False  # forward() is then F.linear
+            module.layout = DENSE  # forward() is then F.linear
 
 
-# name, oneDNN packing, attention backend, change applied after loading
-CONFIGS: list[tuple[str, bool, str, Callable[[LLM], None] | None]] = [
-    ("nn.Linear layout (x @ W.T), SDPA per sequence", False, "torch", nn_linear_layout),
-    ("pre-transposed x @ W, SDPA per sequence", False, "torch", None),
-    ("pre-transposed x @ W, C decode kernel", False, "cpu", None),
-    ("oneDNN packed weights, SDPA per sequence", True, "torch", None),
-    ("oneDNN packed weights, C decode kernel (default)", True, "cpu", None),
+# name, matmul kernels allowed (oneDNN, our AVX2 panels), attention backend, change after loading
+CONFIGS: list[tuple[str, tuple[bool, bool], str, Callable[[LLM], None] | None]] = [
+    ("nn.Linear layout (x @ W.T), SDPA per sequence", (False, False), "torch", nn_linear_layout),
+    ("pre-transposed x @ W, SDPA per sequence", (False, False), "torch", None),
+    ("pre-transposed x @ W, C decode kernel", (False, False), "cpu", None),
+    ("oneDNN packed weights, SDPA per sequence", (True, False), "torch", None),
+    ("oneDNN packed weights, C decode kernel", (True, False), "cpu", None),
+    ("AVX2 panel matmuls, C decode kernel (default on AVX2)", (True, True), "cpu", None),
 ]
 
 
-def run(name: str, onednn: bool, backend: str, change, num_prompts: int) -> dict:
+def run(name: str, kernels: tuple[bool, bool], backend: str, change, num_prompts: int) -> dict:
+    onednn, panels = kernels
     os.environ["PAGEDGEN_DISABLE_ONEDNN"] = "0" if onednn else "1"
+    os.environ["PAGEDGEN_DISABLE_CPU_GEMM"] = "0" if panels else "1"
     cpu_features.onednn_matmul_dtypes.cache_clear()
+    cpu_gemm.enabled.cache_clear()
     llm = LLM(attention_backend=backend, log=lambda _: None)
     if change is not None:
         change(llm)
@@ -65,7 +70,8 @@ def main() -> None:
     num_prompts = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     console = Console(width=150)
     console.print(
-        f"ShareGPT {num_prompts} prompts, SmolLM2-135M float32, {torch.get_num_threads()} threads, "
+        f"ShareGPT {num_prompts} prompts, SmolLM2-135M float32, {cpu_features.isa_name()}, "
+        f"{torch.get_num_threads()} threads, "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     runs = []

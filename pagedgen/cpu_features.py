@@ -106,8 +106,12 @@ def cpu_compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def describe_cpu_compute(dtype: torch.dtype) -> str:
     """One phrase for the startup line: how a model of dtype computes on this CPU."""
+    from pagedgen.kernels import cpu_gemm  # it asks this module what the CPU has
+
     compute = cpu_compute_dtype(dtype)
     matmuls = "oneDNN" if compute in onednn_matmul_dtypes() else "torch"
+    if compute == torch.float32 and cpu_gemm.enabled():
+        matmuls = "AVX2 panel"
     name = str(compute).removeprefix("torch.")
     if compute == dtype:
         return f"{matmuls} {name} matmuls"

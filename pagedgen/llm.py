@@ -66,6 +66,11 @@ class LLM:
     def apply_chat_template(self, messages: Messages) -> list[int]:
         return apply_chat_template(self.tokenizer, messages)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets the cached prompt blocks (vLLM's name), so the next prompts are computed
+        afresh, as benchmarks need; only while nothing runs. Returns whether it did."""
+        return self.engine.block_manager.pool.reset_prefix_cache()
+
     def stream(
         self,
         requests: Iterable[tuple[str, Prompt, Params]],

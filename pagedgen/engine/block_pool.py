@@ -108,6 +108,16 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached[block_hash] = block
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached block, as vLLM's reset_prefix_cache; only while no block is in
+        use (a running sequence's blocks stay indexed otherwise). Returns whether it did."""
+        if self.num_free_blocks != len(self.blocks):
+            return False
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()
+        return True
+
     def check_integrity(self, holders: Counter[int]) -> None:
         """Raises AssertionError unless the ref counts equal holders (block id -> block tables
         holding it) and the free queue and the hash index agree with them."""

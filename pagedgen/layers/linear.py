@@ -3,20 +3,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedgen.cpu_features import onednn_matmul_dtypes
+from pagedgen.kernels import cpu_gemm
 
 # oneDNN's blocked weight layout is chosen for this many rows; any number of rows works.
 PACK_BATCH_SIZE = 64
+
+
+# Linear.layout: how the weight is held, and so which kernel runs.
+DENSE = "dense"  # nn.Linear's [out, in]: F.linear (GPUs, and before pack())
+PANELS = "panels"  # cpu_gemm's 16-column panels (float32 on AVX2 CPUs)
+ONEDNN = "onednn"  # oneDNN's blocked layout (opaque)
+TRANSPOSED = "transposed"  # [in, out]: x @ W
 
 
 class Linear(nn.Module):
     """y = x @ weight.T (+ bias), loaded in nn.Linear's layout [out_features, in_features], as
     checkpoints store it (loading copies rows, no transposes).
 
-    On the CPU, pack() then readies the weight for the fastest kernel at hand: oneDNN's blocked
-    layout (opaque), whose kernels run 2-3x faster than MKL's on these machines, with row results
-    that do not depend on the batch; where oneDNN has no kernel for the dtype, a dense transposed
-    copy [in_features, out_features], as x @ W is several times faster than x @ W.T below ~64
-    rows. (A half-precision model whose dtype oneDNN lacks computes in float32 instead: see
+    On the CPU, pack() then readies the weight for the fastest kernel at hand: in float32 on an
+    AVX2 CPU, our panel kernel (kernels/cpu_gemm.c: oneDNN's results, bit for bit, 1.1-1.3x
+    faster); else oneDNN's blocked layout, whose kernels run 2-3x faster than MKL's on these
+    machines; where oneDNN has no kernel for the dtype, a dense transposed copy
+    [in_features, out_features], as x @ W is several times faster than x @ W.T below ~64 rows.
+    Every packed layout gives row results that do not depend on the batch. (A half-precision
+    model whose dtype oneDNN lacks computes in float32 instead: see
     cpu_features.cpu_compute_dtype.)
     output_sizes splits the output rows into shards so that fused projections (QKV, gate/up)
     can load each checkpoint tensor into its own row range.
@@ -25,39 +35,46 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, output_sizes: list[int] | int, bias: bool = False) -> None:
         super().__init__()
         self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
-        out_features = sum(self.output_sizes)
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.transposed = False  # weight is [in_features, out_features]
+        self.in_features, self.out_features = in_features, sum(self.output_sizes)
+        self.weight = nn.Parameter(torch.empty(self.out_features, in_features), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        )
+        self.layout = DENSE
 
     @property
     def packed(self) -> bool:
-        return self.weight.is_mkldnn
+        """Whether the weight is in a matmul kernel's own layout (panels or oneDNN's)."""
+        return self.layout in (PANELS, ONEDNN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
+        if self.layout == PANELS:
+            return cpu_gemm.linear(x, self.weight, self.bias, self.out_features)
+        if self.layout == ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if self.transposed:
+        if self.layout == TRANSPOSED:
             return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
         return F.linear(x, self.weight, self.bias)
 
     def pack(self) -> bool:
         """Readies a loaded CPU weight (see the class docstring); returns whether it is packed
-        for oneDNN. The dense copy is freed. A GPU's weight stays as loaded."""
+        for a matmul kernel. The dense copy is freed. A GPU's weight stays as loaded."""
         weight = self.weight
-        if self.packed or self.transposed or weight.device.type != "cpu":
+        if self.layout != DENSE or weight.device.type != "cpu":
             return self.packed
-        if weight.dtype in onednn_matmul_dtypes():
+        if weight.dtype == torch.float32 and cpu_gemm.enabled():
+            weight, self.layout = cpu_gemm.pack(weight), PANELS
+        elif weight.dtype in onednn_matmul_dtypes():
             weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_SIZE)
+            self.layout = ONEDNN
         else:
-            weight = weight.t().contiguous()
-            self.transposed = True
+            weight, self.layout = weight.t().contiguous(), TRANSPOSED
         self.weight = nn.Parameter(weight, requires_grad=False)
         return self.packed
 
     def load_shard(self, name: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copies a checkpoint tensor (nn.Linear layout: weight [out, in], bias [out])."""
-        assert not (self.packed or self.transposed), "weights are loaded before pack()"
+        assert self.layout == DENSE, "weights are loaded before pack()"
         start = sum(self.output_sizes[:shard])
         size = self.output_sizes[shard]
         if name == "weight":
