@@ -12,6 +12,10 @@
 // torch.ops.mkldnn._linear_pointwise (the tests assert it): for each KC-wide slice of K, one
 // sequential FMA chain from zero; the slices' sums added in order; then the bias.
 //
+// A bfloat16 weight packs into the same panels at 2 bytes an element and is widened to float32 as
+// it is loaded (exactly: a shift), so a bfloat16 model reads half the bytes and computes what the
+// float32 kernel computes over the widened weight, bit for bit.
+//
 // Built with -march=native (pagedgen.kernels.cpu_build); where the target lacks AVX2 or FMA,
 // cpu_gemm_supported() returns 0 and the caller keeps oneDNN.
 
@@ -35,15 +39,23 @@
 
 int cpu_gemm_supported(void) { return SUPPORTED; }
 
-// out: [ceil(n / NR)][k][NR], zero in the padding columns of the last panel.
-int pack_weight(float *out, const float *w, int64_t n, int64_t k) {
+// out: [ceil(n / NR)][k][NR], zero in the padding columns of the last panel; elements of
+// elem_size bytes (4: float32, 2: bfloat16), copied as they are.
+int pack_weight(void *out, const void *w, int64_t n, int64_t k, int elem_size) {
+  if (elem_size != 2 && elem_size != 4) return 1;
   const int64_t panels = (n + NR - 1) / NR;
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < panels; p++) {
-    float *panel = out + p * k * NR;
+    char *panel = (char *)out + p * k * NR * elem_size;
     for (int64_t j = 0; j < NR; j++) {
       const int64_t col = p * NR + j;
-      for (int64_t i = 0; i < k; i++) panel[i * NR + j] = col < n ? w[col * k + i] : 0.0f;
+      for (int64_t i = 0; i < k; i++) {
+        char *dst = panel + (i * NR + j) * elem_size;
+        if (col < n)
+          memcpy(dst, (const char *)w + (col * k + i) * elem_size, (size_t)elem_size);
+        else
+          memset(dst, 0, (size_t)elem_size);
+      }
     }
   }
   return 0;
@@ -70,55 +82,69 @@ int pack_weight(float *out, const float *w, int64_t n, int64_t k) {
     _mm256_storeu_ps(d + 8, c##r##1);                                                \
   }
 
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t *p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 // y[r, 0:16] (+)= sum over i < kc of x[r, i] * panel[i, 0:16], for r < ROWS; y rows ldy apart.
-#define KERNEL(R)                                                                              \
-  static void kernel_##R(const float *x, int64_t ldx, const float *panel, int64_t kc, float *y, \
-                         int64_t ldy, int accumulate) {                                        \
+#define KERNEL(W, R)                                                                           \
+  static void kernel_##W##_##R(const float *x, int64_t ldx, const W##_t *panel, int64_t kc,   \
+                               float *y, int64_t ldy, int accumulate) {                       \
     enum { ROWS = R };                                                                         \
     DECLARE(0) DECLARE(1) DECLARE(2) DECLARE(3) DECLARE(4) DECLARE(5)                          \
     for (int64_t i = 0; i < kc; i++) {                                                         \
-      const __m256 b0 = _mm256_loadu_ps(panel + i * NR);                                       \
-      const __m256 b1 = _mm256_loadu_ps(panel + i * NR + 8);                                   \
+      const __m256 b0 = load8_##W(panel + i * NR);                                             \
+      const __m256 b1 = load8_##W(panel + i * NR + 8);                                         \
       FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4) FMA_ROW(5)                        \
     }                                                                                          \
     STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3) STORE_ROW(4) STORE_ROW(5)              \
   }
-KERNEL(1) KERNEL(2) KERNEL(3) KERNEL(4) KERNEL(5) KERNEL(6)
-
-typedef void (*Kernel)(const float *, int64_t, const float *, int64_t, float *, int64_t, int);
-static const Kernel KERNELS[MR + 1] = {0, kernel_1, kernel_2, kernel_3,
-                                       kernel_4, kernel_5, kernel_6};
 
 // Rows [m0, m1) of y for one panel: each K slice in turn, then the bias. A partial last panel
 // goes through a 6 x 16 scratch tile, so no store lands past column n.
-static void panel_rows(float *y, const float *x, int64_t ldx, const float *panel,
-                       const float *bias, int64_t m0, int64_t m1, int64_t n, int64_t k,
-                       int64_t col) {
-  const int64_t cols = n - col < NR ? n - col : NR;
-  float tile[MR * NR];
-  for (int64_t m = m0; m < m1; m += MR) {
-    const int rows = m1 - m < MR ? (int)(m1 - m) : MR;
-    float *dst = cols == NR ? y + m * n + col : tile;
-    const int64_t ld = cols == NR ? n : NR;
-    for (int64_t k0 = 0; k0 < k; k0 += KC) {
-      const int64_t kc = k - k0 < KC ? k - k0 : KC;
-      KERNELS[rows](x + m * ldx + k0, ldx, panel + k0 * NR, kc, dst, ld, k0 > 0);
-    }
-    for (int r = 0; r < rows; r++) {
-      float *out = y + (m + r) * n + col;
-      if (cols < NR) memcpy(out, tile + r * NR, sizeof(float) * (size_t)cols);
-      if (bias != NULL)
-        for (int64_t j = 0; j < cols; j++) out[j] += bias[col + j];
-    }
+#define PANEL_ROWS(W)                                                                          \
+  KERNEL(W, 1) KERNEL(W, 2) KERNEL(W, 3) KERNEL(W, 4) KERNEL(W, 5) KERNEL(W, 6)                \
+  typedef void (*Kernel_##W)(const float *, int64_t, const W##_t *, int64_t, float *, int64_t, \
+                             int);                                                             \
+  static const Kernel_##W KERNELS_##W[MR + 1] = {0,            kernel_##W##_1, kernel_##W##_2, \
+                                                 kernel_##W##_3, kernel_##W##_4, kernel_##W##_5, \
+                                                 kernel_##W##_6};                              \
+  static void panel_rows_##W(float *y, const float *x, int64_t ldx, const W##_t *panel,        \
+                             const float *bias, int64_t m0, int64_t m1, int64_t n, int64_t k,  \
+                             int64_t col) {                                                    \
+    const int64_t cols = n - col < NR ? n - col : NR;                                          \
+    float tile[MR * NR];                                                                       \
+    for (int64_t m = m0; m < m1; m += MR) {                                                    \
+      const int rows = m1 - m < MR ? (int)(m1 - m) : MR;                                       \
+      float *dst = cols == NR ? y + m * n + col : tile;                                        \
+      const int64_t ld = cols == NR ? n : NR;                                                  \
+      for (int64_t k0 = 0; k0 < k; k0 += KC) {                                                 \
+        const int64_t kc = k - k0 < KC ? k - k0 : KC;                                          \
+        KERNELS_##W[rows](x + m * ldx + k0, ldx, panel + k0 * NR, kc, dst, ld, k0 > 0);        \
+      }                                                                                        \
+      for (int r = 0; r < rows; r++) {                                                         \
+        float *out = y + (m + r) * n + col;                                                    \
+        if (cols < NR) memcpy(out, tile + r * NR, sizeof(float) * (size_t)cols);               \
+        if (bias != NULL)                                                                      \
+          for (int64_t j = 0; j < cols; j++) out[j] += bias[col + j];                          \
+      }                                                                                        \
+    }                                                                                          \
   }
-}
+
+typedef float f32_t;
+typedef uint16_t bf16_t;
+PANEL_ROWS(f32)
+PANEL_ROWS(bf16)
 
 #endif
 
-// y: [m, n] contiguous; x: [m, k], rows ldx apart, each contiguous; w_packed from pack_weight;
-// bias: [n] or NULL. Returns 0, or 1 where this build has no AVX2/FMA kernel.
-int linear(float *y, const float *x, int64_t ldx, const float *w_packed, const float *bias,
-           int64_t m, int64_t n, int64_t k, int num_threads) {
+// y: [m, n] contiguous; x: [m, k], rows ldx apart, each contiguous; w_packed from pack_weight,
+// float32 (weight_bf16 0) or bfloat16 (1); bias: [n] float32 or NULL. Returns 0, or 1 where this
+// build has no AVX2/FMA kernel.
+int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weight_bf16,
+           const float *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
 #if SUPPORTED
   const int64_t panels = (n + NR - 1) / NR;
   if (num_threads < 1) num_threads = 1;
@@ -133,14 +159,20 @@ int linear(float *y, const float *x, int64_t ldx, const float *w_packed, const f
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
     for (int64_t m0 = 0; m0 < m; m0 += MB) {
       const int64_t m1 = m0 + MB < m ? m0 + MB : m;
-      for (int64_t p = p0; p < p1; p++)
-        panel_rows(y, x, ldx, w_packed + p * k * NR, bias, m0, m1, n, k, p * NR);
+      for (int64_t p = p0; p < p1; p++) {
+        if (weight_bf16)
+          panel_rows_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, bias, m0, m1, n, k,
+                          p * NR);
+        else
+          panel_rows_f32(y, x, ldx, (const f32_t *)w_packed + p * k * NR, bias, m0, m1, n, k,
+                         p * NR);
+      }
     }
   }
   return 0;
 #else
-  (void)y, (void)x, (void)ldx, (void)w_packed, (void)bias, (void)m, (void)n, (void)k;
-  (void)num_threads;
+  (void)y, (void)x, (void)ldx, (void)w_packed, (void)weight_bf16, (void)bias, (void)m, (void)n;
+  (void)k, (void)num_threads;
   return 1;
 #endif
 }

@@ -118,6 +118,23 @@ def test_float32_takes_the_panel_kernel_on_avx2_and_onednn_without_it(cpu_env, b
     torch.testing.assert_close(layer(x), panels, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no AVX2 panel kernel here")
+def test_a_bfloat16_weight_computing_in_float32_keeps_half_size_panels(cpu_env):
+    """A bfloat16 model on an AVX2 CPU computes in float32: its Linears pack bfloat16 panels
+    (int16 bits, which the model's later .to(float32) leaves alone) and give the float32
+    result over the widened weights."""
+    cpu_env(PAGEDGEN_MAX_CPU_ISA="avx2")
+    layer, _ = make_linear(True, torch.bfloat16)
+    reference, _ = make_linear(True, torch.bfloat16)
+    reference.float().pack()
+    assert layer.pack(torch.float32) and layer.layout == PANELS
+    layer.to(torch.float32)
+    assert layer.weight.dtype == torch.int16 and layer.bias.dtype == torch.float32
+    assert layer.weight.numel() == reference.weight.numel()  # 2 bytes each instead of 4
+    x = torch.randn(9, 48)
+    assert torch.equal(layer(x), reference(x))
+
+
 def test_without_onednn_weights_stay_dense(cpu_env):
     cpu_env(PAGEDGEN_DISABLE_ONEDNN="1", PAGEDGEN_DISABLE_CPU_GEMM="1")
     assert cpu_features.cpu_compute_dtype(torch.bfloat16) == torch.float32

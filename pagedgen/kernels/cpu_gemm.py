@@ -1,6 +1,9 @@
 """Float32 matmul on AVX2 CPUs (kernels/cpu_gemm.c): the weight packed once into 16-column
 panels, then y = x @ W.T (+ bias) with results bit-identical to oneDNN's packed linear and
-1.1-1.3x its speed on AVX2 (decode-sized batches gain most).
+1.1-1.3x its speed on AVX2 (decode-sized batches gain most). A bfloat16 weight stays bfloat16 in
+its panels (half the bytes to read) and is widened as it is loaded: the float32 result over the
+widened weight, bit for bit. Its panels are returned as int16 bits, which a module's
+.to(float32) leaves alone, so a bfloat16 model widened to float32 keeps them half-size.
 
 Used where the kernels are built for AVX2 (an AVX2-only CPU, or PAGEDGEN_MAX_CPU_ISA=avx2): on
 AVX-512, oneDNN's wider kernels are the faster ones, and keep the job.
@@ -18,6 +21,7 @@ from pagedgen.kernels.cpu_build import CpuKernelUnavailable, load_cpu_library
 SOURCE = "cpu_gemm.c"
 DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_GEMM"
 PANEL_WIDTH = 16  # NR in the source
+WEIGHT_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.int16}  # weight -> panels
 
 
 @functools.cache
@@ -26,8 +30,8 @@ def _library(march: str) -> ctypes.CDLL:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures = {
         "cpu_gemm_supported": [],
-        "pack_weight": [p, p, i64, i64],
-        "linear": [p, p, i64, p, p, i64, i64, i64, i32],
+        "pack_weight": [p, p, i64, i64, i32],
+        "linear": [p, p, i64, p, i32, p, i64, i64, i64, i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -52,20 +56,24 @@ def enabled() -> bool:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] float32 -> the flat panel layout [ceil(N / 16) * K * 16] that linear() reads."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-        raise TypeError(f"expected a 2-D float32 CPU weight, got {weight.dtype} {weight.shape}")
+    """[N, K] float32 or bfloat16 -> the flat panel layout [ceil(N / 16) * K * 16] that linear()
+    reads: float32, or int16 holding the bfloat16 bits."""
+    if weight.dtype not in WEIGHT_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
+        raise TypeError(
+            f"expected a 2-D float32/bfloat16 CPU weight, got {weight.dtype} {weight.shape}"
+        )
     weight = weight.contiguous()
     n, k = weight.shape
-    out = torch.empty(-(-n // PANEL_WIDTH) * PANEL_WIDTH * k)
-    _library(kernel_march()).pack_weight(out.data_ptr(), weight.data_ptr(), n, k)
+    out = torch.empty(-(-n // PANEL_WIDTH) * PANEL_WIDTH * k, dtype=WEIGHT_DTYPES[weight.dtype])
+    size = weight.element_size()
+    _library(kernel_march()).pack_weight(out.data_ptr(), weight.data_ptr(), n, k, size)
     return out
 
 
 def linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
-    """x @ W.T (+ bias) for x [..., K] float32, W as pack() returned it."""
+    """x @ W.T (+ bias) for x [..., K] float32, W as pack() returned it; float32 out."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise TypeError(f"expected float32 CPU activations, got {x.dtype} on {x.device}")
     lead = x.shape[:-1]
@@ -73,6 +81,8 @@ def linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, k = x2.shape
+    if packed.dtype not in WEIGHT_DTYPES.values():
+        raise TypeError(f"packed weights are float32 or int16 (bfloat16 bits), not {packed.dtype}")
     if packed.numel() != -(-out_features // PANEL_WIDTH) * PANEL_WIDTH * k:
         raise ValueError(f"packed weight of {packed.numel()} floats is not {out_features} x {k}")
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (out_features,)):
@@ -85,6 +95,7 @@ def linear(
             x2.data_ptr(),
             x2.stride(0),
             packed.data_ptr(),
+            int(packed.dtype == torch.int16),
             None if bias is None else bias.data_ptr(),
             m,
             out_features,

@@ -56,19 +56,27 @@ class Linear(nn.Module):
             return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
         return F.linear(x, self.weight, self.bias)
 
-    def pack(self) -> bool:
-        """Readies a loaded CPU weight (see the class docstring); returns whether it is packed
-        for a matmul kernel. The dense copy is freed. A GPU's weight stays as loaded."""
+    def pack(self, compute_dtype: torch.dtype | None = None) -> bool:
+        """Readies a loaded CPU weight for a model computing in compute_dtype (default: the
+        weight's; see the class docstring); returns whether it is packed for a matmul kernel.
+        The dense copy is freed. A GPU's weight stays as loaded."""
         weight = self.weight
         if self.layout != DENSE or weight.device.type != "cpu":
             return self.packed
-        if weight.dtype == torch.float32 and cpu_gemm.enabled():
-            weight, self.layout = cpu_gemm.pack(weight), PANELS
-        elif weight.dtype in onednn_matmul_dtypes():
-            weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_SIZE)
-            self.layout = ONEDNN
+        compute_dtype = compute_dtype or weight.dtype
+        if compute_dtype == torch.float32 and weight.dtype in cpu_gemm.WEIGHT_DTYPES:
+            use_panels = cpu_gemm.enabled()
         else:
-            weight, self.layout = weight.t().contiguous(), TRANSPOSED
+            use_panels = False
+        if use_panels:  # a bfloat16 weight keeps its dtype: the kernel widens it
+            weight, self.layout = cpu_gemm.pack(weight), PANELS
+        else:
+            weight = weight.to(compute_dtype)
+            if weight.dtype in onednn_matmul_dtypes():
+                weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_SIZE)
+                self.layout = ONEDNN
+            else:
+                weight, self.layout = weight.t().contiguous(), TRANSPOSED
         self.weight = nn.Parameter(weight, requires_grad=False)
         return self.packed
 
@@ -100,6 +108,6 @@ def load_param(param: nn.Parameter, tensor: torch.Tensor) -> None:
         param.data.copy_(tensor)
 
 
-def pack_linear_weights(model: nn.Module) -> int:
+def pack_linear_weights(model: nn.Module, compute_dtype: torch.dtype | None = None) -> int:
     """Packs every Linear of a loaded model (see Linear.pack); returns how many were packed."""
-    return sum(m.pack() for m in model.modules() if isinstance(m, Linear))
+    return sum(m.pack(compute_dtype) for m in model.modules() if isinstance(m, Linear))

@@ -57,7 +57,7 @@ def load_model(
     else:
         weights = iterate_safetensors(resolved.path)
     model.load_weights(weights)
+    pack_linear_weights(model, compute_dtype)  # before the widening: panels stay bfloat16
     if compute_dtype is not None and compute_dtype != dtype:
         model.to(compute_dtype)
-    pack_linear_weights(model)
     return model.eval()

@@ -91,3 +91,18 @@ def test_a_mismatched_weight_is_refused():
 def test_a_build_without_avx2_says_so_and_is_not_used():
     """Baseline x86-64 has no AVX2/FMA: the kernel reports it, so Linear keeps oneDNN."""
     assert cpu_gemm.cpu_gemm_error("x86-64") == "the compiler's target has no AVX2/FMA"
+
+
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (33, 3000)])
+def test_bfloat16_panels_equal_the_float32_kernel_over_the_widened_weight(march, shape):
+    """Widening bfloat16 is exact, so the half-size panels give the float32 result bit for bit."""
+    n, k = shape
+    torch.manual_seed(n)
+    weight, bias = (torch.randn(n, k) * 0.05).to(torch.bfloat16), torch.randn(n)
+    packed = cpu_gemm.pack(weight)
+    assert packed.dtype == torch.int16 and packed.numel() == -(-n // 16) * 16 * k
+    widened = cpu_gemm.pack(weight.float())
+    for rows in ROWS:
+        x = torch.randn(rows, k)
+        out = cpu_gemm.linear(x, packed, bias, n)
+        assert torch.equal(out, cpu_gemm.linear(x, widened, bias, n)), (shape, rows)
