@@ -1,3 +1,5 @@
+import dataclasses
+import inspect
 import time
 from math import ceil
 
@@ -103,7 +105,7 @@ def run_generate_batch(
 
     lengths = [len(p) + k for p, k in zip(workload.prompts, workload.max_tokens)]
     cb_config = ContinuousBatchingConfig(
-        page_size=page_size,
+        **{page_size_keyword(ContinuousBatchingConfig): page_size},
         num_blocks=sum(ceil(n / page_size) for n in lengths) + 1,
         max_batch_tokens=max(max_batch_tokens, max(len(p) for p in workload.prompts)),
         max_requests_per_batch=max_num_seqs,
@@ -148,6 +150,23 @@ def run_generate_batch(
     result = _result("generate_batch", workload, timer, [results[i] for i in done], None)
     result.note = note
     return result
+
+
+def page_size_keyword(config_class: type) -> str:
+    """The keyword ContinuousBatchingConfig takes for its tokens per KV page: `page_size`, or
+    `block_size` in the transformers versions that take no page_size. Read from the class itself,
+    never from a version string."""
+    if dataclasses.is_dataclass(config_class):
+        names = {f.name for f in dataclasses.fields(config_class) if f.init}
+    else:
+        names = set(inspect.signature(config_class).parameters)
+    for name in ("page_size", "block_size"):  # block_size lingers, deprecated, beside page_size
+        if name in names:
+            return name
+    raise RuntimeError(
+        f"{config_class.__qualname__} takes neither page_size nor block_size: this transformers "
+        "version's continuous batching is not supported by the generate_batch baseline"
+    )
 
 
 def warm_up(llm: LLM, model: PreTrainedModel | None, pad_token_id: int) -> None:
