@@ -8,6 +8,7 @@ import pytest
 
 from pagedgen.bench import vllm_baseline
 from pagedgen.bench.result import agreement
+from pagedgen.bench.workload_file import workload_file
 from pagedgen.bench.workloads import Workload
 
 WORKLOAD = Workload("test", [[1, 2, 3], [4, 5]], [3, 2], "token ids")
@@ -34,7 +35,7 @@ json.dump({"engine": "stand-in", "elapsed_s": 0.5, "output_token_ids": ids}, ope
 
 
 def test_workload_file_and_recorded_result():
-    assert vllm_baseline.workload_file(WORKLOAD) == {
+    assert workload_file(WORKLOAD) == {
         "prompts": [[1, 2, 3], [4, 5]],
         "max_tokens": [3, 2],
     }

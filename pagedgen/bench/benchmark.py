@@ -1,15 +1,23 @@
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
+from pagedgen.batch.requests import vocab_size_of
 from pagedgen.bench import engines, latency, vllm_baseline
 from pagedgen.bench.overhead import profile_engine
 from pagedgen.bench.result import RunResult, agreement, ratios
 from pagedgen.bench.roofline import Roofline, measure_roofline
 from pagedgen.bench.system import machine_info, machine_state, sample_cpu
+from pagedgen.bench.workload_file import (
+    check_workload,
+    is_workload_file,
+    read_workload,
+    save_workload,
+)
 from pagedgen.bench.workloads import Workload, random_workload, sharegpt_workload
 from pagedgen.engine.llm_engine import log_to_stderr
 from pagedgen.llm import LLM
@@ -21,7 +29,11 @@ LATENCY_OUTPUT_LEN = 64
 
 @dataclass(slots=True)
 class BenchOptions:
-    """One `pagedgen bench` run: a workload, the engines to compare and pagedgen's settings."""
+    """One `pagedgen bench` run: a workload, the engines to compare and pagedgen's settings.
+
+    workload is sharegpt, fixed, latency or a workload file (pagedgen/bench/workload_file.py);
+    save_workload names a file to write the workload to, whichever it is.
+    """
 
     model: str = DEFAULT_MODEL
     workload: str = "sharegpt"
@@ -41,10 +53,14 @@ class BenchOptions:
     overhead: bool = True
     generate_batch_timeout: float = 600.0
     seed: int = 0
+    save_workload: str | None = None
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+        if self.workload not in WORKLOADS and not is_workload_file(self.workload):
+            raise ValueError(
+                f"workload must be one of {WORKLOADS} or a workload .json file, "
+                f"got {self.workload!r}"
+            )
         unknown = sorted(set(self.baselines) - set(engines.BASELINES))
         if unknown:
             raise ValueError(f"unknown baselines {unknown}; known: {list(engines.BASELINES)}")
@@ -55,12 +71,15 @@ class BenchOptions:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.output_len is not None and self.output_len < 1:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}")
+        if self.save_workload and not Path(self.save_workload).expanduser().parent.is_dir():
+            raise ValueError(f"cannot save the workload to {self.save_workload}: no such folder")
 
 
 def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr) -> dict:
     """Runs pagedgen and the baselines on one workload in this process; returns every figure."""
     torch.set_num_threads(options.num_threads)
     start_state, start = machine_state(), sample_cpu()
+    from_file = read_workload(options.workload) if options.workload not in WORKLOADS else None
     llm = LLM(
         options.model,
         log=log,
@@ -74,8 +93,13 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
     )
     engine = llm.engine
     dtype = engine.runner.kv_cache_dtype  # the model's, as asked
-    workload = _workload(options, llm)
+    if from_file is not None:
+        check_workload(from_file, vocab_size_of(engine), engine.max_model_len)
+    workload = from_file or _workload(options, llm)
     log(f"workload {workload.name}: {workload.describe()}")
+    if options.save_workload:
+        save_workload(workload, options.save_workload)
+        log(f"workload saved to {options.save_workload}")
     model = None
     resolved = resolve_model(options.model)
     if set(options.baselines) & set(engines.TRANSFORMERS_BASELINES):

@@ -2,10 +2,10 @@
 process (and virtualenv: vLLM pins its own transformers and torch).
 
 The runner is a command taking `--model DIR --workload W.json --dtype D --out R.json
---max-num-seqs N`, as the vllm-cpu-baseline tool of our development machines does. W.json holds
-{"prompts": [[token ids]], "max_tokens": [int]} (greedy, ignore_eos); R.json vLLM's figures and
-its output token ids. PAGEDGEN_VLLM_BASELINE names the command; without it, a
-shared/tools/vllm-cpu-baseline beside this checkout is used if there is one.
+--max-num-seqs N`, as the vllm-cpu-baseline tool of our development machines does. W.json is a
+workload file (pagedgen/bench/workload_file.py); R.json vLLM's figures and its output token ids.
+PAGEDGEN_VLLM_BASELINE names the command; without it, a shared/tools/vllm-cpu-baseline beside
+this checkout is used if there is one.
 """
 
 import json
@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from pagedgen.bench.result import RunResult
+from pagedgen.bench.workload_file import save_workload
 from pagedgen.bench.workloads import Workload
 
 ENV_VAR = "PAGEDGEN_VLLM_BASELINE"
@@ -42,10 +43,6 @@ def baseline_command() -> list[str]:
         f"no vLLM baseline: set {ENV_VAR} to a command running a workload file through vLLM "
         "(see pagedgen/bench/vllm_baseline.py)"
     )
-
-
-def workload_file(workload: Workload) -> dict:
-    return {"prompts": workload.prompts, "max_tokens": workload.max_tokens}
 
 
 def parse_result(data: dict, workload: Workload) -> RunResult:
@@ -78,7 +75,7 @@ def run_vllm(
         )
     with tempfile.TemporaryDirectory(prefix="pagedgen-vllm-") as tmp:
         workload_path, out_path = Path(tmp) / "workload.json", Path(tmp) / "result.json"
-        workload_path.write_text(json.dumps(workload_file(workload)))
+        save_workload(workload, workload_path)
         args = ["--model", str(model_dir), "--workload", str(workload_path), "--dtype", dtype]
         args += ["--out", str(out_path), "--max-num-seqs", str(max_num_seqs)]
         done = subprocess.run(

@@ -7,7 +7,12 @@ from pagedgen.loader.resolve import DEFAULT_MODEL
 
 
 def bench(
-    workload: str = typer.Option("sharegpt", help="sharegpt, fixed or latency (batch 1)"),
+    workload: str = typer.Option(
+        "sharegpt", help="sharegpt, fixed, latency (batch 1) or a workload FILE.json"
+    ),
+    save_workload: str | None = typer.Option(
+        None, "--save-workload", help="write the workload run to this FILE.json, to run elsewhere"
+    ),
     num_prompts: int = typer.Option(64, help="requests (sharegpt, fixed)"),
     input_len: int = typer.Option(128, help="prompt tokens (fixed, latency)"),
     output_len: int | None = typer.Option(
@@ -41,8 +46,13 @@ def bench(
     Prints requests/s, total tokens/s and output tokens/s for each engine, pagedgen's ratio to
     each baseline, how many requests produced identical greedy tokens, a roofline of this
     machine, the share of pagedgen's step time per engine part, and the machine's load.
+
+    A workload file is {"prompts": [[token ids], ...], "max_tokens": [int, ...]}, run greedy with
+    ignore_eos; --save-workload writes one from any workload, so that a ShareGPT workload made
+    where the dataset is installed runs the same on another machine.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from pagedgen.bench.benchmark import BenchOptions, run_bench
     from pagedgen.bench.report import render
@@ -70,10 +80,12 @@ def bench(
             overhead=overhead,
             generate_batch_timeout=generate_batch_timeout,
             seed=seed,
+            save_workload=save_workload,
         )
         report = run_bench(options, log=lambda message: errors.print(message, highlight=False))
     except (ModelNotFoundError, ValueError) as e:
-        errors.print(f"[red]error:[/] {e}")
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        errors.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
         raise typer.Exit(2) from e
     render(report, console)
     if output_json:
