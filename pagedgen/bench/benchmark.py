@@ -1,6 +1,6 @@
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -8,6 +8,7 @@ from transformers import PreTrainedModel
 
 from pagedgen.batch.requests import vocab_size_of
 from pagedgen.bench import engines, latency, vllm_baseline
+from pagedgen.bench.gpu_memory import bench_gpu_memory_utilization
 from pagedgen.bench.overhead import profile_engine
 from pagedgen.bench.result import RunResult, agreement, ratios
 from pagedgen.bench.roofline import Roofline, measure_roofline
@@ -19,6 +20,7 @@ from pagedgen.bench.workload_file import (
     save_workload,
 )
 from pagedgen.bench.workloads import Workload, random_workload, sharegpt_workload
+from pagedgen.config import EngineConfig
 from pagedgen.engine.llm_engine import log_to_stderr
 from pagedgen.llm import LLM
 from pagedgen.loader.resolve import DEFAULT_MODEL, ResolvedModel, resolve_model
@@ -80,12 +82,15 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
     torch.set_num_threads(options.num_threads)
     start_state, start = machine_state(), sample_cpu()
     from_file = read_workload(options.workload) if options.workload not in WORKLOADS else None
+    resolved = resolve_model(options.model)
+    gpu_memory_utilization = _gpu_memory_utilization(options, resolved, log)
     llm = LLM(
         options.model,
         log=log,
         dtype=options.dtype,
         device=options.device,
         kv_cache_memory=options.kv_cache_memory,
+        gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
         block_size=options.block_size,
@@ -101,7 +106,6 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         save_workload(workload, options.save_workload)
         log(f"workload saved to {options.save_workload}")
     model = None
-    resolved = resolve_model(options.model)
     if set(options.baselines) & set(engines.TRANSFORMERS_BASELINES):
         log(f"loading {resolved.path} into transformers for the baselines")
         model = engines.load_hf_model(resolved, dtype, options.device)
@@ -133,6 +137,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
             "block_size": engine.config.block_size,
             "num_blocks": engine.num_blocks,
             "dtype": str(dtype).removeprefix("torch."),
+            "gpu_memory_utilization": gpu_memory_utilization,
         },
         "roofline": roofline.to_dict() if roofline else None,
     }
@@ -146,6 +151,22 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         )
     report["machine_end"] = machine_state(since=start)
     return report
+
+
+def _gpu_memory_utilization(
+    options: BenchOptions, resolved: ResolvedModel, log: Callable[[str], None]
+) -> float:
+    """The engine's default, less the share of the GPU that the transformers baselines' copy of
+    the weights will take when it loads after pagedgen's KV pool (a pool given in GiB is kept)."""
+    default = next(f.default for f in fields(EngineConfig) if f.name == "gpu_memory_utilization")
+    baselines = set(options.baselines) & set(engines.TRANSFORMERS_BASELINES)
+    on_gpu = options.device.startswith("cuda") and torch.cuda.is_available()
+    if not on_gpu or not baselines or options.kv_cache_memory is not None:
+        return default
+    dtype = getattr(torch, options.dtype)
+    utilization, why = bench_gpu_memory_utilization(resolved.path, dtype, options.device, default)
+    log(why)
+    return utilization
 
 
 def _workload(options: BenchOptions, llm: LLM) -> Workload:

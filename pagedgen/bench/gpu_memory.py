@@ -1,0 +1,64 @@
+"""Room on the GPU for the transformers baselines' copy of the weights.
+
+pagedgen sizes its KV pool to gpu_memory_utilization of the GPU's memory, less what is in use
+when it starts; the baselines' model loads afterwards, into what is left. So when they run, the
+bench lowers pagedgen's share by the share that copy will take:
+
+    |<- pagedgen: weights, activations, KV pool ->|<- transformers' weights ->|<- rest ->|
+    |<-------- utilization - weights share ------>|
+    |<---------------------- utilization ------------------------------------>|
+"""
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import torch
+
+GIB = 1 << 30
+SAFETENSORS_ITEMSIZE = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+    "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+
+
+def checkpoint_num_elements(folder: Path) -> int:
+    """How many weight elements the folder's safetensors files hold, from their headers only."""
+    num_elements = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                num_elements += math.prod(entry["shape"])
+    return num_elements
+
+
+def kv_gpu_memory_utilization(
+    gpu_memory_utilization: float, baseline_weights_bytes: int, total_bytes: int
+) -> float:
+    """pagedgen's gpu_memory_utilization with the baselines' weights taken out of it."""
+    utilization = gpu_memory_utilization - baseline_weights_bytes / total_bytes
+    if utilization <= 0:
+        raise ValueError(
+            f"transformers' copy of the weights ({baseline_weights_bytes / GIB:.1f} GiB) leaves "
+            f"no room for pagedgen within gpu_memory_utilization {gpu_memory_utilization} of "
+            f"{total_bytes / GIB:.1f} GiB; give --kv-cache-memory or no transformers baselines"
+        )
+    return utilization
+
+
+def bench_gpu_memory_utilization(
+    model_dir: Path, dtype: torch.dtype, device: str, gpu_memory_utilization: float
+) -> tuple[float, str]:
+    """The share pagedgen may take on this GPU beside the baselines' copy of model_dir in dtype,
+    and a line saying why."""
+    weights_bytes = checkpoint_num_elements(model_dir) * dtype.itemsize
+    total_bytes = torch.cuda.mem_get_info(torch.device(device))[1]
+    utilization = kv_gpu_memory_utilization(gpu_memory_utilization, weights_bytes, total_bytes)
+    return utilization, (
+        f"gpu_memory_utilization {gpu_memory_utilization} -> {utilization:.3f}: transformers' "
+        f"copy of the weights will take {weights_bytes / GIB:.2f} of {total_bytes / GIB:.1f} GiB"
+    )
