@@ -100,7 +100,9 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
     dtype = engine.runner.kv_cache_dtype  # the model's, as asked
     if from_file is not None:
         check_workload(from_file, vocab_size_of(engine), engine.max_model_len)
-    workload = from_file or _workload(options, llm)
+        workload = from_file
+    else:
+        workload = _workload(options, llm)
     log(f"workload {workload.name}: {workload.describe()}")
     if options.save_workload:
         save_workload(workload, options.save_workload)
