@@ -47,9 +47,9 @@ def bench(
     each baseline, how many requests produced identical greedy tokens, a roofline of this
     machine, the share of pagedgen's step time per engine part, and the machine's load.
 
-    A workload file is {"prompts": [[token ids], ...], "max_tokens": [int, ...]}, run greedy with
-    ignore_eos; --save-workload writes one from any workload, so that a ShareGPT workload made
-    where the dataset is installed runs the same on another machine.
+    A workload file is JSON: "prompts", a list of token-id lists, and "max_tokens", one int per
+    prompt (run greedy, ignoring eos). --save-workload writes one from any workload, so that a
+    ShareGPT workload made where the dataset is installed runs the same on another machine.
     """
     from rich.console import Console
     from rich.markup import escape
