@@ -40,24 +40,31 @@
 int cpu_gemm_supported(void) { return SUPPORTED; }
 
 // out: [ceil(n / NR)][k][NR], zero in the padding columns of the last panel; elements of
-// elem_size bytes (4: float32, 2: bfloat16), copied as they are.
-int pack_weight(void *out, const void *w, int64_t n, int64_t k, int elem_size) {
-  if (elem_size != 2 && elem_size != 4) return 1;
-  const int64_t panels = (n + NR - 1) / NR;
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < panels; p++) {
-    char *panel = (char *)out + p * k * NR * elem_size;
-    for (int64_t j = 0; j < NR; j++) {
-      const int64_t col = p * NR + j;
-      for (int64_t i = 0; i < k; i++) {
-        char *dst = panel + (i * NR + j) * elem_size;
-        if (col < n)
-          memcpy(dst, (const char *)w + (col * k + i) * elem_size, (size_t)elem_size);
-        else
-          memset(dst, 0, (size_t)elem_size);
-      }
-    }
+// elem_size bytes (4: float32, 2: bfloat16), copied as they are. Each panel is written in order,
+// reading its 16 weight rows side by side.
+#define PACK(T)                                                                                \
+  static void pack_##T(T *out, const T *w, int64_t n, int64_t k) {                             \
+    const int64_t panels = (n + NR - 1) / NR;                                                  \
+    _Pragma("omp parallel for schedule(static)") for (int64_t p = 0; p < panels; p++) {        \
+      T *panel = out + p * k * NR;                                                             \
+      const int64_t cols = n - p * NR < NR ? n - p * NR : NR;                                  \
+      const T *rows = w + p * NR * k;                                                          \
+      for (int64_t i = 0; i < k; i++) {                                                        \
+        for (int64_t j = 0; j < cols; j++) panel[i * NR + j] = rows[j * k + i];                \
+        for (int64_t j = cols; j < NR; j++) panel[i * NR + j] = 0;                             \
+      }                                                                                        \
+    }                                                                                          \
   }
+PACK(uint32_t)
+PACK(uint16_t)
+
+int pack_weight(void *out, const void *w, int64_t n, int64_t k, int elem_size) {
+  if (elem_size == 4)
+    pack_uint32_t((uint32_t *)out, (const uint32_t *)w, n, k);
+  else if (elem_size == 2)
+    pack_uint16_t((uint16_t *)out, (const uint16_t *)w, n, k);
+  else
+    return 1;
   return 0;
 }
 
