@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
+from tests.test_models import reference_greedy
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "random_models.py"
 spec = importlib.util.spec_from_file_location("random_models", SCRIPT)
@@ -47,17 +48,7 @@ def greedy_hf(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[l
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    outputs = []
-    for prompt in prompts:
-        out = model.generate(
-            torch.tensor([prompt]),
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            pad_token_id=0,
-        )
-        outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
+    return [reference_greedy(model, prompt, max_tokens) for prompt in prompts]
 
 
 def test_a_tiny_sharded_model_loads_in_pagedgen_and_transformers(tiny_llama_path, tmp_path):

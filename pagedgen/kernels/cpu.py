@@ -7,7 +7,7 @@ import functools
 import torch
 
 from pagedgen.cpu_features import kernel_march
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, load_cpu_library
+from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 
 SOURCE = "paged_attention_cpu.c"
 KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -16,13 +16,9 @@ KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 @functools.cache
 def _library(march: str) -> ctypes.CDLL:
     lib = load_cpu_library(SOURCE, march)
-    fn = lib.paged_attention_decode
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    f32 = ctypes.c_float
-    fn.argtypes = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, i32]
-    fn.restype = ctypes.c_int
-    lib.paged_attention_has_float16.restype = ctypes.c_int
-    return lib
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    decode = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, i32]
+    return declare(lib, {"paged_attention_decode": decode, "paged_attention_has_float16": []})
 
 
 def cpu_kernel_error(march: str | None = None) -> str | None:

@@ -77,3 +77,11 @@ def load_cpu_library(name: str, march: str, extra_flags: tuple[str, ...] = ()) -
     except CpuKernelUnavailable:  # no OpenMP (Apple clang): one thread
         path = compile_source(compiler, name, source, flags)
     return ctypes.CDLL(str(path))
+
+
+def declare(lib: ctypes.CDLL, signatures: dict[str, list[type]]) -> ctypes.CDLL:
+    """Sets each named function's argument types; every kernel entry point returns an int."""
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return lib

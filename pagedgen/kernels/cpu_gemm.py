@@ -16,7 +16,7 @@ import os
 import torch
 
 from pagedgen.cpu_features import has_avx512, kernel_march
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, load_cpu_library
+from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 
 SOURCE = "cpu_gemm.c"
 DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_GEMM"
@@ -33,10 +33,7 @@ def _library(march: str) -> ctypes.CDLL:
         "pack_weight": [p, p, i64, i64, i32],
         "linear": [p, p, i64, p, i32, p, i64, i64, i64, i32],
     }
-    for name, argtypes in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    return lib
+    return declare(lib, signatures)
 
 
 @functools.cache

@@ -11,7 +11,7 @@ import torch
 
 from pagedgen.cpu_features import kernel_march
 from pagedgen.kernels.cpu import KV_DTYPE_CODES
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, load_cpu_library
+from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 
 SOURCE = "cpu_ops.c"
 # Products and sums round as torch's ops round them (no fused multiply-adds).
@@ -30,10 +30,7 @@ def _library(march: str) -> ctypes.CDLL:
         "rotary_embedding_and_cache": [i32, p, i64, p, p, i64, i32, i32, i32, p, p, p],
         "rotary_embedding_and_cache_has_float16": [],
     }
-    for name, argtypes in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    return lib
+    return declare(lib, signatures)
 
 
 @functools.cache
