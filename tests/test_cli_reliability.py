@@ -144,6 +144,20 @@ def test_ctrl_c_during_start_up_leaves_no_output(tiny_llama_path, prompts, tmp_p
     assert "Traceback" not in stderr.decode() and not out.exists()
 
 
+def test_a_start_up_interrupt_is_not_swallowed_by_library_error_handling():
+    """The handler raises wherever the main thread is; code that turns any Exception into an
+    error (a tokenizer's loading, a prompt's per-line checks) must let it through, as it lets
+    KeyboardInterrupt through."""
+    from pagedgen.cli.signals import Interrupted, StopSignals
+
+    with StopSignals(), pytest.raises(Interrupted):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs here, in the main thread
+        except Exception:
+            pass
+
+
 @pytest.mark.parametrize("closed,args", [(0, ["-", "-o", "-"]), (1, ["{src}", "-o", "-"])])
 def test_a_closed_standard_stream_is_a_usage_error(tiny_llama_path, prompts, closed, args):
     args = [a.replace("{src}", str(prompts)) for a in args]

@@ -10,8 +10,11 @@ class Stoppable(Protocol):
     def stop(self) -> None: ...
 
 
-class Interrupted(Exception):
-    """A stop signal that cannot wait for the job: one during start-up, or a third one."""
+class Interrupted(BaseException):
+    """A stop signal that cannot wait for the job: one during start-up, or a third one. A
+    BaseException, as KeyboardInterrupt is: raised wherever the main thread happens to be, it must
+    not be taken for an error by library code that catches Exception (a tokenizer's loading, a
+    prompt's per-line checks)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
