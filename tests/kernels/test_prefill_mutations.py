@@ -61,6 +61,16 @@ MUTATIONS = {
         "const int kv_end = first_pos + (tile_row + num_rows - 1) / group;",
         1,
     ),
+    "softcap_dropped": (
+        "if (softcap > 0.f) score[r] = softcap * tanhf(score[r] / softcap);",
+        "",
+        1,
+    ),
+    "missing_syncthreads_before_load": (
+        "    __syncthreads();  // every warp is done with the previous tile\n",
+        "",
+        1,
+    ),
     "missing_syncthreads_after_load": (
         "  }\n    __syncthreads();\n\n    float score",
         "  }\n\n    float score",
@@ -76,14 +86,14 @@ MUTATIONS = {
 
 def prefill_checks_pass(source: str) -> bool:
     """test_emulated_prefill.py's checks on one instantiation: prompts and chunks after cached
-    prefixes with GQA 4:1, and a sliding window over a freed (NaN) prefix."""
+    prefixes with GQA 4:1, and a sliding window over a freed (NaN) prefix with a soft cap."""
     dtype, head_size, block_size = torch.float32, 64, 16
     module = prefill_attention_module(dtype, head_size, block_size)
     emulator = Emulator(source, list(module.name_expressions), module.defines)
     seqs = ((1, 1), (37, 37), (20, 53), (9, 100))
     cases = [
         make_prefill_case(dtype, 8, 2, head_size, block_size, seqs),
-        make_prefill_case(dtype, 4, 2, head_size, block_size, seqs[2:], window=19),
+        make_prefill_case(dtype, 4, 2, head_size, block_size, seqs[2:], window=19, softcap=3.0),
     ]
     try:
         for case in cases:
