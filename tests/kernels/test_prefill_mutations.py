@@ -13,7 +13,8 @@ from tests.kernels.test_mutations import mutate
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 
-# name: (original text, planted bug, how often the text occurs)
+# name: (original text, planted bug, how often the text occurs). Every bug keeps its reads inside
+# the tensors of prefill_checks_pass: a wild read could crash the test process instead of failing.
 MUTATIONS = {
     "causal_bound_excludes_self": (
         "const bool visible = pos <= q_pos[r] &&",
@@ -38,7 +39,7 @@ MUTATIONS = {
     "missing_sum_rescale": ("l_run[r] = l_run[r] * alpha + ", "l_run[r] = l_run[r] + ", 1),
     "block_table_index_off_by_one": (
         "block_table[pos / BLOCK_SIZE] * BLOCK_SIZE",
-        "block_table[pos / BLOCK_SIZE + 1] * BLOCK_SIZE",
+        "block_table[(pos + 1) / BLOCK_SIZE] * BLOCK_SIZE",
         1,
     ),
     "block_table_of_the_wrong_sequence": (
