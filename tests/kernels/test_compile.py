@@ -19,6 +19,7 @@ import pytest
 from pagedgen.kernels.cache_ops import COPY_BLOCKS, RESHAPE_AND_CACHE
 from pagedgen.kernels.launch import C_TYPES, KernelModule
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention_module
+from pagedgen.kernels.prefill_attention import prefill_attention_module
 from pagedgen.kernels.source import kernel_names, kernel_source
 
 ARCHS = ("80", "90")
@@ -37,7 +38,8 @@ class PtxasInfo(NamedTuple):
 def runtime_modules() -> list[KernelModule]:
     """Every module the runtime may compile."""
     attention = [
-        paged_attention_module(dtype, head_size, block_size)
+        make_module(dtype, head_size, block_size)
+        for make_module in (paged_attention_module, prefill_attention_module)
         for dtype in C_TYPES
         for head_size in HEAD_SIZES
         for block_size in BLOCK_SIZES

@@ -1,0 +1,148 @@
+import numpy as np
+import torch
+
+from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
+from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES
+
+# Instantiated with these in kernels/prefill_attention.cu.
+NUM_THREADS = 128
+BLOCK_M = 16  # query rows (token, head of the GQA group) per thread block
+MAX_GRID_Y = 65535
+
+
+def prefill_attention_module(dtype: torch.dtype, head_size: int, block_size: int) -> KernelModule:
+    c_type = C_TYPES[dtype]
+    return KernelModule(
+        source="prefill_attention.cu",
+        defines=(
+            f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_HEAD_SIZE={head_size}",
+            f"PAGEDGEN_BLOCK_SIZE={block_size}",
+        ),
+        name_expressions=(
+            f"pagedgen::prefill_attention_kernel<{c_type}, {head_size}, {block_size}>",
+        ),
+    )
+
+
+def prefill_attention_launch(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    query: torch.Tensor,  # [num_tokens, num_heads, head_size], rows may be strided
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32, rows of query and out per sequence
+    context_lens: torch.Tensor,  # [num_seqs] int32, each >= its query length
+    max_query_len: int,
+    scale: float,
+    window: int | None = None,  # a query at position p sees positions p - window < k <= p
+    softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
+) -> KernelLaunch | None:
+    """Checks the arguments and plans causal attention for every query row of a varlen batch
+    in one launch: sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] are the last tokens of
+    its context_lens[i], whose K/V (these rows' included) are in the cache already.
+
+    Rows outside every sequence's range are left untouched. None when there is nothing to do."""
+    check_tensor("query", query, query.dtype, 3, contiguous=False)
+    _, num_heads, head_size = query.shape
+    dtype = query.dtype
+    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check(head_size in HEAD_SIZES, f"head_size must be one of {HEAD_SIZES}, got {head_size}")
+    check(
+        query.stride(2) == 1 and query.stride(1) == head_size,
+        f"query rows must be contiguous, got strides {query.stride()}",
+    )
+    check_tensor("out", out, dtype, 3)
+    check(out.shape == query.shape, f"out shape {tuple(out.shape)} != query {tuple(query.shape)}")
+    check_tensor("key_cache", key_cache, dtype, 4)
+    check_tensor("value_cache", value_cache, dtype, 4)
+    check(
+        key_cache.shape == value_cache.shape,
+        f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
+    )
+    _, block_size, num_kv_heads, cache_head_size = key_cache.shape
+    check(block_size in BLOCK_SIZES, f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
+    check(cache_head_size == head_size, f"cache head_size {cache_head_size} != {head_size}")
+    check(
+        num_heads % num_kv_heads == 0,
+        f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+    )
+    check(
+        key_cache.data_ptr() % 16 == 0 and value_cache.data_ptr() % 16 == 0,
+        "the caches must be 16-byte aligned (they are read in 16-byte vectors)",
+    )
+    check_tensor("block_tables", block_tables, torch.int32, 2)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, torch.int32, 1)
+    check_tensor("context_lens", context_lens, torch.int32, 1)
+    num_seqs = context_lens.shape[0]
+    check(
+        block_tables.shape[0] == num_seqs and cu_seqlens_q.shape[0] == num_seqs + 1,
+        f"{num_seqs} context lens, {block_tables.shape[0]} block tables, "
+        f"{cu_seqlens_q.shape[0]} cu_seqlens_q (want num_seqs + 1)",
+    )
+    check(window is None or window >= 1, f"window must be >= 1, got {window}")
+    check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
+    tensors = (out, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens)
+    devices = {t.device for t in tensors}
+    check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    if num_seqs == 0 or max_query_len == 0:
+        return None
+    group = num_heads // num_kv_heads
+    num_row_tiles = -(-max_query_len * group // BLOCK_M)
+    check(num_row_tiles <= MAX_GRID_Y, f"max_query_len {max_query_len} is too long for one launch")
+
+    module = prefill_attention_module(dtype, head_size, block_size)
+    return KernelLaunch(
+        module,
+        module.name_expressions[0],
+        (num_kv_heads, num_row_tiles, num_seqs),
+        (NUM_THREADS, 1, 1),
+        (
+            out,
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            cu_seqlens_q,
+            context_lens,
+            np.int32(block_tables.shape[1]),
+            np.int32(query.stride(0)),
+            np.int32(group),
+            np.float32(scale),
+            np.int32(window or 0),
+            np.float32(softcap or 0.0),
+        ),
+    )
+
+
+def prefill_attention(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    query: torch.Tensor,  # [num_tokens, num_heads, head_size], rows may be strided
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    max_query_len: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> None:
+    """Prefill attention on the GPU into out; see prefill_attention_launch."""
+    from pagedgen.kernels.loader import launch
+
+    kernel_launch = prefill_attention_launch(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        max_query_len,
+        scale,
+        window,
+        softcap,
+    )
+    if kernel_launch is not None:
+        launch(kernel_launch)
