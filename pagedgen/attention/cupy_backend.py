@@ -1,3 +1,5 @@
+import os
+
 import torch
 
 from pagedgen.attention.metadata import AttentionMetadata
@@ -5,6 +7,7 @@ from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention
+from pagedgen.kernels.prefill_attention import prefill_attention
 
 
 def cupy_available() -> bool:
@@ -13,13 +16,18 @@ def cupy_available() -> bool:
 
 
 class CupyAttentionBackend(TorchAttentionBackend):
-    """Our CUDA kernels through CuPy: reshape_and_cache writes K/V, paged attention v1/v2 serves
-    decode rows, and PyTorch's SDPA serves prefill rows. Reads the same cache layout as the torch
-    backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES. Layers with a
-    sliding window or soft-capped scores (Gemma 2/3, Mistral) decode through the torch path:
-    the CUDA kernels have neither yet."""
+    """Our CUDA kernels through CuPy: reshape_and_cache writes K/V and paged attention v1/v2
+    serves decode rows. Prefill rows go to PyTorch's SDPA, one call per sequence, or, with
+    PAGEDGEN_CUDA_PREFILL_KERNEL=1, to one prefill attention launch per layer for every prefill
+    and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu: proven on
+    the CPU emulation, not yet run or timed on a GPU, so off by default; its tiles use no tensor
+    cores). Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES
+    and block sizes BLOCK_SIZES. Layers with a sliding window or soft-capped scores (Gemma 2/3,
+    Mistral) decode through the torch path: the decode kernel has neither yet (the prefill
+    kernel has both)."""
 
     name = "cupy"
+    use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL") == "1"
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
@@ -73,6 +81,39 @@ class CupyAttentionBackend(TorchAttentionBackend):
             metadata.context_lens[:num_decode],
             max(metadata.context_lens_cpu[:num_decode]),
             scale,
+        )
+
+    def prefill(
+        self,
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        out,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
+        if not self.use_prefill_kernel:
+            super().prefill(
+                query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap
+            )
+            return
+        first = metadata.num_decode_seqs
+        prefill_attention(
+            out,
+            query,
+            key_cache,
+            value_cache,
+            metadata.block_tables[first:],
+            metadata.cu_seqlens_q[first:],
+            metadata.context_lens[first:],
+            max(metadata.query_lens_cpu[first:]),
+            scale,
+            window,
+            softcap,
         )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
