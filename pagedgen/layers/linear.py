@@ -64,11 +64,11 @@ class Linear(nn.Module):
         if self.layout != DENSE or weight.device.type != "cpu":
             return self.packed
         compute_dtype = compute_dtype or weight.dtype
-        if compute_dtype == torch.float32 and weight.dtype in cpu_gemm.WEIGHT_DTYPES:
-            use_panels = cpu_gemm.enabled()
-        else:
-            use_panels = False
-        if use_panels:  # a bfloat16 weight keeps its dtype: the kernel widens it
+        if (
+            compute_dtype == torch.float32
+            and weight.dtype in cpu_gemm.WEIGHT_DTYPES
+            and cpu_gemm.enabled()
+        ):  # a bfloat16 weight keeps its dtype: the kernel widens it
             weight, self.layout = cpu_gemm.pack(weight), PANELS
         else:
             weight = weight.to(compute_dtype)
