@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +25,22 @@ def pagedgen(*args: str, stdin: str | bytes | None = None, **kwargs) -> subproce
     )
 
 
+def default_signals() -> None:
+    """Resets the stop signals in a child: a test run started in the background (`cmd &` from a
+    non-interactive shell) ignores SIGINT, and pagedgen, as nohup asks, keeps a signal it was
+    started ignoring ignored."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start(*args: str, **kwargs) -> subprocess.Popen:
+    """pagedgen as a subprocess that the tests signal."""
     return subprocess.Popen(
         [*COMMAND, *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=ENV,
+        preexec_fn=default_signals,
         **kwargs,
     )
 

@@ -20,6 +20,7 @@ from tests.cli_util import (
     pagedgen,
     read_records,
     run_in_process,
+    start,
     tiny,
     write_jsonl,
 )
@@ -35,12 +36,6 @@ def run_args(model: Path, src: Path, out: Path | str) -> list[str]:
 def prompts(tmp_path_factory) -> Path:
     rows = [{"prompt": f"prompt number {i} " * (1 + i % 5)} for i in range(NUM_PROMPTS)]
     return write_jsonl(tmp_path_factory.mktemp("reliability") / "prompts.jsonl", rows)
-
-
-def start(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*COMMAND, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, **kwargs
-    )
 
 
 def wait_until(condition, process: subprocess.Popen, timeout: float = 120) -> None:
@@ -150,7 +145,11 @@ def test_a_start_up_interrupt_is_not_swallowed_by_library_error_handling():
     KeyboardInterrupt through."""
     from pagedgen.cli.signals import Interrupted, StopSignals
 
-    with StopSignals(), pytest.raises(Interrupted):
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # even when run with `&`
+    with contextlib.ExitStack() as stack:
+        stack.callback(signal.signal, signal.SIGINT, previous)
+        stack.enter_context(StopSignals())
+        stack.enter_context(pytest.raises(Interrupted))
         try:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)  # the handler runs here, in the main thread
