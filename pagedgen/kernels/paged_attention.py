@@ -39,23 +39,13 @@ def paged_attention_module(
     )
 
 
-def paged_attention_launches(
-    out: torch.Tensor,  # [num_seqs, num_heads, head_size]
-    query: torch.Tensor,  # [num_seqs, num_heads, head_size], rows may be strided
-    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
-    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
-    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32
-    context_lens: torch.Tensor,  # [num_seqs] int32, each >= 1
-    max_context_len: int,
-    scale: float,
-    version: int | None = None,
-    partition_size: int = PARTITION_SIZE,
-) -> list[KernelLaunch]:
-    """Checks the arguments and plans decode attention for one query row per sequence: a single
-    v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors).
-    version forces 1 or 2; None applies use_v1."""
+def check_attention_args(
+    query: torch.Tensor, out: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[int, int, int, int]:
+    """The checks every attention kernel makes of its query rows, output and paged caches;
+    returns (num_heads, head_size, block_size, num_kv_heads)."""
     check_tensor("query", query, query.dtype, 3, contiguous=False)
-    num_seqs, num_heads, head_size = query.shape
+    _, num_heads, head_size = query.shape
     dtype = query.dtype
     check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
     check(head_size in HEAD_SIZES, f"head_size must be one of {HEAD_SIZES}, got {head_size}")
@@ -82,6 +72,28 @@ def paged_attention_launches(
         key_cache.data_ptr() % 16 == 0 and value_cache.data_ptr() % 16 == 0,
         "the caches must be 16-byte aligned (they are read in 16-byte vectors)",
     )
+    return num_heads, head_size, block_size, num_kv_heads
+
+
+def paged_attention_launches(
+    out: torch.Tensor,  # [num_seqs, num_heads, head_size]
+    query: torch.Tensor,  # [num_seqs, num_heads, head_size], rows may be strided
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32, each >= 1
+    max_context_len: int,
+    scale: float,
+    version: int | None = None,
+    partition_size: int = PARTITION_SIZE,
+) -> list[KernelLaunch]:
+    """Checks the arguments and plans decode attention for one query row per sequence: a single
+    v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors).
+    version forces 1 or 2; None applies use_v1."""
+    num_heads, head_size, block_size, num_kv_heads = check_attention_args(
+        query, out, key_cache, value_cache
+    )
+    num_seqs, dtype = query.shape[0], query.dtype
     check_tensor("block_tables", block_tables, torch.int32, 2)
     check_tensor("context_lens", context_lens, torch.int32, 1)
     check(

@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
-from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES
+from pagedgen.kernels.paged_attention import check_attention_args
 
 # Instantiated with these in kernels/prefill_attention.cu.
 NUM_THREADS = 128
@@ -43,34 +43,10 @@ def prefill_attention_launch(
     its context_lens[i], whose K/V (these rows' included) are in the cache already.
 
     Rows outside every sequence's range are left untouched. None when there is nothing to do."""
-    check_tensor("query", query, query.dtype, 3, contiguous=False)
-    _, num_heads, head_size = query.shape
+    num_heads, head_size, block_size, num_kv_heads = check_attention_args(
+        query, out, key_cache, value_cache
+    )
     dtype = query.dtype
-    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
-    check(head_size in HEAD_SIZES, f"head_size must be one of {HEAD_SIZES}, got {head_size}")
-    check(
-        query.stride(2) == 1 and query.stride(1) == head_size,
-        f"query rows must be contiguous, got strides {query.stride()}",
-    )
-    check_tensor("out", out, dtype, 3)
-    check(out.shape == query.shape, f"out shape {tuple(out.shape)} != query {tuple(query.shape)}")
-    check_tensor("key_cache", key_cache, dtype, 4)
-    check_tensor("value_cache", value_cache, dtype, 4)
-    check(
-        key_cache.shape == value_cache.shape,
-        f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
-    )
-    _, block_size, num_kv_heads, cache_head_size = key_cache.shape
-    check(block_size in BLOCK_SIZES, f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
-    check(cache_head_size == head_size, f"cache head_size {cache_head_size} != {head_size}")
-    check(
-        num_heads % num_kv_heads == 0,
-        f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
-    )
-    check(
-        key_cache.data_ptr() % 16 == 0 and value_cache.data_ptr() % 16 == 0,
-        "the caches must be 16-byte aligned (they are read in 16-byte vectors)",
-    )
     check_tensor("block_tables", block_tables, torch.int32, 2)
     check_tensor("cu_seqlens_q", cu_seqlens_q, torch.int32, 1)
     check_tensor("context_lens", context_lens, torch.int32, 1)
