@@ -203,14 +203,19 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self) -> None:
-        self._seq_blocks: list[torch.Tensor] = []
+        self._seq_blocks: list[torch.Tensor] | None = None  # this step's, made on first use
 
     def prepare(self, metadata: AttentionMetadata) -> None:
-        if metadata.num_decode_seqs and metadata.block_tables.device.type == "cpu":
+        self._seq_blocks = None
+
+    def _decode_seq_blocks(self, metadata: AttentionMetadata) -> list[torch.Tensor]:
+        """Each decode row's blocks, split once a step for every layer that decodes here."""
+        if self._seq_blocks is None:
             context_lens = metadata.context_lens_cpu[: metadata.num_decode_seqs]
             self._seq_blocks = split_block_tables(
                 metadata.block_tables, context_lens, metadata.block_size
             )
+        return self._seq_blocks
 
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         write_kv(key, value, key_cache, value_cache, slot_mapping)
@@ -232,7 +237,7 @@ class TorchAttentionBackend(AttentionBackend):
                 query[:num_decode],
                 key_cache,
                 value_cache,
-                self._seq_blocks,
+                self._decode_seq_blocks(metadata),
                 metadata.context_lens_cpu[:num_decode],
                 scale,
                 window,

@@ -153,7 +153,7 @@ class BlockManager:
             if self.enable_prefix_caching:
                 self.num_prefix_cache_queries += seq.num_tokens
                 self.num_prefix_cache_hits += len(hits) * self.block_size
-            seq.block_table = table
+            _set_block_table(seq, table)
             seq.num_cached_blocks = len(hits)
             self.seqs[seq.seq_id] = seq
             num_computed = len(hits) * self.block_size
@@ -216,6 +216,7 @@ class BlockManager:
                 break
             self.pool.free(self.pool.blocks[seq.block_table[i]])
             seq.block_table[i] = NULL_BLOCK
+            seq.num_synced_blocks = min(seq.num_synced_blocks, i)
             self.num_sliding_window_freed_blocks += 1
 
     def _append(self, seq: Sequence, num_computed_tokens: int, num_new_tokens: int) -> BlockMapping:
@@ -228,6 +229,7 @@ class BlockManager:
                 fresh = self.pool.allocate()
                 self.pool.free(block)
                 seq.block_table[i] = fresh.block_id
+                seq.num_synced_blocks = min(seq.num_synced_blocks, i)
                 copies.append((block.block_id, fresh.block_id))
                 seq.num_cached_blocks = min(seq.num_cached_blocks, i)
         while len(seq.block_table) < self.num_blocks_for(end):
@@ -241,7 +243,7 @@ class BlockManager:
         for block_id in parent.block_table:
             if block_id != NULL_BLOCK:
                 self.pool.touch(self.pool.blocks[block_id])
-        child.block_table = list(parent.block_table)
+        _set_block_table(child, list(parent.block_table))
         child.num_cached_blocks = parent.num_cached_blocks
         self.seqs[child.seq_id] = child
 
@@ -256,7 +258,7 @@ class BlockManager:
             for block_id in seq.block_table:
                 if block_id != NULL_BLOCK:
                     self.cpu_pool.free(block_id)
-        seq.block_table = []
+        _set_block_table(seq, [])
         seq.num_cached_blocks = 0
 
     # -- swapping --------------------------------------------------------------------------------
@@ -271,7 +273,7 @@ class BlockManager:
         mapping = {block_id: self.cpu_pool.allocate() for block_id in unique}
         for seq, table in zip(seqs, tables):
             self.free(seq)
-            seq.block_table = [mapping.get(block_id, NULL_BLOCK) for block_id in table]
+            _set_block_table(seq, [mapping.get(block_id, NULL_BLOCK) for block_id in table])
             for cpu_block_id in seq.block_table:
                 if cpu_block_id != NULL_BLOCK:
                     self.cpu_pool.hold(cpu_block_id)
@@ -301,7 +303,7 @@ class BlockManager:
         for seq in seqs:
             cpu_table = seq.block_table
             self.free(seq)
-            seq.block_table = [mapping.get(cpu_id, NULL_BLOCK) for cpu_id in cpu_table]
+            _set_block_table(seq, [mapping.get(cpu_id, NULL_BLOCK) for cpu_id in cpu_table])
             self.seqs[seq.seq_id] = seq
         copies = self.allocate_slots(seqs, num_new_tokens)
         assert copies is not None, "swap_in counted the appends' blocks"
@@ -349,6 +351,11 @@ class BlockManager:
         self.cpu_pool.check_integrity(
             Counter(b for seq in self.swapped.values() for b in seq.block_table if b != NULL_BLOCK)
         )
+
+
+def _set_block_table(seq: Sequence, block_table: list[int]) -> None:
+    seq.block_table = block_table
+    seq.num_synced_blocks = 0
 
 
 def _unique_blocks(seqs: list[Sequence]) -> list[int]:

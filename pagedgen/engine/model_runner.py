@@ -1,9 +1,11 @@
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
+from pagedgen.engine.block_table import BlockTables
 from pagedgen.engine.kv_geometry import KVGeometry
 from pagedgen.engine.runner import SamplerOutput
 from pagedgen.engine.scheduler_output import SchedulerOutput
@@ -43,6 +45,9 @@ class ModelRunner:
         device: torch.device,
         kv_cache_dtype: torch.dtype,
         seed: int = 0,
+        *,
+        max_model_len: int = 8192,
+        max_num_seqs: int = 256,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -53,6 +58,8 @@ class ModelRunner:
         # Rows without a per-request seed draw from this engine's own generator.
         self.sampler = Sampler(torch.Generator(device).manual_seed(seed))
         self.timer = StepTimer()
+        # Twice the running sequences' rows: the rows of finished ones are reclaimed in bulk.
+        self.block_tables = BlockTables(2 * max_num_seqs, -(-max_model_len // block_size))
         self.kv_cache = torch.empty(0)
         self.cpu_cache = torch.empty(0)
 
@@ -69,54 +76,60 @@ class ModelRunner:
         self.cpu_cache = torch.empty(cpu_shape, dtype=self.kv_cache_dtype, pin_memory=on_gpu)
 
     def prepare(self, scheduled: SchedulerOutput) -> StepInputs:
-        """Flattens the step's sequences in the scheduler's order (decodes first)."""
+        """Flattens the step's sequences in the scheduler's order (decodes first). Block tables
+        and slots come from the persistent BlockTables, in array operations over the batch."""
         block_size = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        context_lens: list[int] = []
-        cu_seqlens_q = [0]
-        for i, (seq, start, num_new) in enumerate(
-            zip(scheduled.seqs, scheduled.num_computed_tokens, scheduled.num_new_tokens)
+        seqs = scheduled.seqs
+        num_decode = scheduled.num_decode_seqs
+        rows = self.block_tables.sync(seqs)
+        starts = np.array(scheduled.num_computed_tokens, dtype=np.int64)
+        query_lens = np.array(scheduled.num_new_tokens, dtype=np.int64)
+        context_lens = starts + query_lens
+        cu_seqlens_q = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=cu_seqlens_q[1:])
+        num_tokens = int(cu_seqlens_q[-1])
+        if num_tokens == len(seqs):  # one token a sequence: every decode step
+            positions, token_rows = starts, rows
+        else:
+            token_seq = np.repeat(np.arange(len(seqs)), query_lens)
+            positions = np.arange(num_tokens) + (starts - cu_seqlens_q[:-1])[token_seq]
+            token_rows = rows[token_seq]
+        table = self.block_tables.table
+        slot_mapping = table[token_rows, positions // block_size] * block_size
+        slot_mapping = slot_mapping.astype(np.int64) + positions % block_size
+        max_context_len = int(context_lens.max())
+        block_tables = table[rows, : -(-max_context_len // block_size)]
+        input_ids = [seq.last_token_id for seq in seqs[:num_decode]]
+        for seq, start, end in zip(
+            seqs[num_decode:], starts[num_decode:].tolist(), context_lens[num_decode:].tolist()
         ):
-            end = start + num_new
-            if i < scheduled.num_decode_seqs:
-                input_ids.append(seq.last_token_id)
-            else:
-                input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            table = seq.block_table
-            slot_mapping.extend(
-                table[p // block_size] * block_size + p % block_size for p in range(start, end)
-            )
-            context_lens.append(end)
-            cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
-        max_num_blocks = max(len(seq.block_table) for seq in scheduled.seqs)
-        block_tables = [
-            seq.block_table + [0] * (max_num_blocks - len(seq.block_table))
-            for seq in scheduled.seqs
-        ]
+            input_ids.extend(seq.token_ids[start:end])
 
-        def tensor(data: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(data, dtype=dtype, pin_memory=self.device.type == "cuda").to(
-                self.device, non_blocking=True
-            )
+        def tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            t = torch.from_numpy(data).to(dtype)
+            if self.device.type == "cuda":
+                t = t.pin_memory().to(self.device, non_blocking=True)
+            return t
 
+        context_lens_cpu = context_lens.tolist()
         metadata = AttentionMetadata(
             slot_mapping=tensor(slot_mapping, torch.int64),
             cu_seqlens_q=tensor(cu_seqlens_q, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             block_tables=tensor(block_tables, torch.int32),
             max_seqlen_q=max(scheduled.num_new_tokens),
-            max_context_len=max(context_lens),
+            max_context_len=max_context_len,
             block_size=block_size,
-            num_decode_seqs=scheduled.num_decode_seqs,
+            num_decode_seqs=num_decode,
             query_lens_cpu=list(scheduled.num_new_tokens),
-            context_lens_cpu=context_lens,
+            context_lens_cpu=context_lens_cpu,
         )
-        last_rows = [end - 1 for end in cu_seqlens_q[1:]]
+        last_rows = (cu_seqlens_q[1:] - 1).tolist()
         return StepInputs(
-            tensor(input_ids, torch.int64), tensor(positions, torch.int64), metadata, last_rows
+            tensor(np.array(input_ids, dtype=np.int64), torch.int64),
+            tensor(positions, torch.int64),
+            metadata,
+            last_rows,
         )
 
     @torch.inference_mode()

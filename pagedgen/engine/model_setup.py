@@ -54,7 +54,17 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         config.attention_backend, device, geometry.head_dim, config.block_size
     )
     model = load_model(resolved, hf_config, backend, max_model_len, dtype, device, compute_dtype)
-    runner = ModelRunner(model, backend, geometry, config.block_size, device, dtype, config.seed)
+    runner = ModelRunner(
+        model,
+        backend,
+        geometry,
+        config.block_size,
+        device,
+        dtype,
+        config.seed,
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+    )
     if config.kv_cache_memory is not None:
         kv_cache_bytes = config.kv_cache_memory * GIB
     elif device.type == "cuda":

@@ -55,6 +55,9 @@ class Sequence:
         self.sampling_params = sampling_params
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        # block_table[:num_synced_blocks] is unchanged since the model runner last copied it
+        # (BlockTables.sync): the block manager lowers it whenever it rewrites an entry.
+        self.num_synced_blocks = 0
         self.num_computed_tokens = 0
         # Content hashes of the full blocks of token_ids, chained; the first num_cached_blocks
         # blocks of block_table are indexed in the prefix cache.
@@ -124,6 +127,7 @@ class Sequence:
         for name in ("token_ids", "output_token_ids", "output_logprobs", "block_hashes"):
             setattr(child, name, list(getattr(self, name)))
         child.block_table = []
+        child.num_synced_blocks = 0
         return child
 
 
