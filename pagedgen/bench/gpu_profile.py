@@ -186,7 +186,10 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
             engine.abort_request(request_id)
         ours = set(request_ids)
         engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
-    return summarize(_events(profiler), set(step_names), device_traced=on_gpu)
+    events = _events(profiler)
+    # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
+    traced = on_gpu and any(e.kind in DEVICE_KINDS for e in events)
+    return summarize(events, set(step_names), device_traced=traced)
 
 
 def _observe(

@@ -64,10 +64,13 @@ def _roofline_line(roof: dict) -> str:
 def gpu_profile_line(profile: dict) -> str:
     if not profile["num_decode_steps"]:
         return "GPU profile: no decode-only step ran in the profiled window"
-    busy = profile["busy_perc"]
-    busy_text = "n/a" if busy is None else f"{busy:.1f} %"
+    if profile["busy_perc"] is None:
+        return (
+            f"GPU profile: torch.profiler traced no device activity over "
+            f"{profile['num_decode_steps']} decode steps (is CUPTI available?)"
+        )
     return (
-        f"GPU busy {busy_text} over {profile['num_decode_steps']} decode steps "
+        f"GPU busy {profile['busy_perc']:.1f} % over {profile['num_decode_steps']} decode steps "
         f"({1000 * profile['window_s']:.1f} ms, under torch.profiler); "
         f"{profile['kernel_launches_per_step']:,.0f} kernel launches per decode step "
         f"({profile['graph_launches_per_step']:.3g} graph replays)"
