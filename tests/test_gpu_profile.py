@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 from pagedgen.bench import benchmark
@@ -21,7 +22,7 @@ from pagedgen.bench.gpu_profile import (
     profile_decode_steps,
     summarize,
 )
-from pagedgen.bench.report import gpu_profile_line
+from pagedgen.bench.report import gpu_profile_line, render
 from pagedgen.cli.main import app
 
 
@@ -177,7 +178,13 @@ def test_a_cpu_bench_neither_profiles_nor_prints_it(tiny_llama_path, tmp_path, m
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "GPU" not in result.output
-    assert json.loads(out.read_text())["gpu_profile"] is None
+    report = json.loads(out.read_text())
+    assert report["gpu_profile"] is None
+
+    report["gpu_profile"] = GpuProfile(4, 0.01, 0.005, 40, 0).to_dict()  # as a cuda run has it
+    console = Console(record=True, width=200)
+    render(report, console)
+    assert "GPU busy 50.0 % over 4 decode steps" in console.export_text()
 
 
 def test_bench_options_reject_no_profiled_steps():
