@@ -106,7 +106,7 @@ def busy_time(device: Iterable[Interval], windows: Iterable[Interval]) -> float:
 
 
 def launch_kind(name: str) -> str | None:
-    """ "kernel" or "graph" for a CUDA runtime or driver call that launches work, else None."""
+    """What a CUDA runtime or driver call launches: a "kernel", a "graph" or nothing (None)."""
     name = _API_SUFFIX.sub("", name)
     if name in KERNEL_LAUNCHES:
         return "kernel"
@@ -175,7 +175,8 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
                 num_executed = len(is_decode)
                 with record_function(f"{STEP_ANNOTATION}{i}"):
                     engine.step()
-                if i and len(is_decode) > num_executed and is_decode[-1]:  # step 0 warms up
+                # Step 0 is left out: the first records after the profiler starts cost more.
+                if i and len(is_decode) > num_executed and is_decode[-1]:
                     step_names.append(f"{STEP_ANNOTATION}{i}")
             if on_gpu:
                 torch.cuda.synchronize(runner.device)
