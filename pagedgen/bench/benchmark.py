@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 from pagedgen.batch.requests import vocab_size_of
 from pagedgen.bench import engines, latency, vllm_baseline
 from pagedgen.bench.gpu_memory import bench_gpu_memory_utilization
+from pagedgen.bench.gpu_profile import profile_decode_steps
 from pagedgen.bench.overhead import profile_engine
 from pagedgen.bench.result import RunResult, agreement, ratios
 from pagedgen.bench.roofline import Roofline, measure_roofline
@@ -53,6 +54,8 @@ class BenchOptions:
     block_size: int = 16
     roofline: bool = True
     overhead: bool = True
+    gpu_profile: bool = True  # on cuda only: profile_decode_steps after the timed passes
+    gpu_profile_steps: int = 32
     generate_batch_timeout: float = 600.0
     seed: int = 0
     save_workload: str | None = None
@@ -68,7 +71,7 @@ class BenchOptions:
             raise ValueError(f"unknown baselines {unknown}; known: {list(engines.BASELINES)}")
         if self.dtype == "auto":
             raise ValueError("give the dtype explicitly, so that both engines run the same one")
-        for name in ("num_prompts", "input_len", "num_threads", "num_iters"):
+        for name in ("num_prompts", "input_len", "num_threads", "num_iters", "gpu_profile_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.output_len is not None and self.output_len < 1:
@@ -151,6 +154,11 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         report.update(
             _throughput_runs(options, llm, model, workload, pad_token_id, roofline, resolved, log)
         )
+    report["gpu_profile"] = None
+    if options.gpu_profile and engine.runner.device.type == "cuda":
+        log(f"profiling pagedgen's decode steps (at most {options.gpu_profile_steps})")
+        profiled = profile_decode_steps(llm, workload, options.gpu_profile_steps)
+        report["gpu_profile"] = profiled.to_dict()
     report["machine_end"] = machine_state(since=start)
     return report
 

@@ -36,6 +36,8 @@ def render(report: dict, console: Console) -> None:
         _render_throughput(report, console)
         if report.get("overhead"):
             _render_overhead(report["overhead"], console)
+    if report.get("gpu_profile"):
+        console.print(gpu_profile_line(report["gpu_profile"]), highlight=False)
     console.print(_machine_line("end", report["machine_end"], "during the bench"), highlight=False)
 
 
@@ -56,6 +58,22 @@ def _roofline_line(roof: dict) -> str:
         f"{roof['weight_bytes_per_step'] / 1e6:.4g} MB weights/decode step -> at most "
         f"{roof['max_tokens_per_s']:,.0f} tokens/s compute-bound, "
         f"{roof['max_decode_steps_per_s']:.1f} decode steps/s bandwidth-bound"
+    )
+
+
+def gpu_profile_line(profile: dict) -> str:
+    if not profile["num_decode_steps"]:
+        return "GPU profile: no decode-only step ran in the profiled window"
+    if profile["busy_perc"] is None:
+        return (
+            f"GPU profile: torch.profiler traced no device activity over "
+            f"{profile['num_decode_steps']} decode steps (is CUPTI available?)"
+        )
+    return (
+        f"GPU busy {profile['busy_perc']:.1f} % over {profile['num_decode_steps']} decode steps "
+        f"({1000 * profile['window_s']:.1f} ms, under torch.profiler); "
+        f"{profile['kernel_launches_per_step']:,.0f} kernel launches per decode step "
+        f"({profile['graph_launches_per_step']:.3g} graph replays)"
     )
 
 

@@ -35,6 +35,10 @@ def bench(
     block_size: int = typer.Option(16, help="pagedgen's tokens per KV-cache block"),
     roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
     overhead: bool = typer.Option(True, help="time pagedgen's step parts"),
+    gpu_profile: bool = typer.Option(
+        True, help="on cuda: GPU busy % and kernel launches per decode step, under torch.profiler"
+    ),
+    gpu_profile_steps: int = typer.Option(32, help="decode steps the GPU profile covers, at most"),
     generate_batch_timeout: float = typer.Option(
         600.0, help="stop generate_batch after this many seconds; figures then cover the done"
     ),
@@ -45,7 +49,8 @@ def bench(
 
     Prints requests/s, total tokens/s and output tokens/s for each engine, pagedgen's ratio to
     each baseline, how many requests produced identical greedy tokens, a roofline of this
-    machine, the share of pagedgen's step time per engine part, and the machine's load.
+    machine, the share of pagedgen's step time per engine part, and the machine's load. On cuda,
+    a short extra pass profiles pagedgen's decode steps: GPU busy % and kernel launches per step.
 
     A workload file is JSON: "prompts", a list of token-id lists, and "max_tokens", one int per
     prompt (run greedy, ignoring eos). --save-workload writes one from any workload, so that a
@@ -78,6 +83,8 @@ def bench(
             block_size=block_size,
             roofline=roofline,
             overhead=overhead,
+            gpu_profile=gpu_profile,
+            gpu_profile_steps=gpu_profile_steps,
             generate_batch_timeout=generate_batch_timeout,
             seed=seed,
             save_workload=save_workload,

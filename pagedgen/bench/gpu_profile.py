@@ -1,0 +1,213 @@
+"""How busy the GPU is during pagedgen's decode steps, and how many kernels each step launches:
+torch.profiler over a bounded window of engine steps, run apart from the timed passes."""
+
+import re
+from bisect import bisect_right
+from collections.abc import Callable, Collection, Iterable
+from contextlib import suppress
+from typing import NamedTuple
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from pagedgen.bench.engines import greedy_params
+from pagedgen.bench.workloads import Workload
+from pagedgen.engine.runner import SamplerOutput
+from pagedgen.engine.scheduler_output import SchedulerOutput
+from pagedgen.llm import LLM
+
+# Kineto's activity types (libkineto ActivityType.cpp), as _KinetoEvent.activity_type() names them.
+# Only these mark the device as busy: "gpu_user_annotation" (a record_function projected onto the
+# GPU timeline) and "cuda_sync" are device events too, and would count the idle time they span.
+DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+API_KINDS = frozenset({"cuda_runtime", "cuda_driver"})  # CuPy's RawKernel launches via the driver
+KERNEL_LAUNCHES = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchCooperativeKernel",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+    }
+)
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+STEP_ANNOTATION = "pagedgen::step#"
+_API_SUFFIX = re.compile(r"(_ptsz|_ptds)?(_v\d+)?$")  # CUPTI's per-stream and version suffixes
+
+Interval = tuple[float, float]
+
+
+class ProfiledEvent(NamedTuple):
+    name: str
+    kind: str  # kineto's activity type: kernel, cuda_runtime, user_annotation, cpu_op, ...
+    start: float  # ns, one clock for host and device events
+    end: float
+
+
+class GpuProfile(NamedTuple):
+    """The profiled decode steps: their summed wall time, the part of it in which the device ran
+    at least one kernel, copy or memset (None where no device was traced), and their launches."""
+
+    num_decode_steps: int
+    window_s: float
+    busy_s: float | None
+    num_kernel_launches: int
+    num_graph_launches: int
+
+    @property
+    def busy_perc(self) -> float | None:
+        if self.busy_s is None or self.window_s <= 0:
+            return None
+        return 100 * self.busy_s / self.window_s
+
+    def per_step(self, count: int) -> float | None:
+        return count / self.num_decode_steps if self.num_decode_steps else None
+
+    def to_dict(self) -> dict:
+        return {
+            **self._asdict(),
+            "busy_perc": self.busy_perc,
+            "kernel_launches_per_step": self.per_step(self.num_kernel_launches),
+            "graph_launches_per_step": self.per_step(self.num_graph_launches),
+        }
+
+
+def merge(intervals: Iterable[Interval]) -> list[Interval]:
+    """The union of the intervals, as sorted disjoint intervals."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def covered(merged: list[Interval], window: Interval) -> float:
+    """How much of the window the merged (sorted, disjoint) intervals cover."""
+    lo, hi = window
+    first = (
+        bisect_right(merged, (lo, float("inf"))) - 1
+    )  # the last interval starting at or before lo
+    total = 0.0
+    for start, end in merged[max(first, 0) :]:
+        if start >= hi:
+            break
+        total += max(0.0, min(end, hi) - max(start, lo))
+    return total
+
+
+def busy_time(device: Iterable[Interval], windows: Iterable[Interval]) -> float:
+    """Time within the windows that at least one device interval covers: concurrent kernels on
+    several streams count once."""
+    merged = merge(device)
+    return sum(covered(merged, window) for window in windows)
+
+
+def launch_kind(name: str) -> str | None:
+    """What a CUDA runtime or driver call launches: a "kernel", a "graph" or nothing (None)."""
+    name = _API_SUFFIX.sub("", name)
+    if name in KERNEL_LAUNCHES:
+        return "kernel"
+    return "graph" if name in GRAPH_LAUNCHES else None
+
+
+def summarize(
+    events: list[ProfiledEvent], step_names: Collection[str], device_traced: bool
+) -> GpuProfile:
+    """Busy time and launches within the steps annotated with step_names (the decode steps).
+
+    A launch counts for the step its host call starts in; device time counts wherever it falls
+    inside a step, whichever step launched it.
+    """
+    windows = sorted(
+        (e.start, e.end) for e in events if e.kind == "user_annotation" and e.name in step_names
+    )
+    starts = [start for start, _ in windows]
+
+    def in_window(t: float) -> bool:
+        i = bisect_right(starts, t) - 1
+        return i >= 0 and t <= windows[i][1]
+
+    kinds = [launch_kind(e.name) for e in events if e.kind in API_KINDS and in_window(e.start)]
+    device = [(e.start, e.end) for e in events if e.kind in DEVICE_KINDS]
+    return GpuProfile(
+        num_decode_steps=len(windows),
+        window_s=sum(end - start for start, end in windows) / 1e9,
+        busy_s=busy_time(device, windows) / 1e9 if device_traced else None,
+        num_kernel_launches=kinds.count("kernel"),
+        num_graph_launches=kinds.count("graph"),
+    )
+
+
+def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> GpuProfile:
+    """Runs the workload afresh up to its first decode-only step, then profiles the next
+    max_num_steps steps (after one warm-up step) and aborts the rest of the workload.
+
+    Each step is annotated whole (schedule, model, sampling, stop checks), so host time between
+    kernels shows as idle device time. Steps that compute any prompt token are left out. The
+    figures are taken under the profiler, which adds its own cost to every CUDA call. The engine
+    is left as it was found: unpatched, with no request of this pass.
+    """
+    engine, runner = llm.engine, llm.engine.runner
+    on_gpu = runner.device.type == "cuda"
+    if not llm.reset_prefix_cache():  # its prompts are computed, as in the timed passes
+        raise RuntimeError("requests are still running: the prefix cache cannot be reset")
+    is_decode: list[bool] = []  # per step that ran the model: did it compute decodes only
+    runner.execute = _observe(runner.execute, is_decode)
+    request_ids = [f"gpu-profile-{i}" for i in range(workload.num_requests)]
+    step_names: list[str] = []
+    try:
+        for request_id, prompt, params in zip(
+            request_ids, workload.prompts, greedy_params(workload)
+        ):
+            engine.add_request(request_id, prompt, params)
+        while engine.has_unfinished_requests() and not (is_decode and is_decode[-1]):
+            engine.step()
+        activities = (
+            [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
+        )
+        with profile(activities=activities) as profiler:
+            for i in range(max_num_steps + 1):
+                if not engine.has_unfinished_requests():
+                    break
+                num_executed = len(is_decode)
+                with record_function(f"{STEP_ANNOTATION}{i}"):
+                    engine.step()
+                # Step 0 is left out: the first records after the profiler starts cost more.
+                if i and len(is_decode) > num_executed and is_decode[-1]:
+                    step_names.append(f"{STEP_ANNOTATION}{i}")
+            if on_gpu:
+                torch.cuda.synchronize(runner.device)
+    finally:
+        with suppress(AttributeError):
+            del runner.execute
+        for request_id in request_ids:
+            engine.abort_request(request_id)
+        ours = set(request_ids)
+        engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
+    events = _events(profiler)
+    # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
+    traced = on_gpu and any(e.kind in DEVICE_KINDS for e in events)
+    return summarize(events, set(step_names), device_traced=traced)
+
+
+def _observe(
+    execute: Callable[[SchedulerOutput], SamplerOutput], is_decode: list[bool]
+) -> Callable[[SchedulerOutput], SamplerOutput]:
+    def observed(scheduled: SchedulerOutput) -> SamplerOutput:
+        is_decode.append(scheduled.num_decode_seqs == len(scheduled.seqs))
+        return execute(scheduled)
+
+    return observed
+
+
+def _events(profiler: profile) -> list[ProfiledEvent]:
+    # The raw kineto events, not profiler.events(): building FunctionEvents costs ~25x more,
+    # tens of seconds for the ~10^5 events of a few thousand launches per step.
+    results = profiler.profiler.kineto_results
+    return [
+        ProfiledEvent(e.name(), e.activity_type(), e.start_ns(), e.end_ns())
+        for e in results.events()
+    ]

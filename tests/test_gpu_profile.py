@@ -1,0 +1,217 @@
+"""The GPU profile of `pagedgen bench --device cuda`: the interval and launch arithmetic on
+synthetic profiler events, the report line, the torch.profiler glue run on the CPU (guarding it
+against API drift), and on a real GPU, where one is present, figures in range."""
+
+import json
+
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from pagedgen.bench import benchmark
+from pagedgen.bench.benchmark import BenchOptions
+from pagedgen.bench.gpu_profile import (
+    STEP_ANNOTATION,
+    GpuProfile,
+    ProfiledEvent,
+    busy_time,
+    covered,
+    launch_kind,
+    merge,
+    profile_decode_steps,
+    summarize,
+)
+from pagedgen.bench.report import gpu_profile_line, render
+from pagedgen.cli.main import app
+
+
+def test_merge_unions_overlapping_nested_and_touching_intervals():
+    assert merge([]) == []
+    assert merge([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]  # overlap, out of order
+    assert merge([(0, 10), (2, 3), (4, 5)]) == [(0, 10)]  # nested
+    assert merge([(0, 1), (1, 2)]) == [(0, 2)]  # touching
+    assert merge([(0, 1), (2, 3)]) == [(0, 1), (2, 3)]  # disjoint
+
+
+def test_covered_clips_to_the_window():
+    merged = [(0, 3), (5, 6), (8, 20)]
+    assert covered(merged, (1, 10)) == 2 + 1 + 2
+    assert covered(merged, (3, 5)) == 0  # a gap, bounded by two intervals
+    assert covered(merged, (9, 10)) == 1  # inside one interval that starts before the window
+    assert covered(merged, (21, 30)) == 0 and covered(merged, (-5, -1)) == 0
+    assert covered(merged, (4, 4)) == 0  # empty window
+    assert covered([], (0, 10)) == 0
+
+
+def test_busy_time_counts_concurrent_streams_once():
+    device = [(0, 4), (2, 6), (3, 5), (10, 12)]  # two streams overlapping, one nested
+    assert busy_time(device, [(0, 10)]) == 6
+    assert busy_time(device, [(0, 3), (5, 11)]) == 3 + 1 + 1
+    assert busy_time(device, []) == 0 and busy_time([], [(0, 10)]) == 0
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("cudaLaunchKernel", "kernel"),
+        ("cudaLaunchKernel_v7000", "kernel"),
+        ("cudaLaunchKernel_ptsz_v7000", "kernel"),
+        ("cudaLaunchKernelExC", "kernel"),
+        ("cudaLaunchKernelExC_v11060", "kernel"),
+        ("cuLaunchKernel", "kernel"),
+        ("cuLaunchKernelEx", "kernel"),
+        ("cudaGraphLaunch", "graph"),
+        ("cudaGraphLaunch_v10000", "graph"),
+        ("cuGraphLaunch", "graph"),
+        ("cudaMemcpyAsync", None),
+        ("cudaStreamSynchronize", None),
+        ("cudaLaunchHostFunc", None),
+        ("aten::mm", None),
+    ],
+)
+def test_launch_kind(name, kind):
+    assert launch_kind(name) == kind
+
+
+def _event(name: str, kind: str, start: float, end: float) -> ProfiledEvent:
+    return ProfiledEvent(name, kind, start * 1e6, end * 1e6)  # ms in, ns as kineto gives them
+
+
+def test_summarize_counts_only_inside_the_decode_steps():
+    step = STEP_ANNOTATION
+    events = [
+        _event(f"{step}0", "user_annotation", 0, 10),  # the warm-up: not a decode step here
+        _event(f"{step}1", "user_annotation", 10, 20),
+        _event(f"{step}2", "user_annotation", 20, 30),  # a prefill step
+        _event(f"{step}3", "user_annotation", 30, 40),
+        # the same annotations on the GPU timeline, and a sync: device events, never busy time
+        _event(f"{step}1", "gpu_user_annotation", 10, 20),
+        _event("cudaStreamSynchronize", "cuda_sync", 30, 40),
+        _event("cudaLaunchKernel", "cuda_runtime", 1, 1.1),  # warm-up: not counted
+        _event("cudaLaunchKernel", "cuda_runtime", 11, 11.1),
+        _event("cuLaunchKernel", "cuda_driver", 12, 12.1),
+        _event("cudaMemcpyAsync", "cuda_runtime", 13, 13.1),
+        _event("cudaLaunchKernel", "cuda_runtime", 21, 21.1),  # the prefill step's
+        _event("cudaGraphLaunch", "cuda_runtime", 31, 31.1),
+        _event("cudaLaunchKernel", "cpu_op", 32, 33),  # a host op of that name is no launch
+        _event("gemm", "kernel", 11, 15),
+        _event("attention", "kernel", 14, 16),  # overlaps gemm on another stream
+        _event("Memcpy HtoD", "gpu_memcpy", 19, 22),  # spans a step boundary: 1 ms in step 1
+        _event("Memset", "gpu_memset", 31, 32),
+        _event("aten::mm", "cpu_op", 10, 40),
+    ]
+    names = {f"{step}1", f"{step}3"}
+    profile = summarize(events, names, device_traced=True)
+    assert profile.num_decode_steps == 2
+    assert profile.window_s == pytest.approx(0.020)
+    assert profile.busy_s == pytest.approx((5 + 1 + 1) / 1000)
+    assert profile.busy_perc == pytest.approx(35.0)
+    assert (profile.num_kernel_launches, profile.num_graph_launches) == (2, 1)
+    figures = profile.to_dict()
+    assert figures["kernel_launches_per_step"] == 1.0 and figures["graph_launches_per_step"] == 0.5
+    assert json.loads(json.dumps(figures)) == figures
+
+    untraced = summarize(events, names, device_traced=False)
+    assert untraced.busy_s is None and untraced.busy_perc is None
+    assert untraced.num_kernel_launches == 2
+    assert gpu_profile_line(untraced.to_dict()) == (
+        "GPU profile: torch.profiler traced no device activity over 2 decode steps "
+        "(is CUPTI available?)"
+    )
+
+
+def test_summarize_with_no_decode_step():
+    events = [_event("gemm", "kernel", 0, 1), _event("cudaLaunchKernel", "cuda_runtime", 0, 1)]
+    profile = summarize(events, set(), device_traced=True)
+    assert profile == GpuProfile(0, 0.0, 0.0, 0, 0)
+    figures = profile.to_dict()
+    assert figures["busy_perc"] is None and figures["kernel_launches_per_step"] is None
+    assert (
+        gpu_profile_line(figures) == "GPU profile: no decode-only step ran in the profiled window"
+    )
+
+
+def test_gpu_profile_line():
+    profile = GpuProfile(32, 0.4, 0.1096, 32 * 3530, 0)
+    assert gpu_profile_line(profile.to_dict()) == (
+        "GPU busy 27.4 % over 32 decode steps (400.0 ms, under torch.profiler); "
+        "3,530 kernel launches per decode step (0 graph replays)"
+    )
+
+
+def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_path):
+    """Real torch.profiler, CPU activity only: the decode steps are found and annotated, and
+    with no device traced the busy share is None (not 0: nothing measured it) and no launch is
+    counted."""
+    from pagedgen import LLM
+    from pagedgen.bench.engines import run_pagedgen
+    from pagedgen.bench.workloads import random_workload
+
+    llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01)
+    workload = random_workload(llm.tokenizer, 4, 24, 12)
+    before = run_pagedgen(llm, workload)
+    engine = llm.engine
+    profile = profile_decode_steps(llm, workload, 3)
+    assert profile.num_decode_steps == 3 and profile.window_s > 0
+    assert profile.busy_s is None and profile.busy_perc is None
+    assert profile.num_kernel_launches == profile.num_graph_launches == 0
+    assert "execute" not in vars(engine.runner) and "step" not in vars(engine)
+    assert not engine.requests and not engine.rejected and not engine.has_unfinished_requests()
+    assert run_pagedgen(llm, workload).output_token_ids == before.output_token_ids
+
+    # 11 decode steps after the prefill: less the one that opens the window and the warm-up
+    assert profile_decode_steps(llm, workload, 100).num_decode_steps == 11 - 2
+    one_token = random_workload(llm.tokenizer, 2, 8, 1)  # no decode step at all
+    assert profile_decode_steps(llm, one_token, 3).num_decode_steps == 0
+
+
+def test_a_cpu_bench_neither_profiles_nor_prints_it(tiny_llama_path, tmp_path, monkeypatch):
+    def fail(*args: object) -> None:
+        raise AssertionError("the GPU profile ran on the CPU")
+
+    monkeypatch.setattr(benchmark, "profile_decode_steps", fail)
+    out = tmp_path / "bench.json"
+    args = ["bench", "-m", str(tiny_llama_path), "--workload", "fixed", "--num-prompts", "2"]
+    args += ["--input-len", "8", "--output-len", "3", "--kv-cache-memory", "0.01"]
+    args += ["--baselines", "", "--no-roofline", "--no-overhead", "--output-json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "GPU" not in result.output
+    report = json.loads(out.read_text())
+    assert report["gpu_profile"] is None
+
+    report["gpu_profile"] = GpuProfile(4, 0.01, 0.005, 40, 0).to_dict()  # as a cuda run has it
+    console = Console(record=True, width=200)
+    render(report, console)
+    assert "GPU busy 50.0 % over 4 decode steps" in console.export_text()
+
+
+def test_bench_options_reject_no_profiled_steps():
+    with pytest.raises(ValueError, match="gpu_profile_steps"):
+        BenchOptions(gpu_profile_steps=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_bench_reports_busy_share_and_launches(tiny_llama_path):
+    options = BenchOptions(
+        model=str(tiny_llama_path),
+        workload="fixed",
+        num_prompts=8,
+        input_len=16,
+        output_len=12,
+        baselines=[],
+        device="cuda",
+        kv_cache_memory=0.01,
+        roofline=False,
+        overhead=False,
+        gpu_profile_steps=4,
+    )
+    report = benchmark.run_bench(options, log=lambda message: None)
+    profile = report["gpu_profile"]
+    assert profile["num_decode_steps"] == 4 and profile["window_s"] > 0
+    assert 0 < profile["busy_perc"] <= 100
+    assert profile["kernel_launches_per_step"] > 0
+    assert profile["graph_launches_per_step"] == 0  # no CUDA graphs yet
+    assert gpu_profile_line(profile).startswith("GPU busy ")
