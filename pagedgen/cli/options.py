@@ -172,6 +172,15 @@ ENGINE = OptionGroup(
             int | None,
             _engine(None, help="CPU threads [default: torch's choice]", metavar="N"),
         ),
+        "enforce_eager": (
+            bool,
+            _engine(
+                True,
+                "--enforce-eager/--no-enforce-eager",
+                help="GPU: run every step eagerly; --no-enforce-eager replays decode steps from "
+                "CUDA graphs (experimental, not yet run on a GPU) [default: on]",
+            ),
+        ),
     },
 )
 

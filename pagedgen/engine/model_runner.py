@@ -6,11 +6,27 @@ from torch import nn
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.block_table import BlockTables
+from pagedgen.engine.cuda_graphs import DecodeGraphs, GraphCapture, cuda_graph_capture
 from pagedgen.engine.kv_geometry import KVGeometry
 from pagedgen.engine.runner import SamplerOutput
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.layers.sampler import Sampler, SamplingMetadata
+
+
+class StepArrays(NamedTuple):
+    """A step's inputs on the host, flattened: one entry per token, or per sequence."""
+
+    input_ids: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    context_lens: np.ndarray  # [num_seqs] int64
+    cu_seqlens_q: np.ndarray  # [num_seqs + 1] int64
+    rows: np.ndarray  # [num_seqs]: each sequence's row of BlockTables.table
+
+    @property
+    def last_rows(self) -> list[int]:
+        return (self.cu_seqlens_q[1:] - 1).tolist()
 
 
 class StepInputs(NamedTuple):
@@ -60,14 +76,21 @@ class ModelRunner:
         self.timer = StepTimer()
         # Twice the running sequences' rows: the rows of finished ones are reclaimed in bulk.
         self.block_tables = BlockTables(2 * max_num_seqs, -(-max_model_len // block_size))
+        self.max_num_seqs = max_num_seqs
+        self.decode_graphs: DecodeGraphs | None = None
+        self.num_blocks = 0
         self.kv_cache = torch.empty(0)
         self.cpu_cache = torch.empty(0)
 
-    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
-        """(Re)creates the device pool and the CPU swap pool and binds the model's layers."""
+    def allocate_kv_cache(
+        self, num_blocks: int, num_cpu_blocks: int, pad_block: bool = False
+    ) -> None:
+        """(Re)creates the device pool and the CPU swap pool and binds the model's layers. With
+        pad_block, the device pool has one block more, block num_blocks, for graph padding."""
         self.kv_cache = self.cpu_cache = torch.empty(0)  # the old pools go first
+        self.num_blocks = num_blocks
         on_gpu = self.device.type == "cuda"
-        shape = self.geometry.cache_shape(num_blocks, self.block_size)
+        shape = self.geometry.cache_shape(num_blocks + pad_block, self.block_size)
         new = torch.zeros if on_gpu else torch.empty
         self.kv_cache = new(shape, dtype=self.kv_cache_dtype, device=self.device)
         for i, attention in enumerate(self.model.attention_layers):
@@ -75,9 +98,9 @@ class ModelRunner:
         cpu_shape = self.geometry.cache_shape(num_cpu_blocks, self.block_size)
         self.cpu_cache = torch.empty(cpu_shape, dtype=self.kv_cache_dtype, pin_memory=on_gpu)
 
-    def prepare(self, scheduled: SchedulerOutput) -> StepInputs:
-        """Flattens the step's sequences in the scheduler's order (decodes first). Block tables
-        and slots come from the persistent BlockTables, in array operations over the batch."""
+    def prepare_arrays(self, scheduled: SchedulerOutput) -> StepArrays:
+        """Flattens the step's sequences in the scheduler's order (decodes first), in array
+        operations over the batch; block tables come from the persistent BlockTables."""
         block_size = self.block_size
         seqs = scheduled.seqs
         num_decode = scheduled.num_decode_seqs
@@ -97,13 +120,27 @@ class ModelRunner:
         table = self.block_tables.table
         slot_mapping = table[token_rows, positions // block_size] * block_size
         slot_mapping = slot_mapping.astype(np.int64) + positions % block_size
-        max_context_len = int(context_lens.max())
-        block_tables = table[rows, : -(-max_context_len // block_size)]
         input_ids = [seq.last_token_id for seq in seqs[:num_decode]]
         for seq, start, end in zip(
             seqs[num_decode:], starts[num_decode:].tolist(), context_lens[num_decode:].tolist()
         ):
             input_ids.extend(seq.token_ids[start:end])
+        return StepArrays(
+            np.array(input_ids, dtype=np.int64),
+            positions,
+            slot_mapping,
+            context_lens,
+            cu_seqlens_q,
+            rows,
+        )
+
+    def prepare(self, scheduled: SchedulerOutput) -> StepInputs:
+        """The step's tensors on the device, for an eager forward."""
+        arrays = self.prepare_arrays(scheduled)
+        max_context_len = int(arrays.context_lens.max())
+        block_tables = self.block_tables.table[
+            arrays.rows, : -(-max_context_len // self.block_size)
+        ]
 
         def tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             t = torch.from_numpy(data).to(dtype)
@@ -111,26 +148,71 @@ class ModelRunner:
                 t = t.pin_memory().to(self.device, non_blocking=True)
             return t
 
-        context_lens_cpu = context_lens.tolist()
         metadata = AttentionMetadata(
-            slot_mapping=tensor(slot_mapping, torch.int64),
-            cu_seqlens_q=tensor(cu_seqlens_q, torch.int32),
-            context_lens=tensor(context_lens, torch.int32),
+            slot_mapping=tensor(arrays.slot_mapping, torch.int64),
+            cu_seqlens_q=tensor(arrays.cu_seqlens_q, torch.int32),
+            context_lens=tensor(arrays.context_lens, torch.int32),
             block_tables=tensor(block_tables, torch.int32),
             max_seqlen_q=max(scheduled.num_new_tokens),
             max_context_len=max_context_len,
-            block_size=block_size,
-            num_decode_seqs=num_decode,
+            block_size=self.block_size,
+            num_decode_seqs=scheduled.num_decode_seqs,
             query_lens_cpu=list(scheduled.num_new_tokens),
-            context_lens_cpu=context_lens_cpu,
+            context_lens_cpu=arrays.context_lens.tolist(),
         )
-        last_rows = (cu_seqlens_q[1:] - 1).tolist()
         return StepInputs(
-            tensor(np.array(input_ids, dtype=np.int64), torch.int64),
-            tensor(positions, torch.int64),
+            tensor(arrays.input_ids, torch.int64),
+            tensor(arrays.positions, torch.int64),
             metadata,
-            last_rows,
+            arrays.last_rows,
         )
+
+    def forward(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
+        """The final hidden states of the step's tokens and each sequence's last row: by a
+        graph replay for a decode-only step that fits one, else eagerly."""
+        graphs = self.decode_graphs
+        num_seqs = len(scheduled.seqs)
+        if (
+            graphs is not None
+            and scheduled.num_decode_seqs == num_seqs
+            and num_seqs <= graphs.max_batch_size
+        ):
+            with self.timer.section("prepare_inputs"):
+                arrays = self.prepare_arrays(scheduled)
+                batch_size = graphs.fill(
+                    arrays.input_ids,
+                    arrays.positions,
+                    arrays.slot_mapping,
+                    arrays.context_lens,
+                    self.block_tables.table,
+                    arrays.rows,
+                )
+            with self.timer.section("model_forward"):
+                return graphs.replay(batch_size, num_seqs), arrays.last_rows
+        with self.timer.section("prepare_inputs"):
+            inputs = self.prepare(scheduled)
+            self.backend.prepare(inputs.metadata)
+        with self.timer.section("model_forward"):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
+        return hidden, inputs.last_rows
+
+    def capture_decode_graphs(self, capture: GraphCapture | None = None) -> None:
+        """From now on, decode-only steps replay CUDA graphs (capture: how to capture one;
+        tests replay eagerly on the CPU). Reallocates the pool with its padding block, so call
+        it before the first step."""
+        num_blocks, num_cpu_blocks = self.num_blocks, self.cpu_cache.shape[2]
+        self.decode_graphs = None
+        self.allocate_kv_cache(num_blocks, num_cpu_blocks, pad_block=True)
+        graphs = DecodeGraphs(
+            self.model,
+            self.block_size,
+            self.block_tables.max_num_blocks_per_seq,
+            self.max_num_seqs,
+            pad_block=num_blocks,
+            device=self.device,
+        )
+        graphs.capture(capture or cuda_graph_capture())
+        self.decode_graphs = graphs
 
     @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
@@ -139,14 +221,11 @@ class ModelRunner:
         masked first: greedy, temperature, top-k/p and penalties see only allowed tokens."""
         timer = self.timer
         self.move_blocks(scheduled)
-        with timer.section("prepare_inputs"):
-            inputs = self.prepare(scheduled)
-            self.backend.prepare(inputs.metadata)
+        hidden, last_rows = self.forward(scheduled)
         with timer.section("model_forward"):
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
             if not scheduled.sample_seqs:
                 return SamplerOutput([], None)
-            rows = [inputs.last_rows[row] for row in scheduled.sample_rows]
+            rows = [last_rows[row] for row in scheduled.sample_rows]
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         if scheduled.grammar_bitmask is not None:
             with timer.section("structured_output"):

@@ -1,5 +1,6 @@
 """The torch side of building an engine: device, dtype, model, tokenizer, runner, KV pool."""
 
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -73,6 +74,14 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         kv_cache_bytes = DEFAULT_CPU_KV_CACHE_GIB * GIB
     pool = size_kv_pool(geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
     runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks)
+    if device.type == "cuda" and not config.enforce_eager:
+        start = time.perf_counter()
+        runner.capture_decode_graphs()
+        graphs = runner.decode_graphs
+        log(
+            f"decode CUDA graphs: {len(graphs.batch_sizes)} batch sizes up to "
+            f"{graphs.max_batch_size}, captured in {time.perf_counter() - start:.1f} s"
+        )
     where = str(device)
     if device.type == "cpu":
         where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"

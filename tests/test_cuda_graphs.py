@@ -1,0 +1,115 @@
+"""Decode steps through DecodeGraphs: buckets, padding and the persistent buffers, proven on the
+CPU by "capturing" a graph as an eager rerun over the same buffers (what a replay computes), and
+on a GPU, where one is present, by real CUDA graphs against eager runs."""
+
+import random
+
+import pytest
+import torch
+
+from pagedgen import LLM, SamplingParams
+from pagedgen.engine.cuda_graphs import graph_batch_sizes
+
+
+def replay_eagerly(run):
+    """A stand-in for CUDA graph capture: replay() reruns the forward over the buffers."""
+    output = run()
+    return (lambda: output.copy_(run())), output
+
+
+def test_batch_sizes_are_1_2_4_8_then_every_16_and_end_at_max_num_seqs():
+    assert graph_batch_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
+    assert graph_batch_sizes(100) == [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100]
+    assert graph_batch_sizes(3) == [1, 2, 3]
+    assert graph_batch_sizes(1) == [1]
+
+
+def workload(seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Prompts of many lengths whose outputs end at different steps, so decode batches take
+    many sizes, most of them between buckets."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(256) for _ in range(rng.randint(1, 60))] for _ in range(23)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=rng.randint(1, 40), ignore_eos=True)
+        for _ in prompts
+    ]
+    return prompts, params
+
+
+def token_ids(llm: LLM, prompts, params) -> list[list[int]]:
+    return [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+
+
+def count_replays(llm: LLM) -> dict[int, int]:
+    graphs = llm.engine.runner.decode_graphs
+    counts = dict.fromkeys(graphs.batch_sizes, 0)
+    replay = graphs.replay
+
+    def counted(batch_size: int, num_seqs: int) -> torch.Tensor:
+        assert num_seqs <= batch_size and graphs.bucket(num_seqs) == batch_size
+        counts[batch_size] += 1
+        return replay(batch_size, num_seqs)
+
+    graphs.replay = counted
+    return counts
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_replayed_decode_steps_give_the_eager_tokens(tiny_llama_path, block_size):
+    kwargs = dict(
+        device="cpu", dtype="float32", attention_backend="cpu", block_size=block_size,
+        kv_cache_memory=0.01, max_num_seqs=20, max_num_batched_tokens=128, log=lambda m: None,
+    )  # fmt: skip
+    prompts, params = workload(block_size)
+    eager = token_ids(LLM(str(tiny_llama_path), **kwargs), prompts, params)
+
+    llm = LLM(str(tiny_llama_path), **kwargs)
+    runner = llm.engine.runner
+    num_blocks = llm.engine.block_manager.num_blocks
+    runner.capture_decode_graphs(capture=replay_eagerly)
+    assert runner.kv_cache.shape[2] == num_blocks + 1  # the padding block, beyond the manager's
+    assert runner.decode_graphs.batch_sizes == [1, 2, 4, 8, 16, 20]
+    counts = count_replays(llm)
+    assert token_ids(llm, prompts, params) == eager
+    assert sum(counts.values()) >= 20 and sum(n > 0 for n in counts.values()) >= 4, counts
+    llm.engine.block_manager.check_integrity()
+
+
+def test_padding_rows_touch_no_sequence_block(tiny_llama_path):
+    """A replay of 3 rows in the bucket of 4 writes the padding row's K/V to the padding block
+    only: every other block of the pool is unchanged but for the 3 slots written."""
+    llm = LLM(str(tiny_llama_path), device="cpu", dtype="float32", attention_backend="cpu",
+              kv_cache_memory=0.01, max_num_seqs=4, log=lambda m: None)  # fmt: skip
+    runner = llm.engine.runner
+    runner.capture_decode_graphs(capture=replay_eagerly)
+    pool = runner.kv_cache
+    pool.fill_(7.0)
+    graphs = runner.decode_graphs
+    tables = runner.block_tables.table
+    tables[:3, 0] = [5, 6, 7]
+    slots = torch.tensor([5 * 16 + 3, 6 * 16 + 0, 7 * 16 + 9])
+    b = graphs.fill(
+        *(torch.tensor(x).numpy() for x in ([1, 2, 3], [3, 0, 9], slots.tolist(), [4, 1, 10])),
+        tables,
+        torch.tensor([0, 1, 2]).numpy(),
+    )
+    assert b == 4
+    with torch.inference_mode():
+        graphs.replay(b, 3)
+    flat = pool.flatten(2, 3)  # [layers, 2, slots, kv_heads, head_dim]
+    changed = (flat != 7.0).flatten(3).any(-1).any(0).any(0).nonzero().flatten().tolist()
+    pad_slot = graphs.pad_block * 16
+    assert changed == sorted([*slots.tolist(), pad_slot])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(tiny_llama_path):
+    kwargs = dict(device="cuda", dtype="float32", kv_cache_memory=0.05, max_num_seqs=20,
+                  max_num_batched_tokens=128, log=lambda m: None)  # fmt: skip
+    prompts, params = workload(0)
+    eager = token_ids(LLM(str(tiny_llama_path), **kwargs), prompts, params)
+    llm = LLM(str(tiny_llama_path), enforce_eager=False, **kwargs)
+    counts = count_replays(llm)
+    assert token_ids(llm, prompts, params) == eager
+    assert sum(counts.values()) >= 20
