@@ -52,6 +52,7 @@ class BenchOptions:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     block_size: int = 16
+    enforce_eager: bool = True  # False: pagedgen replays decode steps from CUDA graphs (cuda)
     roofline: bool = True
     overhead: bool = True
     gpu_profile: bool = True  # on cuda only: profile_decode_steps after the timed passes
@@ -97,6 +98,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
         block_size=options.block_size,
+        enforce_eager=options.enforce_eager,
         seed=options.seed,
     )
     engine = llm.engine
@@ -143,6 +145,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
             "num_blocks": engine.num_blocks,
             "dtype": str(dtype).removeprefix("torch."),
             "gpu_memory_utilization": gpu_memory_utilization,
+            "decode_graphs": engine.runner.decode_graphs is not None,
         },
         "roofline": roofline.to_dict() if roofline else None,
     }

@@ -33,6 +33,9 @@ def bench(
         None, help="pagedgen's most tokens per step [default: the engine's]"
     ),
     block_size: int = typer.Option(16, help="pagedgen's tokens per KV-cache block"),
+    enforce_eager: bool = typer.Option(
+        True, help="cuda: --no-enforce-eager replays pagedgen's decode steps from CUDA graphs"
+    ),
     roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
     overhead: bool = typer.Option(True, help="time pagedgen's step parts"),
     gpu_profile: bool = typer.Option(
@@ -81,6 +84,7 @@ def bench(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             block_size=block_size,
+            enforce_eager=enforce_eager,
             roofline=roofline,
             overhead=overhead,
             gpu_profile=gpu_profile,
