@@ -10,6 +10,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from pagedgen.engine.sequence import Sequence, SequenceStatus
 from pagedgen.engine.stop_checker import StopChecker, rust_backend
 from pagedgen.sampling_params import SamplingParams
+from tests.test_stop_checker import CountingTokenizer
 
 # Byte-level BPE splits the multi-byte characters into several tokens (U+FFFD until complete);
 # the <|...|> pieces encode as special tokens.
@@ -18,20 +19,6 @@ PIECES = [
     "<|im_end|>", "<|im_start|>", "<|endoftext|>", " hello", " world", "ok", "ん", "\t",
 ]  # fmt: skip
 NUM_STREAMS = 300
-
-
-class TransformersDecode:
-    """A tokenizer StopChecker cannot see through: every decode goes through transformers."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        self.eos_token_id = tokenizer.eos_token_id
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
-
-    def decode(self, token_ids: list[int], **kwargs: bool) -> str:
-        return self.tokenizer.decode(token_ids, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +98,7 @@ def run_interleaved(
 
 def test_smollm2_takes_the_fast_path(tokenizer: PreTrainedTokenizerBase) -> None:
     assert StopChecker(tokenizer, 100).backend is tokenizer.backend_tokenizer
-    assert StopChecker(TransformersDecode(tokenizer), 100).backend is None
+    assert StopChecker(CountingTokenizer(tokenizer), 100).backend is None
     assert rust_backend(None) is None
 
 
@@ -136,7 +123,7 @@ def test_fast_path_matches_transformers_decode(
     rng = random.Random(seed)
     cases = [random_case(tokenizer, rng) for _ in range(NUM_STREAMS // 4)]
     fast = run_interleaved(StopChecker(tokenizer, 10_000), cases)
-    slow = run_interleaved(StopChecker(TransformersDecode(tokenizer), 10_000), cases)
+    slow = run_interleaved(StopChecker(CountingTokenizer(tokenizer), 10_000), cases)
     for case, fast_history, slow_history in zip(cases, fast, slow):
         assert fast_history == slow_history, case
     # The cases must reach what they are meant to test.
@@ -151,5 +138,5 @@ def test_fast_path_max_model_len(tokenizer: PreTrainedTokenizerBase) -> None:
     rng = random.Random(7)
     cases = [random_case(tokenizer, rng) for _ in range(40)]
     fast = run_interleaved(StopChecker(tokenizer, 20), cases)
-    slow = run_interleaved(StopChecker(TransformersDecode(tokenizer), 20), cases)
+    slow = run_interleaved(StopChecker(CountingTokenizer(tokenizer), 20), cases)
     assert fast == slow
