@@ -53,9 +53,10 @@ class StopChecker:
     token_ids[read_offset:] is not emitted yet. Each step decodes the two small windows
     [prefix_offset:read_offset] and [prefix_offset:] and emits the difference, unless the latter
     ends in U+FFFD (a multi-byte character split across tokens), in which case it waits.
-    A fast tokenizer's windows go straight to its Rust backend (rust_backend): transformers'
-    decode wrapper costs more than the decode. One Rust call per window, not decode_batch per
-    step: as fast here, with no rayon threads to contend with torch's.
+    A fast tokenizer's windows go straight to its Rust backend (rust_backend), past transformers'
+    decode wrapper, which costs more than the decode itself. One Rust call per window: a step's
+    decode_batch is no faster run sequentially, and run in parallel it starts rayon threads that
+    contend with torch's.
     """
 
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int) -> None:
