@@ -57,22 +57,36 @@ def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", unk_token="<unk>")
 
 
-TOKENIZERS = {"byte_level": byte_level_tokenizer(), "byte_fallback": byte_fallback_tokenizer()}
+class CountingTokenizer:
+    """Counts the decodes; StopChecker cannot see the Rust backend through it, so every decode
+    goes through transformers' decode."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        self.decoded_lengths: list[int] = []
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, token_ids: list[int], **kwargs: bool) -> str:
+        self.decoded_lengths.append(len(token_ids))
+        return self.tokenizer.decode(token_ids, **kwargs)
+
+
+BYTE_LEVEL, BYTE_FALLBACK = byte_level_tokenizer(), byte_fallback_tokenizer()
+# Each through StopChecker's Rust fast path, and through transformers' decode.
+TOKENIZERS = {
+    "byte_level": BYTE_LEVEL,
+    "byte_fallback": BYTE_FALLBACK,
+    "byte_level-transformers_decode": CountingTokenizer(BYTE_LEVEL),
+    "byte_fallback-transformers_decode": CountingTokenizer(BYTE_FALLBACK),
+}
 
 
 @pytest.fixture(params=list(TOKENIZERS))
 def tokenizer(request: pytest.FixtureRequest) -> PreTrainedTokenizerFast:
     return TOKENIZERS[request.param]
-
-
-class CountingTokenizer:
-    def __init__(self, tokenizer: PreTrainedTokenizerFast) -> None:
-        self.tokenizer = tokenizer
-        self.decoded_lengths: list[int] = []
-
-    def decode(self, token_ids: list[int], **kwargs: bool) -> str:
-        self.decoded_lengths.append(len(token_ids))
-        return self.tokenizer.decode(token_ids, **kwargs)
 
 
 def generate(
@@ -133,8 +147,16 @@ def test_random_text_matches_full_decode(tokenizer: PreTrainedTokenizerFast, cas
     assert seq.output_text == reference_text(tokenizer, seq, skip)
 
 
+def test_takes_the_fast_path_when_it_can(tokenizer: PreTrainedTokenizerFast) -> None:
+    checker = StopChecker(tokenizer, 10_000)
+    if isinstance(tokenizer, CountingTokenizer):
+        assert checker.backend is None
+    else:
+        assert checker.backend is tokenizer.backend_tokenizer
+
+
 def test_decodes_only_a_small_window(tokenizer: PreTrainedTokenizerFast) -> None:
-    counting = CountingTokenizer(tokenizer)
+    counting = CountingTokenizer(getattr(tokenizer, "tokenizer", tokenizer))
     output_token_ids = tokenizer.encode(MULTI_BYTE_TEXT * 20)
     seq = generate(tokenizer, output_token_ids, checker=StopChecker(counting, 10_000))
     assert seq.output_text == reference_text(tokenizer, seq)

@@ -210,15 +210,20 @@ class LLMEngine:
         self.stats.record_step(scheduled, time.perf_counter() - start)
         beam_rows: dict[str, dict[int, dict[int, float]]] = {}
         with self.timer.section("detokenize_stop"):
+            requests, token_ids, all_logprobs = self.requests, samples.token_ids, samples.logprobs
+            check, finish = self.stop_checker.check, self.scheduler.finish
             for i, seq in enumerate(scheduled.sample_seqs):
-                logprobs = samples.logprobs[i] if samples.logprobs is not None else None
-                if self.requests[seq.request_id].beam is not None:
+                logprobs = all_logprobs[i] if all_logprobs is not None else None
+                if requests[seq.request_id].beam is not None:
                     beam_rows.setdefault(seq.request_id, {})[seq.seq_id] = logprobs
                     continue
-                seq.append_token_id(samples.token_ids[i], logprobs)
-                self._check_stop(seq)
+                seq.append_token_id(token_ids[i], logprobs)
+                if seq.sampling_params.structured_outputs is None:
+                    check(seq)
+                else:
+                    self._check_structured_stop(seq)
                 if seq.is_finished:
-                    self.scheduler.finish(seq)
+                    finish(seq)
         for request_id, rows in beam_rows.items():
             request = self.requests[request_id]
             request.beam.step(request.group, rows, self.scheduler)
@@ -232,12 +237,9 @@ class LLMEngine:
         self.stats.observe(self.scheduler)
         return finished
 
-    def _check_stop(self, seq: Sequence) -> None:
-        """Advances the sequence's grammar, if it has one, by its new token; then stops it when
-        it must: a complete grammar stops it, a failed one ends it with the error."""
-        if seq.sampling_params.structured_outputs is None:
-            self.stop_checker.check(seq)
-            return
+    def _check_structured_stop(self, seq: Sequence) -> None:
+        """Advances the grammar of a structured output sequence by its new token; then stops it
+        when it must: a complete grammar stops it, a failed one ends it with the error."""
         grammar = self.structured_output.advance(seq)
         if grammar.error is not None:
             seq.finish(SequenceStatus.FINISHED_IGNORED, grammar.error)

@@ -1,4 +1,5 @@
-from typing import Protocol
+import sys
+from typing import Any, Protocol
 
 from pagedgen.engine.sequence import Sequence, SequenceStatus
 
@@ -13,6 +14,22 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int], **kwargs: bool) -> str: ...
+
+
+def rust_backend(tokenizer: Tokenizer | None) -> Any | None:
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer whose decode(ids,
+    skip_special_tokens=s, clean_up_tokenization_spaces=False) is exactly the backend's
+    decode(ids, skip_special_tokens=s): PreTrainedTokenizerFast._decode in transformers 4.46 to 5
+    (spaces_between_special_tokens is an option of slow tokenizers only). None for any other
+    tokenizer, or a subclass that overrides decode or _decode."""
+    transformers = sys.modules.get("transformers")
+    if tokenizer is None or transformers is None:
+        return None
+    fast, base = transformers.PreTrainedTokenizerFast, transformers.PreTrainedTokenizerBase
+    cls = type(tokenizer)
+    if not isinstance(tokenizer, fast) or cls.decode is not base.decode:
+        return None
+    return tokenizer.backend_tokenizer if cls._decode is fast._decode else None
 
 
 class StopChecker:
@@ -36,18 +53,25 @@ class StopChecker:
     token_ids[read_offset:] is not emitted yet. Each step decodes the two small windows
     [prefix_offset:read_offset] and [prefix_offset:] and emits the difference, unless the latter
     ends in U+FFFD (a multi-byte character split across tokens), in which case it waits.
+    A fast tokenizer's windows go straight to its Rust backend (rust_backend), past transformers'
+    decode wrapper, which costs more than the decode itself. One Rust call per window: a step's
+    decode_batch is no faster run sequentially, and run in parallel it starts rayon threads that
+    contend with torch's.
     """
 
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.backend = rust_backend(tokenizer)
+        self._decode_fn = self.backend.decode if self.backend is not None else self._decode_slow
         self._offsets: dict[int, tuple[int, int]] = {}  # seq_id -> (prefix_offset, read_offset)
 
     def check(self, seq: Sequence, grammar_terminated: bool = False) -> None:
-        assert not seq.is_finished and seq.output_token_ids, seq
+        output_token_ids = seq.output_token_ids
+        assert output_token_ids and not seq.is_finished, seq
         params = seq.sampling_params
-        token_id = seq.output_token_ids[-1]
-        can_stop = seq.num_output_tokens > params.min_tokens
+        token_id = output_token_ids[-1]
+        can_stop = len(output_token_ids) > params.min_tokens
         is_stop_token = can_stop and (
             token_id in params.stop_token_ids
             or (not params.ignore_eos and token_id in params.all_stop_token_ids)
@@ -56,7 +80,8 @@ class StopChecker:
         detokenize = params.detokenize and self.tokenizer is not None
         if detokenize and (not is_stop_token or params.include_stop_str_in_output):
             new_text = self._decode_new_text(seq)
-            seq.output_text += new_text
+            if new_text:
+                seq.output_text += new_text
 
         if is_stop_token:
             stop_reason = token_id if token_id in params.stop_token_ids else None
@@ -89,25 +114,29 @@ class StopChecker:
         self.free(seq)
 
     def _decode_new_text(self, seq: Sequence) -> str:
-        num_prompt_tokens = seq.num_prompt_tokens
-        prefix_offset, read_offset = self._offsets.get(
-            seq.seq_id, (max(num_prompt_tokens - NUM_PROMPT_CONTEXT_TOKENS, 0), num_prompt_tokens)
-        )
-        if prefix_offset >= num_prompt_tokens:
-            window = seq.output_token_ids[prefix_offset - num_prompt_tokens :]
+        prompt_token_ids, output_token_ids = seq.prompt_token_ids, seq.output_token_ids
+        num_prompt_tokens = len(prompt_token_ids)
+        offsets = self._offsets.get(seq.seq_id)
+        if offsets is None:
+            prefix_offset = max(num_prompt_tokens - NUM_PROMPT_CONTEXT_TOKENS, 0)
+            read_offset = num_prompt_tokens
         else:
-            window = seq.prompt_token_ids[prefix_offset:] + seq.output_token_ids
+            prefix_offset, read_offset = offsets
+        if prefix_offset >= num_prompt_tokens:
+            window = output_token_ids[prefix_offset - num_prompt_tokens :]
+        else:
+            window = prompt_token_ids[prefix_offset:] + output_token_ids
         skip_special_tokens = seq.sampling_params.skip_special_tokens
-        prefix_text = self._decode(window[: read_offset - prefix_offset], skip_special_tokens)
-        text = self._decode(window, skip_special_tokens)
+        decode = self._decode_fn
+        prefix_window = window[: read_offset - prefix_offset]
+        prefix_text = decode(prefix_window, skip_special_tokens) if prefix_window else ""
+        text = decode(window, skip_special_tokens)  # never empty: it ends with the new token
         if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
             return ""
         self._offsets[seq.seq_id] = (read_offset, seq.num_tokens)
         return text[len(prefix_text) :]
 
-    def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
-        if not token_ids:
-            return ""
+    def _decode_slow(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         return self.tokenizer.decode(
             token_ids,
             skip_special_tokens=skip_special_tokens,
