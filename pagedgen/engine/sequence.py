@@ -168,7 +168,7 @@ class SequenceGroup:
 
     @property
     def is_finished(self) -> bool:
-        return all(seq.is_finished for seq in self.seqs)
+        return not self.unfinished_seqs
 
     @property
     def num_pending_forks(self) -> int:
