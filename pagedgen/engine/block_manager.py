@@ -171,10 +171,12 @@ class BlockManager:
 
         A block that others share and this step writes into is replaced by a private copy.
         """
-        assert all(seq.seq_id in self.seqs for seq in seqs)
-        if self.sliding_window is not None:
-            for seq in seqs:
+        for seq in seqs:
+            assert seq.seq_id in self.seqs, seq
+            if self.sliding_window is not None:
                 self._free_out_of_window(seq)
+        if len(seqs) == 1 and num_new_tokens[0] == 1 and self._append_decode(seqs[0]):
+            return []
         needed = self._num_blocks_to_append(
             seqs, num_new_tokens, lambda block_id: self.pool.blocks[block_id].ref_count
         )
@@ -185,6 +187,19 @@ class BlockManager:
             if n:
                 copies += self._append(seq, seq.num_computed_tokens, n)
         return copies
+
+    def _append_decode(self, seq: Sequence) -> bool:
+        """The decode fast path of allocate_slots([seq], [1]): writes the token, and returns True,
+        when that takes no copy, only its own block or one fresh block at the end of its table.
+        Exactly what _num_blocks_to_append and _append do then, without their loops."""
+        table = seq.block_table
+        i = seq.num_computed_tokens // self.block_size
+        if i == len(table) and self.pool.num_free_blocks:
+            table.append(self.pool.allocate().block_id)
+        elif i >= len(table) or self.pool.blocks[table[i]].ref_count > 1:
+            return False
+        self._cache_full_blocks(seq, (seq.num_computed_tokens + 1) // self.block_size)
+        return True
 
     def _num_blocks_to_append(
         self, seqs: list[Sequence], num_new_tokens: list[int], ref_count: Callable[[int], int]

@@ -154,7 +154,8 @@ class Scheduler:
             for seq, n in zip(seqs, num_new):
                 if n:
                     step.add(seq, seq.num_computed_tokens, n)
-            self._fork_samples(group, step)
+            if group.num_pending_forks:
+                self._fork_samples(group, step)
             self.running.append(group)
 
     def _schedule_swapped(self, step: ScheduledStep) -> None:
@@ -180,6 +181,8 @@ class Scheduler:
             self.running.append(group)
 
     def _schedule_waiting(self, step: ScheduledStep) -> None:
+        if not self.waiting:
+            return
         num_running = step.num_seqs(self.running)
         while self.waiting:
             group = self.waiting[0]
@@ -213,8 +216,9 @@ class Scheduler:
     def _num_new_tokens(self, seqs: list[Sequence], budget: int) -> list[int]:
         num_new = []
         for seq in seqs:
-            remaining = seq.num_tokens - seq.num_computed_tokens
-            n = min(remaining, budget) if self.enable_chunked_prefill else remaining
+            n = seq.num_tokens - seq.num_computed_tokens
+            if n > budget and self.enable_chunked_prefill:
+                n = budget
             num_new.append(n)
             budget -= n
         return num_new
@@ -227,8 +231,7 @@ class Scheduler:
             return
         for child in group.fork_samples(parent, self._seq_ids):
             self.block_manager.fork(parent, child)
-            step.forks.append((parent, child))
-            step.samplers.append((child, parent))
+            step.add_fork(parent, child)
 
     def _preempt(self, group: SequenceGroup, step: ScheduledStep) -> None:
         bm = self.block_manager

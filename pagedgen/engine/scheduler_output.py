@@ -52,27 +52,41 @@ class ScheduledStep:
         self.seqs: list[Sequence] = []
         self.starts: list[int] = []  # num_computed_tokens before the step
         self.num_new_tokens: list[int] = []
+        self.num_decode_seqs = 0
         self.forks: list[tuple[Sequence, Sequence]] = []  # (parent, child) forked this step
-        # (seq, the seq whose last row it samples from), in the order they were scheduled
-        self.samplers: list[tuple[Sequence, Sequence]] = []
+        # (seq, index in seqs of the seq whose last row it samples), in the order scheduled
+        self.samplers: list[tuple[Sequence, int]] = []
         self.preempted: list[SequenceGroup] = []
         self.swap_out: BlockMapping = []
         self.swap_in: BlockMapping = []
         self.copies: BlockMapping = []
-        self._ends: dict[int, int] = {}
+        self._index: dict[int, int] = {}  # seq_id -> index in seqs
+        self._decode_after_prefill = False  # then output() must move the decodes first
 
     def add(self, seq: Sequence, num_computed_tokens: int, num_new_tokens: int) -> None:
+        index = len(self.seqs)
         self.seqs.append(seq)
         self.starts.append(num_computed_tokens)
         self.num_new_tokens.append(num_new_tokens)
         self.budget -= num_new_tokens
-        self._ends[seq.seq_id] = num_computed_tokens + num_new_tokens
+        self._index[seq.seq_id] = index
         if num_computed_tokens + num_new_tokens == seq.num_tokens:
-            self.samplers.append((seq, seq))
+            self.samplers.append((seq, index))
+            if num_new_tokens == 1:  # a decode, as is_decode(index)
+                self._decode_after_prefill |= self.num_decode_seqs < index
+                self.num_decode_seqs += 1
+
+    def add_fork(self, parent: Sequence, child: Sequence) -> None:
+        """child, forked off parent (scheduled this step), samples from parent's last row."""
+        self.forks.append((parent, child))
+        self.samplers.append((child, self._index[parent.seq_id]))
 
     def end(self, seq: Sequence) -> int:
         """How many of seq's tokens are computed once this step has run."""
-        return self._ends.get(seq.seq_id, seq.num_computed_tokens)
+        index = self._index.get(seq.seq_id)
+        if index is None:
+            return seq.num_computed_tokens
+        return self.starts[index] + self.num_new_tokens[index]
 
     def is_decode(self, i: int) -> bool:
         return self.num_new_tokens[i] == 1 and self.starts[i] + 1 == self.seqs[i].num_tokens
@@ -84,15 +98,23 @@ class ScheduledStep:
     def output(self) -> SchedulerOutput:
         """The step laid out for the runner: decodes first, then prefill chunks, each in the
         order scheduled."""
-        order = sorted(range(len(self.seqs)), key=lambda i: not self.is_decode(i))
-        row_of = {self.seqs[i].seq_id: row for row, i in enumerate(order)}
+        seqs, starts, num_new_tokens = self.seqs, self.starts, self.num_new_tokens
+        row_of: list[int] | range = range(len(seqs))  # index in seqs -> row
+        if self._decode_after_prefill:
+            order = sorted(range(len(seqs)), key=lambda i: not self.is_decode(i))
+            seqs = [seqs[i] for i in order]
+            starts = [starts[i] for i in order]
+            num_new_tokens = [num_new_tokens[i] for i in order]
+            row_of = [0] * len(order)
+            for row, i in enumerate(order):
+                row_of[i] = row
         return SchedulerOutput(
-            seqs=[self.seqs[i] for i in order],
-            num_computed_tokens=[self.starts[i] for i in order],
-            num_new_tokens=[self.num_new_tokens[i] for i in order],
-            num_decode_seqs=sum(self.is_decode(i) for i in order),
+            seqs=seqs,
+            num_computed_tokens=starts,
+            num_new_tokens=num_new_tokens,
+            num_decode_seqs=self.num_decode_seqs,
             sample_seqs=[seq for seq, _ in self.samplers],
-            sample_rows=[row_of[owner.seq_id] for _, owner in self.samplers],
+            sample_rows=[row_of[i] for _, i in self.samplers],
             preempted=self.preempted,
             blocks_to_swap_out=self.swap_out,
             blocks_to_swap_in=self.swap_in,

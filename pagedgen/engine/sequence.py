@@ -16,6 +16,11 @@ class SequenceStatus(Enum):
     FINISHED_ABORTED = auto()
     FINISHED_IGNORED = auto()
 
+    # Statuses are hashed on the scheduler's hot path (FINISHED_STATUSES): by identity, in C,
+    # rather than by Enum's hash of the name, in Python. Members are singletons, so it agrees
+    # with ==.
+    __hash__ = object.__hash__
+
     @property
     def is_finished(self) -> bool:
         return self in FINISHED_STATUSES
@@ -163,7 +168,7 @@ class SequenceGroup:
 
     @property
     def is_finished(self) -> bool:
-        return all(seq.is_finished for seq in self.seqs)
+        return not self.unfinished_seqs
 
     @property
     def num_pending_forks(self) -> int:
