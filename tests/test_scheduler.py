@@ -1,6 +1,7 @@
 """The scheduler through the real engine loop: LLMEngine with a runner that runs no model but
 checks, every step, that each sequence's context reads its own K/V (tests/kv_shadow.py)."""
 
+import random
 import subprocess
 import sys
 from itertools import count
@@ -214,3 +215,29 @@ def test_the_control_plane_imports_without_torch():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_recomputed_group_larger_than_the_token_budget_comes_back(seed):
+    """Parallel samples preempted by recompute may hold more uncomputed tokens than one step's
+    budget: the first sibling is admitted with what fits, the others wait holding their shared
+    prefix, and every request finishes (such a group used to wait forever, all or none)."""
+    rng = random.Random(seed)
+    engine = make_engine(
+        num_blocks=40, block_size=4, max_num_seqs=6, max_batched=24, mode="recompute",
+        num_cpu_blocks=48,
+    )  # fmt: skip
+    prefixes = [[rng.randrange(5) for _ in range(30)] for _ in range(3)]
+    num_preempted = 0
+    for i in range(600):
+        if rng.random() < 0.5:
+            prompt = rng.choice(prefixes)[: rng.randint(1, 30)] + [rng.randrange(5)]
+            n = rng.choice([1, 1, 2, 3])
+            params = SamplingParams(max_tokens=rng.randint(1, 40), n=n, seed=0, detokenize=False)
+            engine.add_request(str(i), prompt, params)
+        out = run_step(engine)
+        num_preempted += out is not None and bool(out.preempted)
+        assert out is None or out.num_batched_tokens <= 24
+    while engine.has_unfinished_requests():
+        run_step(engine)
+    assert num_preempted > 5

@@ -97,8 +97,10 @@ class BlockManager:
 
         Each takes the longest run of its leading full blocks found in the prefix cache (always
         leaving a token to compute, so the step yields logits for it). num_new_tokens(seq,
-        num_computed_tokens) says how many tokens it computes
-        this step (0: it cannot be admitted now). Returns the plans, or None.
+        num_computed_tokens) says how many tokens it computes this step: 0 for the first means
+        the group cannot be admitted now; 0 for a later one (the token budget ran out within a
+        recomputed group) admits it holding only its hits, its tokens left to later steps.
+        Returns the plans, or None.
 
         Full blocks a sequence of the same call writes this step count as hits for the later
         ones too (recomputed siblings share their prompt again, with or without prefix caching).
@@ -124,7 +126,7 @@ class BlockManager:
                     hits.append(block if block is not None else written[block_hash])
             num_computed = len(hits) * self.block_size
             n = num_new_tokens(seq, num_computed)
-            if n <= 0:
+            if n <= 0 and index == 0:
                 return None
             end = num_computed + n
             needed += self.num_blocks_for(end) - len(hits)

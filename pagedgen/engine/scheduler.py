@@ -207,7 +207,8 @@ class Scheduler:
             self.waiting.popleft()
             for seq, plan in zip(seqs, plans):
                 seq.status = SequenceStatus.RUNNING
-                step.add(seq, plan.num_computed_tokens, plan.num_new_tokens)
+                if plan.num_new_tokens:
+                    step.add(seq, plan.num_computed_tokens, plan.num_new_tokens)
             self._fork_samples(group, step)
             self.running.append(group)
             num_running += num_seqs
@@ -217,8 +218,8 @@ class Scheduler:
         num_new = []
         for seq in seqs:
             n = seq.num_tokens - seq.num_computed_tokens
-            if n > budget and self.enable_chunked_prefill:
-                n = budget
+            if n > budget:  # without chunked prefill a sequence's tokens go in one step
+                n = budget if self.enable_chunked_prefill else 0
             num_new.append(n)
             budget -= n
         return num_new
