@@ -209,6 +209,8 @@ class Scheduler:
                 seq.status = SequenceStatus.RUNNING
                 if plan.num_new_tokens:
                     step.add(seq, plan.num_computed_tokens, plan.num_new_tokens)
+                else:  # its shared prefix counts as computed; the rest comes in later steps
+                    seq.num_computed_tokens = plan.num_computed_tokens
             self._fork_samples(group, step)
             self.running.append(group)
             num_running += num_seqs
