@@ -78,7 +78,7 @@ class ModelRunner:
         self.block_tables = BlockTables(2 * max_num_seqs, -(-max_model_len // block_size))
         self.max_num_seqs = max_num_seqs
         self.decode_graphs: DecodeGraphs | None = None
-        self.num_blocks = 0
+        self.num_blocks, self.has_pad_block = 0, False
         self.kv_cache = torch.empty(0)
         self.cpu_cache = torch.empty(0)
 
@@ -87,8 +87,10 @@ class ModelRunner:
     ) -> None:
         """(Re)creates the device pool and the CPU swap pool and binds the model's layers. With
         pad_block, the device pool has one block more, block num_blocks, for graph padding."""
-        self.kv_cache = self.cpu_cache = torch.empty(0)  # the old pools go first
-        self.num_blocks = num_blocks
+        for attention in self.model.attention_layers:  # the old pools go first
+            attention.key_cache = attention.value_cache = None
+        self.kv_cache = self.cpu_cache = torch.empty(0)
+        self.num_blocks, self.has_pad_block = num_blocks, pad_block
         on_gpu = self.device.type == "cuda"
         shape = self.geometry.cache_shape(num_blocks + pad_block, self.block_size)
         new = torch.zeros if on_gpu else torch.empty
@@ -198,11 +200,12 @@ class ModelRunner:
 
     def capture_decode_graphs(self, capture: GraphCapture | None = None) -> None:
         """From now on, decode-only steps replay CUDA graphs (capture: how to capture one;
-        tests replay eagerly on the CPU). Reallocates the pool with its padding block, so call
-        it before the first step."""
-        num_blocks, num_cpu_blocks = self.num_blocks, self.cpu_cache.shape[2]
+        tests replay eagerly on the CPU). A pool allocated without its padding block is
+        allocated again, emptied: call it before the first step."""
+        num_blocks = self.num_blocks
         self.decode_graphs = None
-        self.allocate_kv_cache(num_blocks, num_cpu_blocks, pad_block=True)
+        if not self.has_pad_block:
+            self.allocate_kv_cache(num_blocks, self.cpu_cache.shape[2], pad_block=True)
         graphs = DecodeGraphs(
             self.model,
             self.block_size,

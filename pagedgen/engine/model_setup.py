@@ -73,22 +73,28 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     else:
         kv_cache_bytes = DEFAULT_CPU_KV_CACHE_GIB * GIB
     pool = size_kv_pool(geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
-    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks)
-    if device.type == "cuda" and not config.enforce_eager:
+    torch_decode = backend.name != "cupy" or any(
+        layer.sliding_window or layer.softcap for layer in model.attention_layers
+    )
+    # A graph fixes max_context_len at max_model_len: torch's decode would then gather every
+    # row's whole table, where the cupy kernel reads each row's own context only.
+    graphs = device.type == "cuda" and not config.enforce_eager and not torch_decode
+    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs)
+    if device.type == "cuda" and not config.enforce_eager and torch_decode:
+        log("decode CUDA graphs need the cupy decode kernel in every layer; running eagerly")
+    if graphs:
         start = time.perf_counter()
         runner.capture_decode_graphs()
-        graphs = runner.decode_graphs
+        captured = runner.decode_graphs
         log(
-            f"decode CUDA graphs: {len(graphs.batch_sizes)} batch sizes up to "
-            f"{graphs.max_batch_size}, captured in {time.perf_counter() - start:.1f} s"
+            f"decode CUDA graphs: {len(captured.batch_sizes)} batch sizes up to "
+            f"{captured.max_batch_size}, captured in {time.perf_counter() - start:.1f} s"
         )
     where = str(device)
     if device.type == "cpu":
         where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"
     attention = f"{backend.name} attention"
-    if backend.name == "cupy" and any(
-        layer.sliding_window or layer.softcap for layer in model.attention_layers
-    ):
+    if backend.name == "cupy" and torch_decode:
         attention += ", torch for its sliding-window and soft-capped layers"
     log(
         f"model {config.model} ({type(model).__name__}, {dtype}, {where}, "
