@@ -204,3 +204,30 @@ def test_a_full_disk_keeps_whole_records_and_says_how_to_resume(
     assert code == 0, stderr[-2000:]
     assert [r["line"] for r in assert_whole_prefix(out)] == list(range(1, 61))
     assert all(json.loads(line) for line in out.read_text().splitlines())
+
+
+def test_a_start_up_signal_swallowed_by_library_code_still_stops_the_run(
+    tiny_llama_path, prompts, tmp_path, monkeypatch
+):
+    """The Interrupted a signal raises lands wherever the main thread is; code there that catches
+    everything (a library's import probe, say) must not make the run forget the signal."""
+    from typer.testing import CliRunner
+
+    import pagedgen
+    from pagedgen.cli.main import app
+
+    real_llm = pagedgen.LLM
+
+    def llm_swallowing_a_signal(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler runs here, raising Interrupted
+        except BaseException:
+            pass
+        return real_llm(*args, **kwargs)
+
+    monkeypatch.setattr(pagedgen, "LLM", llm_swallowing_a_signal)
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(app, run_args(tiny_llama_path, prompts, out))
+    assert result.exit_code == 130, result.output
+    assert "interrupted (SIGINT) during start-up" in result.output and not out.exists()

@@ -114,6 +114,8 @@ def _run(
         reopen = None if options.input.path == "-" else lambda: open_input(options.input)
         source = resume_source(source, output.state, output.path, reopen)
         llm = LLM(log=console.print, **asdict(options.engine))
+        if signals.signum is not None:  # library code the signal struck swallowed Interrupted
+            raise Interrupted(signals.signum)
         job = BatchJob(llm, source, output, options.sampling, options.order)
     except (*USAGE_ERRORS, OSError, RuntimeError, MemoryError) as e:  # no model, no memory
         return _usage_error(console, e)
