@@ -87,9 +87,7 @@ def merge(intervals: Iterable[Interval]) -> list[Interval]:
 def covered(merged: list[Interval], window: Interval) -> float:
     """How much of the window the merged (sorted, disjoint) intervals cover."""
     lo, hi = window
-    first = (
-        bisect_right(merged, (lo, float("inf"))) - 1
-    )  # the last interval starting at or before lo
+    first = bisect_right(merged, (lo, float("inf"))) - 1  # the last one starting at or before lo
     total = 0.0
     for start, end in merged[max(first, 0) :]:
         if start >= hi:

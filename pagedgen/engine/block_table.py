@@ -19,7 +19,6 @@ class BlockTables:
 
     def __init__(self, num_rows: int, max_num_blocks_per_seq: int) -> None:
         self.table = np.zeros((num_rows, max_num_blocks_per_seq), dtype=np.int32)
-        self.num_written = np.zeros(num_rows, dtype=np.int64)  # entries set in each row
         self.row_of: dict[Sequence, int] = {}
         self.free_rows = list(range(num_rows - 1, -1, -1))
 
@@ -54,9 +53,8 @@ class BlockTables:
             self.table[row, start] = block_ids[0]
         else:
             self.table[row, start:end] = block_ids
-        if start == 0 and self.num_written[row] > end:
-            self.table[row, end : self.num_written[row]] = 0
-        self.num_written[row] = max(end, self.num_written[row]) if start else end
+        if start == 0:  # a whole table: clear what a longer one left past it
+            self.table[row, end:] = 0
 
     def _assign(self, seq: Sequence, step_seqs: list[Sequence]) -> int:
         if not self.free_rows:
@@ -76,6 +74,5 @@ class BlockTables:
         if not self.free_rows:
             num_rows, width = self.table.shape
             self.table = np.concatenate([self.table, np.zeros_like(self.table)])
-            self.num_written = np.concatenate([self.num_written, np.zeros_like(self.num_written)])
             self.free_rows = list(range(2 * num_rows - 1, num_rows - 1, -1))
         self.free_rows.sort(reverse=True)  # lowest rows first: the live rows stay dense

@@ -76,12 +76,13 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     torch_decode = backend.name != "cupy" or any(
         layer.sliding_window or layer.softcap for layer in model.attention_layers
     )
-    # A graph fixes max_context_len at max_model_len: torch's decode would then gather every
-    # row's whole table, where the cupy kernel reads each row's own context only.
-    graphs = device.type == "cuda" and not config.enforce_eager and not torch_decode
-    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs)
-    if device.type == "cuda" and not config.enforce_eager and torch_decode:
+    graphs = device.type == "cuda" and not config.enforce_eager
+    if graphs and torch_decode:
+        # A graph fixes max_context_len at max_model_len: torch's decode would then gather
+        # every row's whole table, where the cupy kernel reads each row's own context only.
         log("decode CUDA graphs need the cupy decode kernel in every layer; running eagerly")
+        graphs = False
+    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs)
     if graphs:
         start = time.perf_counter()
         runner.capture_decode_graphs()
