@@ -1,32 +1,51 @@
 #!/usr/bin/env bash
-# What a lent GPU machine should run first, in one call from the repository root (~10 minutes):
+# What a lent GPU machine runs, from the repository root, in calls of under ten minutes:
 #
-#   bash benchmarks/gpu_session.sh [WORKLOAD.json]    # figures and logs land in $OUT
+#   STAGES="tests smollm2-graphs" bash benchmarks/gpu_session.sh [WORKLOAD.json] [TOKENIZER_DIR]
 #
-# 1. every GPU test (the CUDA kernels, CUDA graphs against eager, the bench's GPU profile);
-# 2. pagedgen bench on a random-weight SmolLM2-135M shape in bfloat16: eager with the
-#    generate_batch baseline, then decode CUDA graphs (--no-enforce-eager), each with the GPU
-#    profile (GPU busy %, kernel launches and graph replays per decode step).
+# Stages (figures and full logs land in $OUT):
+#   tests            every GPU test (the CUDA kernels, CUDA graphs against eager, the GPU profile)
+#   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak
+#   smollm2-eager    pagedgen bench on a random-weight SmolLM2-135M shape, bfloat16, eager,
+#                    with the baselines in $BASELINES (default generate_batch)
+#   smollm2-graphs   the same with decode CUDA graphs (--no-enforce-eager)
+#   llama8b-eager, llama8b-graphs   the same on a random-weight Llama-3-8B shape
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
-# the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts.
+# the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
+# machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
 set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-gpu-session}
+STAGES=${STAGES:-tests smollm2-eager smollm2-graphs}
+BASELINES=${BASELINES-generate_batch}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD
-pagedgen() { python -m pagedgen.cli "$@"; }
-if [ $# -ge 1 ]; then workload=(--workload "$1"); else
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+if [ -n "${1:-}" ]; then workload=(--workload "$1"); else
     workload=(--workload fixed --num-prompts 500 --input-len 256 --output-len 128)
 fi
+tokenizer=(); [ -n "${2:-}" ] && tokenizer=(--tokenizer "$2")
+run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
+    local name=$1 limit=$2; shift 2
+    echo "== $name ($(date +%T))"
+    timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+    echo "exit $?" >> "$OUT/$name.txt"
+    tail -n "${TAIL:-30}" "$OUT/$name.txt"
+}
+bench() {  # bench PRESET MODE TIMEOUT: MODE eager or graphs
+    local preset=$1 mode=$2 model=/tmp/pagedgen-$1
+    [ -d "$model" ] || python benchmarks/random_models.py "$preset" "$model" --device cuda \
+        --dtype bfloat16 "${tokenizer[@]}" > "$OUT/model-$preset.txt" 2>&1
+    local eager=--enforce-eager; [ "$mode" = graphs ] && eager=--no-enforce-eager
+    run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+        --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$BASELINES" "$eager" \
+        --output-json "$OUT/$preset-$mode.json"
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-
-timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -40 \
-    | tee "$OUT/gpu-tests.txt"
-
-model=/tmp/pagedgen-smollm2-shape
-[ -d "$model" ] || python benchmarks/random_models.py smollm2-135m "$model" --device cuda \
-    --dtype bfloat16 > "$OUT/model.txt" 2>&1
-common=(-m "$model" --device cuda --dtype bfloat16 "${workload[@]}" --no-roofline)
-timeout 240 pagedgen bench "${common[@]}" --baselines generate_batch --enforce-eager \
-    --output-json "$OUT/eager.json" 2>&1 | tail -40 | tee "$OUT/eager.txt"
-timeout 180 pagedgen bench "${common[@]}" --baselines '' --no-enforce-eager \
-    --output-json "$OUT/graphs.json" 2>&1 | tail -40 | tee "$OUT/graphs.txt"
+for stage in $STAGES; do case $stage in
+    tests) TAIL=40 run gpu-tests 170 python -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests ;;
+    kernels) run kernels 60 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
+    smollm2-eager) bench smollm2-135m eager 200 ;;
+    smollm2-graphs) bench smollm2-135m graphs 200 ;;
+    llama8b-eager) bench llama-8b eager 300 ;;
+    llama8b-graphs) bench llama-8b graphs 300 ;;
+    *) echo "unknown stage $stage" ;;
+esac; done

@@ -18,8 +18,8 @@ class EngineConfig:
     swap_space is the CPU pool (GiB) that preemption by swap moves blocks to; preemption_mode
     "auto" swaps groups of several sequences (parallel samples, beams) and recomputes single
     ones, as vLLM V0. gpu_memory_utilization is vLLM's: the share of GPU memory pagedgen uses.
-    enforce_eager False replays decode steps on a GPU from CUDA graphs (ModelRunner.
-    capture_decode_graphs); it stays True by default until the graphs have run on a GPU.
+    enforce_eager False (the default) replays decode steps on a GPU from CUDA graphs (ModelRunner.
+    capture_decode_graphs); True runs every step eagerly.
     """
 
     model: str = DEFAULT_MODEL
@@ -38,7 +38,7 @@ class EngineConfig:
     swap_space: float = 1.0
     seed: int = 0
     num_threads: int | None = None  # torch's intra-op threads; None keeps torch's default
-    enforce_eager: bool = True
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -18,6 +18,8 @@ from pagedgen.loader.resolve import ResolvedModel
 def test_the_weights_share_comes_out_of_the_utilization():
     assert kv_gpu_memory_utilization(0.9, 16 * GIB, 80 * GIB) == pytest.approx(0.7)
     assert kv_gpu_memory_utilization(0.9, 0, 80 * GIB) == 0.9
+    # generate_batch sizes its cache from what is free: pagedgen takes half
+    assert kv_gpu_memory_utilization(0.9, 16 * GIB, 80 * GIB, True) == pytest.approx(0.25)
     with pytest.raises(ValueError, match=r"copy of the weights \(80.0 GiB\) leaves no room"):
         kv_gpu_memory_utilization(0.9, 80 * GIB, 80 * GIB)
 
@@ -39,18 +41,18 @@ def fake_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("device", "baselines", "kv_cache_memory", "lowered"),
+    ("device", "baselines", "kv_cache_memory", "lowered", "halved"),
     [
-        ("cuda", ["static32"], None, True),
-        ("cuda:0", ["generate_batch", "vllm"], None, True),
-        ("cuda", ["static32"], 1.0, False),  # a pool given in GiB is kept
-        ("cuda", ["vllm"], None, False),  # its own process: nothing loads beside pagedgen
-        ("cuda", [], None, False),
-        ("cpu", ["static32"], None, False),
+        ("cuda", ["static32"], None, True, False),
+        ("cuda:0", ["generate_batch", "vllm"], None, True, True),
+        ("cuda", ["static32"], 1.0, False, False),  # a pool given in GiB is kept
+        ("cuda", ["vllm"], None, False, False),  # its own process: nothing loads beside pagedgen
+        ("cuda", [], None, False, False),
+        ("cpu", ["static32"], None, False, False),
     ],
 )
 def test_only_a_gpu_bench_with_transformers_baselines_lowers_it(
-    tiny_llama_path, fake_gpu, device, baselines, kv_cache_memory, lowered
+    tiny_llama_path, fake_gpu, device, baselines, kv_cache_memory, lowered, halved
 ):
     options = BenchOptions(
         model=str(tiny_llama_path),
@@ -61,6 +63,6 @@ def test_only_a_gpu_bench_with_transformers_baselines_lowers_it(
     logged: list[str] = []
     got = benchmark._gpu_memory_utilization(options, ResolvedModel(tiny_llama_path), logged.append)
     weights = checkpoint_num_elements(tiny_llama_path) * 4  # float32
-    expected = 0.9 - weights / fake_gpu if lowered else 0.9
+    expected = (0.45 if halved else 0.9) - weights / fake_gpu if lowered else 0.9
     assert got == pytest.approx(expected)
     assert bool(logged) == lowered

@@ -102,14 +102,34 @@ def test_padding_rows_touch_no_sequence_block(tiny_llama_path):
     assert changed == sorted([*slots.tolist(), pad_slot])
 
 
+@pytest.fixture(scope="module")
+def head64_llama_path(tmp_path_factory):
+    """The tiny Llama with heads of 64, a size the CUDA decode kernel takes (16 is not)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from tests.conftest import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("head64-llama")
+    config = LlamaConfig(vocab_size=257, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=512, initializer_range=0.3,
+                         eos_token_id=256, bos_token_id=256)  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    build_tokenizer(folder)
+    return folder
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(tiny_llama_path):
-    kwargs = dict(device="cuda", dtype="float32", kv_cache_memory=0.05, max_num_seqs=20,
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(head64_llama_path, dtype):
+    kwargs = dict(device="cuda", dtype=dtype, kv_cache_memory=0.05, max_num_seqs=20,
                   max_num_batched_tokens=128, log=lambda m: None)  # fmt: skip
     prompts, params = workload(0)
-    eager = token_ids(LLM(str(tiny_llama_path), **kwargs), prompts, params)
-    llm = LLM(str(tiny_llama_path), enforce_eager=False, **kwargs)
+    eager = token_ids(LLM(str(head64_llama_path), **kwargs), prompts, params)
+    llm = LLM(str(head64_llama_path), enforce_eager=False, **kwargs)
+    assert llm.engine.runner.decode_graphs is not None
     counts = count_replays(llm)
     assert token_ids(llm, prompts, params) == eager
     assert sum(counts.values()) >= 20

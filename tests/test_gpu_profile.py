@@ -17,6 +17,7 @@ from pagedgen.bench.gpu_profile import (
     ProfiledEvent,
     busy_time,
     covered,
+    event_kind,
     launch_kind,
     merge,
     profile_decode_steps,
@@ -76,6 +77,45 @@ def test_launch_kind(name, kind):
 
 def _event(name: str, kind: str, start: float, end: float) -> ProfiledEvent:
     return ProfiledEvent(name, kind, start * 1e6, end * 1e6)  # ms in, ns as kineto gives them
+
+
+class _OldKinetoEvent:
+    """A raw event as torch < 2.12 gives it: no activity_type()."""
+
+    def __init__(self, name: str, on_device: bool, annotation: bool = False):
+        self._name, self._on_device, self._annotation = name, on_device, annotation
+
+    def name(self) -> str:
+        return self._name
+
+    def device_type(self) -> torch._C._autograd.DeviceType:
+        return (
+            torch._C._autograd.DeviceType.CUDA
+            if self._on_device
+            else torch._C._autograd.DeviceType.CPU
+        )
+
+    def is_user_annotation(self) -> bool:
+        return self._annotation
+
+
+@pytest.mark.parametrize(
+    ("name", "on_device", "annotation", "kind"),
+    [
+        ("pagedgen::step#3", False, True, "user_annotation"),
+        ("pagedgen::step#3", True, True, "gpu_user_annotation"),
+        ("paged_attention_v1_kernel", True, False, "kernel"),
+        ("Memcpy HtoD (Pinned -> Device)", True, False, "gpu_memcpy"),
+        ("Memset (Device)", True, False, "gpu_memset"),
+        ("Stream Sync", True, False, "cuda_sync"),
+        ("cuLaunchKernel", False, False, "cuda_runtime"),
+        ("cudaGraphLaunch_v10000", False, False, "cuda_runtime"),
+        ("cudaStreamSynchronize", False, False, "cpu_op"),
+        ("aten::mm", False, False, "cpu_op"),
+    ],
+)
+def test_event_kind_without_activity_type(name, on_device, annotation, kind):
+    assert event_kind(_OldKinetoEvent(name, on_device, annotation)) == kind
 
 
 def test_summarize_counts_only_inside_the_decode_steps():

@@ -6,6 +6,7 @@ from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
+from pagedgen.kernels.layer_ops import rope_and_cache
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention
 from pagedgen.kernels.prefill_attention import prefill_attention
 
@@ -16,18 +17,17 @@ def cupy_available() -> bool:
 
 
 class CupyAttentionBackend(TorchAttentionBackend):
-    """Our CUDA kernels through CuPy: reshape_and_cache writes K/V and paged attention v1/v2
-    serves decode rows. Prefill rows go to PyTorch's SDPA, one call per sequence, or, with
-    PAGEDGEN_CUDA_PREFILL_KERNEL=1, to one prefill attention launch per layer for every prefill
-    and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu: proven on
-    the CPU emulation, not yet run or timed on a GPU, so off by default; its tiles use no tensor
-    cores). Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES
-    and block sizes BLOCK_SIZES. Layers with a sliding window or soft-capped scores (Gemma 2/3,
-    Mistral) decode through the torch path: the decode kernel has neither yet (the prefill
-    kernel has both)."""
+    """Our CUDA kernels through CuPy: rope_and_cache applies RoPE and writes K/V in one launch,
+    paged attention v1/v2 serves decode rows, and one prefill attention launch per layer serves
+    every prefill and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu;
+    its tiles use no tensor cores yet), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA,
+    one call per sequence. Reads the same cache layout as the torch backend. Supports the head
+    sizes HEAD_SIZES and block sizes BLOCK_SIZES. Layers with a sliding window or soft-capped
+    scores (Gemma 2/3, Mistral) decode through the torch path: the decode kernel has neither yet
+    (the prefill kernel has both)."""
 
     name = "cupy"
-    use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL") == "1"
+    use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
@@ -52,6 +52,33 @@ class CupyAttentionBackend(TorchAttentionBackend):
     @staticmethod
     def supports(head_size: int, block_size: int) -> bool:
         return head_size in HEAD_SIZES and block_size in BLOCK_SIZES
+
+    def forward_qkv(
+        self,
+        qkv,
+        num_heads,
+        num_kv_heads,
+        rope,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
+        """RoPE and the cache write in one launch (kernels/rope_and_cache.cu), then attention."""
+        cos, sin = rope.cos.flatten(1), rope.sin.flatten(1)  # [num_tokens, head_size // 2]
+        if cos.dtype != torch.float32 or qkv.dim() != 2 or qkv.stride(1) != 1:
+            return super().forward_qkv(
+                qkv, num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale,
+                window, softcap,
+            )  # fmt: skip
+        query, key, value = rope_and_cache(
+            qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache, metadata.slot_mapping
+        )
+        return self.attend(
+            query, key, value, key_cache, value_cache, metadata, scale, window, softcap
+        )
 
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)

@@ -52,7 +52,7 @@ class BenchOptions:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     block_size: int = 16
-    enforce_eager: bool = True  # False: pagedgen replays decode steps from CUDA graphs (cuda)
+    enforce_eager: bool = False  # False: pagedgen replays decode steps from CUDA graphs (cuda)
     roofline: bool = True
     overhead: bool = True
     gpu_profile: bool = True  # on cuda only: profile_decode_steps after the timed passes
@@ -170,14 +170,17 @@ def _gpu_memory_utilization(
     options: BenchOptions, resolved: ResolvedModel, log: Callable[[str], None]
 ) -> float:
     """The engine's default, less the share of the GPU that the transformers baselines' copy of
-    the weights will take when it loads after pagedgen's KV pool (a pool given in GiB is kept)."""
+    the weights will take when it loads after pagedgen's KV pool, and halved for generate_batch's
+    KV cache where it runs (a pool given in GiB is kept)."""
     default = next(f.default for f in fields(EngineConfig) if f.name == "gpu_memory_utilization")
     baselines = set(options.baselines) & set(engines.TRANSFORMERS_BASELINES)
     on_gpu = options.device.startswith("cuda") and torch.cuda.is_available()
     if not on_gpu or not baselines or options.kv_cache_memory is not None:
         return default
     dtype = getattr(torch, options.dtype)
-    utilization, why = bench_gpu_memory_utilization(resolved.path, dtype, options.device, default)
+    utilization, why = bench_gpu_memory_utilization(
+        resolved.path, dtype, options.device, default, "generate_batch" in baselines
+    )
     log(why)
     return utilization
 

@@ -1,4 +1,5 @@
-"""Room on the GPU for the transformers baselines' copy of the weights.
+"""Room on the GPU for the transformers baselines' copy of the weights, and for generate_batch's
+own KV cache.
 
 pagedgen sizes its KV pool to gpu_memory_utilization of the GPU's memory, less what is in use
 when it starts; the baselines' model loads afterwards, into what is left. So when they run, the
@@ -7,6 +8,9 @@ bench lowers pagedgen's share by the share that copy will take:
     |<- pagedgen: weights, activations, KV pool ->|<- transformers' weights ->|<- rest ->|
     |<-------- utilization - weights share ------>|
     |<---------------------- utilization ------------------------------------>|
+
+generate_batch sizes its paged cache to a share of what is free when it starts, so with it
+pagedgen takes half of the utilization, and the two engines' caches come out about equal.
 """
 
 import math
@@ -30,9 +34,15 @@ def checkpoint_num_elements(folder: Path) -> int:
 
 
 def kv_gpu_memory_utilization(
-    gpu_memory_utilization: float, baseline_weights_bytes: int, total_bytes: int
+    gpu_memory_utilization: float,
+    baseline_weights_bytes: int,
+    total_bytes: int,
+    shares_kv_memory: bool = False,
 ) -> float:
-    """pagedgen's gpu_memory_utilization with the baselines' weights taken out of it."""
+    """pagedgen's gpu_memory_utilization with the baselines' weights taken out of it; half of it
+    where a baseline that sizes its own KV cache from free memory (shares_kv_memory) runs too."""
+    if shares_kv_memory:
+        gpu_memory_utilization /= 2
     utilization = gpu_memory_utilization - baseline_weights_bytes / total_bytes
     if utilization <= 0:
         raise ValueError(
@@ -44,14 +54,22 @@ def kv_gpu_memory_utilization(
 
 
 def bench_gpu_memory_utilization(
-    model_dir: Path, dtype: torch.dtype, device: str, gpu_memory_utilization: float
+    model_dir: Path,
+    dtype: torch.dtype,
+    device: str,
+    gpu_memory_utilization: float,
+    shares_kv_memory: bool = False,
 ) -> tuple[float, str]:
-    """The share pagedgen may take on this GPU beside the baselines' copy of model_dir in dtype,
-    and a line saying why."""
+    """The share pagedgen may take on this GPU beside the baselines' copy of model_dir in dtype
+    (and generate_batch's KV cache where shares_kv_memory), and a line saying why."""
     weights_bytes = checkpoint_num_elements(model_dir) * dtype.itemsize
     total_bytes = torch.cuda.mem_get_info(torch.device(device))[1]
-    utilization = kv_gpu_memory_utilization(gpu_memory_utilization, weights_bytes, total_bytes)
+    utilization = kv_gpu_memory_utilization(
+        gpu_memory_utilization, weights_bytes, total_bytes, shares_kv_memory
+    )
+    shared = ", and generate_batch's KV cache half of the rest" if shares_kv_memory else ""
     return utilization, (
         f"gpu_memory_utilization {gpu_memory_utilization} -> {utilization:.3f}: transformers' "
         f"copy of the weights will take {weights_bytes / GIB:.2f} of {total_bytes / GIB:.1f} GiB"
+        f"{shared}"
     )

@@ -206,6 +206,20 @@ def _events(profiler: profile) -> list[ProfiledEvent]:
     # tens of seconds for the ~10^5 events of a few thousand launches per step.
     results = profiler.profiler.kineto_results
     return [
-        ProfiledEvent(e.name(), e.activity_type(), e.start_ns(), e.end_ns())
-        for e in results.events()
+        ProfiledEvent(e.name(), event_kind(e), e.start_ns(), e.end_ns()) for e in results.events()
     ]
+
+
+def event_kind(event: torch._C._autograd._KinetoEvent) -> str:
+    """Kineto's activity type of a raw event. torch < 2.12 does not expose it: there it is told
+    from where the event ran and its name, for the kinds summarize() reads."""
+    if hasattr(event, "activity_type"):
+        return event.activity_type()
+    name, on_device = event.name(), event.device_type() != torch._C._autograd.DeviceType.CPU
+    if event.is_user_annotation():
+        return "gpu_user_annotation" if on_device else "user_annotation"
+    if on_device:
+        if name.startswith(("Memcpy", "Memset")):
+            return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset"
+        return "cuda_sync" if name.endswith(" Sync") or name == "Stream Wait Event" else "kernel"
+    return "cuda_runtime" if launch_kind(name) is not None else "cpu_op"

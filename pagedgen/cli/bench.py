@@ -34,7 +34,7 @@ def bench(
     ),
     block_size: int = typer.Option(16, help="pagedgen's tokens per KV-cache block"),
     enforce_eager: bool = typer.Option(
-        True, help="cuda: --no-enforce-eager replays pagedgen's decode steps from CUDA graphs"
+        False, help="cuda: --enforce-eager runs pagedgen's decode steps without CUDA graphs"
     ),
     roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
     overhead: bool = typer.Option(True, help="time pagedgen's step parts"),

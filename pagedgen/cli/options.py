@@ -175,10 +175,10 @@ ENGINE = OptionGroup(
         "enforce_eager": (
             bool,
             _engine(
-                True,
+                False,
                 "--enforce-eager/--no-enforce-eager",
-                help="GPU: run every step eagerly; --no-enforce-eager replays decode steps from "
-                "CUDA graphs (experimental, not yet run on a GPU) [default: on]",
+                help="GPU: run every step eagerly, without the decode steps' CUDA graphs "
+                "[default: graphs]",
             ),
         ),
     },

@@ -3,6 +3,7 @@
 import functools
 from typing import Any
 
+import numpy as np
 import torch
 
 from pagedgen.kernels.launch import KernelLaunch, KernelModule
@@ -41,11 +42,17 @@ def _kernel(module: KernelModule, name_expression: str, device_index: int) -> An
         return _module(module, device_index).get_function(name_expression)
 
 
-def _as_cupy(t: torch.Tensor) -> Any:
+def _argument(a: object) -> object:
+    # A tensor goes by its device pointer, as a 64-bit scalar passed by value: the kernel's
+    # pointer parameter has that size, and it skips a DLPack conversion per tensor per launch.
+    return np.uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else a
+
+
+@functools.cache
+def _stream(device_index: int, stream_ptr: int) -> Any:
     import cupy
 
-    # CuPy has no bfloat16; the kernel only needs the pointer, so hand over the same bytes as int16.
-    return cupy.from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+    return cupy.cuda.ExternalStream(stream_ptr, device_index)
 
 
 def launch(kernel_launch: KernelLaunch) -> None:
@@ -57,11 +64,10 @@ def launch(kernel_launch: KernelLaunch) -> None:
     if device.type != "cuda" or devices:
         raise ValueError(f"kernel tensors must share one CUDA device, got {devices | {device}}")
     index = torch.cuda.current_device() if device.index is None else device.index
-    stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(index))
+    stream = _stream(index, torch.cuda.current_stream(index).cuda_stream)
     with cupy.cuda.Device(index), stream:
         kernel = _kernel(kernel_launch.module, kernel_launch.name_expression, index)
-        args = tuple(_as_cupy(a) if isinstance(a, torch.Tensor) else a for a in kernel_launch.args)
-        kernel(kernel_launch.grid, kernel_launch.block, args)
+        kernel(kernel_launch.grid, kernel_launch.block, tuple(map(_argument, kernel_launch.args)))
 
 
 def copy_async(dst_ptr: int, src_ptr: int, num_bytes: int, stream_ptr: int) -> None:

@@ -2,14 +2,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedgen.kernels import cpu_ops
+from pagedgen.kernels import cpu_ops, layer_ops
 
 
 class SiluAndMul(nn.Module):
     """silu(gate) * up for rows [gate | up]: [num_tokens, 2 * d] -> [num_tokens, d]; one pass of
-    our C op for float32 on the CPU."""
+    our C op for float32 on the CPU, of our CUDA kernel on an NVIDIA GPU."""
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if layer_ops.usable(gate_up) and gate_up.dim() == 2 and gate_up.is_contiguous():
+            return layer_ops.silu_and_mul(gate_up)
         if cpu_ops.usable(gate_up) and gate_up.dim() == 2 and gate_up.is_contiguous():
             return cpu_ops.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)

@@ -2,14 +2,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedgen.kernels import cpu_ops
+from pagedgen.kernels import cpu_ops, layer_ops
 
 
 class RMSNorm(nn.Module):
     """Computes in float32 and scales in the input dtype, exactly as Llama's reference does.
 
     Given the residual stream, adds x to it first (vLLM's fused_add_rms_norm) and returns both
-    (normed, new residual): in one pass of our C op for float32 on the CPU."""
+    (normed, new residual): in one pass of our C op for float32 on the CPU, of our CUDA kernel
+    on an NVIDIA GPU."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -19,6 +20,16 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if (
+            layer_ops.usable(x)
+            and x.dim() == 2
+            and x.stride(1) == 1
+            and self.weight.dtype == x.dtype
+        ):
+            if residual is None:
+                return layer_ops.rms_norm(x, self.weight, self.eps)
+            if x.is_contiguous() and residual.is_contiguous():
+                return layer_ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
         fused = cpu_ops.usable(x) and x.dim() == 2 and x.stride(1) == 1
         if residual is None:
             return cpu_ops.rms_norm(x, self.weight, self.eps) if fused else self._norm(x)

@@ -66,6 +66,11 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
   return {uint16_t(u >> 16)};
 }
 inline float __expf(float x) { return expf(x); }
+// g++ at -O1 for x86-64 contracts nothing into an FMA, so plain operators round each step.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 

@@ -18,6 +18,7 @@ import pytest
 
 from pagedgen.kernels.cache_ops import COPY_BLOCKS, RESHAPE_AND_CACHE
 from pagedgen.kernels.launch import C_TYPES, KernelModule
+from pagedgen.kernels.layer_ops import LAYER_OP_MODULES
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention_module
 from pagedgen.kernels.prefill_attention import prefill_attention_module
 from pagedgen.kernels.source import kernel_names, kernel_source
@@ -44,7 +45,7 @@ def runtime_modules() -> list[KernelModule]:
         for head_size in HEAD_SIZES
         for block_size in BLOCK_SIZES
     ]
-    return [*attention, RESHAPE_AND_CACHE, COPY_BLOCKS]
+    return [*attention, RESHAPE_AND_CACHE, COPY_BLOCKS, *LAYER_OP_MODULES]
 
 
 @functools.cache

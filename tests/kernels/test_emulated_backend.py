@@ -9,6 +9,10 @@ from pagedgen.attention.cupy_backend import CupyAttentionBackend
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.launch import KernelLaunch
+from pagedgen.kernels.layer_ops import ROPE_AND_CACHE
+from pagedgen.kernels.source import kernel_source
+from pagedgen.layers.rotary import Rope
+from tests.kernels.emulator import Emulator
 from tests.kernels.paged_cases import TOLERANCES, make_metadata
 from tests.kernels.prefill_cases import emulate
 
@@ -17,6 +21,9 @@ from tests.kernels.prefill_cases import emulate
 def emulated_backend(monkeypatch, attention_emulator, cache_ops_emulators) -> CupyAttentionBackend:
     emulators = {"paged_attention.cu": attention_emulator.launch, "prefill_attention.cu": emulate}
     emulators |= {source: emulator.launch for source, emulator in cache_ops_emulators.items()}
+    emulators["rope_and_cache.cu"] = Emulator(
+        kernel_source(ROPE_AND_CACHE.source), list(ROPE_AND_CACHE.name_expressions)
+    ).launch
 
     def launch(kernel_launch: KernelLaunch) -> None:
         emulators[kernel_launch.module.source](kernel_launch)
@@ -48,6 +55,30 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype, prefill
     tolerance = TOLERANCES[dtype] * (1 if prefill_kernel else 10)  # SDPA's own rounding
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     assert torch.equal(cache, ref_cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_forward_qkv_ropes_and_caches_in_one_launch(emulated_backend, dtype) -> None:
+    """From a fused projection: the rope_and_cache launch, then the same attention as the
+    torch path's RoPE, cache write and attention."""
+    query_lens, context_lens = [1, 1, 9, 5], [4, 30, 9, 21]
+    metadata = make_metadata(query_lens, context_lens, 16, 12, "cpu")
+    num_tokens, num_heads, num_kv_heads, head_size = sum(query_lens), 4, 2, 64
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size).to(dtype)
+    angles = torch.rand(num_tokens, 1, head_size // 2) * 6.3
+    rope = Rope(angles.cos(), angles.sin())
+    cache = torch.randn(2, 12, 16, num_kv_heads, head_size).to(dtype)
+    ref_cache = cache.clone()
+    args = (num_heads, num_kv_heads, rope)
+
+    emulated_backend.use_prefill_kernel = True
+    emulated_backend.prepare(metadata)
+    out = emulated_backend.forward_qkv(qkv.clone(), *args, *cache, metadata, head_size**-0.5)
+    expected = ReferenceAttentionBackend().forward_qkv(
+        qkv.clone(), *args, *ref_cache, metadata, head_size**-0.5
+    )
+    assert torch.equal(cache, ref_cache)
+    torch.testing.assert_close(out, expected, atol=TOLERANCES[dtype], rtol=TOLERANCES[dtype])
 
 
 def test_backend_rejects_unsupported_sizes_when_built(monkeypatch) -> None:

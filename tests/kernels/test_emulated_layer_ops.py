@@ -1,0 +1,196 @@
+"""kernels/rms_norm.cu, silu_and_mul.cu and rope_and_cache.cu on the CPU against the torch ops
+they replace (RMSNorm's torch path, F.silu(gate) * up, Rope.apply + the cache write), and planted
+bugs in each that those checks must catch."""
+
+import functools
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedgen.attention.reference import write_kv_reference
+from pagedgen.kernels.launch import KernelLaunch, KernelModule
+from pagedgen.kernels.layer_ops import (
+    LAYER_OP_MODULES,
+    RMS_NORM,
+    ROPE_AND_CACHE,
+    SILU_AND_MUL,
+    rms_norm_launch,
+    rope_and_cache_launch,
+    silu_and_mul_launch,
+)
+from pagedgen.kernels.source import kernel_source
+from pagedgen.layers.norm import RMSNorm
+from pagedgen.layers.rotary import Rope
+from tests.kernels.emulator import Emulator, have_gxx
+from tests.kernels.paged_cases import DTYPES
+
+pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
+# bfloat16 and float16: one unit in the last place of values of magnitude ~4
+ULP = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}
+
+
+@functools.cache
+def emulator(module: KernelModule, source: str | None = None) -> Emulator:
+    return Emulator(source or kernel_source(module.source), list(module.name_expressions))
+
+
+Launcher = Callable[[KernelLaunch], None]
+
+
+def emulated(source: str | None = None) -> Launcher:
+    """Runs launches on the CPU emulator, of the module's source or of the given text."""
+    return lambda launch: emulator(launch.module, source).launch(launch)
+
+
+def run(launcher: Launcher, launch: KernelLaunch | None) -> None:
+    assert launch is not None
+    launcher(launch)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def check_rms_norm(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") -> None:
+    num_tokens, hidden, eps = 7, 200, 1e-5  # hidden not a multiple of the block
+    norm = RMSNorm(hidden, eps).to(device, dtype)
+    norm.weight.copy_(torch.randn(hidden))
+    x = torch.randn(num_tokens, 2 * hidden).to(device, dtype)[:, :hidden]  # rows strided
+    out = torch.full((num_tokens, hidden), float("nan"), dtype=dtype, device=device)
+    run(launcher, rms_norm_launch(out, x, norm.weight, eps))
+    torch.testing.assert_close(out, norm._norm(x.contiguous()), atol=ULP[dtype], rtol=ULP[dtype])
+
+    sublayer = torch.randn(num_tokens, hidden).to(device, dtype)
+    residual = torch.randn(num_tokens, hidden).to(device, dtype)
+    expected_residual = residual + sublayer
+    expected = norm._norm(expected_residual)
+    run(launcher, rms_norm_launch(sublayer, sublayer, norm.weight, eps, residual))  # in place
+    assert torch.equal(bits(residual), bits(expected_residual))
+    torch.testing.assert_close(sublayer, expected, atol=ULP[dtype], rtol=ULP[dtype])
+
+
+def check_silu_and_mul(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") -> None:
+    gate_up = (3 * torch.randn(9, 2 * 300)).to(device, dtype)
+    out = torch.full((9, 300), float("nan"), dtype=dtype, device=device)
+    run(launcher, silu_and_mul_launch(out, gate_up))
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(out, F.silu(gate) * up, atol=ULP[dtype], rtol=ULP[dtype])
+
+
+def check_rope_and_cache(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") -> None:
+    num_tokens, num_heads, num_kv_heads, head_size, block_size, num_blocks = 11, 6, 2, 64, 16, 5
+    width = (num_heads + 2 * num_kv_heads) * head_size
+    qkv = torch.randn(num_tokens, width + 32).to(device, dtype)[:, :width]  # rows strided
+    angles = torch.rand(num_tokens, head_size // 2, device=device) * 6.3
+    rope = Rope(angles.cos().unsqueeze(1), angles.sin().unsqueeze(1))
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache, value_cache = (
+        torch.randn(shape).to(device, dtype),
+        torch.randn(shape).to(device, dtype),
+    )
+    slot_mapping = torch.randperm(num_blocks * block_size)[:num_tokens].to(device)
+    slot_mapping[::4] = -1
+
+    q, k, v = qkv.split([num_heads * head_size, *[num_kv_heads * head_size] * 2], dim=-1)
+    expected_query = rope.apply(q.unflatten(1, (num_heads, head_size)))
+    expected_key = rope.apply(k.unflatten(1, (num_kv_heads, head_size)))
+    expected_value = v.unflatten(1, (num_kv_heads, head_size)).clone()
+    expected_key_cache, expected_value_cache = key_cache.clone(), value_cache.clone()
+    write_kv_reference(
+        expected_key, expected_value, expected_key_cache, expected_value_cache, slot_mapping
+    )
+
+    query = torch.full((num_tokens, num_heads, head_size), float("nan"), dtype=dtype, device=device)
+    cos, sin = rope.cos.flatten(1), rope.sin.flatten(1)
+    run(launcher, rope_and_cache_launch(query, qkv, key_cache, value_cache, cos, sin, slot_mapping))
+    # Each product and sum rounds once, as torch's ops do: bit for bit.
+    assert torch.equal(bits(query), bits(expected_query))
+    assert torch.equal(bits(qkv[:, num_heads * head_size :][:, : num_kv_heads * head_size]),
+                       bits(expected_key.flatten(1)))  # fmt: skip
+    assert torch.equal(bits(key_cache), bits(expected_key_cache))
+    assert torch.equal(bits(value_cache), bits(expected_value_cache))
+
+
+CHECKS = {
+    RMS_NORM: check_rms_norm,
+    SILU_AND_MUL: check_silu_and_mul,
+    ROPE_AND_CACHE: check_rope_and_cache,
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("module", LAYER_OP_MODULES, ids=lambda m: m.source)
+def test_layer_op_matches_torch(module: KernelModule, dtype: torch.dtype) -> None:
+    CHECKS[module](dtype, emulated())
+
+
+def test_empty_batches_launch_nothing() -> None:
+    weight = torch.ones(8)
+    assert rms_norm_launch(torch.empty(0, 8), torch.empty(0, 8), weight, 1e-6) is None
+    assert silu_and_mul_launch(torch.empty(0, 4), torch.empty(0, 8)) is None
+
+
+def test_launch_plans_reject_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm_launch(torch.empty(2, 8), torch.empty(2, 8), torch.ones(9), 1e-6)
+    with pytest.raises(ValueError, match="gate_up"):
+        silu_and_mul_launch(torch.empty(2, 4), torch.empty(2, 6))
+    cache = torch.zeros(2, 16, 1, 64)
+    with pytest.raises(ValueError, match="qkv"):
+        rope_and_cache_launch(torch.empty(3, 2, 64), torch.empty(3, 64 * 5), cache, cache,
+                              torch.empty(3, 32), torch.empty(3, 32),
+                              torch.zeros(3, dtype=torch.int64))  # fmt: skip
+
+
+# name: (module, original text, planted bug)
+MUTATIONS = {
+    "norm_mean_over_block_not_hidden": (
+        RMS_NORM,
+        "rsqrtf(block_sum(sum) / hidden + eps)",
+        "rsqrtf(block_sum(sum) / blockDim.x + eps)",
+    ),
+    "norm_missing_syncthreads": (RMS_NORM, "  __syncthreads();\n", "\n"),
+    "norm_only_first_warp": (
+        RMS_NORM,
+        "x = lane < static_cast<int>(blockDim.x / kWarpSize) ? partials[lane] : 0.f;",
+        "x = lane < 1 ? partials[lane] : 0.f;",
+    ),
+    "norm_residual_not_stored": (RMS_NORM, "      residual_row[i] = added;\n", "\n"),
+    "silu_gate_up_swapped": (
+        SILU_AND_MUL,
+        "const float g = to_float(gate[i]);",
+        "const float g = to_float(up[i]);",
+    ),
+    "rope_sign": (
+        ROPE_AND_CACHE,
+        "__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))",
+        "__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))",
+    ),
+    "rope_key_not_cached": (ROPE_AND_CACHE, "        k[i + half] = y2;\n", "\n"),
+    "rope_value_from_key": (
+        ROPE_AND_CACHE,
+        "row + (num_heads + num_kv_heads) * head_size;",
+        "row + num_heads * head_size;",
+    ),
+    "rope_value_row": (
+        ROPE_AND_CACHE,
+        "value_cache[slot * token_size + i] = value[i];",
+        "value_cache[slot * token_size + i] = row[i];",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_planted_bug_is_caught(name: str) -> None:
+    module, original, planted = MUTATIONS[name]
+    source = kernel_source(module.source)
+    assert source.count(original) == 1, f"{name}: the text to mutate is gone from {module.source}"
+    mutated = source.replace(original, planted)
+    for dtype in (torch.float32, torch.bfloat16):
+        try:
+            CHECKS[module](dtype, emulated(mutated))
+        except (AssertionError, RuntimeError):
+            continue
+        pytest.fail(f"{name} went unnoticed in {dtype}")

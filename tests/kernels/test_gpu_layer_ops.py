@@ -1,0 +1,43 @@
+"""The layer ops' kernels (RMSNorm, SiLU-and-mul, RoPE with the cache write) on a real GPU
+against the torch ops they replace, and the layers dispatching to them. Skipped without a CUDA GPU
+and CuPy."""
+
+import pytest
+import torch
+
+from pagedgen.kernels import layer_ops, loader
+from pagedgen.layers.activation import SiluAndMul
+from pagedgen.layers.norm import RMSNorm
+from tests.kernels.paged_cases import DTYPES
+from tests.kernels.test_emulated_layer_ops import CHECKS, ULP
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and loader.cupy_available()),
+        reason="needs a CUDA GPU and CuPy (pip install 'pagedgen[cuda]')",
+    ),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("module", layer_ops.LAYER_OP_MODULES, ids=lambda m: m.source)
+def test_layer_op_matches_torch_on_a_gpu(module, dtype: torch.dtype) -> None:
+    CHECKS[module](dtype, loader.launch, "cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_layers_take_the_kernels_on_a_gpu(dtype: torch.dtype) -> None:
+    norm = RMSNorm(576, 1e-5).to("cuda", dtype)
+    norm.weight.copy_(torch.randn(576))
+    x, residual = (torch.randn(33, 576, device="cuda").to(dtype) for _ in range(2))
+    assert layer_ops.usable(x)
+    expected_residual = residual + x
+    expected = norm._norm(expected_residual)
+    out, new_residual = norm(x.clone(), residual)
+    assert torch.equal(new_residual, expected_residual)
+    torch.testing.assert_close(out, expected, atol=ULP[dtype], rtol=ULP[dtype])
+    gate_up = torch.randn(33, 2 * 1536, device="cuda").to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(SiluAndMul()(gate_up), expected, atol=ULP[dtype], rtol=ULP[dtype])
