@@ -4,7 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pagedgen.bench.benchmark import BenchOptions, run_bench
-from pagedgen.bench.overhead import PARTS
+from pagedgen.bench.overhead import PARTS, StepProfiler
 from pagedgen.cli.main import app
 
 FIGURES = ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s")
@@ -95,3 +95,34 @@ def test_bench_options_reject_bad_values():
         BenchOptions(baselines=["static16"])
     with pytest.raises(ValueError, match="workload"):
         BenchOptions(workload="nope")
+
+
+@pytest.mark.parametrize(
+    ("device", "timed_profiled"), [("cpu", [True, False]), ("cuda", [False, False, True])]
+)
+def test_step_timers_time_a_pass_of_their_own_on_a_gpu(
+    tiny_llama_path, monkeypatch, device, timed_profiled
+):
+    """On a GPU the step timers synchronize at every boundary: the timed passes run without them
+    and the overhead figures come from one extra pass; on a CPU they time the first pass."""
+    from pagedgen import LLM
+    from pagedgen.bench import benchmark, engines
+    from pagedgen.bench.workloads import random_workload
+
+    llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01)
+    workload = random_workload(llm.tokenizer, 3, 20, 2)
+    profiled: list[bool] = []
+    run_pagedgen = engines.run_pagedgen
+
+    def observed(llm, workload):
+        profiled.append(isinstance(llm.engine.timer, StepProfiler))
+        return run_pagedgen(llm, workload)
+
+    monkeypatch.setattr(engines, "run_pagedgen", observed)
+    monkeypatch.setattr(benchmark, "step_timers_synchronize", lambda llm: device == "cuda")
+    options = BenchOptions(
+        model=str(tiny_llama_path), baselines=[], num_iters=len(timed_profiled) - (device == "cuda")
+    )
+    figures = benchmark._throughput_runs(options, llm, None, workload, 0, None, None, print)
+    assert profiled == timed_profiled
+    assert set(figures["overhead"]["all_steps"]["shares"]) == set(PARTS)

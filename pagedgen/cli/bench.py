@@ -37,7 +37,11 @@ def bench(
         False, help="cuda: --enforce-eager runs pagedgen's decode steps without CUDA graphs"
     ),
     roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
-    overhead: bool = typer.Option(True, help="time pagedgen's step parts"),
+    overhead: bool = typer.Option(
+        True,
+        help="time pagedgen's step parts: in the first timed pass on a CPU, in an extra untimed "
+        "pass on a GPU (the timers synchronize it)",
+    ),
     gpu_profile: bool = typer.Option(
         True, help="on cuda: GPU busy % and kernel launches per decode step, under torch.profiler"
     ),

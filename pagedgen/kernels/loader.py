@@ -48,11 +48,19 @@ def _argument(a: object) -> object:
     return np.uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else a
 
 
-@functools.cache
-def _stream(device_index: int, stream_ptr: int) -> Any:
+_streams: dict[tuple[int, int], Any] = {}
+
+
+def _stream(device_index: int) -> Any:
+    """CuPy's handle on torch's current stream, made once per stream rather than per launch."""
     import cupy
 
-    return cupy.cuda.ExternalStream(stream_ptr, device_index)
+    torch_stream = torch.cuda.current_stream(device_index)
+    key = (device_index, torch_stream.cuda_stream)
+    stream = _streams.get(key)
+    if stream is None:
+        stream = _streams[key] = cupy.cuda.Stream.from_external(torch_stream)
+    return stream
 
 
 def launch(kernel_launch: KernelLaunch) -> None:
@@ -64,7 +72,7 @@ def launch(kernel_launch: KernelLaunch) -> None:
     if device.type != "cuda" or devices:
         raise ValueError(f"kernel tensors must share one CUDA device, got {devices | {device}}")
     index = torch.cuda.current_device() if device.index is None else device.index
-    stream = _stream(index, torch.cuda.current_stream(index).cuda_stream)
+    stream = _stream(index)
     with cupy.cuda.Device(index), stream:
         kernel = _kernel(kernel_launch.module, kernel_launch.name_expression, index)
         kernel(kernel_launch.grid, kernel_launch.block, tuple(map(_argument, kernel_launch.args)))
