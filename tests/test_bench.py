@@ -119,7 +119,7 @@ def test_step_timers_time_a_pass_of_their_own_on_a_gpu(
         return run_pagedgen(llm, workload)
 
     monkeypatch.setattr(engines, "run_pagedgen", observed)
-    monkeypatch.setattr(benchmark, "step_timers_synchronize", lambda llm: device == "cuda")
+    monkeypatch.setattr(benchmark, "step_timers_synchronize", lambda engine: device == "cuda")
     options = BenchOptions(
         model=str(tiny_llama_path), baselines=[], num_iters=len(timed_profiled) - (device == "cuda")
     )

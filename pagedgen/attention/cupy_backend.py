@@ -68,11 +68,6 @@ class CupyAttentionBackend(TorchAttentionBackend):
     ):
         """RoPE and the cache write in one launch (kernels/rope_and_cache.cu), then attention."""
         cos, sin = rope.cos.flatten(1), rope.sin.flatten(1)  # [num_tokens, head_size // 2]
-        if cos.dtype != torch.float32 or qkv.dim() != 2 or qkv.stride(1) != 1:
-            return super().forward_qkv(
-                qkv, num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale,
-                window, softcap,
-            )  # fmt: skip
         query, key, value = rope_and_cache(
             qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache, metadata.slot_mapping
         )

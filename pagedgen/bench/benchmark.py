@@ -10,7 +10,7 @@ from pagedgen.batch.requests import vocab_size_of
 from pagedgen.bench import engines, latency, vllm_baseline
 from pagedgen.bench.gpu_memory import bench_gpu_memory_utilization
 from pagedgen.bench.gpu_profile import profile_decode_steps
-from pagedgen.bench.overhead import profile_engine
+from pagedgen.bench.overhead import profile_engine, step_timers_synchronize
 from pagedgen.bench.result import RunResult, agreement, ratios
 from pagedgen.bench.roofline import Roofline, measure_roofline
 from pagedgen.bench.system import machine_info, machine_state, sample_cpu
@@ -198,12 +198,6 @@ def _workload(options: BenchOptions, llm: LLM) -> Workload:
     return random_workload(tokenizer, 1, options.input_len, output_len, options.seed, "latency")
 
 
-def step_timers_synchronize(llm: LLM) -> bool:
-    """The step timers synchronize a GPU at every boundary, hundreds of times a step: there they
-    time a pass of their own, untimed; on a CPU they cost ~1 us a call and time the first pass."""
-    return llm.engine.runner.device.type == "cuda"
-
-
 def _throughput_runs(
     options: BenchOptions,
     llm: LLM,
@@ -218,7 +212,8 @@ def _throughput_runs(
     best: dict[str, RunResult] = {}
     overhead = None
     baselines = list(options.baselines)
-    timed_profile = options.overhead and not step_timers_synchronize(llm)
+    # Timers that synchronize (a GPU's) time a pass of their own, untimed; else the first pass.
+    timed_profile = options.overhead and not step_timers_synchronize(llm.engine)
     for i in range(options.num_iters):
         profiling = timed_profile and i == 0
         with profile_engine(llm.engine) if profiling else nullcontext() as profiler:

@@ -219,7 +219,9 @@ def event_kind(event: torch._C._autograd._KinetoEvent) -> str:
     if event.is_user_annotation():
         return "gpu_user_annotation" if on_device else "user_annotation"
     if on_device:
-        if name.startswith(("Memcpy", "Memset")):
-            return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset"
+        if name.startswith("Memcpy"):
+            return "gpu_memcpy"
+        if name.startswith("Memset"):
+            return "gpu_memset"
         return "cuda_sync" if name.endswith(" Sync") or name == "Stream Wait Event" else "kernel"
     return "cuda_runtime" if launch_kind(name) is not None else "cpu_op"

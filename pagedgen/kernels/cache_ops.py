@@ -1,18 +1,17 @@
 import numpy as np
 import torch
 
-from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
+from pagedgen.kernels.launch import (
+    C_TYPES,
+    KernelLaunch,
+    check,
+    check_dtype,
+    check_tensor,
+    typed_module,
+)
 
-RESHAPE_AND_CACHE = KernelModule(
-    "reshape_and_cache.cu",
-    (),
-    tuple(f"pagedgen::reshape_and_cache_kernel<{c_type}>" for c_type in C_TYPES.values()),
-)
-COPY_BLOCKS = KernelModule(
-    "copy_blocks.cu",
-    (),
-    tuple(f"pagedgen::copy_blocks_kernel<{c_type}>" for c_type in C_TYPES.values()),
-)
+RESHAPE_AND_CACHE = typed_module("reshape_and_cache.cu", "reshape_and_cache_kernel")
+COPY_BLOCKS = typed_module("copy_blocks.cu", "copy_blocks_kernel")
 
 
 def reshape_and_cache_launch(
@@ -24,7 +23,7 @@ def reshape_and_cache_launch(
 ) -> KernelLaunch | None:
     """Plans writing token i's key and value into cache slot slot_mapping[i]."""
     dtype = key_cache.dtype
-    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check_dtype(dtype)
     check_tensor("key_cache", key_cache, dtype, 4)
     check_tensor("value_cache", value_cache, dtype, 4)
     check(
@@ -80,7 +79,7 @@ def copy_blocks_launch(
     if not kv_caches or not src_to_dst:
         return None
     first = kv_caches[0]
-    check(first.dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {first.dtype}")
+    check_dtype(first.dtype)
     for i, kv_cache in enumerate(kv_caches):
         check_tensor(f"kv_caches[{i}]", kv_cache, first.dtype, 5)
         check(

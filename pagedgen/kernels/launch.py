@@ -39,6 +39,17 @@ class KernelLaunch(NamedTuple):
     args: tuple[KernelArg, ...]
 
 
+def typed_module(source: str, kernel: str) -> KernelModule:
+    """A module exporting pagedgen::kernel<T> for every kernel dtype T, with no -D macros."""
+    return KernelModule(
+        source, (), tuple(f"pagedgen::{kernel}<{c_type}>" for c_type in C_TYPES.values())
+    )
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+
+
 def check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)

@@ -8,7 +8,15 @@ import functools
 import numpy as np
 import torch
 
-from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
+from pagedgen.kernels.launch import (
+    C_TYPES,
+    KernelLaunch,
+    KernelModule,
+    check,
+    check_dtype,
+    check_tensor,
+    typed_module,
+)
 
 RMS_NORM = KernelModule(
     "rms_norm.cu",
@@ -19,16 +27,8 @@ RMS_NORM = KernelModule(
         for add in ("false", "true")
     ),
 )
-SILU_AND_MUL = KernelModule(
-    "silu_and_mul.cu",
-    (),
-    tuple(f"pagedgen::silu_and_mul_kernel<{c_type}>" for c_type in C_TYPES.values()),
-)
-ROPE_AND_CACHE = KernelModule(
-    "rope_and_cache.cu",
-    (),
-    tuple(f"pagedgen::rope_and_cache_kernel<{c_type}>" for c_type in C_TYPES.values()),
-)
+SILU_AND_MUL = typed_module("silu_and_mul.cu", "silu_and_mul_kernel")
+ROPE_AND_CACHE = typed_module("rope_and_cache.cu", "rope_and_cache_kernel")
 LAYER_OP_MODULES = (RMS_NORM, SILU_AND_MUL, ROPE_AND_CACHE)
 
 
@@ -57,7 +57,7 @@ def rms_norm_launch(
 ) -> KernelLaunch | None:
     """Plans out = RMSNorm(x) * weight, or with residual: residual += x, out = RMSNorm(residual)."""
     dtype = x.dtype
-    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check_dtype(dtype)
     check_tensor("x", x, dtype, 2, contiguous=False)
     check(x.stride(1) == 1, f"x rows must be contiguous, got strides {x.stride()}")
     check_tensor("out", out, dtype, 2)
@@ -91,7 +91,7 @@ def rms_norm_launch(
 def silu_and_mul_launch(out: torch.Tensor, gate_up: torch.Tensor) -> KernelLaunch | None:
     """Plans out = silu(gate) * up for gate_up rows [gate | up]: [num_tokens, 2 * d] -> [.., d]."""
     dtype = gate_up.dtype
-    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check_dtype(dtype)
     check_tensor("gate_up", gate_up, dtype, 2)
     check_tensor("out", out, dtype, 2)
     num_tokens, d = out.shape
@@ -121,7 +121,7 @@ def rope_and_cache_launch(
 ) -> KernelLaunch | None:
     """Plans RoPE on q (into query) and k (in place in qkv), and k and v into their cache slots."""
     dtype = qkv.dtype
-    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check_dtype(dtype)
     check_tensor("query", query, dtype, 3)
     check_tensor("qkv", qkv, dtype, 2, contiguous=False)
     check(qkv.stride(1) == 1, f"qkv rows must be contiguous, got strides {qkv.stride()}")

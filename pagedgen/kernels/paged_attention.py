@@ -1,7 +1,14 @@
 import numpy as np
 import torch
 
-from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
+from pagedgen.kernels.launch import (
+    C_TYPES,
+    KernelLaunch,
+    KernelModule,
+    check,
+    check_dtype,
+    check_tensor,
+)
 
 HEAD_SIZES = (64, 80, 96, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
@@ -47,7 +54,7 @@ def check_attention_args(
     check_tensor("query", query, query.dtype, 3, contiguous=False)
     _, num_heads, head_size = query.shape
     dtype = query.dtype
-    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check_dtype(dtype)
     check(head_size in HEAD_SIZES, f"head_size must be one of {HEAD_SIZES}, got {head_size}")
     check(
         query.stride(2) == 1 and query.stride(1) == head_size,
