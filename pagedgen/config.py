@@ -19,7 +19,9 @@ class EngineConfig:
     "auto" swaps groups of several sequences (parallel samples, beams) and recomputes single
     ones, as vLLM V0. gpu_memory_utilization is vLLM's: the share of GPU memory pagedgen uses.
     enforce_eager False (the default) replays decode steps on a GPU from CUDA graphs (ModelRunner.
-    capture_decode_graphs); True runs every step eagerly.
+    capture_decode_graphs); True runs every step eagerly. async_scheduling (vLLM's name) schedules
+    and queues step N + 1 before the host has step N's tokens, which the device hands from one
+    step to the next, so the host's work overlaps the device's (LLMEngine.step).
     """
 
     model: str = DEFAULT_MODEL
@@ -39,6 +41,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # torch's intra-op threads; None keeps torch's default
     enforce_eager: bool = False
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -53,6 +53,7 @@ class BenchOptions:
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     enforce_eager: bool = False  # False: pagedgen replays decode steps from CUDA graphs (cuda)
+    async_scheduling: bool = False
     roofline: bool = True
     overhead: bool = True
     gpu_profile: bool = True  # on cuda only: profile_decode_steps after the timed passes
@@ -99,6 +100,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         max_num_batched_tokens=options.max_num_batched_tokens,
         block_size=options.block_size,
         enforce_eager=options.enforce_eager,
+        async_scheduling=options.async_scheduling,
         seed=options.seed,
     )
     engine = llm.engine

@@ -5,16 +5,17 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable
 from contextlib import suppress
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from pagedgen.bench.engines import greedy_params
 from pagedgen.bench.workloads import Workload
-from pagedgen.engine.runner import SamplerOutput
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.llm import LLM
+
+T = TypeVar("T")
 
 # Kineto's activity types (libkineto ActivityType.cpp), as _KinetoEvent.activity_type() names them.
 # Only these mark the device as busy: "gpu_user_annotation" (a record_function projected onto the
@@ -154,6 +155,7 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
         raise RuntimeError("requests are still running: the prefix cache cannot be reset")
     is_decode: list[bool] = []  # per step that ran the model: did it compute decodes only
     runner.execute = _observe(runner.execute, is_decode)
+    runner.execute_async = _observe(runner.execute_async, is_decode)
     request_ids = [f"gpu-profile-{i}" for i in range(workload.num_requests)]
     step_names: list[str] = []
     try:
@@ -179,8 +181,9 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
             if on_gpu:
                 torch.cuda.synchronize(runner.device)
     finally:
-        with suppress(AttributeError):
-            del runner.execute
+        for name in ("execute", "execute_async"):
+            with suppress(AttributeError):
+                delattr(runner, name)
         for request_id in request_ids:
             engine.abort_request(request_id)
         ours = set(request_ids)
@@ -192,9 +195,9 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
 
 
 def _observe(
-    execute: Callable[[SchedulerOutput], SamplerOutput], is_decode: list[bool]
-) -> Callable[[SchedulerOutput], SamplerOutput]:
-    def observed(scheduled: SchedulerOutput) -> SamplerOutput:
+    execute: Callable[[SchedulerOutput], T], is_decode: list[bool]
+) -> Callable[[SchedulerOutput], T]:
+    def observed(scheduled: SchedulerOutput) -> T:
         is_decode.append(scheduled.num_decode_seqs == len(scheduled.seqs))
         return execute(scheduled)
 

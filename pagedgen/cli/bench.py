@@ -36,6 +36,9 @@ def bench(
     enforce_eager: bool = typer.Option(
         False, help="cuda: --enforce-eager runs pagedgen's decode steps without CUDA graphs"
     ),
+    async_scheduling: bool = typer.Option(
+        False, help="pagedgen schedules the next step while the device runs this one"
+    ),
     roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
     overhead: bool = typer.Option(
         True,
@@ -89,6 +92,7 @@ def bench(
             max_num_batched_tokens=max_num_batched_tokens,
             block_size=block_size,
             enforce_eager=enforce_eager,
+            async_scheduling=async_scheduling,
             roofline=roofline,
             overhead=overhead,
             gpu_profile=gpu_profile,

@@ -181,6 +181,14 @@ ENGINE = OptionGroup(
                 "[default: graphs]",
             ),
         ),
+        "async_scheduling": (
+            bool,
+            _engine(
+                False,
+                "--async-scheduling/--no-async-scheduling",
+                help="GPU: schedule the next step while the device runs this one [default: off]",
+            ),
+        ),
     },
 )
 

@@ -328,8 +328,13 @@ class BlockManager:
 
     # -- prefix hashing ----------------------------------------------------------------------------
     def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[Hashable]:
-        """Extends seq.block_hashes to num_full_blocks: hash i is (hash of block i - 1, tokens)."""
+        """Extends seq.block_hashes to num_full_blocks: hash i is (hash of block i - 1, tokens).
+        Only blocks of known tokens are hashed: none holding a placeholder."""
         size = self.block_size
+        if seq.num_output_placeholders:
+            num_full_blocks = min(
+                num_full_blocks, (seq.num_tokens - seq.num_output_placeholders) // size
+            )
         hashes = seq.block_hashes
         for i in range(len(hashes), num_full_blocks):
             parent = hash(hashes[-1]) if hashes else None
@@ -340,6 +345,7 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.num_cached_blocks >= num_full_blocks:
             return
         hashes = self._block_hashes(seq, num_full_blocks)
+        num_full_blocks = len(hashes)  # fewer while a placeholder ends the last one
         for i in range(seq.num_cached_blocks, num_full_blocks):
             if seq.block_table[i] != NULL_BLOCK:
                 self.pool.cache(self.pool.blocks[seq.block_table[i]], hashes[i])

@@ -50,8 +50,9 @@ class DecodeGraphs:
     never hands out, so the padding touches no sequence's K/V.
 
     Graphs bake in the pool's addresses: they are captured after the pool is allocated and must
-    be captured again if it is reallocated. The host buffer is rewritten only after the previous
-    step's sampled ids reached the host, i.e. after its copy ran.
+    be captured again if it is reallocated. Steps fill the two host twins in turn: under async
+    scheduling a step is filled while the one before runs, and a twin is rewritten only after
+    the host has waited for the samples of the step that copied it, i.e. after that copy ran.
     """
 
     def __init__(
@@ -72,7 +73,10 @@ class DecodeGraphs:
         if (pad_block + 1) * block_size >= 2**31:
             raise ValueError("a pool of 2**31 slots or more does not fit the graphs' int32 slots")
         size = 4 * m + m * w
-        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.hosts = [
+            torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda") for _ in range(2)
+        ]
+        self.num_fills = 0
         self.buffer = torch.zeros(size, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(m + 1, dtype=torch.int32, device=device)
         self.replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
@@ -104,7 +108,9 @@ class DecodeGraphs:
         n = len(input_ids)
         b = batch_size or self.bucket(n)
         m = self.max_batch_size
-        host = self.host.numpy()
+        twin = self.hosts[self.num_fills % 2]
+        self.num_fills += 1
+        host = twin.numpy()
         for offset, values, pad in (
             (0, input_ids, 0),
             (m, positions, 0),
@@ -117,8 +123,14 @@ class DecodeGraphs:
         np.take(tables, rows, axis=0, out=block_tables[:n])
         block_tables[n:b, 0] = self.pad_block
         used = 4 * m + b * self.width
-        self.buffer[:used].copy_(self.host[:used], non_blocking=True)
+        self.buffer[:used].copy_(twin[:used], non_blocking=True)
         return b
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """The buffer's input_ids, on the device: fill() writes them, and the runner then
+        writes the placeholders' tokens."""
+        return self.buffer[: self.max_batch_size]
 
     def replay(self, batch_size: int, num_seqs: int) -> torch.Tensor:
         """Runs the graph of batch_size over the buffer as filled; the first num_seqs rows of

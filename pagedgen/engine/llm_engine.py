@@ -7,9 +7,11 @@ from typing import Any
 from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
 from pagedgen.engine.control_plane import build_control_plane
+from pagedgen.engine.output_processor import OutputProcessor
 from pagedgen.engine.request import Request
-from pagedgen.engine.runner import Runner
-from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedgen.engine.runner import InFlightStep, Runner, SamplerOutput
+from pagedgen.engine.scheduler_output import SchedulerOutput
+from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
 from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
@@ -40,6 +42,13 @@ class LLMEngine:
     A request with structured_outputs waits for its grammar, compiled on another thread, before
     it reaches the scheduler; each step then masks the logits of its sequences' rows, and its
     grammar advances with every token appended.
+
+    With config.async_scheduling, step() schedules and queues step N + 1 before it processes
+    step N's samples (vLLM's async scheduling): each sequence step N sampled for carries a
+    PLACEHOLDER as its last token, which step N + 1 reads on the device. The host's work then
+    overlaps the device's; a sequence that step N finishes has computed one token in vain in
+    step N + 1. Steps run one at a time while any unfinished request needs its tokens on the
+    host before its next step (beam search, structured outputs, penalties).
     """
 
     def __init__(
@@ -67,10 +76,15 @@ class LLMEngine:
         self.stop_checker = StopChecker(tokenizer, max_model_len)
         vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else 0)
         self.structured_output = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
+        self.output_processor = OutputProcessor(
+            self.scheduler, self.stop_checker, self.structured_output
+        )
         self.requests: dict[str, Request] = {}
         self.rejected: list[Request] = []
         self.stats = EngineStats()
         self.timer = StepTimer()
+        self.in_flight: InFlightStep | None = None
+        self.num_sync_requests = 0  # unfinished requests that rule out async steps
 
     @classmethod
     def from_config(
@@ -139,6 +153,7 @@ class LLMEngine:
             request_id, seq, sampling_params, params.beam_width if beam is not None else None
         )
         request = Request(request_id, text, token_ids, group, beam)
+        self.num_sync_requests += request.needs_sync_steps
         if sampling_params.structured_outputs is None:
             self._schedule(request, self.scheduler.add(group))
             return
@@ -153,9 +168,13 @@ class LLMEngine:
         if error is None:
             self.requests[request.request_id] = request
             return
-        self.requests.pop(request.request_id, None)
+        self._remove(request)
         request.group.seqs[0].finish(SequenceStatus.FINISHED_IGNORED, error)
         self.rejected.append(request)
+
+    def _remove(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        self.num_sync_requests -= request.needs_sync_steps
 
     def _admit_compiled(self) -> None:
         """Hands the scheduler the requests whose grammar is ready, and rejects those whose
@@ -166,12 +185,14 @@ class LLMEngine:
             self._schedule(request, error or self.scheduler.add(request.group))
 
     def abort_request(self, request_id: str) -> None:
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is None:
             return
+        self._remove(request)
         self.scheduler.abort(request.group)
         self.structured_output.free(request_id)
         for seq in request.group.unfinished_seqs:
+            seq.drop_placeholders()
             seq.finish(SequenceStatus.FINISHED_ABORTED)
             self.scheduler.finish(seq)
             self.stop_checker.free(seq)
@@ -195,9 +216,14 @@ class LLMEngine:
             self._admit_compiled()
         finished = [request.output(self.tokenizer) for request in self.rejected]
         self.rejected.clear()
+        overlap = self.config.async_scheduling and not self.num_sync_requests
+        if self.in_flight is not None and not overlap:
+            finished += self._finish_in_flight()
         with self.timer.section("scheduler"):
             scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
+            if self.in_flight is not None:
+                return finished + self._finish_in_flight()
             if self.scheduler.has_unfinished() and not finished:
                 raise RuntimeError("the scheduler can make no progress; the KV pool is too small")
             return finished
@@ -206,46 +232,40 @@ class LLMEngine:
         if bitmask is not None:
             scheduled = scheduled._replace(grammar_bitmask=bitmask)
         start = time.perf_counter()
-        samples = self.runner.execute(scheduled)
-        self.stats.record_step(scheduled, time.perf_counter() - start)
-        beam_rows: dict[str, dict[int, dict[int, float]]] = {}
-        with self.timer.section("detokenize_stop"):
-            requests, token_ids, all_logprobs = self.requests, samples.token_ids, samples.logprobs
-            check, finish = self.stop_checker.check, self.scheduler.finish
-            for i, seq in enumerate(scheduled.sample_seqs):
-                logprobs = all_logprobs[i] if all_logprobs is not None else None
-                if requests[seq.request_id].beam is not None:
-                    beam_rows.setdefault(seq.request_id, {})[seq.seq_id] = logprobs
-                    continue
-                seq.append_token_id(token_ids[i], logprobs)
-                if seq.sampling_params.structured_outputs is None:
-                    check(seq)
-                else:
-                    self._check_structured_stop(seq)
-                if seq.is_finished:
-                    finish(seq)
-        for request_id, rows in beam_rows.items():
-            request = self.requests[request_id]
-            request.beam.step(request.group, rows, self.scheduler)
-        self.scheduler.remove_finished_groups()
-        for request_id in dict.fromkeys(seq.request_id for seq in scheduled.sample_seqs):
-            request = self.requests[request_id]
-            if request.is_finished:
-                finished.append(request.output(self.tokenizer))
-                del self.requests[request_id]
-                self.structured_output.free(request_id)
-        self.stats.observe(self.scheduler)
+        if not overlap:
+            samples = self.runner.execute(scheduled)
+            return finished + self._process(scheduled, samples, time.perf_counter() - start)
+        pending = self.runner.execute_async(scheduled)
+        queued = time.perf_counter() - start
+        if self.in_flight is not None:
+            finished += self._finish_in_flight()
+        for seq in scheduled.sample_seqs:
+            if not seq.is_finished:
+                seq.append_placeholder()
+        self.in_flight = InFlightStep(scheduled, pending, queued)
         return finished
 
-    def _check_structured_stop(self, seq: Sequence) -> None:
-        """Advances the grammar of a structured output sequence by its new token; then stops it
-        when it must: a complete grammar stops it, a failed one ends it with the error."""
-        grammar = self.structured_output.advance(seq)
-        if grammar.error is not None:
-            seq.finish(SequenceStatus.FINISHED_IGNORED, grammar.error)
-            self.stop_checker.free(seq)
-        else:
-            self.stop_checker.check(seq, grammar_terminated=grammar.is_terminated)
+    def _finish_in_flight(self) -> list[RequestOutput]:
+        """Waits for the step in flight and processes its samples."""
+        step, self.in_flight = self.in_flight, None
+        start = time.perf_counter()
+        samples = step.pending.result()
+        return self._process(step.scheduled, samples, step.queued + time.perf_counter() - start)
+
+    def _process(
+        self, scheduled: SchedulerOutput, samples: SamplerOutput, model_time: float
+    ) -> list[RequestOutput]:
+        """Applies a step's samples; returns the outputs of the requests that finished."""
+        with self.timer.section("detokenize_stop"):
+            num_sampled, done = self.output_processor.process(scheduled, samples, self.requests)
+        self.stats.record_step(scheduled, model_time, num_sampled)
+        finished = []
+        for request in done:
+            finished.append(request.output(self.tokenizer))
+            self._remove(request)
+            self.structured_output.free(request.request_id)
+        self.stats.observe(self.scheduler)
+        return finished
 
     def stream(
         self,
@@ -271,6 +291,8 @@ class LLMEngine:
                 else:
                     self.add_request(*request)
             if not self.has_unfinished_requests():
+                if self.in_flight is not None:  # a step of finished sequences only
+                    self._finish_in_flight()
                 return
             finished = self.step()
             if on_step is not None:

@@ -8,9 +8,11 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.block_table import BlockTables
 from pagedgen.engine.cuda_graphs import DecodeGraphs, GraphCapture, cuda_graph_capture
 from pagedgen.engine.kv_geometry import KVGeometry
-from pagedgen.engine.runner import SamplerOutput
+from pagedgen.engine.runner import PendingOutput, ReadyOutput, SamplerOutput
 from pagedgen.engine.scheduler_output import SchedulerOutput
+from pagedgen.engine.sequence import PLACEHOLDER, Sequence
 from pagedgen.engine.step_timer import StepTimer
+from pagedgen.engine.transfer import to_device
 from pagedgen.layers.sampler import Sampler, SamplingMetadata
 
 
@@ -23,6 +25,9 @@ class StepArrays(NamedTuple):
     context_lens: np.ndarray  # [num_seqs] int64
     cu_seqlens_q: np.ndarray  # [num_seqs + 1] int64
     rows: np.ndarray  # [num_seqs]: each sequence's row of BlockTables.table
+    # Where input_ids holds a PLACEHOLDER: (its index in input_ids, the row of the previous
+    # step's samples that holds its token); None when every input token is known.
+    placeholders: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def last_rows(self) -> list[int]:
@@ -78,6 +83,8 @@ class ModelRunner:
         self.block_tables = BlockTables(2 * max_num_seqs, -(-max_model_len // block_size))
         self.max_num_seqs = max_num_seqs
         self.decode_graphs: DecodeGraphs | None = None
+        # The last step's sampled token ids, on the device, and the sequences that sampled them.
+        self.last_sampled: tuple[torch.Tensor, list[Sequence]] | None = None
         self.num_blocks, self.has_pad_block = 0, False
         self.kv_cache = torch.empty(0)
         self.cpu_cache = torch.empty(0)
@@ -127,14 +134,39 @@ class ModelRunner:
             seqs[num_decode:], starts[num_decode:].tolist(), context_lens[num_decode:].tolist()
         ):
             input_ids.extend(seq.token_ids[start:end])
+        input_ids = np.array(input_ids, dtype=np.int64)
         return StepArrays(
-            np.array(input_ids, dtype=np.int64),
+            input_ids,
             positions,
             slot_mapping,
             context_lens,
             cu_seqlens_q,
             rows,
+            self._find_placeholders(input_ids, seqs, cu_seqlens_q),
         )
+
+    def _find_placeholders(
+        self, input_ids: np.ndarray, seqs: list[Sequence], cu_seqlens_q: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A placeholder is always its sequence's last token, sampled by the step run last."""
+        indices = np.flatnonzero(input_ids == PLACEHOLDER)
+        if not len(indices):
+            return None
+        assert self.last_sampled is not None, "a placeholder, but no step sampled it"
+        sample_rows = {seq.seq_id: j for j, seq in enumerate(self.last_sampled[1])}
+        owners = np.searchsorted(cu_seqlens_q, indices, side="right") - 1
+        sources = [sample_rows[seqs[i].seq_id] for i in owners.tolist()]
+        return indices, np.array(sources, dtype=np.int64)
+
+    def _fill_placeholders(
+        self, input_ids: torch.Tensor, placeholders: tuple[np.ndarray, np.ndarray] | None
+    ) -> None:
+        """Writes, on the device, the sampled tokens the host has not seen into input_ids."""
+        if placeholders is None:
+            return
+        assert self.last_sampled is not None
+        indices, sources = (to_device(a, torch.int64, self.device) for a in placeholders)
+        input_ids[indices] = self.last_sampled[0][sources].to(input_ids.dtype)
 
     def prepare(self, scheduled: SchedulerOutput) -> StepInputs:
         """The step's tensors on the device, for an eager forward."""
@@ -145,11 +177,10 @@ class ModelRunner:
         ]
 
         def tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            t = torch.from_numpy(data).to(dtype)
-            if self.device.type == "cuda":
-                t = t.pin_memory().to(self.device, non_blocking=True)
-            return t
+            return to_device(data, dtype, self.device)
 
+        input_ids = tensor(arrays.input_ids, torch.int64)
+        self._fill_placeholders(input_ids, arrays.placeholders)
         metadata = AttentionMetadata(
             slot_mapping=tensor(arrays.slot_mapping, torch.int64),
             cu_seqlens_q=tensor(arrays.cu_seqlens_q, torch.int32),
@@ -163,7 +194,7 @@ class ModelRunner:
             context_lens_cpu=arrays.context_lens.tolist(),
         )
         return StepInputs(
-            tensor(arrays.input_ids, torch.int64),
+            input_ids,
             tensor(arrays.positions, torch.int64),
             metadata,
             arrays.last_rows,
@@ -189,6 +220,7 @@ class ModelRunner:
                     self.block_tables.table,
                     arrays.rows,
                 )
+                self._fill_placeholders(graphs.input_ids, arrays.placeholders)
             with self.timer.section("model_forward"):
                 return graphs.replay(batch_size, num_seqs), arrays.last_rows
         with self.timer.section("prepare_inputs"):
@@ -217,19 +249,25 @@ class ModelRunner:
         graphs.capture(capture or cuda_graph_capture())
         self.decode_graphs = graphs
 
-    @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
-        """Moves blocks as scheduled, runs one step, and samples the next token of every sequence
-        in scheduled.sample_seqs, in that order, from logits the grammar bitmask (if any) has
-        masked first: greedy, temperature, top-k/p and penalties see only allowed tokens."""
+        return self.execute_async(scheduled).result()
+
+    @torch.inference_mode()
+    def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput:
+        """Moves blocks as scheduled, queues one step, and samples the next token of every
+        sequence in scheduled.sample_seqs, in that order, from logits the grammar bitmask (if
+        any) has masked first: greedy, temperature, top-k/p and penalties see only allowed
+        tokens. The samples stay on the device for the next step's placeholders."""
         timer = self.timer
         self.move_blocks(scheduled)
         hidden, last_rows = self.forward(scheduled)
         with timer.section("model_forward"):
             if not scheduled.sample_seqs:
-                return SamplerOutput([], None)
+                return ReadyOutput(SamplerOutput([], None))
             rows = [last_rows[row] for row in scheduled.sample_rows]
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            if rows != list(range(len(hidden))):  # a decode-only step samples every row
+                hidden = hidden[to_device(rows, torch.int64, self.device)]
+            logits = self.model.compute_logits(hidden)
         if scheduled.grammar_bitmask is not None:
             with timer.section("structured_output"):
                 scheduled.grammar_bitmask.apply_(logits)
@@ -242,7 +280,9 @@ class ModelRunner:
                 self.device,
             )
         with timer.section("sampler"):
-            return self.sampler(logits, sampling)
+            samples = self.sampler.sample(logits, sampling)
+        self.last_sampled = (samples.token_ids, sampled)
+        return samples
 
     def move_blocks(self, scheduled: SchedulerOutput) -> None:
         """Swap-outs first: their device blocks may be reused by this very step."""

@@ -20,6 +20,18 @@ class Request:
         return self.group.is_finished
 
     @property
+    def needs_sync_steps(self) -> bool:
+        """Whether each step must wait for the tokens of the last, which the host needs: it
+        picks beams, advances grammars and counts penalized tokens."""
+        params = self.group.sampling_params
+        return (
+            self.beam is not None
+            or params.structured_outputs is not None
+            or params.repetition_penalty != 1.0
+            or bool(params.presence_penalty or params.frequency_penalty)
+        )
+
+    @property
     def is_started(self) -> bool:
         """Whether any of its tokens was ever computed (a recompute preemption keeps outputs)."""
         return any(seq.num_computed_tokens or seq.output_token_ids for seq in self.group.seqs)

@@ -15,13 +15,40 @@ class SamplerOutput(NamedTuple):
     logprobs: list[dict[int, float] | None] | None
 
 
+class PendingOutput(Protocol):
+    """A step's samples, maybe still being computed; result() waits for them."""
+
+    def result(self) -> SamplerOutput: ...
+
+
+class ReadyOutput(NamedTuple):
+    output: SamplerOutput
+
+    def result(self) -> SamplerOutput:
+        return self.output
+
+
+class InFlightStep(NamedTuple):
+    """A step queued on the device whose samples the host has not processed yet."""
+
+    scheduled: SchedulerOutput
+    pending: PendingOutput
+    queued: float  # seconds the host took to queue it
+
+
 class Runner(Protocol):
     """Runs one scheduled step: moves the blocks it names, computes its tokens into the KV
-    cache, and samples one token per scheduled.sample_seqs entry, in that order."""
+    cache, and samples one token per scheduled.sample_seqs entry, in that order.
+
+    execute_async returns as soon as the step is queued on the device. A sequence of the step
+    whose last token is a PLACEHOLDER takes as its input the token the previous step (the one
+    executed last) sampled for it, on the device, before the host has seen it."""
 
     timer: StepTimer
 
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput: ...
+
+    def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput: ...
 
 
 class NullRunner:
@@ -34,3 +61,7 @@ class NullRunner:
 
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
         return SamplerOutput([self.next_token(seq) for seq in scheduled.sample_seqs], None)
+
+    def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput:
+        """Sequences must end in known tokens: next_token reads them."""
+        return ReadyOutput(self.execute(scheduled))

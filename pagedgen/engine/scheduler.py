@@ -119,8 +119,13 @@ class Scheduler:
         assert seq.is_finished
         self.block_manager.free(seq)
 
-    def remove_finished_groups(self) -> None:
+    def remove_finished_groups(self, queued: bool = False) -> None:
+        """Drops finished groups from running; with queued, from waiting and swapped too (under
+        async scheduling, a group preempted before its last token arrived finishes there)."""
         self.running = [group for group in self.running if not group.is_finished]
+        if queued:
+            self.waiting = deque(group for group in self.waiting if not group.is_finished)
+            self.swapped = deque(group for group in self.swapped if not group.is_finished)
 
     def abort(self, group: SequenceGroup) -> None:
         for queue in (self.waiting, self.swapped):

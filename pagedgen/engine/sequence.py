@@ -6,6 +6,8 @@ from enum import Enum, auto
 
 from pagedgen.sampling_params import SamplingParams
 
+PLACEHOLDER = -1  # a token id the device has sampled and the host does not know yet
+
 
 class SequenceStatus(Enum):
     WAITING = auto()
@@ -42,6 +44,10 @@ class Sequence:
     scheduled last has run; only the scheduler changes it (Scheduler._update_after_schedule, and
     back to 0 on a preemption by recompute, which keeps the generated tokens to prefill again).
     seq_id is unique within one scheduler, which hands them out.
+
+    With async scheduling, the last num_output_placeholders tokens (0 or 1) are PLACEHOLDER: a
+    token sampled on the device by a step still in flight, counted in every length so the next
+    step can be scheduled before the host knows it, and replaced by resolve_placeholder.
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class Sequence:
         # (BlockTables.sync): the block manager lowers it whenever it rewrites an entry.
         self.num_synced_blocks = 0
         self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
         # Content hashes of the full blocks of token_ids, chained; the first num_cached_blocks
         # blocks of block_table are indexed in the prefix cache.
         self.block_hashes: list[Hashable] = []
@@ -117,6 +124,26 @@ class Sequence:
             self.output_logprobs.append(logprobs)
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
+
+    def append_placeholder(self) -> None:
+        self.token_ids.append(PLACEHOLDER)
+        self.output_token_ids.append(PLACEHOLDER)
+        self.num_output_placeholders += 1
+
+    def resolve_placeholder(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
+        """The sampled token of the last placeholder, now on the host."""
+        assert self.num_output_placeholders == 1 and self.token_ids[-1] == PLACEHOLDER, self
+        self.num_output_placeholders = 0
+        self.token_ids.pop()
+        self.output_token_ids.pop()
+        self.append_token_id(token_id, logprobs)
+
+    def drop_placeholders(self) -> None:
+        """Forgets the tokens still in flight (an aborted sequence never gets them)."""
+        if self.num_output_placeholders:
+            del self.token_ids[-self.num_output_placeholders :]
+            del self.output_token_ids[-self.num_output_placeholders :]
+            self.num_output_placeholders = 0
 
     def finish(self, status: SequenceStatus, error: str | None = None) -> None:
         assert status.is_finished, status

@@ -28,10 +28,12 @@ class EngineStats:
     def prefix_cache_hit_rate(self) -> float:
         return self.num_prefix_cache_hits / max(self.num_prefix_cache_queries, 1)
 
-    def record_step(self, scheduled: SchedulerOutput, model_time: float) -> None:
+    def record_step(self, scheduled: SchedulerOutput, model_time: float, num_sampled: int) -> None:
+        """num_sampled: the step's samples that were kept (async scheduling drops those of
+        sequences an earlier step finished)."""
         self.num_steps += 1
         self.model_time += model_time
-        self.num_generation_tokens += len(scheduled.sample_seqs)
+        self.num_generation_tokens += num_sampled
         self.num_prompt_tokens += scheduled.num_prefill_tokens
 
     def observe(self, scheduler: Scheduler) -> None:

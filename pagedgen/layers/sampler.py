@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from pagedgen.engine.runner import SamplerOutput
+from pagedgen.engine.transfer import PendingSamples, to_device
 from pagedgen.sampling_params import SamplingParams
 
 _SEED_MULTIPLIER = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: spreads nearby (seed, step) pairs
@@ -58,11 +59,13 @@ class SamplingMetadata:
         requested = [k for k in num_logprobs if k is not None]
         max_num_logprobs = max(requested) if requested else None
 
+        device = torch.device(device)
+
         def floats(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
+            return to_device(values, torch.float32, device)
 
         def coords(rows: list[int], token_ids: list[int]) -> torch.Tensor:
-            return torch.tensor([rows, token_ids], dtype=torch.int64, device=device)
+            return to_device([rows, token_ids], torch.int64, device)
 
         min_tokens_rows: list[int] = []
         min_tokens_ids: list[int] = []
@@ -101,11 +104,11 @@ class SamplingMetadata:
             num_seqs=num_seqs,
             all_greedy=all_greedy,
             greedy_mask=(
-                torch.tensor(greedy, device=device) if any(greedy) and not all_greedy else None
+                to_device(greedy, torch.bool, device) if any(greedy) and not all_greedy else None
             ),
             temperatures=(None if all_greedy else floats([p.temperature or 1.0 for p in params])),
             top_k=(
-                torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
+                to_device([p.top_k for p in params], torch.int64, device)
                 if any(p.top_k for p in random_params)
                 else None
             ),
@@ -147,6 +150,14 @@ class Sampler(nn.Module):
         logits: torch.Tensor,  # [num_seqs, vocab_size]
         metadata: SamplingMetadata,
     ) -> SamplerOutput:
+        return self.sample(logits, metadata).result()
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # [num_seqs, vocab_size]
+        metadata: SamplingMetadata,
+    ) -> PendingSamples:
+        """forward, leaving the samples on the device with their copy to the host queued."""
         md = metadata
         assert logits.dim() == 2 and logits.shape[0] == md.num_seqs, logits.shape
         edits_in_place = not (
@@ -159,8 +170,10 @@ class Sampler(nn.Module):
         apply_min_tokens_(logits, md)
         apply_penalties_(logits, md)
         token_ids = logits.argmax(dim=-1) if md.all_greedy else self._sample_random(logits, md)
-        logprobs = None if raw_logprobs is None else gather_logprobs(raw_logprobs, token_ids, md)
-        return SamplerOutput(token_ids.tolist(), logprobs)
+        if raw_logprobs is None:
+            return PendingSamples(token_ids)
+        logprobs = gather_logprobs(raw_logprobs, token_ids, md.max_num_logprobs)
+        return PendingSamples(token_ids, logprobs, md.num_logprobs)
 
     def _sample_random(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         greedy_token_ids = logits.argmax(dim=-1) if md.greedy_mask is not None else None
@@ -276,22 +289,11 @@ def apply_top_k_top_p_sorted(
 def gather_logprobs(
     raw_logprobs: torch.Tensor,  # [num_seqs, vocab_size], log_softmax of the raw logits
     token_ids: torch.Tensor,  # [num_seqs] int64, the sampled tokens
-    md: SamplingMetadata,
-) -> list[dict[int, float] | None]:
-    sampled = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
-    top_logprobs: list[list[float]] = [[] for _ in range(md.num_seqs)]
-    top_ids: list[list[int]] = [[] for _ in range(md.num_seqs)]
-    if md.max_num_logprobs:
-        top = raw_logprobs.topk(min(md.max_num_logprobs, raw_logprobs.shape[1]), dim=-1)
-        top_logprobs, top_ids = top.values.tolist(), top.indices.tolist()
-    sampled_ids = token_ids.tolist()
-    result: list[dict[int, float] | None] = []
-    for i, k in enumerate(md.num_logprobs):
-        if k is None:
-            result.append(None)
-            continue
-        row = {sampled_ids[i]: sampled[i]}
-        for token_id, logprob in zip(top_ids[i][:k], top_logprobs[i][:k], strict=True):
-            row.setdefault(token_id, logprob)
-        result.append(row)
-    return result
+    max_num_logprobs: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the device: the sampled tokens' logprobs [num_seqs], and the top max_num_logprobs
+    logprobs and their ids [num_seqs, k], highest first."""
+    sampled = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+    k = min(max_num_logprobs, raw_logprobs.shape[1])
+    top = raw_logprobs.topk(k, dim=-1)
+    return sampled, top.values, top.indices
