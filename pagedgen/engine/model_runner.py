@@ -165,7 +165,7 @@ class ModelRunner:
         if placeholders is None:
             return
         assert self.last_sampled is not None
-        indices, sources = (to_device(a, torch.int64, self.device) for a in placeholders)
+        indices, sources = to_device(np.stack(placeholders), torch.int64, self.device)
         input_ids[indices] = self.last_sampled[0][sources].to(input_ids.dtype)
 
     def prepare(self, scheduled: SchedulerOutput) -> StepInputs:

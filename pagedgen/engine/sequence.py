@@ -134,9 +134,11 @@ class Sequence:
         """The sampled token of the last placeholder, now on the host."""
         assert self.num_output_placeholders == 1 and self.token_ids[-1] == PLACEHOLDER, self
         self.num_output_placeholders = 0
-        self.token_ids.pop()
-        self.output_token_ids.pop()
-        self.append_token_id(token_id, logprobs)
+        self.token_ids[-1] = self.output_token_ids[-1] = token_id
+        if logprobs is not None:
+            self.output_logprobs.append(logprobs)
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
 
     def drop_placeholders(self) -> None:
         """Forgets the tokens still in flight (an aborted sequence never gets them)."""
