@@ -114,8 +114,16 @@ def watch_preemptions(llm: LLM) -> dict[str, int]:
             seen["prefill"] += int((np.diff(cu_seqlens_q)[owners] > 1).sum())
         return found
 
+    engine, step = llm.engine, llm.engine.step
+
+    def checked_step():
+        finished = step()
+        queued = [*scheduler.waiting, *scheduler.swapped]
+        assert not any(group.is_finished for group in queued), "a finished group is queued"
+        return finished
+
     scheduler._preempt, scheduler.remove_finished_groups = watched_preempt, watched_remove
-    runner._find_placeholders = watched_find
+    runner._find_placeholders, engine.step = watched_find, checked_step
     return seen
 
 
@@ -150,6 +158,23 @@ def test_preemption_prefix_hits_and_chunked_prefill_equal(
     elif preemption_mode == "recompute":
         assert seen["prefill"] > 0
     assert llm.engine.block_manager.num_prefix_cache_hits > 0
+
+
+def test_generated_blocks_reach_the_prefix_cache_as_one_step_at_a_time(tiny_llama_path):
+    """A block that ends in a placeholder is hashed once its token is known: prompts that
+    continue earlier outputs hit the cache exactly as often, and get the same tokens."""
+    first = prompts_of(9, 8)
+    params = SamplingParams(temperature=0, max_tokens=37, ignore_eos=True)
+    hits = []
+    for async_scheduling in (False, True):
+        llm = LLM(str(tiny_llama_path), **ENGINE, block_size=4, async_scheduling=async_scheduling)
+        outs = llm.generate(first, params)
+        again = [p + o.outputs[0].token_ids + [1, 2] for p, o in zip(first, outs)]
+        block_manager = llm.engine.block_manager
+        before = block_manager.num_prefix_cache_hits
+        hits.append((outputs(llm, again, params), block_manager.num_prefix_cache_hits - before))
+    assert hits[1] == hits[0]
+    assert hits[0][1] >= 8 * 36
 
 
 def test_requests_that_need_their_tokens_run_synchronous_steps(tiny_llama_path):
