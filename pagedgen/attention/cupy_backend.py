@@ -21,13 +21,17 @@ class CupyAttentionBackend(TorchAttentionBackend):
     paged attention v1/v2 serves decode rows, and one prefill attention launch per layer serves
     every prefill and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu;
     its tiles use no tensor cores yet), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA,
-    one call per sequence. Reads the same cache layout as the torch backend. Supports the head
-    sizes HEAD_SIZES and block sizes BLOCK_SIZES. Layers with a sliding window or soft-capped
-    scores (Gemma 2/3, Mistral) decode through the torch path: the decode kernel has neither yet
-    (the prefill kernel has both)."""
+    one call per sequence. PAGEDGEN_CUDA_GROUPED_DECODE=1 decodes GQA layers with the grouped
+    kernel, which reads each kv head's K/V once for its group. Reads the same cache layout as
+    the torch backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES. Layers
+    with a sliding window or soft-capped scores (Gemma 2/3, Mistral) decode through the torch
+    path: the decode kernels have neither yet (the prefill kernel has both)."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
+    # One thread block per kv head for its whole GQA group (kernels/paged_attention_grouped.cu);
+    # off until a GPU run measures it against the per-head kernel.
+    use_grouped_decode = os.environ.get("PAGEDGEN_CUDA_GROUPED_DECODE", "0") == "1"
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
@@ -103,6 +107,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             metadata.context_lens[:num_decode],
             max(metadata.context_lens_cpu[:num_decode]),
             scale,
+            grouped=self.use_grouped_decode,
         )
 
     def prefill(

@@ -9,6 +9,13 @@ from pagedgen.kernels.launch import (
     check_dtype,
     check_tensor,
 )
+from pagedgen.kernels.paged_attention_grouped import NUM_THREADS as GROUPED_NUM_THREADS
+from pagedgen.kernels.paged_attention_grouped import (
+    group_tile,
+    grouped_module,
+    grouped_partition_size,
+    num_sms,
+)
 
 HEAD_SIZES = (64, 80, 96, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
@@ -92,11 +99,16 @@ def paged_attention_launches(
     max_context_len: int,
     scale: float,
     version: int | None = None,
-    partition_size: int = PARTITION_SIZE,
+    partition_size: int | None = None,
+    grouped: bool = False,
 ) -> list[KernelLaunch]:
     """Checks the arguments and plans decode attention for one query row per sequence: a single
     v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors).
-    version forces 1 or 2; None applies use_v1."""
+
+    grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
+    its GQA group (layers without GQA keep the per-head kernel, which is the same for them).
+    version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
+    PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
         query, out, key_cache, value_cache
     )
@@ -113,16 +125,35 @@ def paged_attention_launches(
         f"max_context_len {max_context_len} exceeds the block tables' "
         f"{block_tables.shape[1]} blocks of {block_size}",
     )
-    check(partition_size % block_size == 0, f"partition_size {partition_size} % {block_size}")
     devices = {t.device for t in (out, query, key_cache, value_cache, block_tables, context_lens)}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
     if num_seqs == 0:
         return []
     check(max_context_len >= 1, f"max_context_len must be >= 1, got {max_context_len}")
 
+    group_size = num_heads // num_kv_heads
+    grouped = grouped and group_size > 1
+    tile = group_tile(group_size, head_size)
+    grid_x = num_kv_heads * -(-group_size // tile) if grouped else num_heads
+    if version is None and grouped:
+        planned = grouped_partition_size(
+            max_context_len, grid_x * num_seqs, block_size, num_sms(query.device)
+        )
+        version = 1 if planned is None else 2
+        partition_size = partition_size or planned
+    elif version is None:
+        use_one_pass = use_v1(
+            max_context_len, num_seqs, num_heads, partition_size or PARTITION_SIZE
+        )
+        version = 1 if use_one_pass else 2
+    partition_size = partition_size or PARTITION_SIZE
+    check(partition_size % block_size == 0, f"partition_size {partition_size} % {block_size}")
     module = paged_attention_module(dtype, head_size, block_size, partition_size)
-    v1_name, v2_name, reduce_name = module.name_expressions
+    # The grouped kernels' partial results have the per-head layout of the v2 reduce's.
+    main_module = grouped_module(dtype, head_size, block_size, tile) if grouped else module
+    v1_name, v2_name = main_module.name_expressions[:2]
     block = (NUM_THREADS, 1, 1)
+    main_block = (GROUPED_NUM_THREADS, 1, 1) if grouped else block
     common = (
         query,
         key_cache,
@@ -134,10 +165,9 @@ def paged_attention_launches(
         np.int32(num_kv_heads),
         np.float32(scale),
     )
-    if version is None:
-        version = 1 if use_v1(max_context_len, num_seqs, num_heads, partition_size) else 2
     if version == 1:
-        return [KernelLaunch(module, v1_name, (num_heads, num_seqs, 1), block, (out, *common))]
+        args = (out, *common, *((np.int32(num_heads),) if grouped else ()))
+        return [KernelLaunch(main_module, v1_name, (grid_x, num_seqs, 1), main_block, args)]
 
     check(version == 2, f"version must be 1, 2 or None, got {version}")
     max_num_partitions = -(-max_context_len // partition_size)
@@ -145,17 +175,18 @@ def paged_attention_launches(
     exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=query.device)
     max_logits = torch.empty_like(exp_sums)
     tmp_out = torch.empty((*stats_shape, head_size), dtype=torch.float32, device=query.device)
+    grouped_args = (np.int32(num_heads), np.int32(partition_size)) if grouped else ()
     return [
         KernelLaunch(
-            module,
+            main_module,
             v2_name,
-            (num_heads, num_seqs, max_num_partitions),
-            block,
-            (exp_sums, max_logits, tmp_out, *common),
+            (grid_x, num_seqs, max_num_partitions),
+            main_block,
+            (exp_sums, max_logits, tmp_out, *common, *grouped_args),
         ),
         KernelLaunch(
             module,
-            reduce_name,
+            module.name_expressions[2],
             (num_heads, num_seqs, 1),
             block,
             (out, exp_sums, max_logits, tmp_out, context_lens, np.int32(max_num_partitions)),
@@ -172,11 +203,20 @@ def paged_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32, each >= 1
     max_context_len: int,
     scale: float,
+    grouped: bool = False,
 ) -> None:
     """Decode attention on the GPU into out; see paged_attention_launches."""
     from pagedgen.kernels.loader import launch
 
     for kernel_launch in paged_attention_launches(
-        out, query, key_cache, value_cache, block_tables, context_lens, max_context_len, scale
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        max_context_len,
+        scale,
+        grouped=grouped,
     ):
         launch(kernel_launch)

@@ -102,6 +102,7 @@ def run_decode(
     version: int | None,
     partition_size: int = PARTITION_SIZE,
     query: torch.Tensor | None = None,
+    grouped: bool = False,
 ) -> torch.Tensor:
     query = case.query if query is None else query
     out = torch.full_like(case.query, float("nan"))
@@ -116,6 +117,7 @@ def run_decode(
         case.scale,
         version=version,
         partition_size=partition_size,
+        grouped=grouped,
     ):
         launch(kernel_launch)
     return out
@@ -126,9 +128,10 @@ def check_decode(
     case: DecodeCase,
     version: int | None,
     partition_size: int = PARTITION_SIZE,
+    grouped: bool = False,
 ) -> None:
     """Runs the kernels through launch and asserts they match the reference (NaN never does)."""
-    out = run_decode(launch, case, version, partition_size)
+    out = run_decode(launch, case, version, partition_size, grouped=grouped)
     tolerance = TOLERANCES[case.query.dtype]
     torch.testing.assert_close(
         out.cpu().float(), reference(case).float(), atol=tolerance, rtol=tolerance

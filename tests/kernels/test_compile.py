@@ -20,6 +20,7 @@ from pagedgen.kernels.cache_ops import COPY_BLOCKS, RESHAPE_AND_CACHE
 from pagedgen.kernels.launch import C_TYPES, KernelModule
 from pagedgen.kernels.layer_ops import LAYER_OP_MODULES
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention_module
+from pagedgen.kernels.paged_attention_grouped import grouped_modules
 from pagedgen.kernels.prefill_attention import prefill_attention_module
 from pagedgen.kernels.source import kernel_names, kernel_source
 
@@ -45,7 +46,10 @@ def runtime_modules() -> list[KernelModule]:
         for head_size in HEAD_SIZES
         for block_size in BLOCK_SIZES
     ]
-    return [*attention, RESHAPE_AND_CACHE, COPY_BLOCKS, *LAYER_OP_MODULES]
+    # The grouped decode kernels have 81 modules: NVRTC compiles one per (dtype, group tile) and
+    # head size 256 here; test_grouped_kernels_are_instantiated_in_source covers the rest.
+    grouped = grouped_modules((128, 256), (16,))
+    return [*attention, *grouped, RESHAPE_AND_CACHE, COPY_BLOCKS, *LAYER_OP_MODULES]
 
 
 @functools.cache
@@ -156,6 +160,30 @@ def test_runtime_kernels_are_instantiated_in_source(arch: str) -> None:
         _, lowered = nvrtc_compile(module, arch)
         missing = [name for name in lowered if lowered[name] not in offline]
         assert not missing, f"{module.source}: {missing} are not instantiated explicitly"
+
+
+# Itanium mangling of the kernels' scalar template arguments.
+MANGLED_TYPES = {"float": "f", "__half": "6__half", "__nv_bfloat16": "13__nv_bfloat16"}
+
+
+def mangled(name_expression: str) -> str:
+    """pagedgen::k<T, 1, 2> -> _ZN8pagedgen1kI<T>Li1ELi2EEE: a template kernel's mangled name up
+    to its parameter types (void return)."""
+    kernel, args = name_expression.removeprefix("pagedgen::").rstrip(">").split("<")
+    scalar, *ints = [arg.strip() for arg in args.split(",")]
+    values = "".join(f"Li{i}E" for i in ints)
+    return f"_ZN8pagedgen{len(kernel)}{kernel}I{MANGLED_TYPES[scalar]}{values}EEv"
+
+
+@requires_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_grouped_kernels_are_instantiated_in_source(arch: str) -> None:
+    offline = nvcc_builds()["paged_attention_grouped.cu", arch]
+    modules = grouped_modules(HEAD_SIZES, BLOCK_SIZES)
+    names = [name for module in modules for name in module.name_expressions]
+    missing = [name for name in names if not any(k.startswith(mangled(name)) for k in offline)]
+    assert not missing, f"not instantiated in paged_attention_grouped.cu: {missing}"
+    assert len(offline) == len(names), "instantiations that the planner never picks"
 
 
 @requires_nvrtc

@@ -10,6 +10,7 @@ from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.layer_ops import ROPE_AND_CACHE
+from pagedgen.kernels.paged_attention_grouped import grouped_module
 from pagedgen.kernels.source import kernel_source
 from pagedgen.layers.rotary import Rope
 from tests.kernels.emulator import Emulator
@@ -20,6 +21,10 @@ from tests.kernels.prefill_cases import emulate
 @pytest.fixture
 def emulated_backend(monkeypatch, attention_emulator, cache_ops_emulators) -> CupyAttentionBackend:
     emulators = {"paged_attention.cu": attention_emulator.launch, "prefill_attention.cu": emulate}
+    grouped = grouped_module(torch.float32, 64, 16, 4)
+    emulators["paged_attention_grouped.cu"] = Emulator(
+        kernel_source(grouped.source), list(grouped.name_expressions), grouped.defines
+    ).launch
     emulators |= {source: emulator.launch for source, emulator in cache_ops_emulators.items()}
     emulators["rope_and_cache.cu"] = Emulator(
         kernel_source(ROPE_AND_CACHE.source), list(ROPE_AND_CACHE.name_expressions)
@@ -55,6 +60,27 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype, prefill
     tolerance = TOLERANCES[dtype] * (1 if prefill_kernel else 10)  # SDPA's own rounding
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     assert torch.equal(cache, ref_cache)
+
+
+def test_grouped_decode_matches_reference(emulated_backend, monkeypatch) -> None:
+    """PAGEDGEN_CUDA_GROUPED_DECODE=1: decode rows go to the grouped kernel."""
+    names = []
+    launch = loader.launch
+    monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
+    query_lens, context_lens = [1, 1, 1], [1, 17, 100]
+    metadata = make_metadata(query_lens, context_lens, 16, 12, "cpu")
+    query, key = torch.randn(3, 4, 64), torch.randn(3, 2, 64)
+    cache = torch.randn(2, 12, 16, 2, 64)
+    ref_cache = cache.clone()
+
+    emulated_backend.use_grouped_decode = True
+    emulated_backend.prepare(metadata)
+    out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = ReferenceAttentionBackend().forward(
+        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+    )
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert any("grouped_v2_kernel" in name for name in names), names  # 64-token partitions
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

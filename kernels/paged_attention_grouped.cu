@@ -1,0 +1,339 @@
+// Decode attention for GQA: one thread block per (kv head, sequence[, partition]) computes a
+// tile of up to GROUP_TILE query heads of that kv head's group, so every K and V vector crosses
+// from global memory once per block and serves each head of the tile. Same cache layout and
+// semantics as kernels/paged_attention.cu, whose v2 reduce kernel combines our partitions (its
+// rows are per query head, as ours are).
+//
+//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+//   query heads of kv head k: k * group ... k * group + group - 1, group = num_heads / num_kv_heads
+//   grid.x = num_kv_heads * num_tiles, tile i of a group holds heads i * GROUP_TILE ... (at most
+//   GROUP_TILE; the missing heads of the last tile get zero queries and are not written)
+#include "common.cuh"
+
+namespace pagedgen {
+
+// 128 registers per thread, as in paged_attention.cu: 4 blocks of 128 threads per SM.
+constexpr int kGroupedMinBlocksPerSm = 4;
+
+// Attends the tile's queries q[g * HEAD_SIZE ...], g < num_q_heads, to tokens
+// [start_token, end_token); writes head g's normalised output at out + g * out_head_stride and,
+// when max_logits is not null, its max logit and exp sum at g * stats_head_stride.
+//
+// Warps take KV blocks round robin with an online softmax per head (running max m, sum l,
+// accumulator acc, rescaled by alpha = exp(m_old - m_new)). Lane roles inside a warp, per block:
+//   scores: lane = token * THREADS_PER_TOKEN + part, as in paged_attention.cu; the lane loads its
+//           key vectors once and dots each with all GROUP_TILE queries (float4 reads of s_q).
+//   values: lane = (row * V_SLICES + slice) * V_LANES + col; col owns vectors col, col + V_LANES,
+//           ... of the output, slice the heads slice * SLICE_HEADS ... + SLICE_HEADS - 1, row the
+//           tokens row, row + V_ROWS, ...; slices of one col load the same address in the same
+//           instruction, so a value vector is fetched once for every head.
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int GROUP_TILE, typename O>
+__device__ void attend_group(O* __restrict__ out, long long out_head_stride,
+                             float* __restrict__ max_logits, float* __restrict__ exp_sums,
+                             long long stats_head_stride, const T* __restrict__ q, int num_q_heads,
+                             const T* __restrict__ key_cache, const T* __restrict__ value_cache,
+                             const int* __restrict__ block_table, int kv_head, int num_kv_heads,
+                             float scale, int start_token, int end_token) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int NUM_VECS = HEAD_SIZE / VEC;
+  constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
+  constexpr int THREADS_PER_TOKEN = kWarpSize / BLOCK_SIZE;
+  constexpr int K_VECS = (NUM_VECS + THREADS_PER_TOKEN - 1) / THREADS_PER_TOKEN;
+  constexpr int V_LANES = pow2_ceil(NUM_VECS < kWarpSize ? NUM_VECS : kWarpSize);
+  constexpr int V_SLICES = kWarpSize / V_LANES < GROUP_TILE ? kWarpSize / V_LANES : GROUP_TILE;
+  constexpr int V_ROWS = kWarpSize / (V_LANES * V_SLICES);
+  constexpr int SLICE_HEADS = GROUP_TILE / V_SLICES;
+  constexpr int V_VECS = (NUM_VECS + V_LANES - 1) / V_LANES;
+  static_assert(HEAD_SIZE % VEC == 0 && VEC % 4 == 0, "whole 16-byte vectors of whole float4s");
+  static_assert(kWarpSize % BLOCK_SIZE == 0, "a warp scores a whole KV block at once");
+  static_assert(NUM_THREADS % kWarpSize == 0, "NUM_THREADS must be whole warps");
+  static_assert(pow2_ceil(GROUP_TILE) == GROUP_TILE, "slices split the tile evenly");
+  using KV = Vec<T, VEC>;
+  using F4 = Vec<float, 4>;
+
+  __shared__ F4 s_q[GROUP_TILE][HEAD_SIZE / 4];
+  __shared__ float s_p[NUM_WARPS][BLOCK_SIZE][GROUP_TILE];
+  __shared__ float s_alpha[NUM_WARPS][GROUP_TILE];
+  __shared__ float s_m[NUM_WARPS][GROUP_TILE];
+  __shared__ float s_l[NUM_WARPS][GROUP_TILE];
+  __shared__ float s_weight[NUM_WARPS][GROUP_TILE];  // exp(m_warp - max) / exp_sum
+  __shared__ float s_acc[NUM_WARPS][GROUP_TILE][HEAD_SIZE];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
+  for (int i = tid; i < GROUP_TILE * HEAD_SIZE / 4; i += NUM_THREADS) {
+    const int g = i / (HEAD_SIZE / 4);
+    const int d = i % (HEAD_SIZE / 4) * 4;
+    F4 x;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x.data[e] = g < num_q_heads ? to_float(q[g * HEAD_SIZE + d + e]) * scale : 0.f;
+    }
+    s_q[g][d / 4] = x;
+  }
+  __syncthreads();
+
+  const int token_stride = num_kv_heads * HEAD_SIZE;
+  const int token_in_block = lane / THREADS_PER_TOKEN;
+  const int part = lane % THREADS_PER_TOKEN;
+  const int v_col = lane % V_LANES;
+  const int v_slice = lane / V_LANES % V_SLICES;
+  const int v_row = lane / (V_LANES * V_SLICES);
+  const int first_slice_head = v_slice * SLICE_HEADS;
+
+  // The warp's running max and sum per head live in shared memory (registers go to acc); lane g
+  // owns s_l[warp][g], lane 0 writes s_m[warp][g] after the shuffles that every lane's read of it
+  // precedes.
+  if (lane < GROUP_TILE) {
+    s_m[warp][lane] = kNegMax;
+    s_l[warp][lane] = 0.f;
+  }
+  __syncwarp();
+  float acc[SLICE_HEADS][V_VECS][VEC] = {};
+  const int end_block = (end_token + BLOCK_SIZE - 1) / BLOCK_SIZE;
+  for (int b = start_token / BLOCK_SIZE + warp; b < end_block; b += NUM_WARPS) {
+    const long long block_offset =
+        (long long)block_table[b] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE;
+    const int num_tokens = min(BLOCK_SIZE, end_token - b * BLOCK_SIZE);
+
+    float score[GROUP_TILE] = {};
+    if (token_in_block < num_tokens) {
+      const T* k = key_cache + block_offset + (long long)token_in_block * token_stride;
+#pragma unroll 2
+      for (int i = 0; i < K_VECS; ++i) {
+        const int v = part + i * THREADS_PER_TOKEN;
+        if (v < NUM_VECS) {
+          const KV kv = *reinterpret_cast<const KV*>(k + v * VEC);
+          float kf[VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) kf[e] = to_float(kv.data[e]);
+#pragma unroll
+          for (int g = 0; g < GROUP_TILE; ++g) {
+#pragma unroll
+            for (int j = 0; j < VEC / 4; ++j) {
+              const F4 q4 = s_q[g][v * (VEC / 4) + j];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) score[g] += q4.data[e] * kf[j * 4 + e];
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP_TILE; ++g) {
+#pragma unroll
+      for (int mask = THREADS_PER_TOKEN / 2; mask > 0; mask /= 2) {
+        score[g] += __shfl_xor_sync(kFullMask, score[g], mask);
+      }
+      if (token_in_block >= num_tokens) score[g] = kNegMax;
+      const float m_old = s_m[warp][g];
+      const float m_new = fmaxf(m_old, warp_max(score[g]));
+      const float p = token_in_block < num_tokens ? __expf(score[g] - m_new) : 0.f;
+      if (part == 0) s_p[warp][token_in_block][g] = p;
+      if (lane == 0) {
+        s_m[warp][g] = m_new;
+        s_alpha[warp][g] = __expf(m_old - m_new);
+      }
+    }
+    __syncwarp();
+    if (lane < GROUP_TILE) {
+      float block_sum = 0.f;
+#pragma unroll
+      for (int t = 0; t < BLOCK_SIZE; ++t) block_sum += s_p[warp][t][lane];  // 0 past num_tokens
+      s_l[warp][lane] = s_l[warp][lane] * s_alpha[warp][lane] + block_sum;
+    }
+
+#pragma unroll
+    for (int h = 0; h < SLICE_HEADS; ++h) {
+      const float alpha = s_alpha[warp][first_slice_head + h];
+#pragma unroll
+      for (int i = 0; i < V_VECS; ++i) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[h][i][e] *= alpha;
+      }
+    }
+#pragma unroll 4
+    for (int t = v_row; t < BLOCK_SIZE; t += V_ROWS) {
+      if (t < num_tokens) {
+        const T* v_token = value_cache + block_offset + (long long)t * token_stride;
+#pragma unroll
+        for (int i = 0; i < V_VECS; ++i) {
+          const int v = v_col + i * V_LANES;
+          if (v < NUM_VECS) {
+            const KV vv = *reinterpret_cast<const KV*>(v_token + v * VEC);
+#pragma unroll
+            for (int h = 0; h < SLICE_HEADS; ++h) {
+              const float pt = s_p[warp][t][first_slice_head + h];
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) acc[h][i][e] += pt * to_float(vv.data[e]);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();  // s_p[warp] and s_alpha[warp] are rewritten for the next block
+  }
+
+  // Rows of a warp hold disjoint tokens under the same m, so they simply add up.
+#pragma unroll
+  for (int h = 0; h < SLICE_HEADS; ++h) {
+#pragma unroll
+    for (int i = 0; i < V_VECS; ++i) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+#pragma unroll
+        for (int mask = V_LANES * V_SLICES; mask < kWarpSize; mask *= 2) {
+          acc[h][i][e] += __shfl_xor_sync(kFullMask, acc[h][i][e], mask);
+        }
+      }
+    }
+  }
+  if (v_row == 0) {
+#pragma unroll
+    for (int h = 0; h < SLICE_HEADS; ++h) {
+#pragma unroll
+      for (int i = 0; i < V_VECS; ++i) {
+        const int v = v_col + i * V_LANES;
+        if (v < NUM_VECS) {
+          float* dst = &s_acc[warp][first_slice_head + h][v * VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) dst[e] = acc[h][i][e];
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // A warp that got no block has m = kNegMax and weighs exp(kNegMax - max_logit) = 0.
+  if (tid < GROUP_TILE) {
+    const int g = tid;
+    float max_logit = kNegMax;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) max_logit = fmaxf(max_logit, s_m[w][g]);
+    float exp_sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) exp_sum += s_l[w][g] * __expf(s_m[w][g] - max_logit);
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) {
+      s_weight[w][g] = __expf(s_m[w][g] - max_logit) / exp_sum;
+    }
+    if (max_logits != nullptr && g < num_q_heads) {
+      max_logits[g * stats_head_stride] = max_logit;
+      exp_sums[g * stats_head_stride] = exp_sum;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < num_q_heads * HEAD_SIZE; i += NUM_THREADS) {
+    const int g = i / HEAD_SIZE;
+    const int d = i % HEAD_SIZE;
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) o += s_acc[w][g][d] * s_weight[w][g];
+    out[g * out_head_stride + d] = from_float<O>(o);
+  }
+}
+
+// The tile of query heads that blockIdx.x stands for: kv_head, first query head and count.
+struct GroupTile {
+  int kv_head;
+  int first_head;
+  int num_q_heads;
+};
+
+template <int GROUP_TILE>
+__device__ __forceinline__ GroupTile group_tile(int num_heads, int num_kv_heads) {
+  const int group = num_heads / num_kv_heads;
+  const int num_tiles = (group + GROUP_TILE - 1) / GROUP_TILE;
+  const int kv_head = blockIdx.x / num_tiles;
+  const int tile = blockIdx.x % num_tiles;
+  const int first_head = kv_head * group + tile * GROUP_TILE;
+  return {kv_head, first_head, min(GROUP_TILE, group - tile * GROUP_TILE)};
+}
+
+// grid (num_kv_heads * num_tiles, num_seqs), block NUM_THREADS
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int GROUP_TILE>
+__global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
+    paged_attention_grouped_v1_kernel(
+        T* __restrict__ out,                   // [num_seqs, num_heads, HEAD_SIZE]
+        const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+        const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+        const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+        const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
+        const int* __restrict__ context_lens,  // [num_seqs]
+        int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads) {
+  const int seq = blockIdx.y;
+  const GroupTile tile = group_tile<GROUP_TILE>(num_heads, num_kv_heads);
+  attend_group<T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, GROUP_TILE>(
+      out + ((long long)seq * num_heads + tile.first_head) * HEAD_SIZE, HEAD_SIZE, nullptr,
+      nullptr, 0, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
+      tile.num_q_heads, key_cache, value_cache,
+      block_tables + (long long)seq * max_num_blocks_per_seq, tile.kv_head, num_kv_heads, scale,
+      0, context_lens[seq]);
+}
+
+// grid (num_kv_heads * num_tiles, num_seqs, max_num_partitions), block NUM_THREADS; the stats
+// and partial outputs are laid out per query head, as paged_attention_v2_reduce_kernel reads them.
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int GROUP_TILE>
+__global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
+    paged_attention_grouped_v2_kernel(
+        float* __restrict__ exp_sums,          // [num_seqs, num_heads, max_num_partitions]
+        float* __restrict__ max_logits,        // [num_seqs, num_heads, max_num_partitions]
+        float* __restrict__ tmp_out,           // [num_seqs, num_heads, max_num_partitions, HEAD]
+        const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+        const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+        const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+        const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
+        const int* __restrict__ context_lens,  // [num_seqs]
+        int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads,
+        int partition_size) {  // a multiple of BLOCK_SIZE: partitions start on a block boundary
+  const int seq = blockIdx.y;
+  const int partition = blockIdx.z;
+  const int context_len = context_lens[seq];
+  const int start_token = partition * partition_size;
+  if (start_token >= context_len) return;  // the whole thread block leaves together
+  const int end_token = min(start_token + partition_size, context_len);
+  const GroupTile tile = group_tile<GROUP_TILE>(num_heads, num_kv_heads);
+  const long long row = ((long long)seq * num_heads + tile.first_head) * gridDim.z + partition;
+  attend_group<T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, GROUP_TILE>(
+      tmp_out + row * HEAD_SIZE, (long long)gridDim.z * HEAD_SIZE, max_logits + row,
+      exp_sums + row, gridDim.z, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
+      tile.num_q_heads, key_cache, value_cache,
+      block_tables + (long long)seq * max_num_blocks_per_seq, tile.kv_head, num_kv_heads, scale,
+      start_token, end_token);
+}
+
+}  // namespace pagedgen
+
+// Explicit instantiations, with the launch constants of pagedgen/kernels/paged_attention_grouped.py
+// (group tiles 4 and 8, head size 256 only 4). The runtime compiles one (scalar, head size, block
+// size, group tile) per module and says which with -D; offline builds (nvcc -cubin in the tests)
+// get every supported combination.
+#define PAGEDGEN_PAG_TILE(T, HEAD, BLOCK, TILE)                                                  \
+  template __global__ void pagedgen::paged_attention_grouped_v1_kernel<T, HEAD, BLOCK, 128, TILE>( \
+      T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float, int);     \
+  template __global__ void pagedgen::paged_attention_grouped_v2_kernel<T, HEAD, BLOCK, 128, TILE>( \
+      float*, float*, float*, const T*, const T*, const T*, const int*, const int*, int, int,   \
+      int, float, int, int);
+#define PAGEDGEN_PAG_HEAD(T, HEAD, TILE) \
+  PAGEDGEN_PAG_TILE(T, HEAD, 8, TILE)    \
+  PAGEDGEN_PAG_TILE(T, HEAD, 16, TILE)   \
+  PAGEDGEN_PAG_TILE(T, HEAD, 32, TILE)
+#define PAGEDGEN_PAG_SCALAR(T)  \
+  PAGEDGEN_PAG_HEAD(T, 64, 4)   \
+  PAGEDGEN_PAG_HEAD(T, 64, 8)   \
+  PAGEDGEN_PAG_HEAD(T, 80, 4)   \
+  PAGEDGEN_PAG_HEAD(T, 80, 8)   \
+  PAGEDGEN_PAG_HEAD(T, 96, 4)   \
+  PAGEDGEN_PAG_HEAD(T, 96, 8)   \
+  PAGEDGEN_PAG_HEAD(T, 128, 4)  \
+  PAGEDGEN_PAG_HEAD(T, 128, 8)  \
+  PAGEDGEN_PAG_HEAD(T, 256, 4)
+
+#if defined(PAGEDGEN_SCALAR_T)
+PAGEDGEN_PAG_TILE(PAGEDGEN_SCALAR_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE, PAGEDGEN_GROUP_TILE)
+#else
+PAGEDGEN_PAG_SCALAR(float)
+PAGEDGEN_PAG_SCALAR(__half)
+PAGEDGEN_PAG_SCALAR(__nv_bfloat16)
+#endif

@@ -1,0 +1,81 @@
+"""The GQA-grouped decode kernels of kernels/paged_attention_grouped.cu: one thread block per
+(kv head, sequence[, partition]) attends a tile of its group's query heads, reading each K/V
+vector once for the whole tile. Planned by paged_attention_launches(..., grouped=True)."""
+
+import functools
+
+import torch
+
+from pagedgen.kernels.launch import C_TYPES, KernelModule
+
+# Instantiated with these in kernels/paged_attention_grouped.cu.
+NUM_THREADS = 128
+GROUP_TILES = (4, 8)
+# Partition sizes of the grouped v2 kernel (a runtime argument), largest first: the planner takes
+# the largest one that still fills the GPU, so a single long sequence spreads over every SM.
+PARTITION_SIZES = (512, 256, 128, 64)
+# The kernels' occupancy (their __launch_bounds__): a launch fills an SM with this many blocks.
+BLOCKS_PER_SM = 4
+# Planning on the CPU (the emulator) assumes an H100 SXM.
+DEFAULT_NUM_SMS = 132
+
+
+def group_tile(group_size: int, head_size: int) -> int:
+    """Query heads per thread block. Head size 256 takes 4 (8 spills registers); larger groups
+    span several tiles, each reading its kv head's K/V."""
+    return 4 if group_size <= 4 or head_size > 128 else 8
+
+
+def grouped_module(dtype: torch.dtype, head_size: int, block_size: int, tile: int) -> KernelModule:
+    c_type = C_TYPES[dtype]
+    args = f"{c_type}, {head_size}, {block_size}, {NUM_THREADS}, {tile}"
+    return KernelModule(
+        source="paged_attention_grouped.cu",
+        defines=(
+            f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_HEAD_SIZE={head_size}",
+            f"PAGEDGEN_BLOCK_SIZE={block_size}",
+            f"PAGEDGEN_GROUP_TILE={tile}",
+        ),
+        name_expressions=(
+            f"pagedgen::paged_attention_grouped_v1_kernel<{args}>",
+            f"pagedgen::paged_attention_grouped_v2_kernel<{args}>",
+        ),
+    )
+
+
+def grouped_modules(
+    head_sizes: tuple[int, ...], block_sizes: tuple[int, ...]
+) -> list[KernelModule]:
+    """Every module the planner may pick, for those head and block sizes."""
+    tiles = {(h, t) for h in head_sizes for t in GROUP_TILES if t == group_tile(t, h)}
+    return [
+        grouped_module(dtype, head_size, block_size, tile)
+        for dtype in C_TYPES
+        for head_size, tile in sorted(tiles)
+        for block_size in block_sizes
+    ]
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def grouped_partition_size(
+    max_context_len: int, num_work_blocks: int, block_size: int, num_sms: int
+) -> int | None:
+    """The v2 partition size for num_work_blocks (kv head tile, sequence) pairs, or None for one
+    pass (v1): v1 when those pairs alone fill the GPU and contexts are at most 8192 tokens (vLLM's
+    bound), else the largest partition that fills it (the smallest one if none does)."""
+    fill = BLOCKS_PER_SM * num_sms
+    if max_context_len <= 8192 and num_work_blocks >= fill:
+        return None
+    sizes = [size for size in PARTITION_SIZES if size % block_size == 0]
+    partition_size = next(
+        (size for size in sizes if num_work_blocks * -(-max_context_len // size) >= fill),
+        sizes[-1],
+    )
+    return None if max_context_len <= partition_size else partition_size
