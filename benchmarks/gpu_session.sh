@@ -10,7 +10,10 @@
 #                    with the baselines in $BASELINES (default generate_batch)
 #   smollm2-graphs   the same with decode CUDA graphs (--no-enforce-eager)
 #   smollm2-async    graphs and async scheduling (--async-scheduling)
-#   llama8b-eager, llama8b-graphs, llama8b-async   the same on a random-weight Llama-3-8B shape
+#   smollm2-grouped  graphs, async scheduling and the GQA-grouped decode kernel
+#                    (PAGEDGEN_CUDA_GROUPED_DECODE=1)
+#   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped   the same on a random-weight
+#                    Llama-3-8B shape
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
 # the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
 # machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
@@ -31,26 +34,29 @@ run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     echo "exit $?" >> "$OUT/$name.txt"
     tail -n "${TAIL:-30}" "$OUT/$name.txt"
 }
-bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs or async (graphs + async scheduling)
+bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async or grouped (see above)
     local preset=$1 mode=$2 model=/tmp/pagedgen-$1
     [ -d "$model" ] || python benchmarks/random_models.py "$preset" "$model" --device cuda \
         --dtype bfloat16 "${tokenizer[@]}" > "$OUT/model-$preset.txt" 2>&1
     local flags=(--enforce-eager)
     [ "$mode" = graphs ] && flags=(--no-enforce-eager)
-    [ "$mode" = async ] && flags=(--no-enforce-eager --async-scheduling)
-    run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+    [ "$mode" = async ] || [ "$mode" = grouped ] && flags=(--no-enforce-eager --async-scheduling)
+    local grouped=0; [ "$mode" = grouped ] && grouped=1
+    PAGEDGEN_CUDA_GROUPED_DECODE=$grouped run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$BASELINES" "${flags[@]}" \
         --output-json "$OUT/$preset-$mode.json"
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 for stage in $STAGES; do case $stage in
     tests) TAIL=40 run gpu-tests 170 python -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests ;;
-    kernels) run kernels 60 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
+    kernels) run kernels 150 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
     smollm2-eager) bench smollm2-135m eager 200 ;;
     smollm2-graphs) bench smollm2-135m graphs 200 ;;
     smollm2-async) bench smollm2-135m async 200 ;;
+    smollm2-grouped) bench smollm2-135m grouped 200 ;;
     llama8b-eager) bench llama-8b eager 300 ;;
     llama8b-graphs) bench llama-8b graphs 300 ;;
     llama8b-async) bench llama-8b async 300 ;;
+    llama8b-grouped) bench llama-8b grouped 300 ;;
     *) echo "unknown stage $stage" ;;
 esac; done
