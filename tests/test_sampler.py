@@ -38,6 +38,7 @@ def sample(
         prompt_token_ids or [[0]] * num_seqs,
         output_token_ids or [[]] * num_seqs,
         logits.device,
+        logits.shape[1],
     )
     generator = generator or torch.Generator(logits.device).manual_seed(0)
     return Sampler(generator)(logits, metadata)
@@ -52,7 +53,7 @@ def sampled_set(probs: list[float], device: str, num_samples: int = 4000, **kwar
 def test_all_greedy_is_argmax_without_tensors(device: str) -> None:
     logits = torch.randn(8, 100, device=device)
     params = [SamplingParams(temperature=0)] * 8
-    metadata = SamplingMetadata.build(params, [[1, 2]] * 8, [[3]] * 8, device)
+    metadata = SamplingMetadata.build(params, [[1, 2]] * 8, [[3]] * 8, device, 100)
     assert metadata.all_greedy
     assert metadata.temperatures is None and metadata.repetition_coords is None
     assert metadata.output_penalty_coords is None and metadata.min_tokens_coords is None
@@ -177,7 +178,9 @@ def test_penalties_match_hand_computation() -> None:
         SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
         SamplingParams(),
     ]
-    metadata = SamplingMetadata.build(params, [[0, 1], [0, 1]], [[2, 2, 3], [2, 2, 3]], "cpu")
+    metadata = SamplingMetadata.build(
+        params, [[0, 1], [0, 1]], [[2, 2, 3], [2, 2, 3]], "cpu", logits.shape[1]
+    )
     penalized = logits.clone()
     apply_penalties_(penalized, metadata)
     # Repetition over prompt + output {0, 1, 2, 3}: [1.0, -2.0, 0.25, -1.0, 3.0]; then token 2
@@ -260,6 +263,7 @@ def test_top_k_top_p_keeps_the_nucleus() -> None:
             logits.unsqueeze(0),
             torch.tensor([top_k]) if top_k else None,
             torch.tensor([top_p]) if top_p < 1 else None,
+            min(top_k, vocab_size),
         )
         expected = {t for t, m in zip(kept, mass_before, strict=True) if m < top_p}
         assert set(torch.isfinite(masked[0]).nonzero().flatten().tolist()) == expected, case
@@ -286,13 +290,22 @@ def test_top_p_candidates_match_full_sort(
         return apply_top_k_top_p_sorted(*args)
 
     monkeypatch.setattr(sampler, "apply_top_k_top_p_sorted", counting_sorted)
-    masked = apply_top_k_top_p(logits, top_k, top_p)
+    max_top_k = int(top_k.max())
+    masked = apply_top_k_top_p(logits, top_k, top_p, max_top_k)
     assert bool(num_full_sorts) == expect_full_sort
     kept = torch.isfinite(masked)
-    expected = apply_top_k_top_p_sorted(logits, torch.where(top_k == 0, vocab_size, top_k), top_p)
+    k = torch.where(top_k == 0, vocab_size, top_k)
+    expected = apply_top_k_top_p_sorted(logits, k, top_p)
     assert torch.equal(kept, torch.isfinite(expected))
     assert torch.equal(masked[kept], logits[kept])
     assert kept[2::4].sum(dim=-1).min() < kept[2::4].sum(dim=-1).max()  # top_p did cut
+
+    top_k[1] = 150  # top_k alone: rows without one keep every token
+    masked = apply_top_k_top_p(logits, top_k, None, int(top_k.max()))
+    k = torch.where(top_k == 0, vocab_size, top_k)
+    expected = apply_top_k_top_p_sorted(logits, k, torch.ones(num_seqs))
+    assert torch.equal(torch.isfinite(masked), torch.isfinite(expected))
+    assert torch.isfinite(masked[::3]).all()
 
 
 def test_input_logits_are_left_alone_and_any_float_dtype_works() -> None:
@@ -307,3 +320,25 @@ def test_input_logits_are_left_alone_and_any_float_dtype_works() -> None:
     assert torch.equal(logits, before)
     greedy = [SamplingParams(temperature=0)] * 2
     assert sample(logits.bfloat16(), greedy).token_ids == logits.bfloat16().argmax(-1).tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_sampling_never_makes_the_host_wait_for_the_gpu() -> None:
+    """Async scheduling queues the next step while the GPU samples this one: no filter may read a
+    device value on the host. set_sync_debug_mode('error') raises on any such read."""
+    logits = torch.randn(64, 5000, device="cuda")
+    params = [
+        SamplingParams(temperature=0, logprobs=2),
+        SamplingParams(temperature=0.8, top_k=40, seed=7, min_tokens=2, stop_token_ids=[3, 9999]),
+        SamplingParams(temperature=1.0, top_p=0.9, min_p=0.05),
+        SamplingParams(temperature=1.2, top_k=3000, top_p=0.99, logprobs=1),
+    ] * 16
+    metadata = SamplingMetadata.build(params, [[1]] * 64, [[2]] * 64, "cuda", logits.shape[1])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = Sampler(torch.Generator("cuda").manual_seed(0)).sample(logits, metadata)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    out = pending.result()
+    assert len(out.token_ids) == 64 and out.token_ids[0] == int(logits[0].argmax())

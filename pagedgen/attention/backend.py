@@ -3,6 +3,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.engine.transfer import to_device
 from pagedgen.layers.rotary import Rope
 
 
@@ -124,7 +125,7 @@ class AttentionBackend(ABC):
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
         """Copies whole blocks inside each layer's [2, num_blocks, ...] cache (copy-on-write)."""
-        src, dst = (torch.tensor(ids, device=kv_caches[0].device) for ids in zip(*src_to_dst))
+        src, dst = (to_device(ids, torch.int64, kv_caches[0].device) for ids in zip(*src_to_dst))
         for kv_cache in kv_caches:
             kv_cache[:, dst] = kv_cache[:, src]
 
@@ -137,11 +138,14 @@ class AttentionBackend(ABC):
         src_to_dst: list[tuple[int, int]],
     ) -> None:
         """Copies blocks between the device pool and the CPU pool, in either direction."""
-        src, dst = (list(ids) for ids in zip(*src_to_dst))
-        src_index = torch.tensor(src, device=src_caches[0].device)
-        dst_index = torch.tensor(dst, device=dst_caches[0].device)
+        src, dst = zip(*src_to_dst)
+        src_index = to_device(src, torch.int64, src_caches[0].device)
+        dst_index = to_device(dst, torch.int64, dst_caches[0].device)
         for src_cache, dst_cache in zip(src_caches, dst_caches):
-            blocks = src_cache.index_select(1, src_index).to(dst_cache.device, non_blocking=True)
+            blocks = src_cache.index_select(1, src_index)
+            # Only toward a GPU may the copy be non-blocking: one toward the host returns before
+            # its data has landed, and index_copy_ on the host would read it at once.
+            blocks = blocks.to(dst_cache.device, non_blocking=dst_cache.device.type != "cpu")
             dst_cache.index_copy_(1, dst_index, blocks)
 
 

@@ -278,6 +278,7 @@ class ModelRunner:
                 [seq.prompt_token_ids for seq in sampled],
                 [seq.output_token_ids for seq in sampled],
                 self.device,
+                logits.shape[1],
             )
         with timer.section("sampler"):
             samples = self.sampler.sample(logits, sampling)

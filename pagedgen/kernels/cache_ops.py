@@ -98,7 +98,11 @@ def copy_blocks_launch(
     numel_per_block = first[0, 0].numel()
 
     def pointers(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(first.device, non_blocking=True)
+        host = torch.tensor(values, dtype=torch.int64)
+        if first.device.type == "cpu":  # the emulator
+            return host
+        # From pinned memory, so the copy does not wait for the work queued before it.
+        return host.pin_memory().to(first.device, non_blocking=True)
 
     return KernelLaunch(
         COPY_BLOCKS,

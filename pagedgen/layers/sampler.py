@@ -33,6 +33,7 @@ class SamplingMetadata:
     greedy_mask: torch.Tensor | None  # [num_seqs] bool; None when all rows are greedy or random
     temperatures: torch.Tensor | None  # [num_seqs] float32, 1.0 on greedy rows
     top_k: torch.Tensor | None  # [num_seqs] int64, 0 = off
+    max_top_k: int  # the largest top_k of a random row, 0 when none has one
     top_p: torch.Tensor | None  # [num_seqs] float32, 1.0 = off
     min_p: torch.Tensor | None  # [num_seqs] float32, 0.0 = off
     seeds: dict[int, int]  # row -> generator seed for this step (random rows only)
@@ -40,7 +41,7 @@ class SamplingMetadata:
     repetition_coords: torch.Tensor | None  # [2, n] int64: each prompt and output token
     output_penalty_coords: torch.Tensor | None  # [2, n] int64: each distinct output token
     output_penalties: torch.Tensor | None  # [n] float32: presence + frequency * count
-    min_tokens_coords: torch.Tensor | None  # [2, n] int64: stop tokens to mask this step
+    min_tokens_coords: torch.Tensor | None  # [2, n] int64: in-vocabulary stop tokens to mask
     num_logprobs: list[int | None]
     max_num_logprobs: int | None  # None when no row asks for logprobs
 
@@ -51,6 +52,7 @@ class SamplingMetadata:
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
         device: torch.device | str,
+        vocab_size: int,  # the logits' width
     ) -> "SamplingMetadata":
         num_seqs = len(params)
         assert len(prompt_token_ids) == num_seqs == len(output_token_ids)
@@ -71,7 +73,9 @@ class SamplingMetadata:
         min_tokens_ids: list[int] = []
         for i, p in enumerate(params):
             if len(output_token_ids[i]) < p.min_tokens:
-                stop_token_ids = p.all_stop_token_ids.union(p.stop_token_ids)
+                stop_token_ids = [
+                    t for t in p.all_stop_token_ids.union(p.stop_token_ids) if t < vocab_size
+                ]
                 min_tokens_rows += [i] * len(stop_token_ids)
                 min_tokens_ids += stop_token_ids
 
@@ -100,6 +104,7 @@ class SamplingMetadata:
 
         all_greedy = all(greedy)
         random_params = [p for p in params if not p.greedy]
+        max_top_k = max((p.top_k for p in random_params if p.top_k > 0), default=0)
         return cls(
             num_seqs=num_seqs,
             all_greedy=all_greedy,
@@ -108,10 +113,9 @@ class SamplingMetadata:
             ),
             temperatures=(None if all_greedy else floats([p.temperature or 1.0 for p in params])),
             top_k=(
-                to_device([p.top_k for p in params], torch.int64, device)
-                if any(p.top_k for p in random_params)
-                else None
+                to_device([p.top_k for p in params], torch.int64, device) if max_top_k else None
             ),
+            max_top_k=min(max_top_k, vocab_size),
             top_p=(
                 floats([p.top_p for p in params])
                 if any(p.top_p < 1.0 for p in random_params)
@@ -180,7 +184,7 @@ class Sampler(nn.Module):
         assert md.temperatures is not None
         logits = logits / md.temperatures.unsqueeze(1)
         logits = apply_min_p(logits, md.min_p)
-        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
         probs = logits.softmax(dim=-1)
         q = torch.empty_like(probs)
         if len(md.seeds) < md.num_seqs:
@@ -199,8 +203,7 @@ def apply_min_tokens_(logits: torch.Tensor, md: SamplingMetadata) -> None:
     """Bans, in place, the stop tokens of rows that have generated fewer than min_tokens."""
     if md.min_tokens_coords is not None:
         rows, token_ids = md.min_tokens_coords
-        in_vocab = token_ids < logits.shape[1]
-        logits[rows[in_vocab], token_ids[in_vocab]] = float("-inf")
+        logits[rows, token_ids] = float("-inf")
 
 
 def apply_penalties_(logits: torch.Tensor, md: SamplingMetadata) -> None:
@@ -234,22 +237,26 @@ def apply_top_k_top_p(
     logits: torch.Tensor,  # [num_seqs, vocab_size]
     top_k: torch.Tensor | None,  # [num_seqs] int64, 0 = off
     top_p: torch.Tensor | None,  # [num_seqs] float32, 1.0 = off
+    max_top_k: int,  # max(top_k) over the rows that have one, at most vocab_size; 0 if none
 ) -> torch.Tensor:
     """Keeps the top_k highest logits (ties with the k-th too), then the smallest set of most
     likely tokens whose probability, renormalized over the top k, reaches top_p; at least one
-    token always survives. Same result as apply_top_k_top_p_sorted, without a full sort unless
-    some row's nucleus reaches past the NUM_TOP_P_CANDIDATES most likely tokens."""
+    token always survives. Same result as apply_top_k_top_p_sorted. On the CPU, without a full
+    sort unless some row's nucleus reaches past the NUM_TOP_P_CANDIDATES most likely tokens; on a
+    GPU, by the full sort, since finding that out would make the host wait for the device."""
     vocab_size = logits.shape[1]
     k = torch.full_like(logits[:, 0], vocab_size, dtype=torch.int64) if top_k is None else top_k
     k = torch.where((k <= 0) | (k > vocab_size), vocab_size, k)
     if top_p is None:
         if top_k is None:
             return logits
-        kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+        kth = logits.topk(max_top_k, dim=-1).values.gather(1, (k.clamp(max=max_top_k) - 1)[:, None])
+        kth.masked_fill_((k > max_top_k)[:, None], float("-inf"))  # rows without top_k
         return logits.masked_fill(logits < kth, float("-inf"))
+    if logits.device.type != "cpu":
+        return apply_top_k_top_p_sorted(logits, k, top_p)
     has_k = k < vocab_size
-    max_k = int(torch.where(has_k, k, 0).max())
-    num_candidates = min(vocab_size, max(NUM_TOP_P_CANDIDATES, max_k))
+    num_candidates = min(vocab_size, max(NUM_TOP_P_CANDIDATES, max_top_k))
     values, ids = logits.topk(num_candidates, dim=-1)  # descending
     kth = values.gather(1, (k.clamp(max=num_candidates) - 1).unsqueeze(1))
     values = values.masked_fill(values < kth, float("-inf"))

@@ -79,6 +79,22 @@ def test_swap_blocks_round_trip() -> None:
     assert torch.equal(restored[1], gpu[7]) and torch.equal(restored[9], gpu[2])
 
 
+def test_torch_backend_swap_out_lands_before_the_host_reads_it() -> None:
+    """The torch backend's swap to a pageable host pool: a non-blocking copy to the host would
+    return before its data landed, and the host-side index_copy_ would read zeros or old data."""
+    from pagedgen.attention.torch_backend import TorchAttentionBackend
+
+    backend = TorchAttentionBackend()
+    for _ in range(3):
+        gpu = [torch.randn(2, 64, 16, 8, 128, device="cuda") for _ in range(4)]
+        host = [torch.zeros(2, 64, 16, 8, 128) for _ in range(4)]
+        pairs = [(i, 63 - i) for i in range(0, 64, 2)]
+        torch.cuda._sleep(10**7)  # keep the stream busy, as a step in flight would
+        backend.swap_blocks(gpu, host, pairs)
+        for g, h in zip(gpu, host):
+            assert torch.equal(h[:, 63 - 0], g[:, 0].cpu()) and torch.equal(h[:, 1], g[:, 62].cpu())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_backend_matches_reference(dtype: torch.dtype) -> None:
     from pagedgen.attention.cupy_backend import CupyAttentionBackend
