@@ -133,3 +133,48 @@ def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(head64_llama_path, dtype):
     counts = count_replays(llm)
     assert token_ids(llm, prompts, params) == eager
     assert sum(counts.values()) >= 20
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("preemption_mode", ["swap", "recompute"])
+def test_async_scheduling_on_a_gpu_equals_one_step_at_a_time(head64_llama_path, preemption_mode):
+    """The overlap for real: step N + 1 runs on the GPU while the host applies step N. Greedy and
+    seeded top-k/top-p rows with logprobs, in a pool small enough to preempt."""
+    from tests.test_async_scheduling import outputs, prompts_of
+
+    prompts = prompts_of(4, 24, shared_prefix=16)
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True) if i % 2 else
+        SamplingParams(temperature=0.9, top_k=20 + i, top_p=0.9, seed=i, max_tokens=40,
+                       logprobs=2 if i % 3 == 0 else None, min_tokens=3, ignore_eos=i % 4 == 0)
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    kwargs = dict(device="cuda", dtype="float32", kv_cache_memory=0.0004, block_size=16,
+                  preemption_mode=preemption_mode, swap_space=0.01, max_num_seqs=16,
+                  max_num_batched_tokens=256, enforce_eager=False, log=lambda m: None)  # fmt: skip
+    sync = outputs(LLM(str(head64_llama_path), **kwargs), prompts, params)
+    llm = LLM(str(head64_llama_path), async_scheduling=True, **kwargs)
+    result = outputs(llm, prompts, params)
+
+    def tokens(outs: list[tuple]) -> list:
+        return [[c[:4] for c in completions] for completions in outs]
+
+    def logprobs(outs: list[tuple]) -> tuple[list, list[float]]:
+        """(the top tokens of each position, every logprob value) over all completions."""
+        keys, values = [], []
+        for completion in (c for completions in outs for c in completions):
+            for position in completion[4] or []:
+                keys.append(list(position))
+                values += position.values()
+            values.append(completion[5] or 0.0)
+        return keys, values
+
+    assert tokens(result) == tokens(sync)
+    # The two engines preempt at different steps, and a recomputed token's logprob comes from a
+    # prefill instead of a decode: equal up to the order of float additions.
+    (keys, values), (sync_keys, sync_values) = logprobs(result), logprobs(sync)
+    assert keys == sync_keys and len(values) > 100
+    assert values == pytest.approx(sync_values, rel=1e-4, abs=1e-5)
+    assert llm.engine.stats.num_preemptions_by_mode[preemption_mode] > 0
+    llm.engine.block_manager.check_integrity()
