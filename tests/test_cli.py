@@ -36,10 +36,13 @@ def test_run_writes_one_record_per_line_in_order(tiny_llama_path, tmp_path):
 
 
 def test_stdin_to_stdout_and_greedy_is_deterministic(tiny_llama_path):
+    """Run twice, the second time with steps overlapped (--async-scheduling): same texts."""
     stdin = "".join(json.dumps(r) + "\n" for r in GOOD)
     args = ["run", "-", "-o", "-", *tiny(tiny_llama_path)]
-    first, second = pagedgen(*args, stdin=stdin), pagedgen(*args, stdin=stdin)
+    first = pagedgen(*args, stdin=stdin)
+    second = pagedgen(*args, "--async-scheduling", stdin=stdin)
     assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
     records = [json.loads(line) for line in first.stdout.splitlines()]
     assert [r["id"] for r in records] == ["a", "b", "line-3"]
     texts = [r["text"] for r in records]

@@ -228,6 +228,12 @@ def test_a_start_up_signal_swallowed_by_library_code_still_stops_the_run(
 
     monkeypatch.setattr(pagedgen, "LLM", llm_swallowing_a_signal)
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(app, run_args(tiny_llama_path, prompts, out))
+    # A test run started in the background (`pytest &`) ignores SIGINT, and pagedgen keeps a
+    # signal it was started ignoring ignored: give this in-process run Python's own handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = CliRunner().invoke(app, run_args(tiny_llama_path, prompts, out))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert result.exit_code == 130, result.output
     assert "interrupted (SIGINT) during start-up" in result.output and not out.exists()

@@ -1,21 +1,23 @@
 // Just enough CUDA for g++ to run the kernels in kernels/ on the CPU.
 //
-// Each thread of a block is a real std::thread, but exactly one runs at a time: a thread keeps
-// the turn until it reaches a sync point (__syncthreads, __syncwarp, a shuffle) or returns, then
-// hands it to the next runnable thread in tid order. The schedule is therefore deterministic, and
-// a missing barrier shows as stale data rather than as a rare race. Blocks run one after another,
-// which makes a function-local static the block's __shared__ memory. A barrier that can never
-// complete (a __syncthreads in divergent code, a shuffle with lanes gone) fails the launch.
+// Each thread of a block is a fiber (ucontext) with a stack of its own, and exactly one runs at a
+// time: a thread keeps the turn until it reaches a sync point (__syncthreads, __syncwarp, a
+// shuffle) or returns, then hands it to the next runnable thread in tid order. The schedule is
+// therefore deterministic, and a missing barrier shows as stale data rather than as a rare race.
+// Blocks run one after another, which makes a function-local static the block's __shared__
+// memory. A barrier that can never complete (a __syncthreads in divergent code, a shuffle with
+// lanes gone) fails the launch.
 #pragma once
 
 #include <math.h>
 
-#include <condition_variable>
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <cstdint>
 #include <cstring>
-#include <mutex>
+#include <functional>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -31,7 +33,7 @@ struct dim3 {
   unsigned x, y, z;
   constexpr dim3(unsigned x = 1, unsigned y = 1, unsigned z = 1) : x(x), y(y), z(z) {}
 };
-inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 
 struct __half {
@@ -76,51 +78,56 @@ inline int max(int a, int b) { return a > b ? a : b; }
 
 namespace emu {
 
-struct Aborted {};
-
 enum class State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kExited };
 
+// The threads of a block, as fibers on the launching thread: a thread runs until it arrives at a
+// sync point, then switches to the next runnable one in tid order. A launch ends, or is
+// abandoned with its fibers, by switching back to the launching thread.
 class Scheduler {
  public:
-  explicit Scheduler(int num_threads)
-      : num_threads_(num_threads), states_(num_threads, State::kRunnable), wake_(num_threads),
-        exchange_((num_threads / 32) * 2 * 32), parity_(num_threads) {}
+  static constexpr size_t kStackBytes = 512 * 1024;  // kernels keep their locals here
+  static constexpr size_t kGuardBytes = 4096;  // the lowest page of each stack: overflow faults
 
-  void wait_first_turn(int self) {
-    std::unique_lock<std::mutex> lock(mu_);
-    wait_turn(self, lock);
+  Scheduler(int num_threads, unsigned num_blocks, std::function<void()> run_block)
+      : num_threads_(num_threads), num_blocks_(num_blocks), run_block_(std::move(run_block)),
+        states_(num_threads, State::kRunnable), fibers_(num_threads),
+        exchange_((num_threads / 32) * 2 * 32), parity_(num_threads) {
+    stacks_ = mmap(nullptr, kStackBytes * num_threads, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (stacks_ == MAP_FAILED) {
+      stacks_ = nullptr;
+      error_ = "cannot map the threads' stacks";
+      return;
+    }
+    for (int tid = 0; tid < num_threads; ++tid) {
+      char* stack = static_cast<char*>(stacks_) + kStackBytes * tid;
+      mprotect(stack, kGuardBytes, PROT_NONE);
+      getcontext(&fibers_[tid]);
+      fibers_[tid].uc_stack.ss_sp = stack + kGuardBytes;
+      fibers_[tid].uc_stack.ss_size = kStackBytes - kGuardBytes;
+      fibers_[tid].uc_link = &launcher_;
+      makecontext(&fibers_[tid], reinterpret_cast<void (*)()>(&Scheduler::fiber_main), 1, tid);
+    }
+  }
+  ~Scheduler() {
+    if (stacks_ != nullptr) munmap(stacks_, kStackBytes * num_threads_);
+  }
+
+  // Runs every block; returns an empty string, or what went wrong.
+  std::string run() {
+    if (stacks_ == nullptr) return error_;
+    active_ = this;
+    set_block(0);
+    threadIdx = dim3(0);
+    swapcontext(&launcher_, &fibers_[0]);
+    active_ = nullptr;
+    return error_;
   }
 
   void arrive(int self, State state) {
-    std::unique_lock<std::mutex> lock(mu_);
     states_[self] = state;
     release_complete_barriers();
-    if (states_[self] != State::kRunnable) pass_turn(self, lock);
-  }
-
-  // Returns false once the grid is done.
-  bool finish_block(int self, bool last_block) {
-    std::unique_lock<std::mutex> lock(mu_);
-    states_[self] = State::kExited;
-    release_complete_barriers();
-    bool all_exited = true;
-    for (State s : states_) all_exited = all_exited && s == State::kExited;
-    if (!all_exited) {
-      pass_turn(self, lock);
-      return !done_;
-    }
-    if (last_block) {
-      done_ = true;
-      for (auto& cv : wake_) cv.notify_one();
-      return false;
-    }
-    for (State& s : states_) s = State::kRunnable;
-    current_ = 0;
-    if (self != 0) {
-      wake_[0].notify_one();
-      wait_turn(self, lock);
-    }
-    return true;
+    if (states_[self] != State::kRunnable) pass_turn(self);
   }
 
   template <typename T>
@@ -137,19 +144,43 @@ class Scheduler {
     return out;
   }
 
-  void fail(const std::string& message) {
-    std::unique_lock<std::mutex> lock(mu_);
-    abort(message);
-    throw Aborted{};
+  [[noreturn]] void fail(const std::string& message) {
+    if (error_.empty()) error_ = message;
+    setcontext(&launcher_);  // the launch is abandoned: no fiber runs again
+    __builtin_unreachable();
   }
 
-  const std::string& error() const { return error_; }
+  static Scheduler* active() { return active_; }
 
  private:
-  void abort(const std::string& message) {
-    if (error_.empty()) error_ = message;
-    aborted_ = true;
-    for (auto& cv : wake_) cv.notify_one();
+  static void fiber_main(int tid) {
+    Scheduler& self = *active_;
+    for (;;) {
+      self.run_block_();
+      self.finish_block(tid);
+    }
+  }
+
+  void set_block(unsigned b) {
+    block_ = b;
+    blockIdx = dim3(b % gridDim.x, b / gridDim.x % gridDim.y, b / (gridDim.x * gridDim.y));
+  }
+
+  // The thread returned from the kernel: the last one out of a block starts the next block at
+  // thread 0 (every thread then runs the kernel again), or ends the launch.
+  void finish_block(int self) {
+    states_[self] = State::kExited;
+    release_complete_barriers();
+    bool all_exited = true;
+    for (State s : states_) all_exited = all_exited && s == State::kExited;
+    if (!all_exited) {
+      pass_turn(self);
+      return;
+    }
+    if (block_ + 1 == num_blocks_) setcontext(&launcher_);
+    for (State& s : states_) s = State::kRunnable;
+    set_block(block_ + 1);
+    if (self != 0) switch_to(self, 0);
   }
 
   void release_complete_barriers() {
@@ -172,48 +203,42 @@ class Scheduler {
       }
       if (waiting == 0 || waiting + exited < 32) continue;
       if (exited > 0) {
-        abort("warp " + std::to_string(first / 32) + " synchronises with exited lanes");
-        return;
+        fail("warp " + std::to_string(first / 32) + " synchronises with exited lanes");
       }
       for (int i = first; i < first + 32; ++i) states_[i] = State::kRunnable;
     }
   }
 
-  void pass_turn(int self, std::unique_lock<std::mutex>& lock) {
-    int next = -1;
-    for (int step = 1; step <= num_threads_ && next < 0; ++step) {
-      const int i = (self + step) % num_threads_;
-      if (states_[i] == State::kRunnable) next = i;
+  void pass_turn(int self) {
+    for (int step = 1; step <= num_threads_; ++step) {
+      const int next = (self + step) % num_threads_;
+      if (states_[next] == State::kRunnable) {
+        switch_to(self, next);
+        return;
+      }
     }
-    if (next < 0) {
-      bool all_exited = true;
-      for (State s : states_) all_exited = all_exited && s == State::kExited;
-      if (!all_exited) abort("deadlock: a barrier that not every thread reaches");
-    } else {
-      current_ = next;
-      wake_[next].notify_one();
-    }
-    wait_turn(self, lock);
+    fail("deadlock: a barrier that not every thread reaches");
   }
 
-  void wait_turn(int self, std::unique_lock<std::mutex>& lock) {
-    wake_[self].wait(lock, [&] { return current_ == self || aborted_ || done_; });
-    if (aborted_) throw Aborted{};
+  void switch_to(int self, int next) {
+    threadIdx = dim3(next);
+    swapcontext(&fibers_[self], &fibers_[next]);
+    threadIdx = dim3(self);
   }
 
+  static inline Scheduler* active_ = nullptr;
   const int num_threads_;
-  std::mutex mu_;
+  const unsigned num_blocks_;
+  const std::function<void()> run_block_;
   std::vector<State> states_;
-  std::vector<std::condition_variable> wake_;
+  std::vector<ucontext_t> fibers_;
+  ucontext_t launcher_;
+  void* stacks_ = nullptr;
   std::vector<uint64_t> exchange_;
   std::vector<int> parity_;
-  int current_ = 0;
-  bool aborted_ = false;
-  bool done_ = false;
+  unsigned block_ = 0;
   std::string error_;
 };
-
-inline thread_local Scheduler* scheduler = nullptr;
 
 template <typename... Params, size_t... I>
 void call(void (*kernel)(Params...), void** args, std::index_sequence<I...>) {
@@ -231,38 +256,26 @@ std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args
   if (num_blocks == 0) return "";
   gridDim = grid;
   blockDim = block;
-  Scheduler sched(block.x);
-  std::vector<std::thread> threads;
-  for (unsigned tid = 0; tid < block.x; ++tid) {
-    threads.emplace_back([&, tid] {
-      scheduler = &sched;
-      threadIdx = dim3(tid);
-      try {
-        sched.wait_first_turn(tid);
-        for (unsigned b = 0; b < num_blocks; ++b) {
-          blockIdx = dim3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y));
-          call(kernel, args, std::index_sequence_for<Params...>{});
-          if (!sched.finish_block(tid, b + 1 == num_blocks)) break;
-        }
-      } catch (const Aborted&) {
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return sched.error();
+  Scheduler scheduler(block.x, num_blocks,
+                      [&] { call(kernel, args, std::index_sequence_for<Params...>{}); });
+  return scheduler.run();
 }
 
 }  // namespace emu
 
-inline void __syncthreads() { emu::scheduler->arrive(threadIdx.x, emu::State::kAtBlockBarrier); }
+inline void __syncthreads() {
+  emu::Scheduler::active()->arrive(threadIdx.x, emu::State::kAtBlockBarrier);
+}
 
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  if (mask != 0xffffffffu) emu::scheduler->fail("__syncwarp with a partial mask");
-  emu::scheduler->arrive(threadIdx.x, emu::State::kAtWarpBarrier);
+  if (mask != 0xffffffffu) emu::Scheduler::active()->fail("__syncwarp with a partial mask");
+  emu::Scheduler::active()->arrive(threadIdx.x, emu::State::kAtWarpBarrier);
 }
 
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
-  if (mask != 0xffffffffu || width != 32) emu::scheduler->fail("shuffle with a partial mask");
-  return emu::scheduler->shuffle_xor(value, lane_mask);
+  if (mask != 0xffffffffu || width != 32) {
+    emu::Scheduler::active()->fail("shuffle with a partial mask");
+  }
+  return emu::Scheduler::active()->shuffle_xor(value, lane_mask);
 }

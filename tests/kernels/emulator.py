@@ -18,7 +18,7 @@ from pagedgen.kernels.launch import KernelLaunch
 
 HERE = Path(__file__).resolve().parent
 EMU_HEADER = HERE / "cuda_emu.h"
-CXX_FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-w")
+CXX_FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w")
 _C_TYPES = {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float}
 
 

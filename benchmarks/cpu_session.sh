@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 11's figures on this CPU in one go, each engine after the other on the same workload:
+#
+#   bash benchmarks/cpu_session.sh            (figures and full logs in $OUT)
+#
+#   sharegpt-float32, sharegpt-bfloat16   ShareGPT-64 on SmolLM2, pagedgen against vLLM's CPU
+#                                         backend (../shared/tools/vllm-cpu-baseline: ~5 min the
+#                                         first time), ratios and greedy agreement in the table
+#   latency-float32, latency-bfloat16     batch 1, 128 prompt tokens, 128 output tokens
+# Run it on a quiet machine: vLLM pins its threads to cores 0-1, and 2 cores are all there is.
+# The CPU's AVX-512 features (none: AVX2 only) go first in every log, since every figure depends
+# on them.
+set -uo pipefail
+OUT=${OUT:-/tmp/pagedgen-cpu-session}
+NUM_ITERS=${NUM_ITERS:-2}
+mkdir -p "$OUT"
+isa=$(grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')
+isa="ISA: ${isa:-AVX2 only (no avx512 flag)}"
+echo "$isa" | tee "$OUT/isa.txt"
+run() {  # run NAME ARGS...: pagedgen bench ARGS, the log under $OUT, its end on stdout
+    local name=$1; shift
+    echo "== $name ($(date +%T))"
+    { echo "$isa"; pagedgen bench "$@" --output-json "$OUT/$name.json"; echo "exit $?"; } \
+        > "$OUT/$name.txt" 2>&1
+    tail -n "${TAIL:-25}" "$OUT/$name.txt"
+}
+for dtype in float32 bfloat16; do
+    run "sharegpt-$dtype" --workload sharegpt --num-prompts 64 --dtype "$dtype" \
+        --baselines vllm --num-iters "$NUM_ITERS" --no-overhead
+done
+for dtype in float32 bfloat16; do
+    run "latency-$dtype" --workload latency --input-len 128 --output-len 128 --dtype "$dtype" \
+        --baselines '' --num-iters "$NUM_ITERS" --no-overhead
+done
