@@ -15,7 +15,10 @@ from pagedgen.layers.sampler import (
 )
 from pagedgen.sampling_params import SamplingParams
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# The CUDA cases carry the gpu mark, so that `pytest -m gpu` on a GPU machine runs them too.
+DEVICES = ["cpu"] + (
+    [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else []
+)
 
 
 @pytest.fixture(autouse=True)
@@ -322,6 +325,7 @@ def test_input_logits_are_left_alone_and_any_float_dtype_works() -> None:
     assert sample(logits.bfloat16(), greedy).token_ids == logits.bfloat16().argmax(-1).tolist()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_sampling_never_makes_the_host_wait_for_the_gpu() -> None:
     """Async scheduling queues the next step while the GPU samples this one: no filter may read a
