@@ -31,8 +31,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.cache
 def max_cpu_isa() -> str | None:
-    """The cap set by PAGEDGEN_MAX_CPU_ISA, lower-cased ("avx2"), or None."""
+    """The cap set by PAGEDGEN_MAX_CPU_ISA, lower-cased ("avx2"), or None. Read once per process,
+    since every kernel call asks (through kernel_march): code that changes the variable later
+    clears this cache."""
     value = os.environ.get("PAGEDGEN_MAX_CPU_ISA", "").strip().lower()
     if value and value not in ("avx2", "avx512"):
         raise ValueError(f"PAGEDGEN_MAX_CPU_ISA must be avx2 or avx512, got {value!r}")
@@ -59,7 +62,7 @@ def isa_name() -> str:
 
 def kernel_march() -> str:
     """The -march our C kernels are compiled for: the machine's own, unless capped."""
-    if max_cpu_isa() == "avx2" and "avx512f" in cpu_flags():
+    if "avx512f" in cpu_flags() and max_cpu_isa() == "avx2":
         return "x86-64-v3"
     return "native"
 

@@ -7,6 +7,16 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(autouse=True)
+def fresh_cpu_isa_cap(monkeypatch):
+    """pagedgen reads PAGEDGEN_MAX_CPU_ISA once per process; a test that sets it clears that
+    cache, and this clears it again before monkeypatch puts the variable back."""
+    from pagedgen import cpu_features
+
+    yield
+    cpu_features.max_cpu_isa.cache_clear()
+
+
 def build_tokenizer(folder: Path):
     """A byte-level BPE tokenizer with no merges (256 byte tokens + <eos>), built offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -17,10 +17,12 @@ def cpu_env(monkeypatch):
     def set_env(**env: str) -> None:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
+        cpu_features.max_cpu_isa.cache_clear()
         cpu_features.onednn_matmul_dtypes.cache_clear()
         cpu_gemm.enabled.cache_clear()
 
     yield set_env
+    cpu_features.max_cpu_isa.cache_clear()
     cpu_features.onednn_matmul_dtypes.cache_clear()
     cpu_gemm.enabled.cache_clear()
 

@@ -61,6 +61,7 @@ def test_half_precision_runs_and_mostly_agrees_with_float32(
 
     if isa_cap is not None:
         monkeypatch.setenv("PAGEDGEN_MAX_CPU_ISA", isa_cap)
+    cpu_features.max_cpu_isa.cache_clear()
     cpu_features.onednn_matmul_dtypes.cache_clear()
     lines = []
     try:

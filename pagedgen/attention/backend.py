@@ -72,7 +72,7 @@ class AttentionBackend(ABC):
         softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Decode and prefill rows of a step whose K/V are in the cache already."""
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
         if metadata.num_decode_seqs:
             self.decode(query, key_cache, value_cache, metadata, scale, out, window, softcap)
         if metadata.num_decode_seqs < metadata.num_seqs:
@@ -156,7 +156,7 @@ def split_qkv(
     QKV rows."""
     num_tokens = qkv.shape[0]
     head_dim = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
-    q, k, v = qkv.split(
+    q, k, v = qkv.split_with_sizes(
         [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1
     )
     return (

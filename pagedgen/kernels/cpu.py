@@ -32,8 +32,12 @@ def cpu_kernel_error(march: str | None = None) -> str | None:
 
 def kernel_dtypes(march: str | None = None) -> tuple[torch.dtype, ...]:
     """The cache dtypes the kernel reads (float16 needs a compiler with _Float16)."""
-    lib = _library(march or kernel_march())
-    if lib.paged_attention_has_float16():
+    return _kernel_dtypes(march or kernel_march())
+
+
+@functools.cache
+def _kernel_dtypes(march: str) -> tuple[torch.dtype, ...]:
+    if _library(march).paged_attention_has_float16():
         return (torch.float32, torch.bfloat16, torch.float16)
     return (torch.float32, torch.bfloat16)
 
@@ -57,15 +61,16 @@ def paged_attention_decode(
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
-    if any(t.device.type != "cpu" for t in tensors):
+    if not all([t.is_cpu for t in tensors]):
         raise ValueError("paged_attention_decode runs on CPU tensors only")
     march = march or kernel_march()
     if not (query.dtype == out.dtype == torch.float32):
         raise TypeError(f"query and out must be float32, got {query.dtype} and {out.dtype}")
-    if key_cache.dtype != value_cache.dtype or key_cache.dtype not in kernel_dtypes(march):
+    dtypes = kernel_dtypes(march)
+    if key_cache.dtype != value_cache.dtype or key_cache.dtype not in dtypes:
         raise TypeError(
             f"caches of {key_cache.dtype} and {value_cache.dtype}; this build reads "
-            f"{[str(d) for d in kernel_dtypes(march)]}"
+            f"{[str(d) for d in dtypes]}"
         )
     if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
         raise TypeError("block_tables and context_lens must be int32")

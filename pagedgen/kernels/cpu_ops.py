@@ -51,12 +51,12 @@ def _enabled() -> bool:
 
 def usable(x: torch.Tensor) -> bool:
     """Whether the fused ops serve x: float32 on the CPU, built here, not switched off."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and _enabled()
+    return x.dtype == torch.float32 and x.is_cpu and _enabled()
 
 
 def _check(*tensors: torch.Tensor) -> None:
     for t in tensors:
-        if t.dtype != torch.float32 or t.device.type != "cpu":
+        if t.dtype != torch.float32 or not t.is_cpu:
             raise TypeError(f"expected float32 CPU tensors, got {t.dtype} on {t.device}")
 
 
