@@ -8,11 +8,11 @@ from pagedgen.layers import sampler
 from pagedgen.layers.sampler import (
     Sampler,
     SamplerOutput,
-    SamplingMetadata,
     apply_penalties_,
     apply_top_k_top_p,
     apply_top_k_top_p_sorted,
 )
+from pagedgen.layers.sampling_metadata import SamplingMetadata
 from pagedgen.sampling_params import SamplingParams
 
 # The CUDA cases carry the gpu mark, so that `pytest -m gpu` on a GPU machine runs them too.

@@ -13,7 +13,8 @@ from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import PLACEHOLDER, Sequence
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.transfer import to_device
-from pagedgen.layers.sampler import Sampler, SamplingMetadata
+from pagedgen.layers.sampler import Sampler
+from pagedgen.layers.sampling_metadata import SamplingMetadata
 
 
 class StepArrays(NamedTuple):

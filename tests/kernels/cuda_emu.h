@@ -220,10 +220,10 @@ class Scheduler {
     fail("deadlock: a barrier that not every thread reaches");
   }
 
+  // Whoever switches to a fiber sets threadIdx for it: a fiber resumes only through here.
   void switch_to(int self, int next) {
     threadIdx = dim3(next);
     swapcontext(&fibers_[self], &fibers_[next]);
-    threadIdx = dim3(self);
   }
 
   static inline Scheduler* active_ = nullptr;
