@@ -1,6 +1,6 @@
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,7 +21,6 @@ from pagedgen.bench.workload_file import (
     save_workload,
 )
 from pagedgen.bench.workloads import Workload, random_workload, sharegpt_workload
-from pagedgen.config import EngineConfig
 from pagedgen.engine.llm_engine import log_to_stderr
 from pagedgen.llm import LLM
 from pagedgen.loader.resolve import DEFAULT_MODEL, ResolvedModel, resolve_model
@@ -171,19 +170,13 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
 def _gpu_memory_utilization(
     options: BenchOptions, resolved: ResolvedModel, log: Callable[[str], None]
 ) -> float:
-    """The engine's default, less the share of the GPU that the transformers baselines' copy of
-    the weights will take when it loads after pagedgen's KV pool, and halved for generate_batch's
-    KV cache where it runs (a pool given in GiB is kept)."""
-    default = next(f.default for f in fields(EngineConfig) if f.name == "gpu_memory_utilization")
-    baselines = set(options.baselines) & set(engines.TRANSFORMERS_BASELINES)
-    on_gpu = options.device.startswith("cuda") and torch.cuda.is_available()
-    if not on_gpu or not baselines or options.kv_cache_memory is not None:
-        return default
+    """Room beside pagedgen for the baselines' weights (see gpu_memory)."""
     dtype = getattr(torch, options.dtype)
     utilization, why = bench_gpu_memory_utilization(
-        resolved.path, dtype, options.device, default, "generate_batch" in baselines
+        resolved.path, dtype, options.device, options.baselines, options.kv_cache_memory
     )
-    log(why)
+    if why is not None:
+        log(why)
     return utilization
 
 

@@ -14,10 +14,14 @@ pagedgen takes half of the utilization, and the two engines' caches come out abo
 """
 
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from pagedgen.bench.engines import TRANSFORMERS_BASELINES
+from pagedgen.config import EngineConfig
 
 GIB = 1 << 30
 
@@ -57,19 +61,26 @@ def bench_gpu_memory_utilization(
     model_dir: Path,
     dtype: torch.dtype,
     device: str,
-    gpu_memory_utilization: float,
-    shares_kv_memory: bool = False,
-) -> tuple[float, str]:
-    """The share pagedgen may take on this GPU beside the baselines' copy of model_dir in dtype
-    (and generate_batch's KV cache where shares_kv_memory), and a line saying why."""
+    baselines: list[str],
+    kv_cache_memory: float | None,
+) -> tuple[float, str | None]:
+    """pagedgen's gpu_memory_utilization in a bench against these baselines: the engine's
+    default, less the share that the transformers baselines' copy of model_dir in dtype will
+    take, and halved where generate_batch sizes its own KV cache from what is free. The default
+    where no transformers baseline runs on this GPU, or the pool is given in GiB
+    (kv_cache_memory). With a line saying why, where lowered."""
+    default = next(f.default for f in fields(EngineConfig) if f.name == "gpu_memory_utilization")
+    transformers = set(baselines) & set(TRANSFORMERS_BASELINES)
+    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+    if not on_gpu or not transformers or kv_cache_memory is not None:
+        return default, None
+    shares_kv_memory = "generate_batch" in transformers
     weights_bytes = checkpoint_num_elements(model_dir) * dtype.itemsize
     total_bytes = torch.cuda.mem_get_info(torch.device(device))[1]
-    utilization = kv_gpu_memory_utilization(
-        gpu_memory_utilization, weights_bytes, total_bytes, shares_kv_memory
-    )
+    utilization = kv_gpu_memory_utilization(default, weights_bytes, total_bytes, shares_kv_memory)
     shared = ", and generate_batch's KV cache half of the rest" if shares_kv_memory else ""
     return utilization, (
-        f"gpu_memory_utilization {gpu_memory_utilization} -> {utilization:.3f}: transformers' "
+        f"gpu_memory_utilization {default} -> {utilization:.3f}: transformers' "
         f"copy of the weights will take {weights_bytes / GIB:.2f} of {total_bytes / GIB:.1f} GiB"
         f"{shared}"
     )
