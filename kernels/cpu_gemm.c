@@ -5,8 +5,10 @@
 // The micro-kernel holds a 6 x 16 tile of y in 12 ymm registers and, for each k, broadcasts
 // x[r, k] for its 6 rows against the panel's row k: 12 FMAs per 2 vector loads and 6 broadcasts,
 // so it runs near the FMA units' peak once the panel (K x 64 bytes) is in L1/L2. Threads split
-// the panels; rows go in blocks of MB so a block of x stays in L2 across the panels. At M = 1 the
-// same loop streams W once: bandwidth-bound, as it must be.
+// the panels. Each panel is read from memory once for all rows of x (up to X_BLOCK_BYTES of them,
+// which then come from L2/L3 for each panel: 8 FLOPs per byte of x), and the first row tile of a
+// panel prefetches the next panel, one 64-byte line per k, so the stream of W overlaps the FMAs.
+// At M = 1 the same loop streams W once: bandwidth-bound, as it must be.
 //
 // Summation order, kept from oneDNN's AVX2 kernels so that results are bit-identical to
 // torch.ops.mkldnn._linear_pointwise (the tests assert it): for each KC-wide slice of K, one
@@ -34,7 +36,7 @@
 
 #define NR 16    // output columns per panel: two ymm vectors
 #define MR 6     // rows per micro-kernel call: 12 accumulators + 2 panel vectors + 1 broadcast
-#define MB 48    // rows per block (a multiple of MR)
+#define X_BLOCK_BYTES (4 << 20)  // x read per pass over W: each pass reads all of W from memory
 #define KC 1024  // K slice with its own FMA chain, as oneDNN's
 
 int cpu_gemm_supported(void) { return SUPPORTED; }
@@ -98,10 +100,12 @@ static inline __m256 load8_bf16(const uint16_t *p) {
 // y[r, 0:16] (+)= sum over i < kc of x[r, i] * panel[i, 0:16], for r < ROWS; y rows ldy apart.
 #define KERNEL(W, R)                                                                           \
   static void kernel_##W##_##R(const float *x, int64_t ldx, const W##_t *panel, int64_t kc,   \
-                               float *y, int64_t ldy, int accumulate) {                       \
+                               float *y, int64_t ldy, int accumulate,                         \
+                               const W##_t *prefetch) {                                        \
     enum { ROWS = R };                                                                         \
     DECLARE(0) DECLARE(1) DECLARE(2) DECLARE(3) DECLARE(4) DECLARE(5)                          \
     for (int64_t i = 0; i < kc; i++) {                                                         \
+      if (prefetch) _mm_prefetch((const char *)(prefetch + i * NR), _MM_HINT_T1);              \
       const __m256 b0 = load8_##W(panel + i * NR);                                             \
       const __m256 b1 = load8_##W(panel + i * NR + 8);                                         \
       FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4) FMA_ROW(5)                        \
@@ -110,11 +114,12 @@ static inline __m256 load8_bf16(const uint16_t *p) {
   }
 
 // Rows [m0, m1) of y for one panel: each K slice in turn, then the bias. A partial last panel
-// goes through a 6 x 16 scratch tile, so no store lands past column n.
+// goes through a 6 x 16 scratch tile, so no store lands past column n. The first row tile
+// prefetches the panel after this one (past the last panel too: a prefetch never faults).
 #define PANEL_ROWS(W)                                                                          \
   KERNEL(W, 1) KERNEL(W, 2) KERNEL(W, 3) KERNEL(W, 4) KERNEL(W, 5) KERNEL(W, 6)                \
   typedef void (*Kernel_##W)(const float *, int64_t, const W##_t *, int64_t, float *, int64_t, \
-                             int);                                                             \
+                             int, const W##_t *);                                                             \
   static const Kernel_##W KERNELS_##W[MR + 1] = {0,            kernel_##W##_1, kernel_##W##_2, \
                                                  kernel_##W##_3, kernel_##W##_4, kernel_##W##_5, \
                                                  kernel_##W##_6};                              \
@@ -129,7 +134,8 @@ static inline __m256 load8_bf16(const uint16_t *p) {
       const int64_t ld = cols == NR ? n : NR;                                                  \
       for (int64_t k0 = 0; k0 < k; k0 += KC) {                                                 \
         const int64_t kc = k - k0 < KC ? k - k0 : KC;                                          \
-        KERNELS_##W[rows](x + m * ldx + k0, ldx, panel + k0 * NR, kc, dst, ld, k0 > 0);        \
+        const W##_t *next = m == m0 ? panel + (k + k0) * NR : NULL;                          \
+        KERNELS_##W[rows](x + m * ldx + k0, ldx, panel + k0 * NR, kc, dst, ld, k0 > 0, next);  \
       }                                                                                        \
       for (int r = 0; r < rows; r++) {                                                         \
         float *out = y + (m + r) * n + col;                                                    \
@@ -156,6 +162,8 @@ int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weig
   const int64_t panels = (n + NR - 1) / NR;
   if (num_threads < 1) num_threads = 1;
   if (num_threads > panels) num_threads = (int)panels;
+  const int64_t fit = X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / MR * MR;
+  const int64_t block_rows = fit > MR ? fit : MR;
 #pragma omp parallel num_threads(num_threads)
   {
 #ifdef _OPENMP
@@ -164,8 +172,8 @@ int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weig
     const int64_t t = 0, nt = 1;
 #endif
     const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    for (int64_t m0 = 0; m0 < m; m0 += MB) {
-      const int64_t m1 = m0 + MB < m ? m0 + MB : m;
+    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
+      const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
       for (int64_t p = p0; p < p1; p++) {
         if (weight_bf16)
           panel_rows_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, bias, m0, m1, n, k,

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(
 )
 # (N, K): SmolLM2's projections and head; N not a multiple of 16; K over one 1024-wide slice.
 SHAPES = [(960, 576), (576, 1536), (49152, 576), (1000, 37), (7, 2500), (33, 3000)]
-ROWS = [1, 5, 6, 59, 100]  # below, at and past one 6-row tile and one 48-row block
+ROWS = [1, 5, 6, 59, 100]  # below, at and past one 6-row tile
+PASS_ROWS = 700  # at K = 3000, past the 348 rows (4 MiB of x) read in one pass over W
 
 
 @pytest.fixture(params=AVX2_MARCHES)
@@ -41,7 +42,7 @@ def test_equals_onednn_bit_for_bit(march, shape, bias):
     torch.manual_seed(n + k)
     weight, b = torch.randn(n, k) * 0.05, torch.randn(n) if bias else None
     packed = cpu_gemm.pack(weight)
-    for rows in ROWS:
+    for rows in ROWS + ([PASS_ROWS] if k == 3000 else []):
         x = torch.randn(rows, k)
         out = cpu_gemm.linear(x, packed, b, n)
         if "avx512f" in cpu_features.cpu_flags() or not torch.backends.mkldnn.is_available():
