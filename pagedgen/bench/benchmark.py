@@ -146,7 +146,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
             "num_blocks": engine.num_blocks,
             "dtype": str(dtype).removeprefix("torch."),
             "gpu_memory_utilization": gpu_memory_utilization,
-            "decode_graphs": engine.runner.decode_graphs is not None,
+            "decode_graphs": graphs.describe() if (graphs := engine.runner.decode_graphs) else None,
         },
         "roofline": roofline.to_dict() if roofline else None,
     }

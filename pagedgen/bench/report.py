@@ -25,7 +25,7 @@ def render(report: dict, console: Console) -> None:
         f"pagedgen: {engine['dtype']}, max_num_seqs {engine['max_num_seqs']}, "
         f"max_num_batched_tokens {engine['max_num_batched_tokens']}, "
         f"{engine['num_blocks']} KV blocks of {engine['block_size']} tokens"
-        + ("; decode steps from CUDA graphs" if engine.get("decode_graphs") else ""),
+        + (f"; decode steps from {engine['decode_graphs']}" if engine.get("decode_graphs") else ""),
         highlight=False,
     )
     console.print(_machine_line("start", report["machine_start"], "since boot"), highlight=False)

@@ -63,11 +63,12 @@ class DecodeGraphs:
         max_num_seqs: int,
         pad_block: int,
         device: torch.device,
+        batch_sizes: list[int] | None = None,  # default: graph_batch_sizes(max_num_seqs)
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.pad_block = pad_block
-        self.batch_sizes = graph_batch_sizes(max_num_seqs)
+        self.batch_sizes = batch_sizes or graph_batch_sizes(max_num_seqs)
         self.max_batch_size = m = self.batch_sizes[-1]
         self.width = w = max_num_blocks_per_seq
         if (pad_block + 1) * block_size >= 2**31:
@@ -89,6 +90,10 @@ class DecodeGraphs:
         with torch.inference_mode():
             for batch_size in reversed(self.batch_sizes):
                 self.replays[batch_size] = capture(lambda b=batch_size: self._forward(b))
+
+    def describe(self) -> str:
+        kind = "CUDA" if self.buffer.is_cuda else "CPU"
+        return f"{kind} graphs (batches of up to {self.max_batch_size} rows)"
 
     def bucket(self, num_seqs: int) -> int:
         return next(size for size in self.batch_sizes if size >= num_seqs)

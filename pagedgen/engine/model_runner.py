@@ -231,10 +231,12 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
         return hidden, inputs.last_rows
 
-    def capture_decode_graphs(self, capture: GraphCapture | None = None) -> None:
-        """From now on, decode-only steps replay CUDA graphs (capture: how to capture one;
-        tests replay eagerly on the CPU). A pool allocated without its padding block is
-        allocated again, emptied: call it before the first step."""
+    def capture_decode_graphs(
+        self, capture: GraphCapture | None = None, batch_sizes: list[int] | None = None
+    ) -> None:
+        """From now on, decode-only steps of up to max(batch_sizes) rows replay graphs
+        (capture: how to capture one, by default a CUDA graph). A pool allocated without its
+        padding block is allocated again, emptied: call it before the first step."""
         num_blocks = self.num_blocks
         self.decode_graphs = None
         if not self.has_pad_block:
@@ -246,6 +248,7 @@ class ModelRunner:
             self.max_num_seqs,
             pad_block=num_blocks,
             device=self.device,
+            batch_sizes=batch_sizes,
         )
         graphs.capture(capture or cuda_graph_capture())
         self.decode_graphs = graphs

@@ -11,6 +11,7 @@ from pagedgen.attention import get_attention_backend
 from pagedgen.config import EngineConfig
 from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
 from pagedgen.engine.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
+from pagedgen.engine.cpu_graphs import capture_cpu_graphs
 from pagedgen.engine.kv_geometry import (
     DEFAULT_CPU_KV_CACHE_GIB,
     GIB,
@@ -21,6 +22,7 @@ from pagedgen.engine.kv_geometry import (
 from pagedgen.engine.model_runner import ModelRunner
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
+from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.models.registry import get_model_class
@@ -82,7 +84,15 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         # every row's whole table, where the cupy kernel reads each row's own context only.
         log("decode CUDA graphs need the cupy decode kernel in every layer; running eagerly")
         graphs = False
-    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs)
+    cpu_graphs = (
+        device.type == "cpu"
+        and backend.name == "cpu"
+        and not config.enforce_eager
+        and dtype in kernel_dtypes()
+    )
+    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs or cpu_graphs)
+    if cpu_graphs:
+        capture_cpu_graphs(runner, config.max_num_seqs, log)
     if graphs:
         start = time.perf_counter()
         runner.capture_decode_graphs()

@@ -3,6 +3,7 @@ pagedgen.kernels.cpu_build."""
 
 import ctypes
 import functools
+from types import SimpleNamespace
 
 import torch
 
@@ -14,7 +15,7 @@ KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 @functools.cache
-def _library(march: str) -> ctypes.CDLL:
+def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march)
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     decode = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, i32]

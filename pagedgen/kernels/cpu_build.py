@@ -5,6 +5,7 @@ Built for -march=native (or the cap PAGEDGEN_MAX_CPU_ISA sets), with -fopenmp wh
 has it; loaded after torch, so its libgomp.so.1 is the one torch already runs and the kernels
 share torch's threads (a second pool would spin against torch's on the same cores)."""
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -13,7 +14,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 from pagedgen.cpu_features import cpu_flags
 from pagedgen.kernels.source import kernel_source
@@ -79,9 +82,45 @@ def load_cpu_library(name: str, march: str, extra_flags: tuple[str, ...] = ()) -
     return ctypes.CDLL(str(path))
 
 
-def declare(lib: ctypes.CDLL, signatures: dict[str, list[type]]) -> ctypes.CDLL:
-    """Sets each named function's argument types; every kernel entry point returns an int."""
+# Called after every kernel call while record_calls() is open: (function, args, status).
+CallObserver = Callable[[Callable[..., int], tuple, int], None]
+_observer: CallObserver | None = None
+
+
+@contextlib.contextmanager
+def record_calls(observer: CallObserver) -> Iterator[None]:
+    """Reports each kernel call made inside to observer, which may replay it later: the
+    arguments are plain values (pointers as ints), valid as long as the tensors behind them."""
+    global _observer
+    previous, _observer = _observer, observer
+    try:
+        yield
+    finally:
+        _observer = previous
+
+
+class KernelFunction:
+    """A declared entry point of a kernel library: calls it, and reports the call where
+    record_calls() asks."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., int]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args) -> int:
+        status = self.fn(*args)
+        if _observer is not None:
+            _observer(self.fn, args, status)
+        return status
+
+
+def declare(lib: ctypes.CDLL, signatures: dict[str, list[type]]) -> SimpleNamespace:
+    """The named functions with their argument types set; every kernel entry point returns an
+    int."""
+    functions = {}
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    return lib
+        functions[name] = KernelFunction(fn)
+    return SimpleNamespace(**functions)

@@ -12,6 +12,7 @@ PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off."""
 import ctypes
 import functools
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -25,7 +26,7 @@ WEIGHT_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.int16}  # w
 
 
 @functools.cache
-def _library(march: str) -> ctypes.CDLL:
+def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march)
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures = {

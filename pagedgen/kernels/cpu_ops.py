@@ -6,6 +6,7 @@ for everything else (other dtypes, GPUs, no C compiler)."""
 import ctypes
 import functools
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -20,7 +21,7 @@ DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_OPS"
 
 
 @functools.cache
-def _library(march: str) -> ctypes.CDLL:
+def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march, EXTRA_FLAGS)
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     signatures = {

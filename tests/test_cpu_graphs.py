@@ -1,0 +1,127 @@
+"""CPU graphs (engine/cpu_graphs.py): a recorded forward replays the kernel calls and torch ops
+it made, from whatever its inputs hold now, and refuses a forward it could not replay; decode
+steps replayed from them give the eager engine's outputs."""
+
+import random
+
+import pytest
+import torch
+
+from pagedgen import LLM, SamplingParams
+from pagedgen.engine.cpu_graphs import CaptureRefused, CpuGraph, cpu_graph_batch_sizes
+from pagedgen.engine.cuda_graphs import DecodeGraphs
+from pagedgen.kernels import cpu_ops
+from tests.test_async_scheduling import ENGINE, outputs, prompts_of
+
+needs_cpu_ops = pytest.mark.skipif(
+    cpu_ops.cpu_ops_error() is not None, reason=f"no C kernels here: {cpu_ops.cpu_ops_error()}"
+)
+
+
+def test_batch_sizes():
+    assert cpu_graph_batch_sizes(256) == [1, 2, 4, 8, 16]
+    assert cpu_graph_batch_sizes(5) == [1, 2, 4, 5]
+    assert cpu_graph_batch_sizes(1) == [1]
+
+
+@needs_cpu_ops
+@torch.inference_mode()
+def test_replay_recomputes_kernel_calls_and_torch_ops_from_new_inputs():
+    torch.manual_seed(0)
+    ids, table, weight = torch.zeros(4, dtype=torch.int32), torch.randn(10, 32), torch.randn(32)
+
+    def run() -> torch.Tensor:
+        x = table[ids.long()]  # torch ops returning new tensors
+        y = cpu_ops.rms_norm(x, weight, 1e-6)  # a C kernel into an empty tensor
+        y[:, :4].mul_(2.0)  # in place, through a view
+        return y + 1.0
+
+    graph = CpuGraph(run)
+    for values in ([3, 1, 4, 1], [9, 2, 6, 5]):
+        ids.copy_(torch.tensor(values, dtype=torch.int32))
+        graph.replay()
+        assert torch.equal(graph.output, run())
+    assert not torch.equal(graph.output[0], graph.output[1])
+
+
+@torch.inference_mode()
+def test_a_value_handed_back_to_python_refuses_the_recording():
+    x = torch.randn(8)
+
+    def run() -> torch.Tensor:
+        return x * 2 if float(x.sum()) > 0 else x * 3
+
+    with pytest.raises(CaptureRefused, match="hands a value back"):
+        CpuGraph(run)
+
+
+@torch.inference_mode()
+def test_work_the_recording_does_not_see_fails_the_check():
+    """numpy writing into a tensor's memory reaches neither the dispatcher nor record_calls:
+    a replay would leave that tensor as it was."""
+    x = torch.randn(8)
+
+    def run() -> torch.Tensor:
+        y = torch.empty(8)
+        y.numpy()[:] = x.numpy() * 2
+        return y + 1
+
+    with pytest.raises(CaptureRefused, match="differs from the eager forward"):
+        CpuGraph(run)
+
+
+def count_replays(llm: LLM) -> list[int]:
+    graphs = llm.engine.runner.decode_graphs
+    assert graphs is not None, "no CPU graphs were recorded"
+    counted, replay = [0], graphs.replay
+
+    def spy(batch_size: int, num_seqs: int) -> torch.Tensor:
+        counted[0] += 1
+        return replay(batch_size, num_seqs)
+
+    graphs.replay = spy
+    return counted
+
+
+@needs_cpu_ops
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_decode_steps_from_cpu_graphs_equal_eager_ones(tiny_llama_path, async_scheduling):
+    """Batches from 20 rows (eager) down to 1 (every bucket), seeded sampling and logprobs."""
+    rng = random.Random(0)
+    prompts = prompts_of(11, 20)
+    params = [
+        SamplingParams(temperature=0, max_tokens=rng.randint(2, 40), ignore_eos=True, logprobs=2)
+        if i % 2
+        else SamplingParams(temperature=0.8, top_k=20, seed=i, max_tokens=rng.randint(2, 40))
+        for i in range(len(prompts))
+    ]
+    eager = outputs(LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True), prompts, params)
+    llm = LLM(str(tiny_llama_path), **ENGINE, async_scheduling=async_scheduling)
+    assert llm.engine.runner.decode_graphs.batch_sizes == [1, 2, 4, 8, 16]
+    replays = count_replays(llm)
+    assert outputs(llm, prompts, params) == eager
+    assert replays[0] >= 30
+
+
+@needs_cpu_ops
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_cpu_graphs_through_preemption(tiny_llama_path, preemption_mode):
+    """A pool of a few blocks: decode rows are preempted and come back between replays."""
+    prompts = prompts_of(3, 12, shared_prefix=20)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    kwargs = dict(block_size=4, preemption_mode=preemption_mode, swap_space=0.01,
+                  kv_cache_memory=0.00015, max_num_batched_tokens=48)  # fmt: skip
+    eager = outputs(
+        LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs), prompts, params
+    )
+    llm = LLM(str(tiny_llama_path), **ENGINE, **kwargs)
+    replays = count_replays(llm)
+    assert outputs(llm, prompts, params) == eager
+    assert replays[0] > 0
+    assert sum(llm.engine.scheduler.num_preemptions.values()) > 0
+
+
+def test_enforce_eager_records_no_graphs(tiny_llama_path):
+    llm = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True)
+    assert llm.engine.runner.decode_graphs is None
+    assert isinstance(LLM(str(tiny_llama_path), **ENGINE).engine.runner.decode_graphs, DecodeGraphs)
