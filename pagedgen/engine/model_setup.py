@@ -91,8 +91,6 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         and dtype in kernel_dtypes()
     )
     runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs or cpu_graphs)
-    if cpu_graphs:
-        capture_cpu_graphs(runner, config.max_num_seqs, log)
     if graphs:
         start = time.perf_counter()
         runner.capture_decode_graphs()
@@ -112,6 +110,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         f"{attention}), max_model_len {max_model_len}"
     )
     log(describe_pool(pool, geometry, config.block_size, kv_cache_bytes))
+    if cpu_graphs:
+        capture_cpu_graphs(runner, config.max_num_seqs, log)
     return ModelSetup(
         runner,
         tokenizer,
