@@ -4,6 +4,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from pagedgen.cpu_features import cpu_compute_dtype
 from pagedgen.layers.linear import Linear
 
 COPY_BYTES = 256 << 20  # well past the last-level cache
@@ -85,11 +86,14 @@ def measure_matmul(
 def measure_linear(
     m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, min_time: float = 0.3
 ) -> float:
-    """The same through pagedgen's Linear, packed as the engine packs its weights."""
+    """The same through pagedgen's Linear, packed as the engine packs its weights, over
+    activations of the engine's compute dtype (a CPU without bfloat16 arithmetic computes a
+    bfloat16 model in float32)."""
+    compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     layer = Linear(k, n).to(device=device, dtype=dtype)
     layer.weight.data.normal_()
-    layer.pack()
-    a = torch.randn(m, k, dtype=dtype, device=device)
+    layer.pack(compute_dtype)
+    a = torch.randn(m, k, dtype=compute_dtype, device=device)
     with torch.inference_mode():
         seconds = _best_time(lambda: layer(a), device, min_time)
     return 2 * m * k * n / seconds / 1e9

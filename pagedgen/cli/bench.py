@@ -34,7 +34,7 @@ def bench(
     ),
     block_size: int = typer.Option(16, help="pagedgen's tokens per KV-cache block"),
     enforce_eager: bool = typer.Option(
-        False, help="cuda: --enforce-eager runs pagedgen's decode steps without CUDA graphs"
+        False, help="--enforce-eager runs pagedgen's decode steps without CUDA or CPU graphs"
     ),
     async_scheduling: bool = typer.Option(
         False, help="pagedgen schedules the next step while the device runs this one"

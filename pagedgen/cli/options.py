@@ -177,8 +177,8 @@ ENGINE = OptionGroup(
             _engine(
                 False,
                 "--enforce-eager/--no-enforce-eager",
-                help="GPU: run every step eagerly, without the decode steps' CUDA graphs "
-                "[default: graphs]",
+                help="run every step eagerly, without the decode steps' CUDA graphs (GPU) "
+                "or CPU graphs (up to 16 rows) [default: graphs]",
             ),
         ),
         "async_scheduling": (
