@@ -11,6 +11,7 @@ from pagedgen import LLM, SamplingParams
 from pagedgen.engine.cpu_graphs import CaptureRefused, CpuGraph, cpu_graph_batch_sizes
 from pagedgen.engine.cuda_graphs import DecodeGraphs
 from pagedgen.kernels import cpu_ops
+from pagedgen.kernels.cpu_build import record_calls
 from tests.test_async_scheduling import ENGINE, outputs, prompts_of
 
 needs_cpu_ops = pytest.mark.skipif(
@@ -22,6 +23,18 @@ def test_batch_sizes():
     assert cpu_graph_batch_sizes(256) == [1, 2, 4, 8, 16]
     assert cpu_graph_batch_sizes(5) == [1, 2, 4, 5]
     assert cpu_graph_batch_sizes(1) == [1]
+
+
+@needs_cpu_ops
+def test_record_calls_reports_each_kernel_call_inside_only():
+    x, weight, seen = torch.randn(3, 8), torch.ones(8), []
+    with record_calls(lambda fn, args, status: seen.append((fn.__name__, args, status))):
+        out = cpu_ops.rms_norm(x, weight, 1e-6)
+    cpu_ops.rms_norm(x, weight, 1e-6)
+    assert len(seen) == 1
+    name, args, status = seen[0]
+    assert (name, status) == ("rms_norm", 0)
+    assert args[:2] == (out.data_ptr(), x.data_ptr())
 
 
 @needs_cpu_ops
