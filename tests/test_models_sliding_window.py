@@ -53,6 +53,8 @@ def windowed_model(request, tmp_path_factory):
 
 def generate(folder, **kwargs) -> tuple[LLM, list[list[int]]]:
     llm = LLM(str(folder), log=lambda _: None, **kwargs)
+    if llm.engine.runner.backend.name == "cpu" and not kwargs.get("enforce_eager"):
+        assert llm.engine.runner.decode_graphs is not None  # decode steps replay CPU graphs
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     outputs = llm.generate(PROMPTS, params)
     llm.engine.block_manager.check_integrity()
