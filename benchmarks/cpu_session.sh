@@ -7,6 +7,7 @@
 #                                         backend (../shared/tools/vllm-cpu-baseline: ~5 min the
 #                                         first time), ratios and greedy agreement in the table
 #   latency-float32, latency-bfloat16     batch 1, 128 prompt tokens, 128 output tokens
+#   latency-float32-eager                 the same without CPU graphs (--enforce-eager)
 # Run it on a quiet machine: vLLM pins its threads to cores 0-1, and 2 cores are all there is.
 # The CPU's AVX-512 features (none: AVX2 only) go first in every log, since every figure depends
 # on them.
@@ -32,3 +33,6 @@ for dtype in float32 bfloat16; do
     run "latency-$dtype" --workload latency --input-len 128 --output-len 128 --dtype "$dtype" \
         --baselines '' --num-iters "$NUM_ITERS" --no-overhead
 done
+# What the CPU graphs buy at batch 1: the same run with every step eager.
+run "latency-float32-eager" --workload latency --input-len 128 --output-len 128 --dtype float32 \
+    --baselines '' --num-iters "$NUM_ITERS" --no-overhead --enforce-eager
