@@ -21,18 +21,13 @@ Like CUDA graphs, the inputs are read from the buffers the recorded forward read
 tensor created during the recording stays allocated for the graph's lifetime.
 """
 
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pagedgen.engine.cuda_graphs import GraphCapture
+from pagedgen.engine.cuda_graphs import GraphCapture, graph_batch_sizes
 from pagedgen.kernels.cpu_build import record_calls
-
-if TYPE_CHECKING:
-    from pagedgen.engine.model_runner import ModelRunner
 
 MAX_BATCH_SIZE = 16  # beyond, the matmuls dominate a step and a bucket's padding rows cost more
 ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
@@ -45,8 +40,7 @@ class CaptureRefused(RuntimeError):
 def cpu_graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, 16, capped at max_num_seqs (always one): up to 16 rows a decode step is
     bound by streaming the weights, so a padding row costs next to nothing."""
-    limit = min(max_num_seqs, MAX_BATCH_SIZE)
-    return sorted({size for size in (1, 2, 4, 8, 16) if size < limit} | {limit})
+    return graph_batch_sizes(min(max_num_seqs, MAX_BATCH_SIZE))
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -102,8 +96,8 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        outputs = _tensors(out)
-        if len(outputs) != len(out if isinstance(out, (list, tuple)) else [out]):
+        outputs = list(out) if isinstance(out, (list, tuple)) else [out]
+        if not all(isinstance(x, torch.Tensor) for x in outputs):
             raise CaptureRefused(f"{func} hands a value back to Python")
         if func._schema.is_mutable:
             self.steps.append(lambda: func(*args, **kwargs))
@@ -160,20 +154,3 @@ def cpu_graph_capture() -> GraphCapture:
         return graph.replay, graph.output
 
     return capture
-
-
-def capture_cpu_graphs(
-    runner: "ModelRunner", max_num_seqs: int, log: Callable[[str], None]
-) -> None:
-    """Records the runner's decode graphs, or leaves it eager and says why."""
-    start = time.perf_counter()
-    try:
-        runner.capture_decode_graphs(cpu_graph_capture(), cpu_graph_batch_sizes(max_num_seqs))
-    except CaptureRefused as e:
-        log(f"decode steps run eagerly: {e}")
-        return
-    sizes = runner.decode_graphs.batch_sizes
-    log(
-        f"decode CPU graphs: batch sizes {', '.join(map(str, sizes))}, recorded in "
-        f"{time.perf_counter() - start:.1f} s"
-    )

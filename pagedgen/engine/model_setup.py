@@ -11,7 +11,7 @@ from pagedgen.attention import get_attention_backend
 from pagedgen.config import EngineConfig
 from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
 from pagedgen.engine.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
-from pagedgen.engine.cpu_graphs import capture_cpu_graphs
+from pagedgen.engine.cpu_graphs import CaptureRefused, cpu_graph_batch_sizes, cpu_graph_capture
 from pagedgen.engine.kv_geometry import (
     DEFAULT_CPU_KV_CACHE_GIB,
     GIB,
@@ -91,14 +91,6 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         and dtype in kernel_dtypes()
     )
     runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs or cpu_graphs)
-    if graphs:
-        start = time.perf_counter()
-        runner.capture_decode_graphs()
-        captured = runner.decode_graphs
-        log(
-            f"decode CUDA graphs: {len(captured.batch_sizes)} batch sizes up to "
-            f"{captured.max_batch_size}, captured in {time.perf_counter() - start:.1f} s"
-        )
     where = str(device)
     if device.type == "cpu":
         where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"
@@ -110,8 +102,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         f"{attention}), max_model_len {max_model_len}"
     )
     log(describe_pool(pool, geometry, config.block_size, kv_cache_bytes))
-    if cpu_graphs:
-        capture_cpu_graphs(runner, config.max_num_seqs, log)
+    if graphs or cpu_graphs:
+        capture_graphs(runner, config.max_num_seqs, log)
     return ModelSetup(
         runner,
         tokenizer,
@@ -120,6 +112,24 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         pool.num_blocks,
         pool.num_cpu_blocks,
         eos_token_ids(hf_config, tokenizer),
+    )
+
+
+def capture_graphs(runner: ModelRunner, max_num_seqs: int, log: Callable[[str], None]) -> None:
+    """Captures the decode steps' CUDA graphs, or records their CPU graphs, on the runner's
+    device; a CPU recording that cannot be replayed leaves the steps eager, saying why."""
+    start = time.perf_counter()
+    try:
+        if runner.device.type == "cuda":
+            runner.capture_decode_graphs()
+        else:
+            runner.capture_decode_graphs(cpu_graph_capture(), cpu_graph_batch_sizes(max_num_seqs))
+    except CaptureRefused as e:
+        log(f"decode steps run eagerly: {e}")
+        return
+    log(
+        f"decode steps from {runner.decode_graphs.describe()}, captured in "
+        f"{time.perf_counter() - start:.1f} s"
     )
 
 
