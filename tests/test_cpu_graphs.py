@@ -7,11 +7,12 @@ import random
 import pytest
 import torch
 
-from pagedgen import LLM, SamplingParams
+from pagedgen import LLM, SamplingParams, cpu_features
 from pagedgen.engine.cpu_graphs import CaptureRefused, CpuGraph, cpu_graph_batch_sizes
 from pagedgen.engine.cuda_graphs import DecodeGraphs
-from pagedgen.kernels import cpu_ops
+from pagedgen.kernels import cpu_gemm, cpu_ops
 from pagedgen.kernels.cpu_build import record_calls
+from pagedgen.layers import linear
 from tests.test_async_scheduling import ENGINE, outputs, prompts_of
 
 needs_cpu_ops = pytest.mark.skipif(
@@ -138,3 +139,43 @@ def test_enforce_eager_records_no_graphs(tiny_llama_path):
     llm = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True)
     assert llm.engine.runner.decode_graphs is None
     assert isinstance(LLM(str(tiny_llama_path), **ENGINE).engine.runner.decode_graphs, DecodeGraphs)
+
+
+@pytest.mark.parametrize(
+    ("env", "dtype", "layout"),
+    [
+        pytest.param(
+            {"PAGEDGEN_DISABLE_CPU_GEMM": "1"},
+            "float32",
+            linear.ONEDNN,  # what AVX-512 machines run
+            marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN"),
+        ),
+        ({"PAGEDGEN_DISABLE_CPU_OPS": "1"}, "float32", None),  # norms and RoPE as torch ops
+        ({}, "bfloat16", None),
+    ],
+    ids=["onednn-matmuls", "torch-elementwise-ops", "bfloat16"],
+)
+@needs_cpu_ops
+def test_cpu_graphs_over_the_other_cpu_paths(tiny_llama_path, monkeypatch, env, dtype, layout):
+    """The paths another CPU takes, forced here: oneDNN's opaque packed weights (what AVX-512
+    machines run) and torch's elementwise ops are recorded as torch ops and replay as eager."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    caches = (cpu_gemm.enabled, cpu_ops._enabled, cpu_features.onednn_matmul_dtypes)
+    for cache in caches:
+        cache.cache_clear()
+    try:
+        engine = dict(ENGINE, dtype=dtype)
+        prompts = prompts_of(5, 6)
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        eager = outputs(LLM(str(tiny_llama_path), **engine, enforce_eager=True), prompts, params)
+        llm = LLM(str(tiny_llama_path), **engine)
+        if layout is not None:
+            layer = llm.engine.runner.model.layers[0].mlp.down_proj
+            assert layer.layout == layout
+        replays = count_replays(llm)
+        assert outputs(llm, prompts, params) == eager
+        assert replays[0] > 0
+    finally:
+        for cache in caches:
+            cache.cache_clear()
