@@ -1,9 +1,12 @@
 // Paged decode attention for the CPU: one query row per sequence, K/V read through the block
 // table in place, one pass over each (sequence, kv head) for all the query heads that share it
-// (GQA). Two passes over the context: scores (q . k) for every token, then softmax, then the
-// weighted sum of V rows. q, the scores and the output are float32; the cache is float32,
+// (GQA). Two passes over the context: scores (q . k) for every token, VW keys at a time summed by
+// one transpose-and-add tree, then softmax, then the weighted sum of V rows, each row loaded once
+// for up to 4 query heads. q, the scores and the output are float32; the cache is float32,
 // bfloat16 or float16, widened to float32 as it is loaded (bfloat16 exactly, by a shift; float16
-// by the F16C conversion where the target has it).
+// by the F16C conversion where the target has it). With AVX512_BF16, bfloat16 keys take
+// dot-product instructions instead, over q rounded to bfloat16 (a bfloat16 model's q already is).
+// The blocks of a context lie anywhere in the pool, so the kernel prefetches them itself.
 //
 // Cache layout, shared with the CUDA kernels and the torch backend:
 //
@@ -38,6 +41,7 @@
 
 #define MAX_THREADS 256
 #define MAX_GROUP 64  // query heads per kv head
+#define PF_DIST 2     // blocks ahead that K is prefetched (see prefetch_block)
 
 // Cache element types. kv_dtype codes, as passed by pagedgen.kernels.cpu: 0 f32, 1 bf16, 2 f16.
 typedef float f32_t;
@@ -133,47 +137,6 @@ static inline float load_f1_f16(const f16_t *p) { return (float)*p; }
 static inline float load_f1_f16(const f16_t *p) { return 0.0f; }
 #endif
 
-static inline float hsum_vf(vf v) {
-  float s = 0.0f;
-  for (int i = 0; i < VW; i++) s += v[i];
-  return s;
-}
-
-// The four sums of a0..a3, scaled, into out[0..3]: horizontal adds of the four together.
-static inline void hsum4_vf(vf a0, vf a1, vf a2, vf a3, float scale, float *out) {
-#if VW == 16 && defined(__AVX512F__)
-  const __m256 b0 = _mm512_castps512_ps256((__m512)a0) +
-                    (__m256)_mm512_extractf64x4_pd((__m512d)a0, 1);
-  const __m256 b1 = _mm512_castps512_ps256((__m512)a1) +
-                    (__m256)_mm512_extractf64x4_pd((__m512d)a1, 1);
-  const __m256 b2 = _mm512_castps512_ps256((__m512)a2) +
-                    (__m256)_mm512_extractf64x4_pd((__m512d)a2, 1);
-  const __m256 b3 = _mm512_castps512_ps256((__m512)a3) +
-                    (__m256)_mm512_extractf64x4_pd((__m512d)a3, 1);
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
-  const __m128 r = _mm256_castps256_ps128(h) + _mm256_extractf128_ps(h, 1);
-  _mm_storeu_ps(out, r * _mm_set1_ps(scale));
-#elif VW == 8 && defined(__AVX__)
-  // [a0 01, a0 23, a1 01, a1 23 | a0 45, ...] -> [a0 0123, a1 0123, a2 0123, a3 0123 | 4567 ...]
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps((__m256)a0, (__m256)a1),
-                                  _mm256_hadd_ps((__m256)a2, (__m256)a3));
-  const __m128 r = _mm256_castps256_ps128(h) + _mm256_extractf128_ps(h, 1);
-  _mm_storeu_ps(out, r * _mm_set1_ps(scale));
-#else
-  out[0] = hsum_vf(a0) * scale;
-  out[1] = hsum_vf(a1) * scale;
-  out[2] = hsum_vf(a2) * scale;
-  out[3] = hsum_vf(a3) * scale;
-#endif
-}
-
-typedef float f1;
-static inline void hsum4_f1(float a0, float a1, float a2, float a3, float scale, float *out) {
-  out[0] = a0 * scale;
-  out[1] = a1 * scale;
-  out[2] = a2 * scale;
-  out[3] = a3 * scale;
-}
 static inline float load_f1_f32(const f32_t *p) { return *p; }
 static inline float load_f1_bf16(const bf16_t *p) {
   const uint32_t bits = (uint32_t)*p << 16;
@@ -181,109 +144,316 @@ static inline float load_f1_bf16(const bf16_t *p) {
   memcpy(&v, &bits, sizeof v);
   return v;
 }
-static inline float hsum_f1(float v) { return v; }
 
-// One (sequence, kv head) unit with head_dim = NV * WIDTH, in vectors of WIDTH floats. With NV a
-// constant, q and the output accumulators stay in registers while a block's K or V rows for this
-// head (a few KiB) are re-read from L1 for each query head of the group.
-#define ATTEND_UNIT(NAME, KV, VEC, WIDTH, NV)                                                      \
-  static void NAME(const Work *w, int64_t seq, int kv_head, float *scores) {                   \
-    const int nv = (NV), head_dim = nv * (WIDTH);                                             \
-    const int group = w->num_heads / w->num_kv_heads;                                         \
-    const int context_len = w->context_lens[seq];                                             \
-    const int block_size = w->block_size;                                                     \
-    const int num_blocks = (context_len + block_size - 1) / block_size;                       \
-    const int first = w->sliding_window > 0 && context_len > w->sliding_window                \
-                          ? context_len - w->sliding_window                                   \
-                          : 0;                                                                \
-    const int span = context_len - first; /* scores[g * span + t - first] */                  \
-    const float scale = w->scale;                                                             \
-    const int64_t row_stride = (int64_t)w->num_kv_heads * head_dim;                           \
-    const int64_t head_offset = (int64_t)kv_head * head_dim;                                  \
-    const int32_t *block_table = w->block_tables + seq * w->block_table_stride;               \
-    const float *q = w->query + seq * w->query_seq_stride + (int64_t)kv_head * group * head_dim; \
-    float *out = w->out + (seq * w->num_heads + (int64_t)kv_head * group) * head_dim;         \
-    for (int b = first / block_size; b < num_blocks; b++) {                                   \
-      const KV##_t *k_block = (const KV##_t *)w->key_cache +                                \
-                              (int64_t)block_table[b] * block_size * row_stride + head_offset; \
-      const int t0 = b * block_size;                                                          \
-      const int n = context_len - t0 < block_size ? context_len - t0 : block_size;            \
-      for (int g = 0; g < group; g++) {                                                       \
-        VEC qv[NV];                                                                           \
-        for (int j = 0; j < nv; j++) qv[j] = load_##VEC##_f32(q + g * head_dim + j * (WIDTH)); \
-        float *s = scores + g * span + t0 - first;                                            \
-        int i = first > t0 ? first - t0 : 0;                                                  \
-        for (; i + 4 <= n; i += 4) { /* four keys at a time: one horizontal reduction */      \
-          const KV##_t *k = k_block + i * row_stride;                                         \
-          VEC a0 = qv[0] * load_##VEC##_##KV(k);                                              \
-          VEC a1 = qv[0] * load_##VEC##_##KV(k + row_stride);                                 \
-          VEC a2 = qv[0] * load_##VEC##_##KV(k + 2 * row_stride);                             \
-          VEC a3 = qv[0] * load_##VEC##_##KV(k + 3 * row_stride);                             \
-          for (int j = 1; j < nv; j++) {                                                      \
-            const KV##_t *kj = k + j * (WIDTH);                                               \
-            a0 += qv[j] * load_##VEC##_##KV(kj);                                              \
-            a1 += qv[j] * load_##VEC##_##KV(kj + row_stride);                                 \
-            a2 += qv[j] * load_##VEC##_##KV(kj + 2 * row_stride);                             \
-            a3 += qv[j] * load_##VEC##_##KV(kj + 3 * row_stride);                             \
-          }                                                                                   \
-          hsum4_##VEC(a0, a1, a2, a3, scale, s + i);                                          \
-        }                                                                                     \
-        for (; i < n; i++) {                                                                  \
-          const KV##_t *k = k_block + i * row_stride;                                         \
-          VEC acc = qv[0] * load_##VEC##_##KV(k);                                             \
-          for (int j = 1; j < nv; j++) acc += qv[j] * load_##VEC##_##KV(k + j * (WIDTH));     \
-          s[i] = hsum_##VEC(acc) * scale;                                                     \
+static inline void store_vf(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+// VW vectors -> one vector whose lane r holds the sum of a[r]'s lanes: a transpose-and-add tree,
+// about 3 instructions a key where a horizontal sum per key takes 6 to 10.
+static inline vf reduce_vw(const vf *a) {
+#if VW == 16 && defined(__AVX512F__)
+  __m512 b[8], c[4], d[2];
+  for (int p = 0; p < 8; p++) {  // quads 0-1: key 2p, quads 2-3: key 2p + 1
+    const __m512 x = (__m512)a[2 * p], y = (__m512)a[2 * p + 1];
+    b[p] = _mm512_shuffle_f32x4(x, y, 0x44) + _mm512_shuffle_f32x4(x, y, 0xEE);
+  }
+  for (int p = 0; p < 4; p++)  // quad q: key 4p + q
+    c[p] = _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88) +
+           _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD);
+  for (int p = 0; p < 2; p++)  // quad q: keys 8p + q, 8p + q + 4, each in two halves
+    d[p] = _mm512_unpacklo_ps(c[2 * p], c[2 * p + 1]) + _mm512_unpackhi_ps(c[2 * p], c[2 * p + 1]);
+  const __m512 e = (__m512)_mm512_unpacklo_pd((__m512d)d[0], (__m512d)d[1]) +
+                   (__m512)_mm512_unpackhi_pd((__m512d)d[0], (__m512d)d[1]);
+  // lane 4q + m holds key q + 4m
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return (vf)_mm512_permutexvar_ps(order, e);
+#elif VW == 8 && defined(__AVX__)
+  __m256 b[4], c[2];
+  for (int p = 0; p < 4; p++) {  // half 0: key 2p, half 1: key 2p + 1
+    const __m256 x = (__m256)a[2 * p], y = (__m256)a[2 * p + 1];
+    b[p] = _mm256_permute2f128_ps(x, y, 0x20) + _mm256_permute2f128_ps(x, y, 0x31);
+  }
+  for (int p = 0; p < 2; p++) c[p] = _mm256_hadd_ps(b[2 * p], b[2 * p + 1]);
+  const __m256 e = _mm256_hadd_ps(c[0], c[1]);  // lane 4h + i holds key 2i + h
+  return (vf)_mm256_permutevar8x32_ps(e, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+#else
+  vf s;
+  for (int r = 0; r < VW; r++) {
+    float t = 0.0f;
+    for (int i = 0; i < VW; i++) t += a[r][i];
+    s[r] = t;
+  }
+  return s;
+#endif
+}
+
+// s[r] = scale * (q . k_r) for the count <= VW keys k_r = k + r * row_stride of one kv head;
+// q is HD / VW vectors. Rows past count are not read (they may lie past the block).
+#define QK_KEYS(KV, HD)                                                                       \
+  static inline __attribute__((always_inline)) void qk_keys_##KV##_##HD(                     \
+      const vf *q, const KV##_t *k, int64_t row_stride, int count, float scale, float *s) {  \
+    vf acc[VW];                                                                               \
+    _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++) {                                   \
+      if (r < count) {                                                                        \
+        const KV##_t *kr = k + r * row_stride;                                                \
+        vf a = q[0] * load_vf_##KV(kr);                                                       \
+        for (int j = 1; j < (HD) / VW; j++) a += q[j] * load_vf_##KV(kr + j * VW);                 \
+        acc[r] = a;                                                                           \
+      } else {                                                                                \
+        acc[r] = (vf){0};                                                                     \
+      }                                                                                       \
+    }                                                                                         \
+    const vf sum = reduce_vw(acc) * scale;                                                    \
+    if (count == VW) store_vf(s, sum);                                                        \
+    else memcpy(s, &sum, sizeof(float) * (size_t)count);                                     \
+  }
+
+// bfloat16 keys with AVX512_BF16: q rounded to bfloat16 (a bfloat16 model's query already is),
+// then one dot-product instruction per 32 elements, products exact and summed in float32.
+#if VW == 16 && defined(__AVX512BF16__)
+#define HAVE_DPBF16 1
+#define QK_KEYS_DPBF16(HD)                                                                    \
+  static inline __attribute__((always_inline)) void qk_keys_dpbf16_##HD(                     \
+      const __m512bh *q, const bf16_t *k, int64_t row_stride, int count, float scale,        \
+      float *s) {                                                                             \
+    vf acc[VW];                                                                               \
+    _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++) {                                   \
+      if (r < count) {                                                                        \
+        const bf16_t *kr = k + r * row_stride;                                                \
+        __m512 a = _mm512_setzero_ps();                                                       \
+        for (int j = 0; j < (HD) / 32; j++)                                                    \
+          a = _mm512_dpbf16_ps(a, q[j], (__m512bh)_mm512_loadu_si512(kr + 32 * j));           \
+        acc[r] = (vf)a;                                                                       \
+      } else {                                                                                \
+        acc[r] = (vf){0};                                                                     \
+      }                                                                                       \
+    }                                                                                         \
+    const vf sum = reduce_vw(acc) * scale;                                                    \
+    if (count == VW) store_vf(s, sum);                                                        \
+    else memcpy(s, &sum, sizeof(float) * (size_t)count);                                      \
+  }
+#else
+#define HAVE_DPBF16 0
+#endif
+
+// Softmax of each query head's scores in place (after the soft cap, if any); inv_sum[g] is 1 / the
+// sum of row g's exponentials, applied to the output instead of to every probability.
+static void softmax_rows(const Work *w, float *scores, int group, int span, float *inv_sum) {
+  for (int g = 0; g < group; g++) {
+    float *s = scores + g * span;
+    if (w->softcap > 0.0f) {
+      const float cap = w->softcap, inv_cap = 1.0f / w->softcap;
+      for (int t = 0; t < span; t++) s[t] = cap * tanhf(s[t] * inv_cap);
+    }
+    float max = -INFINITY;
+    for (int t = 0; t < span; t++) max = s[t] > max ? s[t] : max;
+    float sum = 0.0f;
+    for (int t = 0; t < span; t++) {
+      s[t] = exp_nonpositive(s[t] - max);
+      sum += s[t];
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+}
+
+// Where one (sequence, kv head) unit reads and writes.
+typedef struct {
+  int group, context_len, num_blocks, first, span;  // scores[g * span + t - first]
+  int64_t row_stride, head_offset;                  // in cache elements
+  const int32_t *block_table;
+  const float *q;  // the group's query heads, head_dim apart
+  float *out;
+} Unit;
+
+static inline Unit unit_of(const Work *w, int64_t seq, int kv_head) {
+  Unit u;
+  u.group = w->num_heads / w->num_kv_heads;
+  u.context_len = w->context_lens[seq];
+  u.num_blocks = (u.context_len + w->block_size - 1) / w->block_size;
+  u.first = w->sliding_window > 0 && u.context_len > w->sliding_window
+                ? u.context_len - w->sliding_window
+                : 0;
+  u.span = u.context_len - u.first;
+  u.row_stride = (int64_t)w->num_kv_heads * w->head_dim;
+  u.head_offset = (int64_t)kv_head * w->head_dim;
+  u.block_table = w->block_tables + seq * w->block_table_stride;
+  u.q = w->query + seq * w->query_seq_stride + (int64_t)kv_head * u.group * w->head_dim;
+  u.out = w->out + (seq * w->num_heads + (int64_t)kv_head * u.group) * w->head_dim;
+  return u;
+}
+
+// Visits the rows t of unit u's context in block order: BODY sees b (the block's index in the
+// table), t0 (its first position) and i (the row in the block, t = t0 + i).
+#define FOR_EACH_BLOCK(w, u, BODY)                                                       \
+  for (int b = (u).first / (w)->block_size; b < (u).num_blocks; b++) {                   \
+    const int t0 = b * (w)->block_size;                                                  \
+    const int n = (u).context_len - t0 < (w)->block_size ? (u).context_len - t0          \
+                                                         : (w)->block_size;              \
+    const int i_begin = (u).first > t0 ? (u).first - t0 : 0;                             \
+    BODY                                                                                 \
+  }
+#define BLOCK_ROWS(w, u, cache, KV) \
+  ((const KV##_t *)(cache) + (int64_t)(u).block_table[b] * (w)->block_size * (u).row_stride + \
+   (u).head_offset)
+
+// The V pass for GT query heads g0.. (heads past the group recompute the last one, unstored)
+// and JT vectors of head_dim from j0: each V row is loaded (and widened) once for all GT heads.
+#if VW == 16
+#define JT 4  // 16 accumulators of 32 registers at GT = 4
+#else
+#define JT 2
+#endif
+#define V_TILE(KV)                                                                            \
+  static inline __attribute__((always_inline)) void v_tile_##KV(                             \
+      const Work *w, const Unit *u, const float *scores, const float *inv_sum, int g0, int GT, \
+      int j0, int jt) {                                                                       \
+    const float *p[4];                                                                        \
+    for (int g = 0; g < GT; g++)                                                              \
+      p[g] = scores + (g0 + g < u->group ? g0 + g : u->group - 1) * u->span - u->first;       \
+    vf acc[4][JT];                                                                            \
+    for (int g = 0; g < GT; g++)                                                              \
+      for (int j = 0; j < JT; j++) acc[g][j] = (vf){0};                                       \
+    FOR_EACH_BLOCK(w, (*u), {                                                                 \
+      const KV##_t *v_block = BLOCK_ROWS(w, (*u), w->value_cache, KV) + j0 * VW;             \
+      for (int i = i_begin; i < n; i++) {                                                     \
+        const KV##_t *v = v_block + i * u->row_stride;                                        \
+        vf x[JT];                                                                             \
+        for (int j = 0; j < JT; j++) x[j] = j < jt ? load_vf_##KV(v + j * VW) : (vf){0};      \
+        for (int g = 0; g < GT; g++) {                                                        \
+          const float pt = p[g][t0 + i];                                                      \
+          for (int j = 0; j < JT; j++) acc[g][j] += pt * x[j];                                \
         }                                                                                     \
       }                                                                                       \
+    })                                                                                        \
+    for (int g = 0; g < GT && g0 + g < u->group; g++)                                         \
+      for (int j = 0; j < jt; j++)                                                            \
+        store_vf(u->out + (g0 + g) * w->head_dim + (j0 + j) * VW, acc[g][j] * inv_sum[g0 + g]); \
+  }
+
+// Blocks lie anywhere in the pool, so the hardware prefetchers cannot run ahead of a block table:
+// while the first query head scores block b, this asks for this kv head's K rows of block
+// b + PF_DIST (into L1) and V rows of block b (into L2: the V pass reads them after the softmax).
+// always_inline: GCC 12 takes a function of prefetches alone for one without side effects and
+// drops its calls.
+static inline __attribute__((always_inline)) void prefetch_block(const Work *w, const Unit *u,
+                                                                 int b, int elem_size) {
+  const int64_t row_bytes = (int64_t)w->head_dim * elem_size;
+  const int64_t stride = u->row_stride * elem_size, offset = u->head_offset * elem_size;
+  const int64_t block_bytes = (int64_t)w->block_size * stride;
+  const char *k_cache = (const char *)w->key_cache, *v_cache = (const char *)w->value_cache;
+  const char *v = v_cache + u->block_table[b] * block_bytes + offset;
+  const char *k = b + PF_DIST < u->num_blocks
+                      ? k_cache + u->block_table[b + PF_DIST] * block_bytes + offset
+                      : NULL;
+  for (int r = 0; r < w->block_size; r++)
+    for (int64_t c = 0; c < row_bytes; c += 64) {
+      if (k != NULL) __builtin_prefetch(k + r * stride + c, 0, 3);
+      __builtin_prefetch(v + r * stride + c, 0, 2);
+    }
+}
+
+// One unit with head_dim = HD (a multiple of VW): for each query head of the group, the scores of
+// every key, VW keys at a time (a block's rows for this head are re-read from L1 per head); the
+// softmax; then the weighted sum of V rows, GT heads and JT vectors at a time.
+#define ATTEND_UNIT(KV, HD, QK)                                                               \
+  static void attend_##KV##_##HD(const Work *w, int64_t seq, int kv_head, float *scores) {   \
+    const int head_dim = (HD);                                                                \
+    const Unit u = unit_of(w, seq, kv_head);                                                  \
+    const int64_t row_stride = u.row_stride;                                                  \
+    for (int g = 0; g < u.group; g++) {                                                       \
+      const float *q = u.q + g * head_dim;                                                    \
+      QK##_QUERY(HD)                                                                          \
+      FOR_EACH_BLOCK(w, u, {                                                                  \
+        const KV##_t *k_block = BLOCK_ROWS(w, u, w->key_cache, KV);                           \
+        if (g == 0) prefetch_block(w, &u, b, sizeof(KV##_t));                                  \
+        for (int i = i_begin; i < n; i += VW) {                                               \
+          const int count = n - i < VW ? n - i : VW;                                          \
+          QK##_CALL(HD, k_block + i * row_stride, count, scores + g * u.span + t0 + i - u.first); \
+        }                                                                                     \
+      })                                                                                      \
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
-    for (int g = 0; g < group; g++) {                                                         \
-      float *s = scores + g * span;                                                           \
-      if (w->softcap > 0.0f) {                                                                \
-        const float cap = w->softcap, inv_cap = 1.0f / w->softcap;                            \
-        for (int t = 0; t < span; t++) s[t] = cap * tanhf(s[t] * inv_cap);                    \
-      }                                                                                       \
-      float max = -INFINITY;                                                                  \
-      for (int t = 0; t < span; t++) max = s[t] > max ? s[t] : max;                          \
-      float sum = 0.0f;                                                                       \
-      for (int t = 0; t < span; t++) {                                                        \
-        s[t] = exp_nonpositive(s[t] - max);                                                   \
-        sum += s[t];                                                                          \
-      }                                                                                       \
-      inv_sum[g] = 1.0f / sum;                                                                \
-    }                                                                                         \
-    for (int g = 0; g < group; g++) {                                                         \
-      VEC acc[NV];                                                                            \
-      for (int j = 0; j < nv; j++) acc[j] = (VEC){0};                                         \
-      const float *p = scores + g * span - first;                                             \
-      for (int b = first / block_size; b < num_blocks; b++) {                                 \
-        const KV##_t *v_block = (const KV##_t *)w->value_cache +                            \
-                                (int64_t)block_table[b] * block_size * row_stride + head_offset; \
-        const int t0 = b * block_size;                                                        \
-        const int n = context_len - t0 < block_size ? context_len - t0 : block_size;          \
-        for (int i = first > t0 ? first - t0 : 0; i < n; i++) {                               \
-          const KV##_t *v = v_block + i * row_stride;                                         \
-          for (int j = 0; j < nv; j++) acc[j] += p[t0 + i] * load_##VEC##_##KV(v + j * (WIDTH)); \
+    softmax_rows(w, scores, u.group, u.span, inv_sum);                                        \
+    const int gt = u.group <= 4 ? u.group : u.group % 4 == 0 ? 4 : u.group % 3 == 0 ? 3 : 4;  \
+    for (int g0 = 0; g0 < u.group; g0 += gt)                                                  \
+      for (int j0 = 0; j0 < head_dim / VW; j0 += JT) {                                        \
+        const int jt = head_dim / VW - j0 < JT ? head_dim / VW - j0 : JT;                     \
+        switch (gt) { /* constant GTs: the accumulators stay in registers */                  \
+          case 1: v_tile_##KV(w, &u, scores, inv_sum, g0, 1, j0, jt); break;                  \
+          case 2: v_tile_##KV(w, &u, scores, inv_sum, g0, 2, j0, jt); break;                  \
+          case 3: v_tile_##KV(w, &u, scores, inv_sum, g0, 3, j0, jt); break;                  \
+          default: v_tile_##KV(w, &u, scores, inv_sum, g0, 4, j0, jt); break;                 \
         }                                                                                     \
       }                                                                                       \
-      for (int j = 0; j < nv; j++) {                                                          \
-        const VEC o = acc[j] * inv_sum[g];                                                    \
-        memcpy(out + g * head_dim + j * (WIDTH), &o, sizeof o);                               \
-      }                                                                                       \
+  }
+
+// The query as the QK step takes it: float32 vectors, or bfloat16 pairs for dpbf16.
+#define WIDEN_QUERY(HD) \
+  vf qv[(HD) / VW];     \
+  for (int j = 0; j < (HD) / VW; j++) memcpy(&qv[j], q + j * VW, sizeof(vf));
+#define DPBF16_QUERY(HD)                                                                       \
+  __m512bh qv[(HD) / 32];                                                                      \
+  for (int j = 0; j < (HD) / 32; j++)                                                          \
+    qv[j] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 32 * j + 16), _mm512_loadu_ps(q + 32 * j));
+#define WIDEN_f32_QUERY WIDEN_QUERY
+#define WIDEN_bf16_QUERY WIDEN_QUERY
+#define WIDEN_f16_QUERY WIDEN_QUERY
+#define WIDEN_f32_CALL(HD, k, count, s) qk_keys_f32_##HD(qv, k, row_stride, count, w->scale, s)
+#define WIDEN_bf16_CALL(HD, k, count, s) qk_keys_bf16_##HD(qv, k, row_stride, count, w->scale, s)
+#define WIDEN_f16_CALL(HD, k, count, s) qk_keys_f16_##HD(qv, k, row_stride, count, w->scale, s)
+#define DPBF16_CALL(HD, k, count, s) qk_keys_dpbf16_##HD(qv, k, row_stride, count, w->scale, s)
+
+// Any head_dim, one float at a time.
+#define ATTEND_ANY(KV)                                                                        \
+  static void attend_##KV##_any(const Work *w, int64_t seq, int kv_head, float *scores) {    \
+    const int head_dim = w->head_dim;                                                         \
+    const Unit u = unit_of(w, seq, kv_head);                                                  \
+    for (int g = 0; g < u.group; g++) {                                                       \
+      const float *q = u.q + g * head_dim;                                                    \
+      FOR_EACH_BLOCK(w, u, {                                                                  \
+        const KV##_t *k_block = BLOCK_ROWS(w, u, w->key_cache, KV);                           \
+        for (int i = i_begin; i < n; i++) {                                                   \
+          float dot = 0.0f;                                                                   \
+          for (int d = 0; d < head_dim; d++)                                                  \
+            dot += q[d] * load_f1_##KV(k_block + i * u.row_stride + d);                       \
+          scores[g * u.span + t0 + i - u.first] = dot * w->scale;                             \
+        }                                                                                     \
+      })                                                                                      \
+    }                                                                                         \
+    float inv_sum[MAX_GROUP];                                                                 \
+    softmax_rows(w, scores, u.group, u.span, inv_sum);                                        \
+    for (int g = 0; g < u.group; g++) {                                                       \
+      float *o = u.out + g * head_dim;                                                        \
+      for (int d = 0; d < head_dim; d++) o[d] = 0.0f;                                         \
+      FOR_EACH_BLOCK(w, u, {                                                                  \
+        const KV##_t *v_block = BLOCK_ROWS(w, u, w->value_cache, KV);                         \
+        for (int i = i_begin; i < n; i++) {                                                   \
+          const float p = scores[g * u.span + t0 + i - u.first];                              \
+          for (int d = 0; d < head_dim; d++)                                                  \
+            o[d] += p * load_f1_##KV(v_block + i * u.row_stride + d);                         \
+        }                                                                                     \
+      })                                                                                      \
+      for (int d = 0; d < head_dim; d++) o[d] *= inv_sum[g];                                  \
     }                                                                                         \
   }
 
-#define ATTEND_UNITS(KV)                                       \
-  ATTEND_UNIT(attend_##KV##_64, KV, vf, VW, 64 / VW)           \
-  ATTEND_UNIT(attend_##KV##_80, KV, vf, VW, 80 / VW)           \
-  ATTEND_UNIT(attend_##KV##_96, KV, vf, VW, 96 / VW)           \
-  ATTEND_UNIT(attend_##KV##_128, KV, vf, VW, 128 / VW)         \
-  ATTEND_UNIT(attend_##KV##_256, KV, vf, VW, 256 / VW)         \
-  ATTEND_UNIT(attend_##KV##_any, KV, f1, 1, w->head_dim)  // q and accumulators as float arrays
+#define QK_KEYS_ALL(KV) \
+  QK_KEYS(KV, 64) QK_KEYS(KV, 80) QK_KEYS(KV, 96) QK_KEYS(KV, 128) QK_KEYS(KV, 256)
+#define ATTEND_UNITS(KV, QK)                                                                  \
+  V_TILE(KV)                                                                                  \
+  ATTEND_UNIT(KV, 64, QK) ATTEND_UNIT(KV, 80, WIDEN_##KV) ATTEND_UNIT(KV, 96, QK)             \
+  ATTEND_UNIT(KV, 128, QK) ATTEND_UNIT(KV, 256, QK) ATTEND_ANY(KV)
 
-ATTEND_UNITS(f32)
-ATTEND_UNITS(bf16)
-ATTEND_UNITS(f16)
+QK_KEYS_ALL(f32)
+QK_KEYS_ALL(bf16)
+QK_KEYS_ALL(f16)
+ATTEND_UNITS(f32, WIDEN_f32)
+#if HAVE_DPBF16  // 80 = 5 x 16 is no whole number of 32-element pairs: it widens
+QK_KEYS_DPBF16(64) QK_KEYS_DPBF16(96) QK_KEYS_DPBF16(128) QK_KEYS_DPBF16(256)
+ATTEND_UNITS(bf16, DPBF16)
+#else
+ATTEND_UNITS(bf16, WIDEN_bf16)
+#endif
+ATTEND_UNITS(f16, WIDEN_f16)
 
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
 

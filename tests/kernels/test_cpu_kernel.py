@@ -51,6 +51,8 @@ def check_against_reference(
     value_cache.view(-1, num_kv_heads, head_dim)[~owned] = float("nan")
     # query rows inside a wider fused projection, as the model hands them over
     fused = torch.randn(len(context_lens), (num_heads + 2 * num_kv_heads) * head_dim)
+    if dtype == torch.bfloat16:  # a bfloat16 model's query, which AVX512_BF16 dot products take
+        fused = fused.bfloat16().float()
     query = fused[:, : num_heads * head_dim].view(-1, num_heads, head_dim)
     scale = head_dim**-0.5
     out = torch.empty(query.shape)

@@ -30,6 +30,8 @@ def windowed_case(head_dim, block_size, num_heads, num_kv_heads, window, dtype, 
     key_cache.view(-1, num_kv_heads, head_dim)[~visible] = float("nan")
     value_cache.view(-1, num_kv_heads, head_dim)[~visible] = float("nan")
     query = torch.randn(len(context_lens), num_heads, head_dim)
+    if dtype == torch.bfloat16:  # a bfloat16 model's query, which AVX512_BF16 dot products take
+        query = query.bfloat16().float()
     return query, key_cache, value_cache, tables, block_tables, context_lens
 
 
