@@ -1,5 +1,5 @@
-// The decoder's elementwise steps for float32 activations on the CPU, each one pass over memory
-// where torch runs several ops (and allocates between them):
+// The decoder's elementwise steps for float32 and bfloat16 activations on the CPU, each one pass
+// over memory where torch runs several ops (and allocates between them):
 //
 //   rms_norm                    out = x / rms(x) * w
 //   fused_add_rms_norm          residual += x; x = residual / rms(residual) * w   (vLLM's)
@@ -16,40 +16,67 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu_math.h"
 
 #define PARALLEL_MIN_ELEMENTS (1 << 15)  // below, one thread: waking the other costs more
 
-static inline float inv_rms(const float *x, int64_t dim, float eps) {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < dim; i++) sum += x[i] * x[i];
-  return 1.0f / sqrtf(sum / (float)dim + eps);
+// Activations come in float32 or bfloat16 (_f32 and _bf16 entry points). bfloat16 rows are
+// widened, computed in float32 and rounded to bfloat16 wherever the torch ops they replace round
+// a result (RMSNorm: the normed row, then its product with the weight; SiLU·mul: silu, then the
+// product; RoPE: once; residual add: the sum), so both give the same values.
+typedef float f32_t;
+typedef uint16_t bf16_t;  // the upper half of a float32
+static inline float ld_f32(const f32_t *p) { return *p; }
+static inline void st_f32(f32_t *p, float v) { *p = v; }
+static inline float rnd_f32(float v) { return v; }
+static inline float ld_bf16(const bf16_t *p) {
+  const uint32_t bits = (uint32_t)*p << 16;
+  float v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+static inline void st_bf16(bf16_t *p, float v) { *p = float_to_bf16(v); }
+static inline float rnd_bf16(float v) {
+  const bf16_t h = float_to_bf16(v);
+  return ld_bf16(&h);
 }
 
-int rms_norm(float *out, const float *x, int64_t x_row_stride, const float *weight, int64_t rows,
-             int64_t dim, float eps) {
-#pragma omp parallel for if (rows * dim >= PARALLEL_MIN_ELEMENTS) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * x_row_stride;
-    float *o = out + r * dim;
-    const float s = inv_rms(xr, dim, eps);
-    for (int64_t i = 0; i < dim; i++) o[i] = xr[i] * s * weight[i];
+#define INV_RMS(T)                                                          \
+  static inline float inv_rms_##T(const T##_t *x, int64_t dim, float eps) { \
+    float sum = 0.0f;                                                       \
+    for (int64_t i = 0; i < dim; i++) sum += ld_##T(x + i) * ld_##T(x + i); \
+    return 1.0f / sqrtf(sum / (float)dim + eps);                            \
   }
-  return 0;
-}
 
-int fused_add_rms_norm(float *x, float *residual, const float *weight, int64_t rows, int64_t dim,
-                       float eps) {
-#pragma omp parallel for if (rows * dim >= PARALLEL_MIN_ELEMENTS) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    float *xr = x + r * dim, *res = residual + r * dim;
-    for (int64_t i = 0; i < dim; i++) res[i] = res[i] + xr[i];
-    const float s = inv_rms(res, dim, eps);
-    for (int64_t i = 0; i < dim; i++) xr[i] = res[i] * s * weight[i];
+#define RMS_NORM(T)                                                                            \
+  int rms_norm_##T(T##_t *out, const T##_t *x, int64_t x_row_stride, const T##_t *weight,      \
+                   int64_t rows, int64_t dim, float eps) {                                     \
+    _Pragma("omp parallel for if (rows * dim >= PARALLEL_MIN_ELEMENTS) schedule(static)")     \
+    for (int64_t r = 0; r < rows; r++) {                                                       \
+      const T##_t *xr = x + r * x_row_stride;                                                  \
+      T##_t *o = out + r * dim;                                                                \
+      const float s = inv_rms_##T(xr, dim, eps);                                               \
+      for (int64_t i = 0; i < dim; i++)                                                        \
+        st_##T(o + i, rnd_##T(ld_##T(xr + i) * s) * ld_##T(weight + i));                      \
+    }                                                                                          \
+    return 0;                                                                                  \
   }
-  return 0;
-}
+
+#define FUSED_ADD_RMS_NORM(T)                                                                  \
+  int fused_add_rms_norm_##T(T##_t *x, T##_t *residual, const T##_t *weight, int64_t rows,     \
+                             int64_t dim, float eps) {                                         \
+    _Pragma("omp parallel for if (rows * dim >= PARALLEL_MIN_ELEMENTS) schedule(static)")     \
+    for (int64_t r = 0; r < rows; r++) {                                                       \
+      T##_t *xr = x + r * dim, *res = residual + r * dim;                                      \
+      for (int64_t i = 0; i < dim; i++) st_##T(res + i, ld_##T(res + i) + ld_##T(xr + i));    \
+      const float s = inv_rms_##T(res, dim, eps);                                              \
+      for (int64_t i = 0; i < dim; i++)                                                        \
+        st_##T(xr + i, rnd_##T(ld_##T(res + i) * s) * ld_##T(weight + i));                    \
+    }                                                                                          \
+    return 0;                                                                                  \
+  }
 
 // silu(g) = g / (1 + exp(-g)), evaluated with exp of -|g| only, so nothing overflows and no
 // subnormal appears (torch's gives -3.7e-42 at g = -100, a subnormal that slows every later op).
@@ -58,38 +85,46 @@ static inline float silu(float g) {
   return g < 0.0f ? g * e / (1.0f + e) : g / (1.0f + e);
 }
 
-int silu_and_mul(float *out, const float *gate_up, int64_t rows, int64_t d) {
-#pragma omp parallel for if (rows * d >= PARALLEL_MIN_ELEMENTS) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *gate = gate_up + r * 2 * d, *up = gate + d;
-    float *o = out + r * d;
-    for (int64_t i = 0; i < d; i++) o[i] = silu(gate[i]) * up[i];
+#define SILU_AND_MUL(T)                                                                        \
+  int silu_and_mul_##T(T##_t *out, const T##_t *gate_up, int64_t rows, int64_t d) {            \
+    _Pragma("omp parallel for if (rows * d >= PARALLEL_MIN_ELEMENTS) schedule(static)")       \
+    for (int64_t r = 0; r < rows; r++) {                                                       \
+      const T##_t *gate = gate_up + r * 2 * d, *up = gate + d;                                 \
+      T##_t *o = out + r * d;                                                                  \
+      for (int64_t i = 0; i < d; i++)                                                          \
+        st_##T(o + i, rnd_##T(silu(ld_##T(gate + i))) * ld_##T(up + i));                      \
+    }                                                                                          \
+    return 0;                                                                                  \
   }
-  return 0;
-}
 
-static inline void rotate(float *x, const float *cos, const float *sin, int half) {
-  for (int i = 0; i < half; i++) {
-    const float x1 = x[i], x2 = x[i + half];
-    x[i] = x1 * cos[i] - x2 * sin[i];
-    x[i + half] = x2 * cos[i] + x1 * sin[i];
+#define ROTATE(T)                                                                              \
+  static inline void rotate_##T(T##_t *x, const float *cos, const float *sin, int half) {     \
+    for (int i = 0; i < half; i++) {                                                           \
+      const float x1 = ld_##T(x + i), x2 = ld_##T(x + i + half);                              \
+      st_##T(x + i, x1 * cos[i] - x2 * sin[i]);                                                \
+      st_##T(x + i + half, x2 * cos[i] + x1 * sin[i]);                                         \
+    }                                                                                          \
   }
-}
 
-static inline void store_row(int kv_dtype, void *cache, int64_t offset, const float *src, int n) {
-  if (kv_dtype == 0) {
-    float *dst = (float *)cache + offset;
-    for (int i = 0; i < n; i++) dst[i] = src[i];
-  } else if (kv_dtype == 1) {
-    uint16_t *dst = (uint16_t *)cache + offset;
-    for (int i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
-  } else {
+// A row of n activations into the cache at offset, rounded to the cache dtype.
 #ifdef __FLT16_MAX__
-    _Float16 *dst = (_Float16 *)cache + offset;
-    for (int i = 0; i < n; i++) dst[i] = (_Float16)src[i];
+#define STORE_F16(cache, i, v) ((_Float16 *)(cache))[i] = (_Float16)(v)
+#else
+#define STORE_F16(cache, i, v) (void)(cache)  // never reached: the entry point refuses float16
 #endif
+#define STORE_ROW(T)                                                                           \
+  static inline void store_row_##T(int kv_dtype, void *cache, int64_t offset, const T##_t *src, \
+                                   int n) {                                                    \
+    if (kv_dtype == 0) {                                                                       \
+      float *dst = (float *)cache + offset;                                                    \
+      for (int i = 0; i < n; i++) dst[i] = ld_##T(src + i);                                    \
+    } else if (kv_dtype == 1) {                                                                \
+      bf16_t *dst = (bf16_t *)cache + offset;                                                  \
+      for (int i = 0; i < n; i++) st_bf16(dst + i, ld_##T(src + i));                          \
+    } else {                                                                                   \
+      for (int i = 0; i < n; i++) STORE_F16(cache, offset + i, ld_##T(src + i));  \
+    }                                                                                          \
   }
-}
 
 int rotary_embedding_and_cache_has_float16(void) {
 #ifdef __FLT16_MAX__
@@ -101,22 +136,31 @@ int rotary_embedding_and_cache_has_float16(void) {
 
 // qkv: [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], rows qkv_row_stride apart: the q
 // heads, then the k heads, then the v heads. cos, sin: [num_tokens, head_dim / 2], contiguous.
-int rotary_embedding_and_cache(int kv_dtype, float *qkv, int64_t qkv_row_stride, const float *cos,
-                               const float *sin, int64_t num_tokens, int num_heads,
-                               int num_kv_heads, int head_dim, void *key_cache, void *value_cache,
-                               const int64_t *slot_mapping) {
-  if (kv_dtype < 0 || kv_dtype > 2 || head_dim % 2) return 1;
-  if (kv_dtype == 2 && !rotary_embedding_and_cache_has_float16()) return 2;
-  const int half = head_dim / 2, kv_width = num_kv_heads * head_dim;
-#pragma omp parallel for if (num_tokens * qkv_row_stride >= PARALLEL_MIN_ELEMENTS) schedule(static)
-  for (int64_t t = 0; t < num_tokens; t++) {
-    float *row = qkv + t * qkv_row_stride;
-    const float *c = cos + t * half, *s = sin + t * half;
-    for (int h = 0; h < num_heads + num_kv_heads; h++) rotate(row + h * head_dim, c, s, half);
-    const float *k = row + num_heads * head_dim, *v = k + kv_width;
-    const int64_t offset = slot_mapping[t] * kv_width;
-    store_row(kv_dtype, key_cache, offset, k, kv_width);
-    store_row(kv_dtype, value_cache, offset, v, kv_width);
+#define ROTARY_EMBEDDING_AND_CACHE(T)                                                            \
+  int rotary_embedding_and_cache_##T(int kv_dtype, T##_t *qkv, int64_t qkv_row_stride,          \
+                                     const float *cos, const float *sin, int64_t num_tokens,    \
+                                     int num_heads, int num_kv_heads, int head_dim,             \
+                                     void *key_cache, void *value_cache,                        \
+                                     const int64_t *slot_mapping) {                             \
+    if (kv_dtype < 0 || kv_dtype > 2 || head_dim % 2) return 1;                                 \
+    if (kv_dtype == 2 && !rotary_embedding_and_cache_has_float16()) return 2;                   \
+    const int half = head_dim / 2, kv_width = num_kv_heads * head_dim;                          \
+    _Pragma("omp parallel for if (num_tokens * qkv_row_stride >= PARALLEL_MIN_ELEMENTS) schedule(static)") \
+    for (int64_t t = 0; t < num_tokens; t++) {                                                  \
+      T##_t *row = qkv + t * qkv_row_stride;                                                    \
+      const float *c = cos + t * half, *s = sin + t * half;                                     \
+      for (int h = 0; h < num_heads + num_kv_heads; h++)                                        \
+        rotate_##T(row + h * head_dim, c, s, half);                                             \
+      const T##_t *k = row + num_heads * head_dim, *v = k + kv_width;                           \
+      const int64_t offset = slot_mapping[t] * kv_width;                                        \
+      store_row_##T(kv_dtype, key_cache, offset, k, kv_width);                                  \
+      store_row_##T(kv_dtype, value_cache, offset, v, kv_width);                                \
+    }                                                                                           \
+    return 0;                                                                                   \
   }
-  return 0;
-}
+
+#define CPU_OPS(T)                                                                    \
+  INV_RMS(T) RMS_NORM(T) FUSED_ADD_RMS_NORM(T) SILU_AND_MUL(T) ROTATE(T) STORE_ROW(T) \
+  ROTARY_EMBEDDING_AND_CACHE(T)
+CPU_OPS(f32)
+CPU_OPS(bf16)

@@ -34,7 +34,7 @@ def test_record_calls_reports_each_kernel_call_inside_only():
     cpu_ops.rms_norm(x, weight, 1e-6)
     assert len(seen) == 1
     name, args, status = seen[0]
-    assert (name, status) == ("rms_norm", 0)
+    assert (name, status) == ("rms_norm_f32", 0)
     assert args[:2] == (out.data_ptr(), x.data_ptr())
 
 

@@ -1,11 +1,13 @@
-"""The decoder's fused elementwise ops for float32 activations on the CPU (kernels/cpu_ops.c):
-rms_norm, fused_add_rms_norm, silu_and_mul and rotary_embedding_and_cache, each one pass over
-memory where the torch path runs several ops. Callers check usable() and keep the torch path
-for everything else (other dtypes, GPUs, no C compiler)."""
+"""The decoder's fused elementwise ops for float32 and bfloat16 activations on the CPU
+(kernels/cpu_ops.c): rms_norm, fused_add_rms_norm, silu_and_mul and rotary_embedding_and_cache,
+each one pass over memory where the torch path runs several ops. bfloat16 rows compute in float32
+and round where the torch ops round. Callers check usable() and keep the torch path for
+everything else (other dtypes, GPUs, no C compiler)."""
 
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
@@ -18,19 +20,34 @@ SOURCE = "cpu_ops.c"
 # Products and sums round as torch's ops round them (no fused multiply-adds).
 EXTRA_FLAGS = ("-ffp-contract=off",)
 DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_OPS"
+ACTIVATION_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # dtype -> entry points
 
 
 @functools.cache
 def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march, EXTRA_FLAGS)
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    signatures = {
-        "rms_norm": [p, p, i64, p, i64, i64, f32],
-        "fused_add_rms_norm": [p, p, p, i64, i64, f32],
-        "silu_and_mul": [p, p, i64, i64],
-        "rotary_embedding_and_cache": [i32, p, i64, p, p, i64, i32, i32, i32, p, p, p],
-        "rotary_embedding_and_cache_has_float16": [],
-    }
+    signatures = {"rotary_embedding_and_cache_has_float16": []}
+    for suffix in ACTIVATION_SUFFIXES.values():
+        signatures |= {
+            f"rms_norm_{suffix}": [p, p, i64, p, i64, i64, f32],
+            f"fused_add_rms_norm_{suffix}": [p, p, p, i64, i64, f32],
+            f"silu_and_mul_{suffix}": [p, p, i64, i64],
+            f"rotary_embedding_and_cache_{suffix}": [
+                i32,
+                p,
+                i64,
+                p,
+                p,
+                i64,
+                i32,
+                i32,
+                i32,
+                p,
+                p,
+                p,
+            ],
+        }
     return declare(lib, signatures)
 
 
@@ -51,25 +68,31 @@ def _enabled() -> bool:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether the fused ops serve x: float32 on the CPU, built here, not switched off."""
-    return x.dtype == torch.float32 and x.is_cpu and _enabled()
+    """Whether the fused ops serve x: float32 or bfloat16 on the CPU, built here, not switched
+    off."""
+    return x.dtype in ACTIVATION_SUFFIXES and x.is_cpu and _enabled()
 
 
-def _check(*tensors: torch.Tensor) -> None:
+def _entry(name: str, *tensors: torch.Tensor) -> Callable[..., int]:
+    """The entry point name_f32 or name_bf16 for tensors all of one activation dtype."""
+    dtype = tensors[0].dtype
     for t in tensors:
-        if t.dtype != torch.float32 or not t.is_cpu:
-            raise TypeError(f"expected float32 CPU tensors, got {t.dtype} on {t.device}")
+        if t.dtype != dtype or dtype not in ACTIVATION_SUFFIXES or not t.is_cpu:
+            raise TypeError(
+                f"expected float32 or bfloat16 CPU tensors of one dtype, got {t.dtype} on "
+                f"{t.device} beside {dtype}"
+            )
+    return getattr(_library(kernel_march()), f"{name}_{ACTIVATION_SUFFIXES[dtype]}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) * weight over the last dim; x: [rows, dim], each row contiguous."""
-    _check(x, weight)
+    kernel = _entry("rms_norm", x, weight)
     rows, dim = x.shape
     if x.stride(1) != 1 or weight.shape != (dim,) or not weight.is_contiguous():
         raise ValueError("x rows and weight must be contiguous, weight of x's last dim")
-    out = torch.empty(rows, dim)
-    lib = _library(kernel_march())
-    lib.rms_norm(out.data_ptr(), x.data_ptr(), x.stride(0), weight.data_ptr(), rows, dim, eps)
+    out = torch.empty(rows, dim, dtype=x.dtype)
+    kernel(out.data_ptr(), x.data_ptr(), x.stride(0), weight.data_ptr(), rows, dim, eps)
     return out
 
 
@@ -78,24 +101,23 @@ def fused_add_rms_norm(
 ) -> None:
     """In place: residual += x, then x = rms_norm(residual) * weight. Both [rows, dim],
     contiguous."""
-    _check(x, residual, weight)
+    kernel = _entry("fused_add_rms_norm", x, residual, weight)
     rows, dim = x.shape
     if residual.shape != x.shape or weight.shape != (dim,):
         raise ValueError(f"x {tuple(x.shape)}, residual {tuple(residual.shape)}: shapes differ")
     if not (x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()):
         raise ValueError("x, residual and weight must be contiguous")
-    lib = _library(kernel_march())
-    lib.fused_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), rows, dim, eps)
+    kernel(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), rows, dim, eps)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for rows [gate | up]: [rows, 2 * d] contiguous -> [rows, d]."""
-    _check(gate_up)
+    kernel = _entry("silu_and_mul", gate_up)
     rows, width = gate_up.shape
     if width % 2 or not gate_up.is_contiguous():
         raise ValueError("gate_up must be contiguous rows of even width")
-    out = torch.empty(rows, width // 2)
-    _library(kernel_march()).silu_and_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2)
+    out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
+    kernel(out.data_ptr(), gate_up.data_ptr(), rows, width // 2)
     return out
 
 
@@ -111,7 +133,9 @@ def rotary_embedding_and_cache(
 ) -> None:
     """Neox RoPE on the q and k heads of fused QKV rows (in place), then each token's rotated K
     and its V written at its slot of the caches, rounded to the cache dtype as torch rounds."""
-    _check(qkv, cos, sin)
+    kernel = _entry("rotary_embedding_and_cache", qkv)
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise TypeError(f"cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
     num_tokens, width = qkv.shape
     head_dim = key_cache.shape[-1]
     if width != (num_heads + 2 * num_kv_heads) * head_dim or qkv.stride(1) != 1:
@@ -128,7 +152,7 @@ def rotary_embedding_and_cache(
         raise ValueError("the caches must be contiguous")
     if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,):
         raise ValueError("slot_mapping must be int64, one slot per token")
-    status = _library(kernel_march()).rotary_embedding_and_cache(
+    status = kernel(
         KV_DTYPE_CODES[key_cache.dtype],
         qkv.data_ptr(),
         qkv.stride(0),

@@ -30,7 +30,9 @@ class RMSNorm(nn.Module):
                 return layer_ops.rms_norm(x, self.weight, self.eps)
             if x.is_contiguous() and residual.is_contiguous():
                 return layer_ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
-        fused = cpu_ops.usable(x) and x.dim() == 2 and x.stride(1) == 1
+        fused = (
+            cpu_ops.usable(x) and x.dim() == 2 and x.stride(1) == 1 and self.weight.dtype == x.dtype
+        )
         if residual is None:
             return cpu_ops.rms_norm(x, self.weight, self.eps) if fused else self._norm(x)
         if fused and x.is_contiguous() and residual.is_contiguous():
