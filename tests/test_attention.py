@@ -101,6 +101,33 @@ def test_half_precision_backends_match_reference(backend_name, dtype):
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.skipif(cpu_kernel_error() is not None, reason="no CPU kernel")
+@pytest.mark.parametrize("long_len", [1024, 1025])  # the kernel's last length, SDPA's first
+def test_cpu_backend_prefills_long_float32_sequences_too(long_len):
+    """Past MAX_KERNEL_PREFILL_FLOAT32 prompt tokens a float32 step takes SDPA: either way the
+    rows match the reference."""
+    from pagedgen.attention.cpu_backend import MAX_KERNEL_PREFILL_FLOAT32
+
+    assert MAX_KERNEL_PREFILL_FLOAT32 == 1024
+    torch.manual_seed(long_len)
+    num_blocks, block_size, num_heads, num_kv_heads, head_dim = 80, 16, 4, 2, 32
+    backend = get_attention_backend("cpu", torch.device("cpu"), head_dim, block_size)
+    query_lens, context_lens = [1, long_len, 9], [30, long_len, 20]
+    md = make_batch(query_lens, context_lens, block_size, num_blocks, 0)
+    num_tokens = sum(query_lens)
+    query = torch.randn(num_tokens, num_heads, head_dim)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim)
+    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim)
+    ref_cache = cache.clone()
+    backend.prepare(md)
+    out = backend.forward(query, key, value, cache[0], cache[1], md, head_dim**-0.5)
+    ref = ReferenceAttentionBackend().forward(
+        query, key, value, ref_cache[0], ref_cache[1], md, head_dim**-0.5
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_reference_attends_only_to_visible_positions():
     """A sanity check of the yardstick: a lone query sees only itself, so it returns its V."""
     md = make_batch([1], [1], 4, 4, 0)

@@ -7,13 +7,16 @@ from pagedgen.kernels import cpu_ops
 from pagedgen.kernels.cpu import cpu_kernel_error, kernel_dtypes, paged_attention_decode
 from pagedgen.layers.rotary import Rope
 
+# A step prefilling a longer sequence over a float32 cache takes SDPA (see prefill).
+MAX_KERNEL_PREFILL_FLOAT32 = 1024
+
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """The torch backend with decode rows served by our C kernel: one call per layer for the
-    whole batch, reading each sequence's blocks in place, where the torch path gathers them and
-    calls SDPA once per sequence. The kernel reads float32, bfloat16 and float16 caches and
-    computes in float32; a half-precision query and output are converted around it (a model that
-    computes in float32 over a half-precision cache passes straight through)."""
+    """The torch backend with decode and prefill rows served by our C kernel: one call per layer
+    for the whole batch, reading each sequence's blocks in place, where the torch path gathers
+    them and calls SDPA once per sequence. The kernel reads float32, bfloat16 and float16 caches
+    and computes in float32; a half-precision query and output are converted around it (a model
+    that computes in float32 over a half-precision cache passes straight through)."""
 
     name = "cpu"
 
@@ -57,6 +60,49 @@ class CpuAttentionBackend(TorchAttentionBackend):
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
         return self.attend(q, k, v, key_cache, value_cache, metadata, scale, window, softcap)
 
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        super().prepare(metadata)
+        self._prefill_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _prefill_tables(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each prefill query row as a decode row of its own: its sequence's block table and its
+        causal context length (its position + 1). Made once a step, for every layer."""
+        if self._prefill_rows is None:
+            first, num_seqs = metadata.num_decode_seqs, metadata.num_seqs
+            query_lens = metadata.query_lens_cpu[first:]
+            context_lens = metadata.context_lens_cpu[first:]
+            rows = torch.repeat_interleave(
+                torch.arange(first, num_seqs), torch.tensor(query_lens, dtype=torch.int64)
+            )
+            lens = [p + 1 for q, c in zip(query_lens, context_lens) for p in range(c - q, c)]
+            tables = metadata.block_tables.index_select(0, rows)
+            self._prefill_rows = tables, torch.tensor(lens, dtype=torch.int32)
+        return self._prefill_rows
+
+    def _attend_rows(
+        self, query, key_cache, value_cache, tables, lens, scale, out, window, softcap
+    ):
+        """The C kernel over query rows (each with its block table and context length), out
+        being the matching rows of the step's output."""
+        if query.dtype == torch.float32:
+            result = out
+        else:
+            query = query.float()
+            result = torch.empty(query.shape, dtype=torch.float32)
+        paged_attention_decode(
+            result,
+            query,
+            key_cache,
+            value_cache,
+            tables,
+            lens,
+            scale,
+            window=window,
+            softcap=softcap,
+        )
+        if result.data_ptr() != out.data_ptr():
+            out.copy_(result)
+
     def decode(
         self,
         query,
@@ -72,23 +118,37 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return super().decode(
                 query, key_cache, value_cache, metadata, scale, out, window, softcap
             )
-        num_decode = metadata.num_decode_seqs
-        query = query[:num_decode]
-        if query.dtype == torch.float32:
-            result = out[:num_decode]
-        else:
-            query = query.float()
-            result = torch.empty(query.shape, dtype=torch.float32)
-        paged_attention_decode(
-            result,
-            query,
-            key_cache,
-            value_cache,
-            metadata.block_tables,
-            metadata.context_lens,
-            scale,
-            window=window,
-            softcap=softcap,
+        n = metadata.num_decode_seqs
+        tables, lens = metadata.block_tables, metadata.context_lens
+        self._attend_rows(
+            query[:n], key_cache, value_cache, tables, lens, scale, out[:n], window, softcap
         )
-        if result.data_ptr() != out.data_ptr():
-            out[:num_decode] = result
+
+    def prefill(
+        self,
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        metadata: AttentionMetadata,
+        scale,
+        out,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
+        """Prefill rows through the decode kernel, each query row attending to its causal
+        context in the cache (this step's K/V are written already). Against one SDPA call per
+        sequence (AVX-512, SmolLM2's heads): 1.6-2.5x faster up to 300 tokens, as fast at 1000;
+        past that SDPA's matmuls win in float32 (1.4x at 4000 tokens), not in bfloat16."""
+        long_float32 = key_cache.dtype == torch.float32 and (
+            max(metadata.query_lens_cpu[metadata.num_decode_seqs :]) > MAX_KERNEL_PREFILL_FLOAT32
+        )
+        if key_cache.dtype not in kernel_dtypes() or long_float32:
+            args = (query, key, value, key_cache, value_cache, metadata, scale, out)
+            return super().prefill(*args, window, softcap)
+        n = metadata.num_decode_seqs
+        tables, lens = self._prefill_tables(metadata)
+        self._attend_rows(
+            query[n:], key_cache, value_cache, tables, lens, scale, out[n:], window, softcap
+        )
