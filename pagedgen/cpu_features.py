@@ -114,7 +114,7 @@ def describe_cpu_compute(dtype: torch.dtype) -> str:
     compute = cpu_compute_dtype(dtype)
     matmuls = "oneDNN" if compute in onednn_matmul_dtypes() else "torch"
     if compute == torch.float32 and cpu_gemm.enabled():
-        matmuls = "AVX2 panel"
+        matmuls = "AVX-512 panel" if has_avx512() else "AVX2 panel"
     name = str(compute).removeprefix("torch.")
     if compute == dtype:
         return f"{matmuls} {name} matmuls"

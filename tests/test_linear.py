@@ -96,13 +96,17 @@ def test_bfloat16_packs_natively_where_onednn_has_it():
     torch.testing.assert_close(out, expected_output(x, full, True), atol=0.1, rtol=2e-2)
 
 
-@pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no AVX2 panel kernel here")
+@pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no panel kernel here")
+@pytest.mark.parametrize("isa", ["avx2", None])
 @pytest.mark.parametrize("bias", [False, True])
-def test_float32_takes_the_panel_kernel_on_avx2_and_onednn_without_it(cpu_env, bias):
-    """The AVX2 path (forced with PAGEDGEN_MAX_CPU_ISA=avx2 on an AVX-512 machine) packs float32
-    weights for kernels/cpu_gemm.c; PAGEDGEN_DISABLE_CPU_GEMM=1 gives them to oneDNN; both
-    compute the same rows whatever the batch."""
-    cpu_env(PAGEDGEN_MAX_CPU_ISA="avx2")
+def test_float32_takes_the_panel_kernel_and_onednn_without_it(cpu_env, isa, bias):
+    """Float32 weights pack for kernels/cpu_gemm.c on this CPU's ISA and on AVX2 (forced with
+    PAGEDGEN_MAX_CPU_ISA=avx2 on an AVX-512 machine); PAGEDGEN_DISABLE_CPU_GEMM=1 gives them to
+    oneDNN; both compute the same rows whatever the batch."""
+    if isa:
+        cpu_env(PAGEDGEN_MAX_CPU_ISA=isa)
+    else:
+        cpu_env()
     x = torch.randn(70, 48)
     layer, full = make_linear(bias)
     assert layer.pack() and layer.layout == PANELS
@@ -110,7 +114,8 @@ def test_float32_takes_the_panel_kernel_on_avx2_and_onednn_without_it(cpu_env, b
     torch.testing.assert_close(panels, expected_output(x, full, bias), atol=1e-5, rtol=1e-5)
     for rows in (1, 3, 64):
         assert torch.equal(layer(x[:rows]), panels[:rows])
-    assert "AVX2 panel float32 matmuls" in cpu_features.describe_cpu_compute(torch.float32)
+    isa_name = "AVX-512" if cpu_features.has_avx512() else "AVX2"
+    assert f"{isa_name} panel float32 matmuls" in cpu_features.describe_cpu_compute(torch.float32)
 
     cpu_env(PAGEDGEN_DISABLE_CPU_GEMM="1")
     layer, _ = make_linear(bias)
@@ -120,7 +125,7 @@ def test_float32_takes_the_panel_kernel_on_avx2_and_onednn_without_it(cpu_env, b
     torch.testing.assert_close(layer(x), panels, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no AVX2 panel kernel here")
+@pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no panel kernel here")
 def test_a_bfloat16_weight_computing_in_float32_keeps_half_size_panels(cpu_env):
     """A bfloat16 model on an AVX2 CPU computes in float32: its Linears pack bfloat16 panels
     (int16 bits, which the model's later .to(float32) leaves alone) and give the float32

@@ -11,7 +11,7 @@ PACK_BATCH_SIZE = 64
 
 # Linear.layout: how the weight is held, and so which kernel runs.
 DENSE = "dense"  # nn.Linear's [out, in]: F.linear (GPUs, and before pack())
-PANELS = "panels"  # cpu_gemm's 16-column panels (float32 on AVX2 CPUs)
+PANELS = "panels"  # cpu_gemm's 16-column panels (float32 compute on AVX2/AVX-512 CPUs)
 ONEDNN = "onednn"  # oneDNN's blocked layout (opaque)
 TRANSPOSED = "transposed"  # [in, out]: x @ W
 
@@ -20,9 +20,9 @@ class Linear(nn.Module):
     """y = x @ weight.T (+ bias), loaded in nn.Linear's layout [out_features, in_features], as
     checkpoints store it (loading copies rows, no transposes).
 
-    On the CPU, pack() then readies the weight for the fastest kernel at hand: in float32 on an
-    AVX2 CPU, our panel kernel (kernels/cpu_gemm.c: oneDNN's results, bit for bit, 1.1-1.3x
-    faster); else oneDNN's blocked layout, whose kernels run 2-3x faster than MKL's on these
+    On the CPU, pack() then readies the weight for the fastest kernel at hand: in float32, our
+    panel kernel (kernels/cpu_gemm.c: oneDNN's results, bit for bit, 1.05-1.3x faster); else
+    oneDNN's blocked layout, whose kernels run 2-3x faster than MKL's on these
     machines; where oneDNN has no kernel for the dtype, a dense transposed copy
     [in_features, out_features], as x @ W is several times faster than x @ W.T below ~64 rows.
     Every packed layout gives row results that do not depend on the batch. (A half-precision
