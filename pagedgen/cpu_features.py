@@ -109,12 +109,14 @@ def cpu_compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def describe_cpu_compute(dtype: torch.dtype) -> str:
     """One phrase for the startup line: how a model of dtype computes on this CPU."""
-    from pagedgen.kernels import cpu_gemm  # it asks this module what the CPU has
+    from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16  # they ask this module what the CPU has
 
     compute = cpu_compute_dtype(dtype)
     matmuls = "oneDNN" if compute in onednn_matmul_dtypes() else "torch"
     if compute == torch.float32 and cpu_gemm.enabled():
         matmuls = "AVX-512 panel" if has_avx512() else "AVX2 panel"
+    if compute == torch.bfloat16 and cpu_gemm_bf16.enabled():
+        matmuls = "AVX512_BF16 panel"
     name = str(compute).removeprefix("torch.")
     if compute == dtype:
         return f"{matmuls} {name} matmuls"

@@ -2,8 +2,15 @@ import pytest
 import torch
 
 from pagedgen import cpu_features
-from pagedgen.kernels import cpu_gemm
-from pagedgen.layers.linear import ONEDNN, PANELS, TRANSPOSED, Linear, pack_linear_weights
+from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16
+from pagedgen.layers.linear import (
+    ONEDNN,
+    PAIR_PANELS,
+    PANELS,
+    TRANSPOSED,
+    Linear,
+    pack_linear_weights,
+)
 
 needs_onednn = pytest.mark.skipif(
     torch.float32 not in cpu_features.onednn_matmul_dtypes(), reason="no oneDNN linear here"
@@ -20,11 +27,13 @@ def cpu_env(monkeypatch):
         cpu_features.max_cpu_isa.cache_clear()
         cpu_features.onednn_matmul_dtypes.cache_clear()
         cpu_gemm.enabled.cache_clear()
+        cpu_gemm_bf16.enabled.cache_clear()
 
     yield set_env
     cpu_features.max_cpu_isa.cache_clear()
     cpu_features.onednn_matmul_dtypes.cache_clear()
     cpu_gemm.enabled.cache_clear()
+    cpu_gemm_bf16.enabled.cache_clear()
 
 
 def make_linear(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[Linear, torch.Tensor]:
@@ -86,14 +95,23 @@ def test_half_precision_computes_in_float32_where_onednn_lacks_it(cpu_env, dtype
     torch.bfloat16 not in cpu_features.onednn_matmul_dtypes(),
     reason="oneDNN has no bfloat16 kernel on this CPU (it needs AVX-512 or avx_ne_convert)",
 )
-def test_bfloat16_packs_natively_where_onednn_has_it():
+@pytest.mark.parametrize("disable_gemm", ["0", "1"])
+def test_bfloat16_packs_natively_where_onednn_has_it(cpu_env, disable_gemm):
+    """bfloat16 computes in bfloat16: through our dot-product kernel where AVX512_BF16 builds
+    (not with PAGEDGEN_DISABLE_CPU_GEMM=1), else through oneDNN."""
+    cpu_env(PAGEDGEN_DISABLE_CPU_GEMM=disable_gemm)
     assert cpu_features.cpu_compute_dtype(torch.bfloat16) == torch.bfloat16
     layer, full = make_linear(True, torch.bfloat16)
     x = torch.randn(70, 48).to(torch.bfloat16)
-    assert layer.pack() and layer.weight.dtype == torch.bfloat16
+    assert layer.pack()
+    ours = disable_gemm == "0" and cpu_gemm_bf16.cpu_gemm_bf16_error() is None
+    assert layer.layout == (PAIR_PANELS if ours else ONEDNN)
+    assert layer.weight.dtype == (torch.int16 if ours else torch.bfloat16)
     out = layer(x)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected_output(x, full, True), atol=0.1, rtol=2e-2)
+    for rows in (1, 3, 64):
+        assert torch.equal(layer(x[:rows]), out[:rows])
 
 
 @pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no panel kernel here")

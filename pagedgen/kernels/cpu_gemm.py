@@ -50,7 +50,7 @@ def cpu_gemm_error(march: str | None = None) -> str | None:
 @functools.cache
 def enabled() -> bool:
     """Read once per process: built here (an AVX2 or AVX-512 target), not disabled."""
-    return os.environ.get(DISABLE_ENV) != "1" and cpu_gemm_error() is None
+    return os.environ.get(DISABLE_ENV) != "1" and cpu_gemm_error(kernel_march()) is None
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedgen.cpu_features import onednn_matmul_dtypes
-from pagedgen.kernels import cpu_gemm
+from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16
 
 # oneDNN's blocked weight layout is chosen for this many rows; any number of rows works.
 PACK_BATCH_SIZE = 64
@@ -12,6 +12,7 @@ PACK_BATCH_SIZE = 64
 # Linear.layout: how the weight is held, and so which kernel runs.
 DENSE = "dense"  # nn.Linear's [out, in]: F.linear (GPUs, and before pack())
 PANELS = "panels"  # cpu_gemm's 16-column panels (float32 compute on AVX2/AVX-512 CPUs)
+PAIR_PANELS = "pair_panels"  # cpu_gemm_bf16's panels of k pairs (bfloat16 with AVX512_BF16)
 ONEDNN = "onednn"  # oneDNN's blocked layout (opaque)
 TRANSPOSED = "transposed"  # [in, out]: x @ W
 
@@ -21,9 +22,10 @@ class Linear(nn.Module):
     checkpoints store it (loading copies rows, no transposes).
 
     On the CPU, pack() then readies the weight for the fastest kernel at hand: in float32, our
-    panel kernel (kernels/cpu_gemm.c: oneDNN's results, bit for bit, 1.05-1.3x faster); else
-    oneDNN's blocked layout, whose kernels run 2-3x faster than MKL's on these
-    machines; where oneDNN has no kernel for the dtype, a dense transposed copy
+    panel kernel (kernels/cpu_gemm.c: oneDNN's results, bit for bit, 1.05-1.3x faster); in
+    bfloat16 with AVX512_BF16, our dot-product kernel (kernels/cpu_gemm_bf16.c, 1.15-1.3x
+    oneDNN's at decode batches); else oneDNN's blocked layout, whose kernels run 2-3x faster
+    than MKL's on these machines; where oneDNN has no kernel for the dtype, a dense transposed copy
     [in_features, out_features], as x @ W is several times faster than x @ W.T below ~64 rows.
     Every packed layout gives row results that do not depend on the batch. (A half-precision
     model whose dtype oneDNN lacks computes in float32 instead: see
@@ -45,11 +47,13 @@ class Linear(nn.Module):
     @property
     def packed(self) -> bool:
         """Whether the weight is in a matmul kernel's own layout (panels or oneDNN's)."""
-        return self.layout in (PANELS, ONEDNN)
+        return self.layout in (PANELS, PAIR_PANELS, ONEDNN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == PANELS:
             return cpu_gemm.linear(x, self.weight, self.bias, self.out_features)
+        if self.layout == PAIR_PANELS:
+            return cpu_gemm_bf16.linear(x, self.weight, self.bias, self.out_features)
         if self.layout == ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if self.layout == TRANSPOSED:
@@ -70,6 +74,10 @@ class Linear(nn.Module):
             and cpu_gemm.enabled()
         ):  # a bfloat16 weight keeps its dtype: the kernel widens it
             weight, self.layout = cpu_gemm.pack(weight), PANELS
+        elif compute_dtype == torch.bfloat16 and cpu_gemm_bf16.enabled():
+            weight, self.layout = cpu_gemm_bf16.pack(weight.to(torch.bfloat16)), PAIR_PANELS
+            if self.bias is not None:
+                self.bias = nn.Parameter(self.bias.to(torch.bfloat16), requires_grad=False)
         else:
             weight = weight.to(compute_dtype)
             if weight.dtype in onednn_matmul_dtypes():

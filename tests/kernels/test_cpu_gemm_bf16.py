@@ -1,0 +1,90 @@
+"""The bfloat16 dot-product matmul (kernels/cpu_gemm_bf16.c) against float64, for every build a
+machine of ours may run: where the build lacks AVX512_BF16 it must say so."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedgen.kernels import cpu_gemm_bf16
+from tests.kernels.test_cpu_kernel import MARCHES
+
+pytestmark = pytest.mark.skipif(
+    cpu_gemm_bf16.cpu_gemm_bf16_error() is not None,
+    reason=f"no AVX512_BF16 matmul here: {cpu_gemm_bf16.cpu_gemm_bf16_error()}",
+)
+# (N, K): SmolLM2's projections and head; N not a multiple of 16 or 32; odd K.
+SHAPES = [(960, 576), (576, 1536), (49152, 576), (1000, 37), (7, 2501), (33, 3000)]
+ROWS = [1, 5, 12, 13, 59, 100]  # below, at and past one 12-row tile
+PASS_ROWS = 800  # at K = 3000, past the 696 rows (4 MiB of x) read in one pass over W
+
+
+def exact(x, weight, bias):
+    return F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+
+
+def assert_rounded_once(out, x, weight, bias):
+    """Products summed in float32, then one rounding to bfloat16: within an ulp of bfloat16
+    (2^-8 relative) of the exact result, plus the float32 sum's own error."""
+    assert out.dtype == torch.bfloat16
+    ref = exact(x, weight, bias)
+    scale = exact(x.abs(), weight.abs(), None if bias is None else bias.abs())
+    err = (out.double() - ref).abs()
+    assert (err <= ref.abs() * 2**-8 + scale * 1e-6 + 1e-30).all(), err.max()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_float64_rounded_once(shape, bias):
+    n, k = shape
+    torch.manual_seed(n + k)
+    weight = (torch.randn(n, k) * 0.05).bfloat16()
+    b = torch.randn(n).bfloat16() if bias else None
+    packed = cpu_gemm_bf16.pack(weight)
+    assert packed.dtype == torch.int16 and packed.numel() == cpu_gemm_bf16.packed_numel(n, k)
+    for rows in ROWS + ([PASS_ROWS] if k == 3000 else []):
+        x = torch.randn(rows, k).bfloat16()
+        assert_rounded_once(cpu_gemm_bf16.linear(x, packed, b, n), x, weight, b)
+
+
+def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read():
+    torch.manual_seed(0)
+    weight = torch.randn(200, 301).bfloat16()
+    packed = cpu_gemm_bf16.pack(weight)
+    wide = torch.randn(70, 400).bfloat16()
+    x = wide[:, 50:351]  # rows 400 apart
+    full = cpu_gemm_bf16.linear(x, packed, None, 200)
+    for rows in (1, 12, 13, 48, 49):
+        assert torch.equal(cpu_gemm_bf16.linear(x[:rows], packed, None, 200), full[:rows])
+    assert torch.equal(cpu_gemm_bf16.linear(x.contiguous(), packed, None, 200), full)
+    three_d = cpu_gemm_bf16.linear(x.reshape(7, 10, 301), packed, None, 200)
+    assert three_d.shape == (7, 10, 200) and torch.equal(three_d.reshape(70, 200), full)
+    assert cpu_gemm_bf16.linear(x[:0], packed, None, 200).shape == (0, 200)
+
+
+def test_one_thread_gives_the_same_result():
+    torch.manual_seed(1)
+    weight, x = torch.randn(640, 576).bfloat16(), torch.randn(59, 576).bfloat16()
+    packed = cpu_gemm_bf16.pack(weight)
+    out = cpu_gemm_bf16.linear(x, packed, None, 640)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(cpu_gemm_bf16.linear(x, packed, None, 640), out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_mismatched_weight_or_dtype_is_refused():
+    packed = cpu_gemm_bf16.pack(torch.randn(32, 16).bfloat16())
+    with pytest.raises(ValueError, match="packed weight"):
+        cpu_gemm_bf16.linear(torch.randn(2, 18).bfloat16(), packed, None, 32)
+    with pytest.raises(TypeError, match="bfloat16"):
+        cpu_gemm_bf16.linear(torch.randn(2, 16), packed, None, 32)
+    with pytest.raises(TypeError, match="bfloat16"):
+        cpu_gemm_bf16.pack(torch.randn(32, 16))
+
+
+@pytest.mark.parametrize("march", [m for m in MARCHES if m != "native"])
+def test_a_build_without_avx512_bf16_says_so(march):
+    """AVX2 and baseline x86-64 builds have no dot-product instructions: Linear keeps oneDNN."""
+    assert cpu_gemm_bf16.cpu_gemm_bf16_error(march) == "the compiler's target has no AVX512_BF16"
