@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams, cpu_features
-from pagedgen.engine.cpu_graphs import CaptureRefused, CpuGraph, cpu_graph_batch_sizes
+from pagedgen.engine.cpu_graphs import (
+    CaptureRefused,
+    CpuGraph,
+    cpu_graph_batch_sizes,
+    cpu_graph_capture,
+)
 from pagedgen.engine.cuda_graphs import DecodeGraphs
 from pagedgen.kernels import cpu_gemm, cpu_ops
 from pagedgen.kernels.cpu_build import record_calls
@@ -21,7 +26,8 @@ needs_cpu_ops = pytest.mark.skipif(
 
 
 def test_batch_sizes():
-    assert cpu_graph_batch_sizes(256) == [1, 2, 4, 8, 16]
+    assert cpu_graph_batch_sizes(256) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert cpu_graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert cpu_graph_batch_sizes(5) == [1, 2, 4, 5]
     assert cpu_graph_batch_sizes(1) == [1]
 
@@ -56,6 +62,36 @@ def test_replay_recomputes_kernel_calls_and_torch_ops_from_new_inputs():
         graph.replay()
         assert torch.equal(graph.output, run())
     assert not torch.equal(graph.output[0], graph.output[1])
+
+
+@needs_cpu_ops
+@torch.inference_mode()
+def test_recordings_share_one_arena_and_each_still_replays_its_own_output():
+    """Buckets never run at once: the second recording's kernel outputs reuse the first's
+    memory, and replaying either after the other recomputes all it holds."""
+    torch.manual_seed(0)
+    weight = torch.randn(64)
+    inputs = {rows: torch.randn(rows, 64) for rows in (8, 3)}
+    capture = cpu_graph_capture()
+    graphs = {rows: capture(lambda r=rows: cpu_ops.rms_norm(inputs[r], weight, 1e-6) * 2.0)
+              for rows in (8, 3)}  # fmt: skip
+    replay8, replay3 = graphs[8][0], graphs[3][0]
+    first_kernel_out = [t for t in recorded_tensors(replay8) if t.shape == (8, 64)]
+    assert first_kernel_out, "the kernel's output should be one of the recorded tensors"
+    assert any(
+        t.untyped_storage().data_ptr() == first_kernel_out[0].untyped_storage().data_ptr()
+        for t in recorded_tensors(replay3)
+    ), "the smaller recording should allocate from the same arena"
+    for _ in range(2):
+        for rows, (replay, out) in graphs.items():
+            inputs[rows].copy_(torch.randn(rows, 64))
+            replay()
+            assert torch.equal(out, cpu_ops.rms_norm(inputs[rows], weight, 1e-6) * 2.0)
+
+
+def recorded_tensors(replay) -> list[torch.Tensor]:
+    """The tensors a CpuGraph recorded (its replay is the bound method of the graph)."""
+    return replay.__self__.results
 
 
 @torch.inference_mode()
@@ -100,9 +136,9 @@ def count_replays(llm: LLM) -> list[int]:
 @needs_cpu_ops
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_decode_steps_from_cpu_graphs_equal_eager_ones(tiny_llama_path, async_scheduling):
-    """Batches from 20 rows (eager) down to 1 (every bucket), seeded sampling and logprobs."""
+    """Batches from 70 rows (eager) down to 1 (every bucket), seeded sampling and logprobs."""
     rng = random.Random(0)
-    prompts = prompts_of(11, 20)
+    prompts = prompts_of(11, 70)
     params = [
         SamplingParams(temperature=0, max_tokens=rng.randint(2, 40), ignore_eos=True, logprobs=2)
         if i % 2
@@ -111,7 +147,7 @@ def test_decode_steps_from_cpu_graphs_equal_eager_ones(tiny_llama_path, async_sc
     ]
     eager = outputs(LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True), prompts, params)
     llm = LLM(str(tiny_llama_path), **ENGINE, async_scheduling=async_scheduling)
-    assert llm.engine.runner.decode_graphs.batch_sizes == [1, 2, 4, 8, 16]
+    assert llm.engine.runner.decode_graphs.batch_sizes == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     replays = count_replays(llm)
     assert outputs(llm, prompts, params) == eager
     assert replays[0] >= 30

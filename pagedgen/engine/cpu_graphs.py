@@ -18,7 +18,11 @@ computation that reached neither the dispatcher nor record_calls (it would be mi
 every replay).
 
 Like CUDA graphs, the inputs are read from the buffers the recorded forward read, and every
-tensor created during the recording stays allocated for the graph's lifetime.
+tensor created during the recording stays allocated for the graph's lifetime. As CUDA graphs
+share one memory pool, the tensors a recording allocates (torch.empty and its kin: the outputs
+of every C kernel) come from one Arena for all of an engine's graphs, which never run at once
+and recompute everything they hold on each replay (the NaN check proves it of each); the
+largest, recorded first, sizes it.
 """
 
 from collections.abc import Callable
@@ -29,8 +33,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pagedgen.engine.cuda_graphs import GraphCapture, graph_batch_sizes
 from pagedgen.kernels.cpu_build import record_calls
 
-MAX_BATCH_SIZE = 16  # beyond, the matmuls dominate a step and a bucket's padding rows cost more
+MAX_BATCH_SIZE = 64  # beyond, the Python between kernels is a few % of a step
+BUCKET_STEP = 8  # past 8 rows, a padding row costs what a real one does: buckets stay close
 ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+ALIGNMENT = 64  # bytes, an arena tensor's start: a cache line
+CHUNK_BYTES = 64 << 20
 
 
 class CaptureRefused(RuntimeError):
@@ -38,9 +45,61 @@ class CaptureRefused(RuntimeError):
 
 
 def cpu_graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, 16, capped at max_num_seqs (always one): up to 16 rows a decode step is
-    bound by streaming the weights, so a padding row costs next to nothing."""
-    return graph_batch_sizes(min(max_num_seqs, MAX_BATCH_SIZE))
+    """1, 2, 4, 8, then every 8 up to 64, capped at max_num_seqs (always one): up to ~16 rows a
+    decode step is bound by streaming the weights, so a padding row costs next to nothing;
+    past that it costs a row's compute, so a step pads by fewer than 8."""
+    top = min(max_num_seqs, MAX_BATCH_SIZE)
+    sizes = {*graph_batch_sizes(min(top, 8)), *range(BUCKET_STEP, top, BUCKET_STEP), top}
+    return sorted(sizes)
+
+
+class Arena:
+    """Memory for the tensors recordings allocate, handed out from the start again for each
+    recording: the engine's graphs share it."""
+
+    def __init__(self) -> None:
+        self.chunks: list[torch.Tensor] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.chunk, self.offset = 0, 0
+
+    def take(self, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+        numel = 1
+        for size in shape:
+            numel *= size
+        nbytes = -(-numel * dtype.itemsize // ALIGNMENT) * ALIGNMENT
+        while (
+            self.chunk < len(self.chunks) and self.offset + nbytes > self.chunks[self.chunk].numel()
+        ):
+            self.chunk, self.offset = self.chunk + 1, 0
+        if self.chunk == len(self.chunks):
+            self.chunks.append(torch.empty(max(nbytes, CHUNK_BYTES), dtype=torch.uint8))
+        start, self.offset = self.offset, self.offset + nbytes
+        data = self.chunks[self.chunk][start : start + numel * dtype.itemsize]
+        return data.view(dtype).view(shape)
+
+
+def _arena_allocation(arena: Arena, func, args, kwargs) -> torch.Tensor | None:
+    """A contiguous CPU tensor from the arena for an allocation op, or None where the op asks
+    for something else (a layout, device or strides of its own)."""
+    name = func.overloadpacket.__name__
+    if name == "empty" and func.__name__ == "empty.memory_format":
+        shape, like = list(args[0]), None
+    elif name == "empty_like":
+        like = args[0]
+        shape = list(like.shape)
+    else:
+        return None
+    dtype = kwargs.get("dtype") or (like.dtype if like is not None else torch.get_default_dtype())
+    device = kwargs.get("device") or (like.device if like is not None else torch.device("cpu"))
+    layout = kwargs.get("layout") or torch.strided
+    memory_format = kwargs.get("memory_format")
+    if torch.device(device).type != "cpu" or layout != torch.strided or kwargs.get("pin_memory"):
+        return None
+    if like is not None and not like.is_contiguous() and memory_format != torch.contiguous_format:
+        return None
+    return arena.take(shape, dtype)
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -85,8 +144,9 @@ class _Recorder(TorchDispatchMode):
         # Else torch wraps __torch_dispatch__ to keep Dynamo out, importing it (~3 s) first.
         return False
 
-    def __init__(self) -> None:
+    def __init__(self, arena: Arena | None) -> None:
         super().__init__()
+        self.arena = arena
         self.steps: list[Callable[[], None]] = []
         self.results: list[torch.Tensor] = []  # created while recording: kept, and poisoned
 
@@ -95,6 +155,11 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.arena is not None and func.overloadpacket.__name__ in ALLOCATIONS:
+            out = _arena_allocation(self.arena, func, args, kwargs)
+            if out is not None:
+                self.results.append(out)
+                return out
         out = func(*args, **kwargs)
         outputs = list(out) if isinstance(out, (list, tuple)) else [out]
         if not all(isinstance(x, torch.Tensor) for x in outputs):
@@ -115,8 +180,8 @@ class _Recorder(TorchDispatchMode):
 class CpuGraph:
     """One recorded forward; replay() recomputes output in place from what its inputs hold."""
 
-    def __init__(self, run: Callable[[], torch.Tensor]) -> None:
-        recorder = _Recorder()
+    def __init__(self, run: Callable[[], torch.Tensor], arena: Arena | None = None) -> None:
+        recorder = _Recorder(arena)
         with record_calls(recorder.kernel_call), recorder:
             self.output = run()
         self.steps = recorder.steps
@@ -142,15 +207,17 @@ class CpuGraph:
 
 def cpu_graph_capture() -> GraphCapture:
     """DecodeGraphs' capture for the CPU: the first call builds the kernels and fills caches
-    outside the recording, as a CUDA capture's warm-up run does."""
-    warm = False
+    outside the recording, as a CUDA capture's warm-up run does. Its recordings share one
+    Arena."""
+    warm, arena = False, Arena()
 
     def capture(run: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
         nonlocal warm
         if not warm:
             run()
             warm = True
-        graph = CpuGraph(run)
+        arena.reset()
+        graph = CpuGraph(run, arena)
         return graph.replay, graph.output
 
     return capture
