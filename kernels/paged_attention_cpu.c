@@ -2,7 +2,8 @@
 // table in place, one pass over each (sequence, kv head) for all the query heads that share it
 // (GQA). Two passes over the context: scores (q . k) for every token, VW keys at a time summed by
 // one transpose-and-add tree, then softmax, then the weighted sum of V rows, each row loaded once
-// for up to 4 query heads. q, the scores and the output are float32; the cache is float32,
+// for up to 4 query heads. q and the output are float32 or bfloat16 (widened, and rounded at
+// the end), the scores and sums float32; the cache is float32,
 // bfloat16 or float16, widened to float32 as it is loaded (bfloat16 exactly, by a shift; float16
 // by the F16C conversion where the target has it). With AVX512_BF16, bfloat16 keys take
 // dot-product instructions instead, over q rounded to bfloat16 (a bfloat16 model's q already is).
@@ -54,8 +55,8 @@ typedef uint16_t f16_t;  // never loaded: the entry point refuses float16 withou
 #endif
 
 typedef struct {
-  float *out;          // [num_seqs, num_heads, head_dim], contiguous
-  const float *query;  // [num_seqs, num_heads, head_dim], rows query_seq_stride apart
+  void *out;           // [num_seqs, num_heads, head_dim], contiguous
+  const void *query;   // [num_seqs, num_heads, head_dim], rows query_seq_stride apart
   const void *key_cache;
   const void *value_cache;
   const int32_t *block_tables;  // [num_seqs, block_table_stride]
@@ -67,6 +68,7 @@ typedef struct {
   int sliding_window;  // 0: the whole context
   float softcap;       // 0: none
   int64_t unit_begin, unit_end;  // units: seq * num_kv_heads + kv_head
+  int act_bf16;                   // query and out: 0 float32, 1 bfloat16
 } Work;
 
 // One vector of the target's native width: 16 floats with AVX-512, 8 with AVX/AVX2, else 4.
@@ -260,8 +262,7 @@ typedef struct {
   int group, context_len, num_blocks, first, span;  // scores[g * span + t - first]
   int64_t row_stride, head_offset;                  // in cache elements
   const int32_t *block_table;
-  const float *q;  // the group's query heads, head_dim apart
-  float *out;
+  int64_t q_offset, out_offset;  // elements of query and out: the group's heads, head_dim apart
 } Unit;
 
 static inline Unit unit_of(const Work *w, int64_t seq, int kv_head) {
@@ -276,9 +277,30 @@ static inline Unit unit_of(const Work *w, int64_t seq, int kv_head) {
   u.row_stride = (int64_t)w->num_kv_heads * w->head_dim;
   u.head_offset = (int64_t)kv_head * w->head_dim;
   u.block_table = w->block_tables + seq * w->block_table_stride;
-  u.q = w->query + seq * w->query_seq_stride + (int64_t)kv_head * u.group * w->head_dim;
-  u.out = w->out + (seq * w->num_heads + (int64_t)kv_head * u.group) * w->head_dim;
+  u.q_offset = seq * w->query_seq_stride + (int64_t)kv_head * u.group * w->head_dim;
+  u.out_offset = (seq * w->num_heads + (int64_t)kv_head * u.group) * w->head_dim;
   return u;
+}
+
+// Query head g of the unit's group as float32 (a bfloat16 query is widened exactly).
+static inline void load_query(const Work *w, const Unit *u, int g, float *q) {
+  const int64_t at = u->q_offset + (int64_t)g * w->head_dim;
+  if (w->act_bf16) {
+    const bf16_t *src = (const bf16_t *)w->query + at;
+    for (int d = 0; d < w->head_dim; d++) q[d] = load_f1_bf16(src + d);
+  } else {
+    memcpy(q, (const float *)w->query + at, sizeof(float) * (size_t)w->head_dim);
+  }
+}
+
+// n output values from element i of the unit's output, rounded to bfloat16 where out is.
+static inline void store_out(const Work *w, const Unit *u, int64_t i, const float *v, int n) {
+  if (w->act_bf16) {
+    bf16_t *dst = (bf16_t *)w->out + u->out_offset + i;
+    for (int d = 0; d < n; d++) dst[d] = float_to_bf16(v[d]);
+  } else {
+    memcpy((float *)w->out + u->out_offset + i, v, sizeof(float) * (size_t)n);
+  }
 }
 
 // Visits the rows t of unit u's context in block order: BODY sees b (the block's index in the
@@ -326,7 +348,10 @@ static inline Unit unit_of(const Work *w, int64_t seq, int kv_head) {
     })                                                                                        \
     for (int g = 0; g < GT && g0 + g < u->group; g++)                                         \
       for (int j = 0; j < jt; j++)                                                            \
-        store_vf(u->out + (g0 + g) * w->head_dim + (j0 + j) * VW, acc[g][j] * inv_sum[g0 + g]); \
+        {                                                                                     \
+          const vf o = acc[g][j] * inv_sum[g0 + g];                                           \
+          store_out(w, u, (g0 + g) * w->head_dim + (j0 + j) * VW, (const float *)&o, VW);      \
+        }                                                                                     \
   }
 
 // Blocks lie anywhere in the pool, so the hardware prefetchers cannot run ahead of a block table:
@@ -360,7 +385,8 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
     const Unit u = unit_of(w, seq, kv_head);                                                  \
     const int64_t row_stride = u.row_stride;                                                  \
     for (int g = 0; g < u.group; g++) {                                                       \
-      const float *q = u.q + g * head_dim;                                                    \
+      float q[HD];                                                                            \
+      load_query(w, &u, g, q);                                                                \
       QK##_QUERY(HD)                                                                          \
       FOR_EACH_BLOCK(w, u, {                                                                  \
         const KV##_t *k_block = BLOCK_ROWS(w, u, w->key_cache, KV);                           \
@@ -408,7 +434,8 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
     const int head_dim = w->head_dim;                                                         \
     const Unit u = unit_of(w, seq, kv_head);                                                  \
     for (int g = 0; g < u.group; g++) {                                                       \
-      const float *q = u.q + g * head_dim;                                                    \
+      float q[head_dim];                                                                      \
+      load_query(w, &u, g, q);                                                                \
       FOR_EACH_BLOCK(w, u, {                                                                  \
         const KV##_t *k_block = BLOCK_ROWS(w, u, w->key_cache, KV);                           \
         for (int i = i_begin; i < n; i++) {                                                   \
@@ -422,7 +449,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
     float inv_sum[MAX_GROUP];                                                                 \
     softmax_rows(w, scores, u.group, u.span, inv_sum);                                        \
     for (int g = 0; g < u.group; g++) {                                                       \
-      float *o = u.out + g * head_dim;                                                        \
+      float o[head_dim];                                                                      \
       for (int d = 0; d < head_dim; d++) o[d] = 0.0f;                                         \
       FOR_EACH_BLOCK(w, u, {                                                                  \
         const KV##_t *v_block = BLOCK_ROWS(w, u, w->value_cache, KV);                         \
@@ -433,6 +460,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
         }                                                                                     \
       })                                                                                      \
       for (int d = 0; d < head_dim; d++) o[d] *= inv_sum[g];                                  \
+      store_out(w, &u, (int64_t)g * head_dim, o, head_dim);                                   \
     }                                                                                         \
   }
 
@@ -501,7 +529,8 @@ int paged_attention_has_float16(void) {
 }
 
 // Returns 0 on success, 1 on a bad argument or a failed allocation.
-int paged_attention_decode(int kv_dtype, float *out, const float *query, int64_t query_seq_stride,
+int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *query,
+                           int64_t query_seq_stride,
                            const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride,
                            const int32_t *context_lens, int64_t num_seqs, int num_heads,
@@ -532,6 +561,7 @@ int paged_attention_decode(int kv_dtype, float *out, const float *query, int64_t
       unit++;
     }
     work[i].unit_end = unit;
+    work[i].act_bf16 = act_bf16;
   }
 
   int status = 0;

@@ -4,7 +4,12 @@ from pagedgen.attention.backend import split_qkv
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import cpu_ops
-from pagedgen.kernels.cpu import cpu_kernel_error, kernel_dtypes, paged_attention_decode
+from pagedgen.kernels.cpu import (
+    ACTIVATION_DTYPES,
+    cpu_kernel_error,
+    kernel_dtypes,
+    paged_attention_decode,
+)
 from pagedgen.layers.rotary import Rope
 
 # A step prefilling a longer sequence over a float32 cache takes SDPA (see prefill).
@@ -15,8 +20,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     """The torch backend with decode and prefill rows served by our C kernel: one call per layer
     for the whole batch, reading each sequence's blocks in place, where the torch path gathers
     them and calls SDPA once per sequence. The kernel reads float32, bfloat16 and float16 caches
-    and computes in float32; a half-precision query and output are converted around it (a model
-    that computes in float32 over a half-precision cache passes straight through)."""
+    and computes in float32; it takes a float32 or bfloat16 query and output as they are, a
+    float16 one converted around it."""
 
     name = "cpu"
 
@@ -84,9 +89,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
     ):
         """The C kernel over query rows (each with its block table and context length), out
         being the matching rows of the step's output."""
-        if query.dtype == torch.float32:
+        if query.dtype in ACTIVATION_DTYPES:
             result = out
-        else:
+        else:  # float16
             query = query.float()
             result = torch.empty(query.shape, dtype=torch.float32)
         paged_attention_decode(

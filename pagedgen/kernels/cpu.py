@@ -12,13 +12,14 @@ from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_l
 
 SOURCE = "paged_attention_cpu.c"
 KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)  # of query and out
 
 
 @functools.cache
 def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march)
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    decode = [i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, i32]
+    decode = [i32, i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, i32]
     return declare(lib, {"paged_attention_decode": decode, "paged_attention_has_float16": []})
 
 
@@ -44,7 +45,7 @@ def _kernel_dtypes(march: str) -> tuple[torch.dtype, ...]:
 
 
 def paged_attention_decode(
-    out: torch.Tensor,  # [num_seqs, num_heads, head_dim], contiguous
+    out: torch.Tensor,  # [num_seqs, num_heads, head_dim], contiguous, query's dtype
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim], each row contiguous
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], contiguous
     value_cache: torch.Tensor,
@@ -58,15 +59,19 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """Decode attention of one query row per sequence over its context in the paged cache.
 
-    query and out are float32; the caches float32, bfloat16 or float16 (see kernel_dtypes)."""
+    query and out are float32, or both bfloat16 (computed in float32, out rounded once); the
+    caches float32, bfloat16 or float16 (see kernel_dtypes)."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
     if not all([t.is_cpu for t in tensors]):
         raise ValueError("paged_attention_decode runs on CPU tensors only")
     march = march or kernel_march()
-    if not (query.dtype == out.dtype == torch.float32):
-        raise TypeError(f"query and out must be float32, got {query.dtype} and {out.dtype}")
+    if query.dtype != out.dtype or query.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(
+            f"query and out must be both float32 or both bfloat16, got {query.dtype} and "
+            f"{out.dtype}"
+        )
     dtypes = kernel_dtypes(march)
     if key_cache.dtype != value_cache.dtype or key_cache.dtype not in dtypes:
         raise TypeError(
@@ -91,6 +96,7 @@ def paged_attention_decode(
         raise ValueError("one block table and context length per sequence")
     status = _library(march).paged_attention_decode(
         KV_DTYPE_CODES[key_cache.dtype],
+        int(query.dtype == torch.bfloat16),
         out.data_ptr(),
         query.data_ptr(),
         query.stride(0),

@@ -97,6 +97,29 @@ def test_every_build_reads_every_cache_dtype(march, dtype, head_dim, num_heads, 
     check_against_reference(head_dim, 16, num_heads, num_kv_heads, 2, dtype, march)
 
 
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("head_dim", [64, 80, 32])  # 80, 32: the widening and scalar paths
+def test_bfloat16_query_and_output_are_the_float32_result_rounded(march, head_dim):
+    """A bfloat16 model hands its query over as it is and takes bfloat16 rows back: the kernel
+    widens the query exactly and rounds its float32 output once."""
+    torch.manual_seed(head_dim)
+    num_heads, num_kv_heads, block_size = 9, 3, 16
+    context_lens = [1, 40, 257]
+    num_blocks = sum(-(-n // block_size) for n in context_lens) + 4
+    _, block_tables = scattered_tables(context_lens, block_size, num_blocks, head_dim)
+    key_cache, value_cache = (
+        torch.randn(num_blocks, block_size, num_kv_heads, head_dim).bfloat16() for _ in range(2)
+    )
+    query = torch.randn(len(context_lens), num_heads, head_dim).bfloat16()
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    args = (key_cache, value_cache, block_tables, lens, head_dim**-0.5, 2, march)
+    wide = paged_attention_decode(torch.empty(query.shape), query.float(), *args)
+    out = paged_attention_decode(torch.empty_like(query), query, *args)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, wide.bfloat16())
+    with pytest.raises(TypeError, match="both bfloat16"):
+        paged_attention_decode(torch.empty(query.shape), query, *args)
+
+
 def test_rejects_what_it_cannot_read():
     query = torch.randn(2, 4, 64)
     cache = torch.randn(4, 16, 2, 64)
