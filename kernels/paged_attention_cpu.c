@@ -39,20 +39,11 @@
 #endif
 
 #include "cpu_math.h"
+#include "cpu_vec.h"
 
 #define MAX_THREADS 256
 #define MAX_GROUP 64  // query heads per kv head
 #define PF_DIST 2     // blocks ahead that K is prefetched (see prefetch_block)
-
-// Cache element types. kv_dtype codes, as passed by pagedgen.kernels.cpu: 0 f32, 1 bf16, 2 f16.
-typedef float f32_t;
-typedef uint16_t bf16_t;  // the upper half of a float32
-#ifdef __FLT16_MAX__
-#define HAVE_FLOAT16 1
-typedef _Float16 f16_t;
-#else
-typedef uint16_t f16_t;  // never loaded: the entry point refuses float16 without _Float16
-#endif
 
 typedef struct {
   void *out;           // [num_seqs, num_heads, head_dim], contiguous
@@ -70,123 +61,6 @@ typedef struct {
   int64_t unit_begin, unit_end;  // units: seq * num_kv_heads + kv_head
   int act_bf16;                   // query and out: 0 float32, 1 bfloat16
 } Work;
-
-// One vector of the target's native width: 16 floats with AVX-512, 8 with AVX/AVX2, else 4.
-// (A vector wider than the target's registers is lowered through the stack: on AVX2, 16-float
-// vectors made this kernel ~5x slower.) Every specialised head_dim is a multiple of 16.
-#if defined(__AVX512F__)
-#define VW 16
-#elif defined(__AVX__)
-#define VW 8
-#else
-#define VW 4
-#endif
-typedef float vf __attribute__((vector_size(VW * 4)));
-typedef uint16_t vu16 __attribute__((vector_size(VW * 2)));
-typedef uint32_t vu32 __attribute__((vector_size(VW * 4)));
-
-static inline vf load_vf_f32(const f32_t *p) {
-  vf v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// Half-precision loads: one widening instruction where the target has it (GCC lowers the generic
-// conversions element by element, or in halves), the generic vector code elsewhere.
-static inline vf load_vf_bf16(const bf16_t *p) {
-#if VW == 16 && defined(__AVX512F__)
-  const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-  return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-#elif VW == 8 && defined(__AVX2__)
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-  return (vf)_mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-#else
-  vu16 h;
-  memcpy(&h, p, sizeof h);
-  const vu32 bits = __builtin_convertvector(h, vu32) << 16;
-  vf v;
-  memcpy(&v, &bits, sizeof v);
-  return v;
-#endif
-}
-
-#if VW == 16 && defined(__AVX512F__)
-static inline vf load_vf_f16(const f16_t *p) {
-  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-#elif VW == 8 && defined(__F16C__)
-static inline vf load_vf_f16(const f16_t *p) {
-  return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-#elif VW == 4 && defined(__F16C__)
-static inline vf load_vf_f16(const f16_t *p) {
-  return (vf)_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
-}
-#elif defined(HAVE_FLOAT16)
-typedef _Float16 vh __attribute__((vector_size(VW * 2)));
-static inline vf load_vf_f16(const f16_t *p) {
-  vh h;
-  memcpy(&h, p, sizeof h);
-  return __builtin_convertvector(h, vf);
-}
-#else
-static inline vf load_vf_f16(const f16_t *p) { return (vf){0}; }
-#endif
-
-#ifdef HAVE_FLOAT16
-static inline float load_f1_f16(const f16_t *p) { return (float)*p; }
-#else
-static inline float load_f1_f16(const f16_t *p) { return 0.0f; }
-#endif
-
-static inline float load_f1_f32(const f32_t *p) { return *p; }
-static inline float load_f1_bf16(const bf16_t *p) {
-  const uint32_t bits = (uint32_t)*p << 16;
-  float v;
-  memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
-static inline void store_vf(float *p, vf v) { memcpy(p, &v, sizeof v); }
-
-// VW vectors -> one vector whose lane r holds the sum of a[r]'s lanes: a transpose-and-add tree,
-// about 3 instructions a key where a horizontal sum per key takes 6 to 10.
-static inline vf reduce_vw(const vf *a) {
-#if VW == 16 && defined(__AVX512F__)
-  __m512 b[8], c[4], d[2];
-  for (int p = 0; p < 8; p++) {  // quads 0-1: key 2p, quads 2-3: key 2p + 1
-    const __m512 x = (__m512)a[2 * p], y = (__m512)a[2 * p + 1];
-    b[p] = _mm512_shuffle_f32x4(x, y, 0x44) + _mm512_shuffle_f32x4(x, y, 0xEE);
-  }
-  for (int p = 0; p < 4; p++)  // quad q: key 4p + q
-    c[p] = _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88) +
-           _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD);
-  for (int p = 0; p < 2; p++)  // quad q: keys 8p + q, 8p + q + 4, each in two halves
-    d[p] = _mm512_unpacklo_ps(c[2 * p], c[2 * p + 1]) + _mm512_unpackhi_ps(c[2 * p], c[2 * p + 1]);
-  const __m512 e = (__m512)_mm512_unpacklo_pd((__m512d)d[0], (__m512d)d[1]) +
-                   (__m512)_mm512_unpackhi_pd((__m512d)d[0], (__m512d)d[1]);
-  // lane 4q + m holds key q + 4m
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return (vf)_mm512_permutexvar_ps(order, e);
-#elif VW == 8 && defined(__AVX__)
-  __m256 b[4], c[2];
-  for (int p = 0; p < 4; p++) {  // half 0: key 2p, half 1: key 2p + 1
-    const __m256 x = (__m256)a[2 * p], y = (__m256)a[2 * p + 1];
-    b[p] = _mm256_permute2f128_ps(x, y, 0x20) + _mm256_permute2f128_ps(x, y, 0x31);
-  }
-  for (int p = 0; p < 2; p++) c[p] = _mm256_hadd_ps(b[2 * p], b[2 * p + 1]);
-  const __m256 e = _mm256_hadd_ps(c[0], c[1]);  // lane 4h + i holds key 2i + h
-  return (vf)_mm256_permutevar8x32_ps(e, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-#else
-  vf s;
-  for (int r = 0; r < VW; r++) {
-    float t = 0.0f;
-    for (int i = 0; i < VW; i++) t += a[r][i];
-    s[r] = t;
-  }
-  return s;
-#endif
-}
 
 // s[r] = scale * (q . k_r) for the count <= VW keys k_r = k + r * row_stride of one kv head;
 // q is HD / VW vectors. Rows past count are not read (they may lie past the block).
