@@ -19,7 +19,7 @@ class EngineConfig:
     "auto" swaps groups of several sequences (parallel samples, beams) and recomputes single
     ones, as vLLM V0. gpu_memory_utilization is vLLM's: the share of GPU memory pagedgen uses.
     enforce_eager False (the default) replays decode steps on a GPU from CUDA graphs (ModelRunner.
-    capture_decode_graphs), and those of up to 16 rows on a CPU from recorded CPU graphs
+    capture_decode_graphs), and those of up to 64 rows on a CPU from recorded CPU graphs
     (engine/cpu_graphs.py); True runs every step eagerly. async_scheduling (vLLM's name) schedules
     and queues step N + 1 before the host has step N's tokens, which the device hands from one
     step to the next, so the host's work overlaps the device's (LLMEngine.step).

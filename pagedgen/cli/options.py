@@ -178,7 +178,7 @@ ENGINE = OptionGroup(
                 False,
                 "--enforce-eager/--no-enforce-eager",
                 help="run every step eagerly, without the decode steps' CUDA graphs (GPU) "
-                "or CPU graphs (up to 16 rows) [default: graphs]",
+                "or CPU graphs (up to 64 rows) [default: graphs]",
             ),
         ),
         "async_scheduling": (
