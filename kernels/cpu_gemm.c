@@ -150,10 +150,24 @@ static inline __m256 load8_bf16(const uint16_t *p) {
 
 typedef float f32_t;
 typedef uint16_t bf16_t;
+
+#if !defined(__AVX512F__)
 PANEL_ROWS(f32)
 PANEL_ROWS(bf16)
 
-#if defined(__AVX512F__)
+// A thread's unit of work: one panel, for rows [m0, m1).
+#define UNIT_PANELS 1
+#define TILE_ROWS MR
+static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *w_packed,
+                             int weight_bf16, const float *bias, int64_t m0, int64_t m1,
+                             int64_t m, int64_t n, int64_t k, int64_t p, int64_t panels) {
+  (void)m, (void)panels;
+  if (weight_bf16)
+    panel_rows_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, bias, m0, m1, n, k, p * NR);
+  else
+    panel_rows_f32(y, x, ldx, (const f32_t *)w_packed + p * k * NR, bias, m0, m1, n, k, p * NR);
+}
+#else
 // AVX-512: the same panels, two side by side (32 columns) against up to 12 rows: 24 zmm
 // accumulators, 2 panel vectors and a broadcast of the 32 registers; 1.05-1.17x oneDNN's AVX-512
 // kernels at 32-96 rows. oneDNN slices K by 512 where K <= 1024 or there is one row, else by
@@ -246,10 +260,24 @@ static inline int64_t kc512(int64_t m, int64_t k) { return m == 1 || k <= 1024 ?
   }
 PANEL_ROWS512(f32)
 PANEL_ROWS512(bf16)
+
+// A thread's unit of work: panels p and p + 1 (p alone if it is the last), for rows [m0, m1).
+#define UNIT_PANELS 2
+#define TILE_ROWS MR512
+static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *w_packed,
+                             int weight_bf16, const float *bias, int64_t m0, int64_t m1,
+                             int64_t m, int64_t n, int64_t k, int64_t p, int64_t panels) {
+  const int np = panels - p < 2 ? 1 : 2;
+  if (weight_bf16)
+    panel_rows512_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, np, bias, m0, m1, n, k,
+                       kc512(m, k), p * NR);
+  else
+    panel_rows512_f32(y, x, ldx, (const f32_t *)w_packed + p * k * NR, np, bias, m0, m1, n, k,
+                      kc512(m, k), p * NR);
+}
 #endif
 
 #endif
-
 
 // y: [m, n] contiguous; x: [m, k], rows ldx apart, each contiguous; w_packed from pack_weight,
 // float32 (weight_bf16 0) or bfloat16 (1); bias: [n] float32 or NULL. Returns 0, or 1 where this
@@ -257,14 +285,11 @@ PANEL_ROWS512(bf16)
 int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weight_bf16,
            const float *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
 #if SUPPORTED
-  const int64_t panels = (n + NR - 1) / NR;
+  const int64_t panels = (n + NR - 1) / NR, units = (panels + UNIT_PANELS - 1) / UNIT_PANELS;
   if (num_threads < 1) num_threads = 1;
-  if (num_threads > panels) num_threads = (int)panels;
-  const int64_t fit = X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / MR * MR;
-  const int64_t block_rows = fit > MR ? fit : MR;
-#if defined(__AVX512F__)
-  const int64_t pairs = (panels + 1) / 2, kc_max = kc512(m, k);
-  if (num_threads > pairs) num_threads = (int)pairs;
+  if (num_threads > units) num_threads = (int)units;
+  const int64_t fit = X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / TILE_ROWS * TILE_ROWS;
+  const int64_t block_rows = fit > TILE_ROWS ? fit : TILE_ROWS;
 #pragma omp parallel num_threads(num_threads)
   {
 #ifdef _OPENMP
@@ -272,40 +297,12 @@ int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weig
 #else
     const int64_t t = 0, nt = 1;
 #endif
-    const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
+    const int64_t q0 = units * t / nt, q1 = units * (t + 1) / nt;
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
       const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      for (int64_t q = q0; q < q1; q++) {
-        const int np = panels - 2 * q < 2 ? 1 : 2;
-        if (weight_bf16)
-          panel_rows512_bf16(y, x, ldx, (const bf16_t *)w_packed + 2 * q * k * NR, np, bias, m0,
-                             m1, n, k, kc_max, 2 * q * NR);
-        else
-          panel_rows512_f32(y, x, ldx, (const f32_t *)w_packed + 2 * q * k * NR, np, bias, m0,
-                            m1, n, k, kc_max, 2 * q * NR);
-      }
-    }
-  }
-  return 0;
-#endif
-#pragma omp parallel num_threads(num_threads)
-  {
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int64_t t = 0, nt = 1;
-#endif
-    const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
-    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
-      const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      for (int64_t p = p0; p < p1; p++) {
-        if (weight_bf16)
-          panel_rows_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, bias, m0, m1, n, k,
-                          p * NR);
-        else
-          panel_rows_f32(y, x, ldx, (const f32_t *)w_packed + p * k * NR, bias, m0, m1, n, k,
-                         p * NR);
-      }
+      for (int64_t q = q0; q < q1; q++)
+        unit_rows(y, x, ldx, w_packed, weight_bf16, bias, m0, m1, m, n, k, q * UNIT_PANELS,
+                  panels);
     }
   }
   return 0;

@@ -23,6 +23,14 @@ static inline float exp_nonpositive(float x) {
   return p * two_n;
 }
 
+// A bfloat16 (the upper half of a float32) widened to float32: exact.
+static inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = (uint32_t)h << 16;
+  float v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
 // Round to nearest even, as torch's .to(torch.bfloat16) does; NaN stays NaN.
 static inline uint16_t float_to_bf16(float f) {
   uint32_t bits;

@@ -16,8 +16,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
-
 #include "cpu_math.h"
 
 #define PARALLEL_MIN_ELEMENTS (1 << 15)  // below, one thread: waking the other costs more
@@ -31,17 +29,9 @@ typedef uint16_t bf16_t;  // the upper half of a float32
 static inline float ld_f32(const f32_t *p) { return *p; }
 static inline void st_f32(f32_t *p, float v) { *p = v; }
 static inline float rnd_f32(float v) { return v; }
-static inline float ld_bf16(const bf16_t *p) {
-  const uint32_t bits = (uint32_t)*p << 16;
-  float v;
-  memcpy(&v, &bits, sizeof v);
-  return v;
-}
+static inline float ld_bf16(const bf16_t *p) { return bf16_to_float(*p); }
 static inline void st_bf16(bf16_t *p, float v) { *p = float_to_bf16(v); }
-static inline float rnd_bf16(float v) {
-  const bf16_t h = float_to_bf16(v);
-  return ld_bf16(&h);
-}
+static inline float rnd_bf16(float v) { return bf16_to_float(float_to_bf16(v)); }
 
 #define INV_RMS(T)                                                          \
   static inline float inv_rms_##T(const T##_t *x, int64_t dim, float eps) { \
@@ -122,7 +112,7 @@ static inline float silu(float g) {
       bf16_t *dst = (bf16_t *)cache + offset;                                                  \
       for (int i = 0; i < n; i++) st_bf16(dst + i, ld_##T(src + i));                          \
     } else {                                                                                   \
-      for (int i = 0; i < n; i++) STORE_F16(cache, offset + i, ld_##T(src + i));  \
+      for (int i = 0; i < n; i++) STORE_F16(cache, offset + i, ld_##T(src + i));             \
     }                                                                                          \
   }
 

@@ -4,6 +4,8 @@
 // that sums VW vectors at once. Included by paged_attention_cpu.c (inlined into its source).
 #include <stdint.h>
 #include <string.h>
+
+#include "cpu_math.h"
 #if defined(__AVX2__) || defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -87,12 +89,7 @@ static inline float load_f1_f16(const f16_t *p) { return 0.0f; }
 #endif
 
 static inline float load_f1_f32(const f32_t *p) { return *p; }
-static inline float load_f1_bf16(const bf16_t *p) {
-  const uint32_t bits = (uint32_t)*p << 16;
-  float v;
-  memcpy(&v, &bits, sizeof v);
-  return v;
-}
+static inline float load_f1_bf16(const bf16_t *p) { return bf16_to_float(*p); }
 
 static inline void store_vf(float *p, vf v) { memcpy(p, &v, sizeof v); }
 

@@ -34,9 +34,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX2__) || defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "cpu_math.h"
 #include "cpu_vec.h"
@@ -62,6 +59,13 @@ typedef struct {
   int act_bf16;                   // query and out: 0 float32, 1 bfloat16
 } Work;
 
+// s[r] = scale * acc[r]'s sum for the count <= VW keys scored.
+static inline void store_scores(const vf *acc, int count, float scale, float *s) {
+  const vf sum = reduce_vw(acc) * scale;
+  if (count == VW) store_vf(s, sum);
+  else memcpy(s, &sum, sizeof(float) * (size_t)count);
+}
+
 // s[r] = scale * (q . k_r) for the count <= VW keys k_r = k + r * row_stride of one kv head;
 // q is HD / VW vectors. Rows past count are not read (they may lie past the block).
 #define QK_KEYS(KV, HD)                                                                       \
@@ -72,15 +76,13 @@ typedef struct {
       if (r < count) {                                                                        \
         const KV##_t *kr = k + r * row_stride;                                                \
         vf a = q[0] * load_vf_##KV(kr);                                                       \
-        for (int j = 1; j < (HD) / VW; j++) a += q[j] * load_vf_##KV(kr + j * VW);                 \
+        for (int j = 1; j < (HD) / VW; j++) a += q[j] * load_vf_##KV(kr + j * VW);            \
         acc[r] = a;                                                                           \
       } else {                                                                                \
         acc[r] = (vf){0};                                                                     \
       }                                                                                       \
     }                                                                                         \
-    const vf sum = reduce_vw(acc) * scale;                                                    \
-    if (count == VW) store_vf(s, sum);                                                        \
-    else memcpy(s, &sum, sizeof(float) * (size_t)count);                                     \
+    store_scores(acc, count, scale, s);                                                       \
   }
 
 // bfloat16 keys with AVX512_BF16: q rounded to bfloat16 (a bfloat16 model's query already is),
@@ -96,16 +98,14 @@ typedef struct {
       if (r < count) {                                                                        \
         const bf16_t *kr = k + r * row_stride;                                                \
         __m512 a = _mm512_setzero_ps();                                                       \
-        for (int j = 0; j < (HD) / 32; j++)                                                    \
+        for (int j = 0; j < (HD) / 32; j++)                                                   \
           a = _mm512_dpbf16_ps(a, q[j], (__m512bh)_mm512_loadu_si512(kr + 32 * j));           \
         acc[r] = (vf)a;                                                                       \
       } else {                                                                                \
         acc[r] = (vf){0};                                                                     \
       }                                                                                       \
     }                                                                                         \
-    const vf sum = reduce_vw(acc) * scale;                                                    \
-    if (count == VW) store_vf(s, sum);                                                        \
-    else memcpy(s, &sum, sizeof(float) * (size_t)count);                                      \
+    store_scores(acc, count, scale, s);                                                       \
   }
 #else
 #define HAVE_DPBF16 0
@@ -221,11 +221,10 @@ static inline void store_out(const Work *w, const Unit *u, int64_t i, const floa
       }                                                                                       \
     })                                                                                        \
     for (int g = 0; g < GT && g0 + g < u->group; g++)                                         \
-      for (int j = 0; j < jt; j++)                                                            \
-        {                                                                                     \
-          const vf o = acc[g][j] * inv_sum[g0 + g];                                           \
-          store_out(w, u, (g0 + g) * w->head_dim + (j0 + j) * VW, (const float *)&o, VW);      \
-        }                                                                                     \
+      for (int j = 0; j < jt; j++) {                                                          \
+        const vf o = acc[g][j] * inv_sum[g0 + g];                                             \
+        store_out(w, u, (g0 + g) * w->head_dim + (j0 + j) * VW, (const float *)&o, VW);        \
+      }                                                                                       \
   }
 
 // Blocks lie anywhere in the pool, so the hardware prefetchers cannot run ahead of a block table:
@@ -267,7 +266,8 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
         if (g == 0) prefetch_block(w, &u, b, sizeof(KV##_t));                                  \
         for (int i = i_begin; i < n; i += VW) {                                               \
           const int count = n - i < VW ? n - i : VW;                                          \
-          QK##_CALL(HD, k_block + i * row_stride, count, scores + g * u.span + t0 + i - u.first); \
+          QK##_CALL(KV, HD, k_block + i * row_stride, count,                                  \
+                    scores + g * u.span + t0 + i - u.first);                                  \
         }                                                                                     \
       })                                                                                      \
     }                                                                                         \
@@ -294,13 +294,8 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
   __m512bh qv[(HD) / 32];                                                                      \
   for (int j = 0; j < (HD) / 32; j++)                                                          \
     qv[j] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 32 * j + 16), _mm512_loadu_ps(q + 32 * j));
-#define WIDEN_f32_QUERY WIDEN_QUERY
-#define WIDEN_bf16_QUERY WIDEN_QUERY
-#define WIDEN_f16_QUERY WIDEN_QUERY
-#define WIDEN_f32_CALL(HD, k, count, s) qk_keys_f32_##HD(qv, k, row_stride, count, w->scale, s)
-#define WIDEN_bf16_CALL(HD, k, count, s) qk_keys_bf16_##HD(qv, k, row_stride, count, w->scale, s)
-#define WIDEN_f16_CALL(HD, k, count, s) qk_keys_f16_##HD(qv, k, row_stride, count, w->scale, s)
-#define DPBF16_CALL(HD, k, count, s) qk_keys_dpbf16_##HD(qv, k, row_stride, count, w->scale, s)
+#define WIDEN_CALL(KV, HD, k, count, s) qk_keys_##KV##_##HD(qv, k, row_stride, count, w->scale, s)
+#define DPBF16_CALL(KV, HD, k, count, s) qk_keys_dpbf16_##HD(qv, k, row_stride, count, w->scale, s)
 
 // Any head_dim, one float at a time.
 #define ATTEND_ANY(KV)                                                                        \
@@ -342,20 +337,20 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
   QK_KEYS(KV, 64) QK_KEYS(KV, 80) QK_KEYS(KV, 96) QK_KEYS(KV, 128) QK_KEYS(KV, 256)
 #define ATTEND_UNITS(KV, QK)                                                                  \
   V_TILE(KV)                                                                                  \
-  ATTEND_UNIT(KV, 64, QK) ATTEND_UNIT(KV, 80, WIDEN_##KV) ATTEND_UNIT(KV, 96, QK)             \
+  ATTEND_UNIT(KV, 64, QK) ATTEND_UNIT(KV, 80, WIDEN) ATTEND_UNIT(KV, 96, QK)                  \
   ATTEND_UNIT(KV, 128, QK) ATTEND_UNIT(KV, 256, QK) ATTEND_ANY(KV)
 
 QK_KEYS_ALL(f32)
 QK_KEYS_ALL(bf16)
 QK_KEYS_ALL(f16)
-ATTEND_UNITS(f32, WIDEN_f32)
+ATTEND_UNITS(f32, WIDEN)
 #if HAVE_DPBF16  // 80 = 5 x 16 is no whole number of 32-element pairs: it widens
 QK_KEYS_DPBF16(64) QK_KEYS_DPBF16(96) QK_KEYS_DPBF16(128) QK_KEYS_DPBF16(256)
 ATTEND_UNITS(bf16, DPBF16)
 #else
-ATTEND_UNITS(bf16, WIDEN_bf16)
+ATTEND_UNITS(bf16, WIDEN)
 #endif
-ATTEND_UNITS(f16, WIDEN_f16)
+ATTEND_UNITS(f16, WIDEN)
 
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
 
@@ -429,13 +424,12 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
     work[i] = (Work){out,        query,        key_cache,  value_cache, block_tables,
                      context_lens, query_seq_stride, block_table_stride, num_heads,
                      num_kv_heads, head_dim,     block_size, scale,       sliding_window,
-                     softcap,      unit,         unit};
+                     softcap,      unit,         unit,       act_bf16};
     while (unit < num_units && (done < target || i == num_threads - 1)) {
       done += context_lens[unit / num_kv_heads];
       unit++;
     }
     work[i].unit_end = unit;
-    work[i].act_bf16 = act_bf16;
   }
 
   int status = 0;

@@ -27,26 +27,14 @@ ACTIVATION_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # dtype ->
 def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march, EXTRA_FLAGS)
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    rope = [i32, p, i64, p, p, i64, i32, i32, i32, p, p, p]
     signatures = {"rotary_embedding_and_cache_has_float16": []}
     for suffix in ACTIVATION_SUFFIXES.values():
         signatures |= {
             f"rms_norm_{suffix}": [p, p, i64, p, i64, i64, f32],
             f"fused_add_rms_norm_{suffix}": [p, p, p, i64, i64, f32],
             f"silu_and_mul_{suffix}": [p, p, i64, i64],
-            f"rotary_embedding_and_cache_{suffix}": [
-                i32,
-                p,
-                i64,
-                p,
-                p,
-                i64,
-                i32,
-                i32,
-                i32,
-                p,
-                p,
-                p,
-            ],
+            f"rotary_embedding_and_cache_{suffix}": rope,
         }
     return declare(lib, signatures)
 

@@ -74,10 +74,8 @@ class Linear(nn.Module):
             and cpu_gemm.enabled()
         ):  # a bfloat16 weight keeps its dtype: the kernel widens it
             weight, self.layout = cpu_gemm.pack(weight), PANELS
-        elif compute_dtype == torch.bfloat16 and cpu_gemm_bf16.enabled():
-            weight, self.layout = cpu_gemm_bf16.pack(weight.to(torch.bfloat16)), PAIR_PANELS
-            if self.bias is not None:
-                self.bias = nn.Parameter(self.bias.to(torch.bfloat16), requires_grad=False)
+        elif compute_dtype == weight.dtype == torch.bfloat16 and cpu_gemm_bf16.enabled():
+            weight, self.layout = cpu_gemm_bf16.pack(weight), PAIR_PANELS
         else:
             weight = weight.to(compute_dtype)
             if weight.dtype in onednn_matmul_dtypes():

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from pagedgen.kernels import cpu_gemm_bf16
 from tests.kernels.test_cpu_kernel import MARCHES
 
-pytestmark = pytest.mark.skipif(
+needs_kernel = pytest.mark.skipif(
     cpu_gemm_bf16.cpu_gemm_bf16_error() is not None,
     reason=f"no AVX512_BF16 matmul here: {cpu_gemm_bf16.cpu_gemm_bf16_error()}",
 )
@@ -32,6 +32,7 @@ def assert_rounded_once(out, x, weight, bias):
     assert (err <= ref.abs() * 2**-8 + scale * 1e-6 + 1e-30).all(), err.max()
 
 
+@needs_kernel
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_float64_rounded_once(shape, bias):
@@ -46,6 +47,7 @@ def test_matches_float64_rounded_once(shape, bias):
         assert_rounded_once(cpu_gemm_bf16.linear(x, packed, b, n), x, weight, b)
 
 
+@needs_kernel
 def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read():
     torch.manual_seed(0)
     weight = torch.randn(200, 301).bfloat16()
@@ -61,6 +63,7 @@ def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read():
     assert cpu_gemm_bf16.linear(x[:0], packed, None, 200).shape == (0, 200)
 
 
+@needs_kernel
 def test_one_thread_gives_the_same_result():
     torch.manual_seed(1)
     weight, x = torch.randn(640, 576).bfloat16(), torch.randn(59, 576).bfloat16()
@@ -74,6 +77,7 @@ def test_one_thread_gives_the_same_result():
         torch.set_num_threads(threads)
 
 
+@needs_kernel
 def test_a_mismatched_weight_or_dtype_is_refused():
     packed = cpu_gemm_bf16.pack(torch.randn(32, 16).bfloat16())
     with pytest.raises(ValueError, match="packed weight"):
