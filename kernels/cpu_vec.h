@@ -33,6 +33,7 @@ typedef uint16_t f16_t;  // never loaded: the entry point refuses float16 withou
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef uint16_t vu16 __attribute__((vector_size(VW * 2)));
 typedef uint32_t vu32 __attribute__((vector_size(VW * 4)));
+typedef int32_t vi32 __attribute__((vector_size(VW * 4)));  // lane masks of comparisons
 
 static inline vf load_vf_f32(const f32_t *p) {
   vf v;

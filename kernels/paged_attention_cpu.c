@@ -111,6 +111,22 @@ static inline void store_scores(const vf *acc, int count, float scale, float *s)
 #define HAVE_DPBF16 0
 #endif
 
+// The largest of s[0 .. n), VW lanes at a time (GCC leaves a scalar max loop scalar: one chain
+// of dependent compares).
+static inline float max_of(const float *s, int n) {
+  vf m = (vf){0} - INFINITY;
+  int t = 0;
+  for (; t + VW <= n; t += VW) {
+    const vf x = load_vf_f32(s + t);
+    const vi32 greater = x > m;
+    m = (vf)(((vi32)x & greater) | ((vi32)m & ~greater));
+  }
+  float max = -INFINITY;
+  for (int r = 0; r < VW; r++) max = m[r] > max ? m[r] : max;
+  for (; t < n; t++) max = s[t] > max ? s[t] : max;
+  return max;
+}
+
 // Softmax of each query head's scores in place (after the soft cap, if any); inv_sum[g] is 1 / the
 // sum of row g's exponentials, applied to the output instead of to every probability.
 static void softmax_rows(const Work *w, float *scores, int group, int span, float *inv_sum) {
@@ -120,8 +136,7 @@ static void softmax_rows(const Work *w, float *scores, int group, int span, floa
       const float cap = w->softcap, inv_cap = 1.0f / w->softcap;
       for (int t = 0; t < span; t++) s[t] = cap * tanhf(s[t] * inv_cap);
     }
-    float max = -INFINITY;
-    for (int t = 0; t < span; t++) max = s[t] > max ? s[t] : max;
+    const float max = max_of(s, span);
     float sum = 0.0f;
     for (int t = 0; t < span; t++) {
       s[t] = exp_nonpositive(s[t] - max);
