@@ -6,6 +6,8 @@
 //   silu_and_mul                out = silu(gate) * up, for rows [gate | up]
 //   rotary_embedding_and_cache  neox RoPE on the q and k heads of fused QKV rows, in place; then
 //                               each token's K and V written to its slot of the paged cache
+//   argmax                      each row's first index of its largest value, or of its first
+//                               NaN (torch.argmax's answer): greedy sampling over the logits
 //
 // Built like paged_attention_cpu.c (shares torch's OpenMP threads) but with -ffp-contract=off:
 // the products and sums round as torch's vectorized ops round them. Only the sums of squares are
@@ -17,6 +19,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "cpu_math.h"
+#include "cpu_vec.h"
 
 #define PARALLEL_MIN_ELEMENTS (1 << 15)  // below, one thread: waking the other costs more
 
@@ -24,8 +27,6 @@
 // widened, computed in float32 and rounded to bfloat16 wherever the torch ops they replace round
 // a result (RMSNorm: the normed row, then its product with the weight; SiLU·mul: silu, then the
 // product; RoPE: once; residual add: the sum), so both give the same values.
-typedef float f32_t;
-typedef uint16_t bf16_t;  // the upper half of a float32
 static inline float ld_f32(const f32_t *p) { return *p; }
 static inline void st_f32(f32_t *p, float v) { *p = v; }
 static inline float rnd_f32(float v) { return v; }
@@ -149,8 +150,47 @@ int rotary_embedding_and_cache_has_float16(void) {
     return 0;                                                                                   \
   }
 
+// One pass over a row, VW lanes at a time: each lane's largest value and its first index, and
+// whether any value is NaN (then a scan for the first NaN). A compiler leaves a scalar argmax
+// loop scalar.
+#define ARGMAX(T)                                                                              \
+  static int64_t argmax_row_##T(const T##_t *x, int64_t n) {                                   \
+    vf m = (vf){0} - INFINITY;                                                                 \
+    vi32 at = (vi32){0}, nan = (vi32){0}, index;                                               \
+    for (int r = 0; r < VW; r++) index[r] = r;                                                 \
+    int64_t i = 0;                                                                             \
+    for (; i + VW <= n; i += VW, index += VW) {                                                \
+      const vf v = load_vf_##T(x + i);                                                         \
+      const vi32 greater = v > m;                                                              \
+      m = (vf)(((vi32)v & greater) | ((vi32)m & ~greater));                                    \
+      at = (index & greater) | (at & ~greater);                                                \
+      nan |= v != v;                                                                           \
+    }                                                                                          \
+    float max = -INFINITY;                                                                     \
+    int64_t best = 0, any_nan = 0;                                                             \
+    for (int r = 0; r < VW; r++) { /* the largest; of equals, the first */                     \
+      if (m[r] > max || (m[r] == max && at[r] < best)) max = m[r], best = at[r];               \
+      any_nan |= nan[r];                                                                       \
+    }                                                                                          \
+    for (; i < n; i++) {                                                                       \
+      const float v = ld_##T(x + i);                                                           \
+      if (v > max) max = v, best = i;                                                          \
+      any_nan |= v != v;                                                                       \
+    }                                                                                          \
+    if (any_nan)                                                                               \
+      for (i = 0; i < n; i++)                                                                  \
+        if (ld_##T(x + i) != ld_##T(x + i)) return i;                                          \
+    return best;                                                                               \
+  }                                                                                            \
+  int argmax_##T(int64_t *out, const T##_t *x, int64_t x_row_stride, int64_t rows, int64_t n) { \
+    if (n < 1) return 1;                                                                       \
+    _Pragma("omp parallel for if (rows * n >= PARALLEL_MIN_ELEMENTS) schedule(static)")       \
+    for (int64_t r = 0; r < rows; r++) out[r] = argmax_row_##T(x + r * x_row_stride, n);       \
+    return 0;                                                                                  \
+  }
+
 #define CPU_OPS(T)                                                                    \
   INV_RMS(T) RMS_NORM(T) FUSED_ADD_RMS_NORM(T) SILU_AND_MUL(T) ROTATE(T) STORE_ROW(T) \
-  ROTARY_EMBEDDING_AND_CACHE(T)
+  ROTARY_EMBEDDING_AND_CACHE(T) ARGMAX(T)
 CPU_OPS(f32)
 CPU_OPS(bf16)

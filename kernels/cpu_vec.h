@@ -1,7 +1,8 @@
 #pragma once
 // The float vectors of the CPU attention kernel: one vector of the target's native width, loads
 // that widen each cache element type to float32 as they load, and the transpose-and-add tree
-// that sums VW vectors at once. Included by paged_attention_cpu.c (inlined into its source).
+// that sums VW vectors at once. Included by paged_attention_cpu.c and cpu_ops.c (inlined into
+// their source).
 #include <stdint.h>
 #include <string.h>
 

@@ -1,3 +1,4 @@
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -106,6 +107,11 @@ class LLMEngine:
             vocab_size=getattr(model.hf_config, "vocab_size", None),
         )
         engine.hf_config = model.hf_config
+        # As vLLM's engine core does: what loading made lives as long as the engine, so the
+        # collector stops walking it (its full collections during a run walked every module,
+        # tensor and tokenizer object again).
+        gc.collect()
+        gc.freeze()
         return engine
 
     @property

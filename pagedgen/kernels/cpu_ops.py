@@ -1,7 +1,7 @@
 """The decoder's fused elementwise ops for float32 and bfloat16 activations on the CPU
 (kernels/cpu_ops.c): rms_norm, fused_add_rms_norm, silu_and_mul and rotary_embedding_and_cache,
-each one pass over memory where the torch path runs several ops. bfloat16 rows compute in float32
-and round where the torch ops round. Callers check usable() and keep the torch path for
+each one pass over memory where the torch path runs several ops; and the greedy sampler's
+argmax. bfloat16 rows compute in float32 and round where the torch ops round. Callers check usable() and keep the torch path for
 everything else (other dtypes, GPUs, no C compiler)."""
 
 import ctypes
@@ -35,6 +35,7 @@ def _library(march: str) -> SimpleNamespace:
             f"fused_add_rms_norm_{suffix}": [p, p, p, i64, i64, f32],
             f"silu_and_mul_{suffix}": [p, p, i64, i64],
             f"rotary_embedding_and_cache_{suffix}": rope,
+            f"argmax_{suffix}": [p, p, i64, i64, i64],
         }
     return declare(lib, signatures)
 
@@ -156,3 +157,15 @@ def rotary_embedding_and_cache(
     )
     if status != 0:
         raise RuntimeError(f"rotary_embedding_and_cache failed with status {status}")
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) for [rows, n] with contiguous rows: each row's first index of its
+    largest value, or of its first NaN; int64."""
+    kernel = _entry("argmax", x)
+    rows, n = x.shape
+    if x.stride(1) != 1 or n < 1:
+        raise ValueError("x rows must be contiguous and not empty")
+    out = torch.empty(rows, dtype=torch.int64)
+    kernel(out.data_ptr(), x.data_ptr(), x.stride(0), rows, n)
+    return out

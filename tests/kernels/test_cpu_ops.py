@@ -112,6 +112,24 @@ def test_rotary_embedding_and_cache_equals_rope_then_write(
         assert torch.equal(ours.nan_to_num(7.0), ref.nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 33, 49152, 49157])  # tails past whole vectors
+def test_argmax_is_torchs(march, dtype, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(300, n, generator=g).to(dtype)
+    x[1] = 0.0  # all equal: the first
+    x[2] = float("-inf")
+    x[3, n // 2 :] = 1e9  # a run of equal maxima: the first of them
+    x[4, -1] = 1e9  # the maximum in the tail
+    x[5, n // 3] = float("nan")  # NaN wins, as in torch
+    x[6, n - 1] = float("nan")
+    x[6, n // 2] = float("nan")
+    ties = torch.randint(0, 3, (20, n), generator=g).to(dtype)
+    strided = torch.randn(9, 2 * n, generator=g).to(dtype)[:, :n]  # rows further apart
+    for t in (x, ties, strided):
+        assert torch.equal(cpu_ops.argmax(t), t.argmax(dim=-1))
+
+
 def test_arguments_are_checked():
     with pytest.raises(TypeError, match="of one dtype"):
         cpu_ops.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8), 1e-5)
@@ -119,6 +137,8 @@ def test_arguments_are_checked():
         cpu_ops.silu_and_mul(torch.randn(2, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="even width"):
         cpu_ops.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="rows must be contiguous"):
+        cpu_ops.argmax(torch.randn(7, 2).t())
     with pytest.raises(ValueError, match="one slot per token"):
         cache = torch.zeros(4, 4, 1, 8)
         rope = torch.zeros(2, 4)
