@@ -1,8 +1,8 @@
 """The decoder's fused elementwise ops for float32 and bfloat16 activations on the CPU
 (kernels/cpu_ops.c): rms_norm, fused_add_rms_norm, silu_and_mul and rotary_embedding_and_cache,
 each one pass over memory where the torch path runs several ops; and the greedy sampler's
-argmax. bfloat16 rows compute in float32 and round where the torch ops round. Callers check usable() and keep the torch path for
-everything else (other dtypes, GPUs, no C compiler)."""
+argmax. bfloat16 rows compute in float32 and round where the torch ops round. Callers check
+usable() and keep the torch path for everything else (other dtypes, GPUs, no C compiler)."""
 
 import ctypes
 import functools
