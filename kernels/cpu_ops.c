@@ -34,6 +34,50 @@ static inline float ld_bf16(const bf16_t *p) { return bf16_to_float(*p); }
 static inline void st_bf16(bf16_t *p, float v) { *p = float_to_bf16(v); }
 static inline float rnd_bf16(float v) { return bf16_to_float(float_to_bf16(v)); }
 
+// The rows' elementwise passes, rounded as above. With AVX512_BF16, bfloat16 rounds by one
+// instruction (round to nearest even, as torch; it flushes subnormals, ~1e-38, to zero), 16 at a
+// time; the generic loops take the tails, and everything elsewhere.
+#if defined(__AVX512BF16__)
+#define HAVE_CVTNE 1
+static inline __m512 widen16(const bf16_t *p) {
+  const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __m256i round16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+static inline __m512 rnd16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round16(v)), 16));
+}
+static inline void store16(bf16_t *p, __m512 v) { _mm256_storeu_si256((__m256i *)p, round16(v)); }
+#else
+#define HAVE_CVTNE 0
+#endif
+
+// dst = a + b
+static inline void add_f32(f32_t *dst, const f32_t *a, const f32_t *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+}
+static inline void add_bf16(bf16_t *dst, const bf16_t *a, const bf16_t *b, int64_t n) {
+  int64_t i = 0;
+#if HAVE_CVTNE
+  for (; i + 16 <= n; i += 16) store16(dst + i, widen16(a + i) + widen16(b + i));
+#endif
+  for (; i < n; i++) st_bf16(dst + i, ld_bf16(a + i) + ld_bf16(b + i));
+}
+
+// out = (x * s) * w: the normed row, then its product with the weight
+static inline void norm_mul_f32(f32_t *out, const f32_t *x, float s, const f32_t *w, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = (x[i] * s) * w[i];
+}
+static inline void norm_mul_bf16(bf16_t *out, const bf16_t *x, float s, const bf16_t *w,
+                                 int64_t n) {
+  int64_t i = 0;
+#if HAVE_CVTNE
+  const __m512 sv = _mm512_set1_ps(s);
+  for (; i + 16 <= n; i += 16) store16(out + i, rnd16(widen16(x + i) * sv) * widen16(w + i));
+#endif
+  for (; i < n; i++) st_bf16(out + i, rnd_bf16(ld_bf16(x + i) * s) * ld_bf16(w + i));
+}
+
 #define INV_RMS(T)                                                          \
   static inline float inv_rms_##T(const T##_t *x, int64_t dim, float eps) { \
     float sum = 0.0f;                                                       \
@@ -48,9 +92,7 @@ static inline float rnd_bf16(float v) { return bf16_to_float(float_to_bf16(v)); 
     for (int64_t r = 0; r < rows; r++) {                                                       \
       const T##_t *xr = x + r * x_row_stride;                                                  \
       T##_t *o = out + r * dim;                                                                \
-      const float s = inv_rms_##T(xr, dim, eps);                                               \
-      for (int64_t i = 0; i < dim; i++)                                                        \
-        st_##T(o + i, rnd_##T(ld_##T(xr + i) * s) * ld_##T(weight + i));                      \
+      norm_mul_##T(o, xr, inv_rms_##T(xr, dim, eps), weight, dim);                              \
     }                                                                                          \
     return 0;                                                                                  \
   }
@@ -61,10 +103,8 @@ static inline float rnd_bf16(float v) { return bf16_to_float(float_to_bf16(v)); 
     _Pragma("omp parallel for if (rows * dim >= PARALLEL_MIN_ELEMENTS) schedule(static)")     \
     for (int64_t r = 0; r < rows; r++) {                                                       \
       T##_t *xr = x + r * dim, *res = residual + r * dim;                                      \
-      for (int64_t i = 0; i < dim; i++) st_##T(res + i, ld_##T(res + i) + ld_##T(xr + i));    \
-      const float s = inv_rms_##T(res, dim, eps);                                              \
-      for (int64_t i = 0; i < dim; i++)                                                        \
-        st_##T(xr + i, rnd_##T(ld_##T(res + i) * s) * ld_##T(weight + i));                    \
+      add_##T(res, res, xr, dim);                                                              \
+      norm_mul_##T(xr, res, inv_rms_##T(res, dim, eps), weight, dim);                          \
     }                                                                                          \
     return 0;                                                                                  \
   }
@@ -76,14 +116,30 @@ static inline float silu(float g) {
   return g < 0.0f ? g * e / (1.0f + e) : g / (1.0f + e);
 }
 
+// out = silu(gate) * up: silu rounded, then the product
+static inline void silu_mul_f32(f32_t *out, const f32_t *gate, const f32_t *up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = silu(gate[i]) * up[i];
+}
+#define SILU_CHUNK 256
+static inline void silu_mul_bf16(bf16_t *out, const bf16_t *gate, const bf16_t *up, int64_t n) {
+  int64_t i = 0;
+#if HAVE_CVTNE
+  for (; i + SILU_CHUNK <= n; i += SILU_CHUNK) {  // silu vectorized by the compiler, then rounded
+    float s[SILU_CHUNK];
+    for (int j = 0; j < SILU_CHUNK; j++) s[j] = silu(ld_bf16(gate + i + j));
+    for (int j = 0; j < SILU_CHUNK; j += 16)
+      store16(out + i + j, rnd16(_mm512_loadu_ps(s + j)) * widen16(up + i + j));
+  }
+#endif
+  for (; i < n; i++) st_bf16(out + i, rnd_bf16(silu(ld_bf16(gate + i))) * ld_bf16(up + i));
+}
+
 #define SILU_AND_MUL(T)                                                                        \
   int silu_and_mul_##T(T##_t *out, const T##_t *gate_up, int64_t rows, int64_t d) {            \
     _Pragma("omp parallel for if (rows * d >= PARALLEL_MIN_ELEMENTS) schedule(static)")       \
     for (int64_t r = 0; r < rows; r++) {                                                       \
-      const T##_t *gate = gate_up + r * 2 * d, *up = gate + d;                                 \
-      T##_t *o = out + r * d;                                                                  \
-      for (int64_t i = 0; i < d; i++)                                                          \
-        st_##T(o + i, rnd_##T(silu(ld_##T(gate + i))) * ld_##T(up + i));                      \
+      const T##_t *gate = gate_up + r * 2 * d;                                                 \
+      silu_mul_##T(out + r * d, gate, gate + d, d);                                            \
     }                                                                                          \
     return 0;                                                                                  \
   }
