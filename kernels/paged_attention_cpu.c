@@ -35,6 +35,7 @@
 #include <omp.h>
 #endif
 
+#include "attention_scores_cpu.h"
 #include "cpu_math.h"
 #include "cpu_vec.h"
 
@@ -58,93 +59,6 @@ typedef struct {
   int64_t unit_begin, unit_end;  // units: seq * num_kv_heads + kv_head
   int act_bf16;                   // query and out: 0 float32, 1 bfloat16
 } Work;
-
-// s[r] = scale * acc[r]'s sum for the count <= VW keys scored.
-static inline void store_scores(const vf *acc, int count, float scale, float *s) {
-  const vf sum = reduce_vw(acc) * scale;
-  if (count == VW) store_vf(s, sum);
-  else memcpy(s, &sum, sizeof(float) * (size_t)count);
-}
-
-// s[r] = scale * (q . k_r) for the count <= VW keys k_r = k + r * row_stride of one kv head;
-// q is HD / VW vectors. Rows past count are not read (they may lie past the block).
-#define QK_KEYS(KV, HD)                                                                       \
-  static inline __attribute__((always_inline)) void qk_keys_##KV##_##HD(                     \
-      const vf *q, const KV##_t *k, int64_t row_stride, int count, float scale, float *s) {  \
-    vf acc[VW];                                                                               \
-    _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++) {                                   \
-      if (r < count) {                                                                        \
-        const KV##_t *kr = k + r * row_stride;                                                \
-        vf a = q[0] * load_vf_##KV(kr);                                                       \
-        for (int j = 1; j < (HD) / VW; j++) a += q[j] * load_vf_##KV(kr + j * VW);            \
-        acc[r] = a;                                                                           \
-      } else {                                                                                \
-        acc[r] = (vf){0};                                                                     \
-      }                                                                                       \
-    }                                                                                         \
-    store_scores(acc, count, scale, s);                                                       \
-  }
-
-// bfloat16 keys with AVX512_BF16: q rounded to bfloat16 (a bfloat16 model's query already is),
-// then one dot-product instruction per 32 elements, products exact and summed in float32.
-#if VW == 16 && defined(__AVX512BF16__)
-#define HAVE_DPBF16 1
-#define QK_KEYS_DPBF16(HD)                                                                    \
-  static inline __attribute__((always_inline)) void qk_keys_dpbf16_##HD(                     \
-      const __m512bh *q, const bf16_t *k, int64_t row_stride, int count, float scale,        \
-      float *s) {                                                                             \
-    vf acc[VW];                                                                               \
-    _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++) {                                   \
-      if (r < count) {                                                                        \
-        const bf16_t *kr = k + r * row_stride;                                                \
-        __m512 a = _mm512_setzero_ps();                                                       \
-        for (int j = 0; j < (HD) / 32; j++)                                                   \
-          a = _mm512_dpbf16_ps(a, q[j], (__m512bh)_mm512_loadu_si512(kr + 32 * j));           \
-        acc[r] = (vf)a;                                                                       \
-      } else {                                                                                \
-        acc[r] = (vf){0};                                                                     \
-      }                                                                                       \
-    }                                                                                         \
-    store_scores(acc, count, scale, s);                                                       \
-  }
-#else
-#define HAVE_DPBF16 0
-#endif
-
-// The largest of s[0 .. n), VW lanes at a time (GCC leaves a scalar max loop scalar: one chain
-// of dependent compares).
-static inline float max_of(const float *s, int n) {
-  vf m = (vf){0} - INFINITY;
-  int t = 0;
-  for (; t + VW <= n; t += VW) {
-    const vf x = load_vf_f32(s + t);
-    const vi32 greater = x > m;
-    m = (vf)(((vi32)x & greater) | ((vi32)m & ~greater));
-  }
-  float max = -INFINITY;
-  for (int r = 0; r < VW; r++) max = m[r] > max ? m[r] : max;
-  for (; t < n; t++) max = s[t] > max ? s[t] : max;
-  return max;
-}
-
-// Softmax of each query head's scores in place (after the soft cap, if any); inv_sum[g] is 1 / the
-// sum of row g's exponentials, applied to the output instead of to every probability.
-static void softmax_rows(const Work *w, float *scores, int group, int span, float *inv_sum) {
-  for (int g = 0; g < group; g++) {
-    float *s = scores + g * span;
-    if (w->softcap > 0.0f) {
-      const float cap = w->softcap, inv_cap = 1.0f / w->softcap;
-      for (int t = 0; t < span; t++) s[t] = cap * tanhf(s[t] * inv_cap);
-    }
-    const float max = max_of(s, span);
-    float sum = 0.0f;
-    for (int t = 0; t < span; t++) {
-      s[t] = exp_nonpositive(s[t] - max);
-      sum += s[t];
-    }
-    inv_sum[g] = 1.0f / sum;
-  }
-}
 
 // Where one (sequence, kv head) unit reads and writes.
 typedef struct {
@@ -287,7 +201,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
       })                                                                                      \
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
-    softmax_rows(w, scores, u.group, u.span, inv_sum);                                        \
+    softmax_rows(w->softcap, scores, u.group, u.span, inv_sum);                               \
     const int gt = u.group <= 4 ? u.group : u.group % 4 == 0 ? 4 : u.group % 3 == 0 ? 3 : 4;  \
     for (int g0 = 0; g0 < u.group; g0 += gt)                                                  \
       for (int j0 = 0; j0 < head_dim / VW; j0 += JT) {                                        \
@@ -331,7 +245,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
       })                                                                                      \
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
-    softmax_rows(w, scores, u.group, u.span, inv_sum);                                        \
+    softmax_rows(w->softcap, scores, u.group, u.span, inv_sum);                               \
     for (int g = 0; g < u.group; g++) {                                                       \
       float o[head_dim];                                                                      \
       for (int d = 0; d < head_dim; d++) o[d] = 0.0f;                                         \
