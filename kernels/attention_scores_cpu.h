@@ -67,8 +67,7 @@ static inline float max_of(const float *s, int n) {
   int t = 0;
   for (; t + VW <= n; t += VW) {
     const vf x = load_vf_f32(s + t);
-    const vi32 greater = x > m;
-    m = (vf)(((vi32)x & greater) | ((vi32)m & ~greater));
+    m = select_vf(x > m, x, m);
   }
   float max = -INFINITY;
   for (int r = 0; r < VW; r++) max = m[r] > max ? m[r] : max;

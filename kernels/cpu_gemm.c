@@ -25,9 +25,8 @@
 
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+
+#include "cpu_gemm_loop.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -42,6 +41,19 @@
 #define KC 1024  // K slice with its own FMA chain, as oneDNN's
 
 int cpu_gemm_supported(void) { return SUPPORTED; }
+
+// After a row tile's K slices: the rows that went through the scratch tile (the last panel's,
+// cols < width) copied out, then the bias added.
+static inline void finish_rows(float *y, int64_t ldy, const float *tile, int64_t width, int rows,
+                               int64_t cols, const float *bias) {
+  for (int r = 0; r < rows; r++) {
+    float *out = y + r * ldy;
+    if (cols < width) memcpy(out, tile + r * width, sizeof(float) * (size_t)cols);
+    if (bias != NULL)
+      for (int64_t j = 0; j < cols; j++) out[j] += bias[j];
+  }
+}
+
 
 // out: [ceil(n / NR)][k][NR], zero in the padding columns of the last panel; elements of
 // elem_size bytes (4: float32, 2: bfloat16), copied as they are. Each panel is written in order,
@@ -139,12 +151,7 @@ static inline __m256 load8_bf16(const uint16_t *p) {
         const W##_t *next = m == m0 ? panel + (k + k0) * NR : NULL;                          \
         KERNELS_##W[rows](x + m * ldx + k0, ldx, panel + k0 * NR, kc, dst, ld, k0 > 0, next);  \
       }                                                                                        \
-      for (int r = 0; r < rows; r++) {                                                         \
-        float *out = y + (m + r) * n + col;                                                    \
-        if (cols < NR) memcpy(out, tile + r * NR, sizeof(float) * (size_t)cols);               \
-        if (bias != NULL)                                                                      \
-          for (int64_t j = 0; j < cols; j++) out[j] += bias[col + j];                          \
-      }                                                                                        \
+      finish_rows(y + m * n + col, n, tile, NR, rows, cols, bias == NULL ? NULL : bias + col); \
     }                                                                                          \
   }
 
@@ -250,12 +257,7 @@ static inline int64_t kc512(int64_t m, int64_t k) { return m == 1 || k <= 1024 ?
         KERNELS512_##W[np - 1][rows](x + m * ldx + k0, ldx, panel + k0 * NR, k * NR, kc, dst,  \
                                      ld, k0 > 0, next);                                        \
       }                                                                                        \
-      for (int r = 0; r < rows; r++) {                                                         \
-        float *out = y + (m + r) * n + col;                                                    \
-        if (cols < width) memcpy(out, tile + r * width, sizeof(float) * (size_t)cols);         \
-        if (bias != NULL)                                                                      \
-          for (int64_t j = 0; j < cols; j++) out[j] += bias[col + j];                          \
-      }                                                                                        \
+      finish_rows(y + m * n + col, n, tile, width, rows, cols, bias == NULL ? NULL : bias + col); \
     }                                                                                          \
   }
 PANEL_ROWS512(f32)
@@ -286,25 +288,10 @@ int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weig
            const float *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
 #if SUPPORTED
   const int64_t panels = (n + NR - 1) / NR, units = (panels + UNIT_PANELS - 1) / UNIT_PANELS;
-  if (num_threads < 1) num_threads = 1;
-  if (num_threads > units) num_threads = (int)units;
-  const int64_t fit = X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / TILE_ROWS * TILE_ROWS;
-  const int64_t block_rows = fit > TILE_ROWS ? fit : TILE_ROWS;
-#pragma omp parallel num_threads(num_threads)
-  {
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int64_t t = 0, nt = 1;
-#endif
-    const int64_t q0 = units * t / nt, q1 = units * (t + 1) / nt;
-    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
-      const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      for (int64_t q = q0; q < q1; q++)
-        unit_rows(y, x, ldx, w_packed, weight_bf16, bias, m0, m1, m, n, k, q * UNIT_PANELS,
-                  panels);
-    }
-  }
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(float), TILE_ROWS);
+  GEMM_THREAD_LOOP(num_threads, units, m, block_rows, {
+    unit_rows(y, x, ldx, w_packed, weight_bf16, bias, m0, m1, m, n, k, q * UNIT_PANELS, panels);
+  });
   return 0;
 #else
   (void)y, (void)x, (void)ldx, (void)w_packed, (void)weight_bf16, (void)bias, (void)m, (void)n;

@@ -17,9 +17,8 @@
 
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+
+#include "cpu_gemm_loop.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -140,32 +139,16 @@ int linear_bf16(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t *w_p
 #if SUPPORTED
   const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2;
   const int64_t panel_elems = (k + 1) / 2 * NR * 2;
-  if (num_threads < 1) num_threads = 1;
-  if (num_threads > pairs) num_threads = (int)pairs;
-  const int64_t fit = X_BLOCK_BYTES / (k * (int64_t)sizeof(uint16_t)) / MR * MR;
-  const int64_t block_rows = fit > MR ? fit : MR;
-#pragma omp parallel num_threads(num_threads)
-  {
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int64_t t = 0, nt = 1;
-#endif
-    const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
-    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
-      const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      for (int64_t q = q0; q < q1; q++) {
-        const int np = panels - 2 * q < 2 ? 1 : 2;
-        const uint16_t *panel = w_packed + 2 * q * panel_elems;
-        for (int64_t r = m0; r < m1; r += MR) {
-          const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
-          const uint16_t *next = r == m0 ? panel + 2 * panel_elems : NULL;
-          TILES_BY_NP[np - 1][rows](y + r * n, x + r * ldx, ldx, panel, k, bias, n, 2 * q * NR,
-                                    next);
-        }
-      }
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
+  GEMM_THREAD_LOOP(num_threads, pairs, m, block_rows, {
+    const int np = panels - 2 * q < 2 ? 1 : 2;
+    const uint16_t *panel = w_packed + 2 * q * panel_elems;
+    for (int64_t r = m0; r < m1; r += MR) {
+      const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
+      const uint16_t *next = r == m0 ? panel + 2 * panel_elems : NULL;
+      TILES_BY_NP[np - 1][rows](y + r * n, x + r * ldx, ldx, panel, k, bias, n, 2 * q * NR, next);
     }
-  }
+  });
   return 0;
 #else
   (void)y, (void)x, (void)ldx, (void)w_packed, (void)bias, (void)m, (void)n, (void)k;

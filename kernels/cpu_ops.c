@@ -218,8 +218,8 @@ int rotary_embedding_and_cache_has_float16(void) {
     for (; i + VW <= n; i += VW, index += VW) {                                                \
       const vf v = load_vf_##T(x + i);                                                         \
       const vi32 greater = v > m;                                                              \
-      m = (vf)(((vi32)v & greater) | ((vi32)m & ~greater));                                    \
-      at = (index & greater) | (at & ~greater);                                                \
+      m = select_vf(greater, v, m);                                                            \
+      at = select_vi32(greater, index, at);                                                    \
       nan |= v != v;                                                                           \
     }                                                                                          \
     float max = -INFINITY;                                                                     \

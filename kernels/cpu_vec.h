@@ -95,6 +95,12 @@ static inline float load_f1_bf16(const bf16_t *p) { return bf16_to_float(*p); }
 
 static inline void store_vf(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
+// Lane by lane, mask ? a : b, for a mask from a vector comparison (each lane all ones or zeros).
+static inline vi32 select_vi32(vi32 mask, vi32 a, vi32 b) { return (mask & a) | (~mask & b); }
+static inline vf select_vf(vi32 mask, vf a, vf b) {
+  return (vf)select_vi32(mask, (vi32)a, (vi32)b);
+}
+
 // VW vectors -> one vector whose lane r holds the sum of a[r]'s lanes: a transpose-and-add tree,
 // about 3 instructions a key where a horizontal sum per key takes 6 to 10.
 static inline vf reduce_vw(const vf *a) {

@@ -39,23 +39,14 @@ def make_batch(query_lens, context_lens, block_size, num_blocks, seed):
     )
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "cpu"])
-@pytest.mark.parametrize("head_dim", [16, 64])
-@pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_backend_matches_reference(
-    backend_name, head_dim, block_size, num_heads, num_kv_heads, seed
+def forward_against_reference(
+    backend_name, query_lens, context_lens, block_size, num_blocks, heads, batch_seed
 ):
-    if backend_name == "cpu" and cpu_kernel_error() is not None:
-        pytest.skip(f"no CPU kernel: {cpu_kernel_error()}")
-    torch.manual_seed(seed)
-    num_blocks = 128
+    """One float32 forward of the backend and one of the reference over the same random batch
+    (torch's generator seeded by the caller): out, ref, and the caches each wrote."""
+    num_heads, num_kv_heads, head_dim = heads
     backend = get_attention_backend(backend_name, torch.device("cpu"), head_dim, block_size)
-    # decodes (1 query row) first, then prefills with and without cached context
-    query_lens = [1, 1, 1, 7, 16, 5, 1]
-    context_lens = [1, 17, 100, 7, 40, 33, 1]
-    md = make_batch(query_lens, context_lens, block_size, num_blocks, seed)
+    md = make_batch(query_lens, context_lens, block_size, num_blocks, batch_seed)
     num_tokens = sum(query_lens)
     query = torch.randn(num_tokens, num_heads, head_dim)
     key = torch.randn(num_tokens, num_kv_heads, head_dim)
@@ -67,6 +58,27 @@ def test_backend_matches_reference(
     out = backend.forward(query, key, value, cache[0], cache[1], md, scale)
     ref = ReferenceAttentionBackend().forward(
         query, key, value, ref_cache[0], ref_cache[1], md, scale
+    )
+    return out, ref, cache, ref_cache
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "cpu"])
+@pytest.mark.parametrize("head_dim", [16, 64])
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_backend_matches_reference(
+    backend_name, head_dim, block_size, num_heads, num_kv_heads, seed
+):
+    if backend_name == "cpu" and cpu_kernel_error() is not None:
+        pytest.skip(f"no CPU kernel: {cpu_kernel_error()}")
+    torch.manual_seed(seed)
+    # decodes (1 query row) first, then prefills with and without cached context
+    query_lens = [1, 1, 1, 7, 16, 5, 1]
+    context_lens = [1, 17, 100, 7, 40, 33, 1]
+    heads = (num_heads, num_kv_heads, head_dim)
+    out, ref, cache, ref_cache = forward_against_reference(
+        backend_name, query_lens, context_lens, block_size, 128, heads, seed
     )
     assert torch.equal(cache, ref_cache)  # K/V land in exactly the same slots
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -110,20 +122,9 @@ def test_cpu_backend_prefills_long_float32_sequences_too(long_len):
 
     assert MAX_KERNEL_PREFILL_FLOAT32 == 1024
     torch.manual_seed(long_len)
-    num_blocks, block_size, num_heads, num_kv_heads, head_dim = 80, 16, 4, 2, 32
-    backend = get_attention_backend("cpu", torch.device("cpu"), head_dim, block_size)
     query_lens, context_lens = [1, long_len, 9], [30, long_len, 20]
-    md = make_batch(query_lens, context_lens, block_size, num_blocks, 0)
-    num_tokens = sum(query_lens)
-    query = torch.randn(num_tokens, num_heads, head_dim)
-    key = torch.randn(num_tokens, num_kv_heads, head_dim)
-    value = torch.randn(num_tokens, num_kv_heads, head_dim)
-    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim)
-    ref_cache = cache.clone()
-    backend.prepare(md)
-    out = backend.forward(query, key, value, cache[0], cache[1], md, head_dim**-0.5)
-    ref = ReferenceAttentionBackend().forward(
-        query, key, value, ref_cache[0], ref_cache[1], md, head_dim**-0.5
+    out, ref, _, _ = forward_against_reference(
+        "cpu", query_lens, context_lens, 16, 80, (4, 2, 32), 0
     )
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 

@@ -25,6 +25,7 @@ and recompute everything they hold on each replay (the NaN check proves it of ea
 largest, recorded first, sizes it.
 """
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -65,9 +66,7 @@ class Arena:
         self.chunk, self.offset = 0, 0
 
     def take(self, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-        numel = 1
-        for size in shape:
-            numel *= size
+        numel = math.prod(shape)
         nbytes = -(-numel * dtype.itemsize // ALIGNMENT) * ALIGNMENT
         while (
             self.chunk < len(self.chunks) and self.offset + nbytes > self.chunks[self.chunk].numel()

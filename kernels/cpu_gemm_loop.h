@@ -1,0 +1,38 @@
+#pragma once
+// The thread loop of the CPU matmuls (cpu_gemm.c, cpu_gemm_bf16.c): OpenMP threads split W's
+// units (runs of panels) into contiguous shares; each thread takes x in blocks of block_rows rows
+// and, within a block, its units in order, so each unit is read from memory once for all the
+// block's rows.
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// Rows of x per pass over W: as many as x_block_bytes hold, a multiple of tile_rows (one at least).
+static inline int64_t gemm_block_rows(int64_t x_block_bytes, int64_t row_bytes, int tile_rows) {
+  const int64_t fit = x_block_bytes / row_bytes / tile_rows * tile_rows;
+  return fit > tile_rows ? fit : tile_rows;
+}
+
+// Runs the statements after it for each unit q of this thread's share and rows [m0, m1) of x,
+// on at most num_threads threads (one per unit at most).
+#ifdef _OPENMP
+#define GEMM_THREAD_IDS const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads()
+#else
+#define GEMM_THREAD_IDS const int64_t t = 0, nt = 1
+#endif
+#define GEMM_THREAD_LOOP(num_threads, units, m, block_rows, ...)                             \
+  do {                                                                                       \
+    int threads_ = (num_threads) < 1 ? 1 : (num_threads);                                    \
+    if (threads_ > (units)) threads_ = (int)(units);                                         \
+    _Pragma("omp parallel num_threads(threads_)") {                                          \
+      GEMM_THREAD_IDS;                                                                       \
+      const int64_t q0 = (units) * t / nt, q1 = (units) * (t + 1) / nt;                      \
+      for (int64_t m0 = 0; m0 < (m); m0 += (block_rows)) {                                   \
+        const int64_t m1 = m0 + (block_rows) < (m) ? m0 + (block_rows) : (m);                \
+        for (int64_t q = q0; q < q1; q++) {                                                  \
+          __VA_ARGS__                                                                        \
+        }                                                                                    \
+      }                                                                                      \
+    }                                                                                        \
+  } while (0)
