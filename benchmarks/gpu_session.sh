@@ -14,6 +14,14 @@
 #                    (PAGEDGEN_CUDA_GROUPED_DECODE=1)
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped   the same on a random-weight
 #                    Llama-3-8B shape
+# The baselines run in the first bench stage of each shape only (BASELINES_EVERY=1: in every
+# one): generate_batch takes ~80 s on the 8B shape, and it is the same in each. Every stage gives
+# pagedgen the same KV pool, KV_CACHE_GIB (24: room for 256 sequences of 639 tokens of the 8B
+# shape), so that stages with and without baselines compare.
+# A call lasts at most 600 s, so a session splits its stages, e.g.
+#   call 1: STAGES="tests kernels"                                    (~5 min)
+#   call 2: STAGES="llama8b-graphs llama8b-async llama8b-grouped"     (~7 min)
+#   call 3: STAGES="smollm2-graphs smollm2-async smollm2-grouped"     (~4 min)
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
 # the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
 # machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
@@ -27,6 +35,7 @@ if [ -n "${1:-}" ]; then workload=(--workload "$1"); else
     workload=(--workload fixed --num-prompts 500 --input-len 256 --output-len 128)
 fi
 tokenizer=(); [ -n "${2:-}" ] && tokenizer=(--tokenizer "$2")
+baselines_ran=''
 run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     local name=$1 limit=$2; shift 2
     echo "== $name ($(date +%T))"
@@ -42,8 +51,12 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async or grouped (se
     [ "$mode" = graphs ] && flags=(--no-enforce-eager)
     [ "$mode" = async ] || [ "$mode" = grouped ] && flags=(--no-enforce-eager --async-scheduling)
     local grouped=0; [ "$mode" = grouped ] && grouped=1
+    local baselines=$BASELINES
+    [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
+    baselines_ran+=" $preset"
     PAGEDGEN_CUDA_GROUPED_DECODE=$grouped run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
-        --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$BASELINES" "${flags[@]}" \
+        --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
+        --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
