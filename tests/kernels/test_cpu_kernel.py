@@ -89,7 +89,7 @@ def test_matches_reference(head_dim, block_size, num_heads, num_kv_heads, num_th
 
 @pytest.mark.parametrize("march", MARCHES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [64, 80, 32])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256, 80, 32])  # every unit the kernel has
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 1)])
 def test_every_build_reads_every_cache_dtype(march, dtype, head_dim, num_heads, num_kv_heads):
     if dtype not in kernel_dtypes(march):
