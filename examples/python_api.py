@@ -1,7 +1,9 @@
-"""pagedgen as a library: batch generation from Python, greedy and sampled.
+"""pagedgen as a library: batch generation from Python, greedy and sampled, and scoring.
 
 python examples/python_api.py
 """
+
+import math
 
 from pagedgen import LLM, SamplingParams
 
@@ -19,3 +21,12 @@ sampled = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=64, seed=1234)
 for output in llm.chat(conversations, sampled):
     completion = output.outputs[0]
     print(f"[{completion.finish_reason}, {len(completion.token_ids)} tokens] {completion.text}")
+
+# Scoring: each prompt token's log-probability given the ones before it (None for the first).
+sentences = ["Paris is the capital of France.", "Paris is the capital of Peru."]
+scored = llm.generate(sentences, SamplingParams(max_tokens=1, prompt_logprobs=0))
+for output in scored:
+    steps = zip(output.prompt_token_ids[1:], output.prompt_logprobs[1:])
+    total = sum(logprobs[token] for token, logprobs in steps)
+    perplexity = math.exp(-total / (len(output.prompt_token_ids) - 1))
+    print(f"{output.prompt!r}: log-probability {total:.2f}, perplexity {perplexity:.1f}")

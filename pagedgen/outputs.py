@@ -45,6 +45,9 @@ class RequestOutput:
     error: str | None = None
     finished: bool = True
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs: None for the first prompt token, then for each one
+    # {its token: logprob, then the k likeliest tokens'}, from the raw model logits.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

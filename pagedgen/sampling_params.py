@@ -82,7 +82,9 @@ class SamplingParams:
 
     temperature 0 is greedy. top_k 0 (or -1) and top_p 1 disable those filters. seed makes a
     request's samples reproducible whatever else shares its batch. logprobs=k returns, for each
-    generated token, its own log-probability and the k most likely tokens'. structured_outputs
+    generated token, its own log-probability and the k most likely tokens'; prompt_logprobs=k
+    the same for each prompt token after the first, given the tokens before it (the request then
+    computes its whole prompt: no prefix-cache hits). structured_outputs
     constrains the completion to a JSON schema, a regex, a choice or a grammar; it ends (finish
     reason "stop") as soon as the constraint is complete.
     """
@@ -102,6 +104,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: output text stays empty (token ids only)
@@ -142,6 +145,10 @@ class SamplingParams:
                 "min_tokens must be <= max_tokens",
             ),
             (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"),
+            (
+                self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+                "prompt_logprobs must be >= 0",
+            ),
             (all(self.stop), "stop strings must not be empty"),
             (self.detokenize or not self.stop, "stop strings need detokenize=True"),
         ]

@@ -50,6 +50,9 @@ def run(
     stop: list[str] | None = _sampling(None, "stop at this string (repeatable)", "TEXT"),
     ignore_eos: bool = opt.IGNORE_EOS,
     logprobs: int | None = _sampling(None, "record each token's K likeliest log-probs", "K"),
+    prompt_logprobs: int | None = _sampling(
+        None, "record each prompt token's log-prob and the K likeliest", "K"
+    ),
     json_schema: str | None = opt.structured_option(
         None, help="every completion is JSON valid under this schema (a file)", metavar="FILE"
     ),
@@ -91,6 +94,7 @@ def run(
         stop=stop,
         ignore_eos=ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         structured_outputs=structured_outputs,
     )
     options = RunOptions(

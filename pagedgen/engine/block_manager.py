@@ -96,7 +96,8 @@ class BlockManager:
         """Admits waiting sequences holding no blocks, in order, all or none.
 
         Each takes the longest run of its leading full blocks found in the prefix cache (always
-        leaving a token to compute, so the step yields logits for it). num_new_tokens(seq,
+        leaving a token to compute, so the step yields logits for it); one that asks for prompt
+        logprobs takes none, as every prompt token's logits must be computed. num_new_tokens(seq,
         num_computed_tokens) says how many tokens it computes this step: 0 for the first means
         the group cannot be admitted now; 0 for a later one (the token budget ran out within a
         recomputed group) admits it holding only its hits, its tokens left to later steps.
@@ -115,7 +116,7 @@ class BlockManager:
         for index, seq in enumerate(seqs):
             assert not seq.block_table and seq.seq_id not in self.seqs
             hits: list[Block | tuple[int, int]] = []
-            if share:
+            if share and seq.sampling_params.prompt_logprobs is None:
                 for block_hash in self._block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
                     block = self.pool.lookup(block_hash) if self.enable_prefix_caching else None
                     if block is None and block_hash not in written:

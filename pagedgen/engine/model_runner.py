@@ -1,5 +1,3 @@
-from typing import NamedTuple
-
 import numpy as np
 import torch
 from torch import nn
@@ -8,38 +6,15 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.block_table import BlockTables
 from pagedgen.engine.cuda_graphs import DecodeGraphs, GraphCapture, cuda_graph_capture
 from pagedgen.engine.kv_geometry import KVGeometry
-from pagedgen.engine.runner import PendingOutput, ReadyOutput, SamplerOutput
+from pagedgen.engine.prompt_logprobs import compute_prompt_logprobs
+from pagedgen.engine.runner import PendingOutput, ReadyOutput, SamplerOutput, WithPromptLogprobs
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import PLACEHOLDER, Sequence
+from pagedgen.engine.step_inputs import StepArrays, StepInputs
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.transfer import to_device
 from pagedgen.layers.sampler import Sampler
 from pagedgen.layers.sampling_metadata import SamplingMetadata
-
-
-class StepArrays(NamedTuple):
-    """A step's inputs on the host, flattened: one entry per token, or per sequence."""
-
-    input_ids: np.ndarray  # [num_tokens] int64
-    positions: np.ndarray  # [num_tokens] int64
-    slot_mapping: np.ndarray  # [num_tokens] int64
-    context_lens: np.ndarray  # [num_seqs] int64
-    cu_seqlens_q: np.ndarray  # [num_seqs + 1] int64
-    rows: np.ndarray  # [num_seqs]: each sequence's row of BlockTables.table
-    # Where input_ids holds a PLACEHOLDER: (its index in input_ids, the row of the previous
-    # step's samples that holds its token); None when every input token is known.
-    placeholders: tuple[np.ndarray, np.ndarray] | None = None
-
-    @property
-    def last_rows(self) -> list[int]:
-        return (self.cu_seqlens_q[1:] - 1).tolist()
-
-
-class StepInputs(NamedTuple):
-    input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
-    metadata: AttentionMetadata
-    last_rows: list[int]  # per scheduled sequence, the row of its last token
 
 
 class ModelRunner:
@@ -258,13 +233,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput:
-        """Moves blocks as scheduled, queues one step, and samples the next token of every
-        sequence in scheduled.sample_seqs, in that order, from logits the grammar bitmask (if
-        any) has masked first: greedy, temperature, top-k/p and penalties see only allowed
-        tokens. The samples stay on the device for the next step's placeholders."""
-        timer = self.timer
+        """Runs one step and samples it (sample); with the prompt logprobs its prefill rows
+        computed for sequences that ask for them, brought to the host at once."""
         self.move_blocks(scheduled)
         hidden, last_rows = self.forward(scheduled)
+        with self.timer.section("sampler"):
+            prompt_logprobs = compute_prompt_logprobs(
+                self.model.compute_logits, hidden, scheduled, last_rows
+            )
+        pending = self.sample(scheduled, hidden, last_rows)
+        return pending if prompt_logprobs is None else WithPromptLogprobs(pending, prompt_logprobs)
+
+    def sample(
+        self, scheduled: SchedulerOutput, hidden: torch.Tensor, last_rows: list[int]
+    ) -> PendingOutput:
+        """Samples the next token of every sequence in scheduled.sample_seqs, in that order,
+        from logits the grammar bitmask (if any) has masked first: greedy, temperature, top-k/p
+        and penalties see only allowed tokens. The samples stay on the device for the next
+        step's placeholders."""
+        timer = self.timer
         with timer.section("model_forward"):
             if not scheduled.sample_seqs:
                 return ReadyOutput(SamplerOutput([], None))

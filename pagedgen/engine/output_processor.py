@@ -30,6 +30,10 @@ class OutputProcessor:
         self, scheduled: SchedulerOutput, samples: SamplerOutput, requests: dict[str, Request]
     ) -> tuple[int, list[Request]]:
         """Returns how many samples were kept, and the requests that finished, in order."""
+        for item in samples.prompt_logprobs or ():
+            request = requests.get(scheduled.seqs[item.seq_index].request_id)
+            if request is not None:
+                request.add_prompt_logprobs(item.first_position, item.entries)
         num_sampled = 0
         beam_rows: dict[str, dict[int, dict[int, float]]] = {}
         queued_finished = False  # a sequence preempted (waiting or swapped) finished

@@ -1,4 +1,4 @@
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedgen.engine.beam_search import BeamSearchState
 from pagedgen.engine.sequence import Sequence, SequenceGroup
@@ -14,6 +14,8 @@ class Request:
     prompt_token_ids: list[int]
     group: SequenceGroup
     beam: BeamSearchState | None = None
+    # With prompt_logprobs: entry p for prompt token p, as far as computed (None for token 0).
+    prompt_logprobs: list[dict[int, float] | None] = field(default_factory=lambda: [None])
 
     @property
     def is_finished(self) -> bool:
@@ -30,6 +32,13 @@ class Request:
             or params.repetition_penalty != 1.0
             or bool(params.presence_penalty or params.frequency_penalty)
         )
+
+    def add_prompt_logprobs(self, first_position: int, entries: list[dict[int, float]]) -> None:
+        """entries[i] is prompt token first_position + i's; a recomputed prompt (after a
+        preemption) brings again what is already here, which stays."""
+        known = len(self.prompt_logprobs)
+        assert first_position <= known, "prompt logprobs arrive in position order"
+        self.prompt_logprobs.extend(entries[known - first_position :])
 
     @property
     def is_started(self) -> bool:
@@ -57,6 +66,9 @@ class Request:
             outputs=completions,
             metrics=metrics,
             error=errors[0] if errors else None,
+            prompt_logprobs=self.prompt_logprobs
+            if self.group.sampling_params.prompt_logprobs is not None
+            else None,
         )
 
     def _beam_completions(self, tokenizer) -> list[CompletionOutput]:

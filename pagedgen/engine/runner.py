@@ -1,11 +1,14 @@
 """What the engine asks of whatever runs the model, and a runner that runs none."""
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
 from pagedgen.engine.step_timer import StepTimer
+
+if TYPE_CHECKING:
+    from pagedgen.engine.prompt_logprobs import PromptLogprobs
 
 
 class SamplerOutput(NamedTuple):
@@ -13,6 +16,8 @@ class SamplerOutput(NamedTuple):
     # Per row: {sampled token: logprob, then the top-k tokens in descending order}, from the raw
     # model logits; None for rows that did not ask. The whole field is None when no row asked.
     logprobs: list[dict[int, float] | None] | None
+    # The prompt logprobs the step's prefill rows computed, for sequences that ask for them.
+    prompt_logprobs: "list[PromptLogprobs] | None" = None
 
 
 class PendingOutput(Protocol):
@@ -26,6 +31,16 @@ class ReadyOutput(NamedTuple):
 
     def result(self) -> SamplerOutput:
         return self.output
+
+
+class WithPromptLogprobs(NamedTuple):
+    """A step's pending samples and the prompt logprobs it computed (already on the host)."""
+
+    pending: PendingOutput
+    prompt_logprobs: "list[PromptLogprobs]"
+
+    def result(self) -> SamplerOutput:
+        return self.pending.result()._replace(prompt_logprobs=self.prompt_logprobs)
 
 
 class InFlightStep(NamedTuple):

@@ -7,7 +7,7 @@ from pagedgen.outputs import RequestOutput
 
 def output_record(record: InputRecord, output: RequestOutput) -> dict[str, Any]:
     """The JSON line of a finished request: text (a list when n > 1), finish_reason, token counts,
-    seconds to the first token and in all, and logprobs when asked for."""
+    seconds to the first token and in all, and logprobs and prompt logprobs when asked for."""
     completions = output.outputs
     single = len(completions) == 1
     result: dict[str, Any] = {
@@ -24,6 +24,11 @@ def output_record(record: InputRecord, output: RequestOutput) -> dict[str, Any]:
         result["logprobs"] = [
             [{str(t): lp for t, lp in step.items()} for step in c.logprobs or []]
             for c in completions
+        ]
+    if output.prompt_logprobs is not None:
+        result["prompt_logprobs"] = [
+            None if step is None else {str(t): lp for t, lp in step.items()}
+            for step in output.prompt_logprobs
         ]
     metrics = output.metrics
     ttft = metrics.time_to_first_token

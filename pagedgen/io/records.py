@@ -31,6 +31,7 @@ SAMPLING_FIELDS = {
     "stop_token_ids": _TOKEN_IDS,
     "ignore_eos": _BOOL,
     "logprobs": _OPTIONAL_INT,
+    "prompt_logprobs": _OPTIONAL_INT,
     "include_stop_str_in_output": _BOOL,
     "skip_special_tokens": _BOOL,
     # StructuredOutputsParams' fields (json, regex, choice, grammar, json_object); null: none
