@@ -37,6 +37,21 @@ CONFIGS = {
     "mistral": dict(model_type="mistral", sliding_window=None),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),
+    "phi3": dict(model_type="phi3", pad_token_id=0, sliding_window=None),
+    "phi3-longrope": dict(  # Phi-3's 128k models: the short factors up to 128 tokens
+        model_type="phi3",
+        pad_token_id=0,
+        sliding_window=None,
+        original_max_position_embeddings=128,
+        rope_scaling=dict(
+            type="longrope",
+            short_factor=[1.0, 1.1, 1.3, 1.0, 2.0, 1.0, 1.5, 1.2],
+            long_factor=[4.0] * 8,
+        ),  # fmt: skip
+    ),
+    "phi3-partial-rotary": dict(  # Phi-4-mini's shape: a quarter of each head does not rotate
+        model_type="phi3", pad_token_id=0, partial_rotary_factor=0.75, tie_word_embeddings=True
+    ),
 }
 
 PROMPTS = [[5, 9, 200, 31], [7] * 23, list(range(40, 90)), [100], [3, 1, 4, 1, 5, 9, 2, 6]]

@@ -21,6 +21,8 @@ class RotaryEmbedding(nn.Module):
 
     The inverse frequencies and the attention scaling come from transformers' own rope
     functions, so every scaling variant a config names is computed as the reference computes it.
+    With a partial_rotary_factor (Phi-4-mini's 0.75) only the first head_dim * factor features
+    of each head rotate; the rest pass through.
     """
 
     def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int) -> None:
@@ -32,7 +34,8 @@ class RotaryEmbedding(nn.Module):
             )
         if rope_type == "default":
             theta = rope_parameters(config)["rope_theta"]
-            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
+            inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             scaling = 1.0
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
@@ -47,10 +50,17 @@ class RotaryEmbedding(nn.Module):
 
 
 class Rope(NamedTuple):
-    cos: torch.Tensor  # [num_tokens, 1, head_dim // 2], float32
+    cos: torch.Tensor  # [num_tokens, 1, rotary_dim // 2], float32
     sin: torch.Tensor
 
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * self.cos.shape[-1]
+
     def apply(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        x1, x2 = x.float().chunk(2, dim=-1)
+        rotary_dim = self.rotary_dim
+        x1, x2 = x[..., :rotary_dim].float().chunk(2, dim=-1)
         out = torch.cat((x1 * self.cos - x2 * self.sin, x2 * self.cos + x1 * self.sin), dim=-1)
+        if rotary_dim < x.shape[-1]:
+            return torch.cat((out.to(x.dtype), x[..., rotary_dim:]), dim=-1)
         return out.to(x.dtype)

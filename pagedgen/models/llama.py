@@ -46,7 +46,8 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        if not self.has_qk_norm:  # RoPE and the cache write may be one fused op
+        if not self.has_qk_norm and rope.rotary_dim == self.head_dim:
+            # RoPE and the cache write may be one fused op
             out = self.backend.forward_qkv(
                 qkv,
                 self.num_heads,

@@ -4,6 +4,7 @@ from transformers import PretrainedConfig
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
+from pagedgen.models.phi3 import Phi3ForCausalLM
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
 
 MODELS: dict[str, type[LlamaForCausalLM]] = {
@@ -13,6 +14,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 MODEL_TYPES = {
@@ -22,6 +24,7 @@ MODEL_TYPES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 
