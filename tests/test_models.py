@@ -38,6 +38,18 @@ CONFIGS = {
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),
     "phi3": dict(model_type="phi3", pad_token_id=0, sliding_window=None),
+    "granite": dict(  # Granite 3's multipliers, of its 2B model
+        model_type="granite",
+        pad_token_id=0,
+        embedding_multiplier=12.0,
+        attention_multiplier=0.015625,
+        residual_multiplier=0.22,
+        logits_scaling=8.0,
+        tie_word_embeddings=True,
+    ),
+    "smollm3": dict(
+        model_type="smollm3", num_hidden_layers=3, no_rope_layers=[1, 0, 1], pad_token_id=0
+    ),
     "phi3-longrope": dict(  # Phi-3's 128k models: the short factors up to 128 tokens
         model_type="phi3",
         pad_token_id=0,
@@ -105,6 +117,21 @@ def test_greedy_matches_transformers_under_preemption(tiny_model):
     assert llm.engine.stats.num_preemptions >= 1
     for prompt, output in zip(prompts, outputs):
         assert output.outputs[0].token_ids == reference_greedy(hf_model, prompt, 24)
+
+
+def test_logprobs_match_transformers(tiny_model):
+    """Each prompt token's log-probability, against transformers' full forward: catches what
+    greedy tokens cannot, a scale on the logits (Granite's logits_scaling) among others."""
+    folder, hf_model = tiny_model
+    llm = LLM(str(folder), kv_cache_memory=0.01, log=lambda m: None)
+    prompts = [p for p in PROMPTS if len(p) > 1]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    for prompt, output in zip(prompts, llm.generate(prompts, params)):
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([prompt])).logits[0, :-1].float()
+        expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(prompt[1:])[:, None])
+        got = [step[token] for step, token in zip(output.prompt_logprobs[1:], prompt[1:])]
+        torch.testing.assert_close(torch.tensor(got), expected.squeeze(1), atol=1e-4, rtol=1e-4)
 
 
 def test_unsupported_architecture_is_refused(tmp_path):

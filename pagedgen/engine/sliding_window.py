@@ -16,7 +16,7 @@ def layer_sliding_windows(hf_config: Any) -> list[int | None]:
     num_layers = hf_config.num_hidden_layers
     window = getattr(hf_config, "sliding_window", None)
     model_type = getattr(hf_config, "model_type", None)
-    if model_type == "qwen2" and not getattr(hf_config, "use_sliding_window", False):
+    if model_type in ("qwen2", "smollm3") and not getattr(hf_config, "use_sliding_window", False):
         window = None
     if not window:
         return [None] * num_layers

@@ -46,7 +46,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        if not self.has_qk_norm and rope.rotary_dim == self.head_dim:
+        if self.use_rope and not self.has_qk_norm and rope.rotary_dim == self.head_dim:
             # RoPE and the cache write may be one fused op
             out = self.backend.forward_qkv(
                 qkv,
@@ -66,7 +66,8 @@ class LlamaAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.normalize_qk(q, k)
-        q, k = rope.apply(q), rope.apply(k)
+        if self.use_rope:
+            q, k = rope.apply(q), rope.apply(k)
         out = self.backend.forward(
             q,
             k,
@@ -81,6 +82,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, -1))
 
     has_qk_norm = False  # Qwen3: normalize_qk runs between the projection and RoPE
+    use_rope = True  # SmolLM3: every fourth layer has no positional encoding
 
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
@@ -102,6 +104,8 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    residual_multiplier = 1.0  # Granite: each sublayer's output is scaled before the add
+
     def __init__(self, config: PretrainedConfig, attention: LlamaAttention) -> None:
         super().__init__()
         self.self_attn = attention
@@ -123,8 +127,13 @@ class LlamaDecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(rope, hidden, metadata)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden = self.mlp(hidden)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
+        return hidden, residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -172,11 +181,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.embed(input_ids), None
         rope = self.rotary(positions)
         for layer in self.layers:
             hidden, residual = layer(rope, hidden, residual, metadata)
         return self.norm(hidden, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
