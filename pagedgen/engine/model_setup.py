@@ -78,7 +78,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     torch_decode = backend.name != "cupy" or any(
         layer.sliding_window or layer.softcap for layer in model.attention_layers
     )
-    graphs = device.type == "cuda" and not config.enforce_eager
+    graphs = device.type == "cuda" and not config.enforce_eager and model.supports_graphs
     if graphs and torch_decode:
         # A graph fixes max_context_len at max_model_len: torch's decode would then gather
         # every row's whole table, where the cupy kernel reads each row's own context only.
@@ -88,6 +88,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         device.type == "cpu"
         and backend.name == "cpu"
         and not config.enforce_eager
+        and model.supports_graphs
         and dtype in kernel_dtypes()
     )
     runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs or cpu_graphs)
@@ -104,6 +105,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     log(describe_pool(pool, geometry, config.block_size, kv_cache_bytes))
     if graphs or cpu_graphs:
         capture_graphs(runner, config.max_num_seqs, log)
+    elif not model.supports_graphs and not config.enforce_eager:
+        log(f"decode steps run eagerly: {type(model).__name__} routes tokens on the host")
     return ModelSetup(
         runner,
         tokenizer,

@@ -89,12 +89,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
         bias = getattr(config, "mlp_bias", False)
-        inter = config.intermediate_size
+        inter = intermediate_size or config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, [inter, inter], bias=bias)
         self.down_proj = Linear(inter, config.hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
@@ -146,6 +146,7 @@ class LlamaForCausalLM(nn.Module):
     """
 
     attention_cls = LlamaAttention
+    supports_graphs = True  # a decode step's ops are the same whatever its tokens
 
     def __init__(
         self, config: PretrainedConfig, backend: AttentionBackend, max_position: int

@@ -5,6 +5,7 @@ from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
+from pagedgen.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
 from pagedgen.models.phi3 import Phi3ForCausalLM
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
 from pagedgen.models.smollm3 import SmolLM3ForCausalLM
@@ -19,6 +20,8 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 MODEL_TYPES = {
@@ -31,6 +34,8 @@ MODEL_TYPES = {
     "phi3": "Phi3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 

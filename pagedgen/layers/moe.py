@@ -1,0 +1,51 @@
+import torch
+from torch import nn
+
+from pagedgen.layers.linear import Linear
+
+
+class SparseMoE(nn.Module):
+    """A mixture of experts routed top-k, as Mixtral and Qwen3-MoE: the router's softmax in
+    float32 picks top_k experts per token (their weights renormalized to sum to 1 where
+    renormalize), and each expert, an MLP built by make_expert(), runs on its own tokens only.
+
+    Outputs add up per token in expert order, as transformers adds them. The routing reads the
+    experts' token counts on the host, so steps of such a model run without graphs.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        renormalize: bool,
+        make_expert,
+        weights_in_float32: bool = False,  # Mixtral scales in float32, Qwen3-MoE in the dtype
+    ) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = top_k, renormalize
+        self.weights_in_float32 = weights_in_float32
+        self.gate = Linear(hidden_size, num_experts)
+        self.experts = nn.ModuleList(make_expert() for _ in range(num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if not self.weights_in_float32:
+            weights = weights.to(x.dtype)
+        flat = experts.flatten()
+        order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens rising
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        weights = weights.flatten()[order]
+        tokens = order // self.top_k
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            if count:
+                rows = slice(start, start + count)
+                y = expert(x[tokens[rows]]) * weights[rows, None]
+                out.index_add_(0, tokens[rows], y.to(x.dtype))
+                start += count
+        return out

@@ -1,0 +1,63 @@
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from pagedgen.layers.moe import SparseMoE
+from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
+from pagedgen.models.qwen3 import Qwen3ForCausalLM
+
+MIXTRAL_NAMES = {"block_sparse_moe.": "mlp.", ".w1.": ".gate_proj.", ".w3.": ".up_proj.",
+                 ".w2.": ".down_proj."}  # fmt: skip
+
+
+class MixtralForCausalLM(LlamaForCausalLM):
+    """Mixtral: the Mistral decoder with every MLP a mixture of num_local_experts SwiGLU experts,
+    top num_experts_per_tok per token, weights renormalized."""
+
+    supports_graphs = False
+
+    def __init__(self, config, backend, max_position: int) -> None:
+        super().__init__(config, backend, max_position)
+        for layer in self.layers:
+            layer.mlp = SparseMoE(
+                config.hidden_size,
+                config.num_local_experts,
+                config.num_experts_per_tok,
+                renormalize=True,
+                make_expert=lambda: LlamaMLP(config),
+                weights_in_float32=True,
+            )
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_renamed(weights))
+
+
+def _renamed(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Mixtral's checkpoint names as the Llama loader's (experts.E.w1 -> experts.E.gate_proj)."""
+    for name, tensor in weights:
+        for theirs, ours in MIXTRAL_NAMES.items():
+            name = name.replace(theirs, ours)
+        yield name, tensor
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    """Qwen3-MoE: the Qwen3 decoder whose MLPs are mixtures of num_experts SwiGLU experts of
+    moe_intermediate_size, top num_experts_per_tok per token (renormalized where norm_topk_prob),
+    except the layers in mlp_only_layers or off the decoder_sparse_step, which stay dense."""
+
+    supports_graphs = False
+
+    def __init__(self, config, backend, max_position: int) -> None:
+        super().__init__(config, backend, max_position)
+        for i, layer in enumerate(self.layers):
+            if i in config.mlp_only_layers or not config.num_experts:
+                continue
+            if (i + 1) % config.decoder_sparse_step:
+                continue
+            layer.mlp = SparseMoE(
+                config.hidden_size,
+                config.num_experts,
+                config.num_experts_per_tok,
+                renormalize=bool(config.norm_topk_prob),
+                make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
+            )
