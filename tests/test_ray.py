@@ -179,8 +179,19 @@ def test_processor_completes_dataset_rows(cluster, tiny_llama_path):
 
     processor = build_processor(
         config(tiny_llama_path, concurrency=1),
-        preprocess=lambda row: {"q": row["q"], "prompt": row["q"], "sampling_params": {"n": 1}},
-        postprocess=lambda row: {"q": row["q"], "answer": row["text"], "error": row["error"]},
+        preprocess=lambda row: {
+            "q": row["q"],
+            "prompt": row["q"],
+            "sampling_params": {"n": 1, "logprobs": 1, "prompt_logprobs": 1},
+        },
+        postprocess=lambda row: {
+            "q": row["q"],
+            "answer": row["text"],
+            "error": row["error"],
+            "logprobs": row.get("logprobs"),
+            "prompt_logprobs": row.get("prompt_logprobs"),
+            "prompt_tokens": row["prompt_tokens"],
+        },
     )
     questions = ["what is one", "", "and two"]  # the empty prompt: an error row, not a failure
     rows = processor(ray.data.from_items([{"q": q} for q in questions])).take_all()
@@ -188,8 +199,13 @@ def test_processor_completes_dataset_rows(cluster, tiny_llama_path):
     assert set(by_question) == set(questions)
     assert by_question[""]["error"] == "the prompt is empty"
     assert by_question[""]["answer"] is None
-    assert isinstance(by_question["and two"]["answer"], str)
-    assert by_question["and two"]["error"] is None
+    two = by_question["and two"]
+    assert isinstance(two["answer"], str) and two["error"] is None
+    # {token id: logprob} per token as entries, not an Arrow column per token id
+    prompt_steps = two["prompt_logprobs"]
+    assert prompt_steps[0] is None and len(prompt_steps) == two["prompt_tokens"]
+    for step in [*prompt_steps[1:], *two["logprobs"][0]]:
+        assert 1 <= len(step) <= 2 and all(set(e) == {"token_id", "logprob"} for e in step)
 
 
 def test_ray_missing_is_a_one_line_usage_error(capsys, tiny_llama_path, rows_file, tmp_path):

@@ -16,6 +16,7 @@ OUTPUT_FIELDS = (
     "time_to_first_token",
     "latency",
     "logprobs",
+    "prompt_logprobs",
     "error",
 )
 
@@ -43,7 +44,9 @@ def map_replicas(ds: Any, config: ProcessorConfig, replica: type[LLMReplica]) ->
 
 class RowReplica(LLMReplica):
     """A replica for rows of any dataset: each row keeps its columns and gains the output fields
-    of a `pagedgen run` record (text, finish_reason, token counts, timings, error)."""
+    of a `pagedgen run` record (text, finish_reason, token counts, timings, error; logprobs and
+    prompt_logprobs when asked for, each token's {token id: logprob} as a list of {"token_id",
+    "logprob"} entries: Arrow would make a column of every token id any row names)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:  # type: ignore[override]
         rows = batch.to_pylist()
@@ -52,10 +55,20 @@ class RowReplica(LLMReplica):
         out = []
         for row, record, line in zip(rows, records, lines):
             fields = {name: line[name] for name in OUTPUT_FIELDS if name in line}
+            if "logprobs" in fields:
+                fields["logprobs"] = [[_entries(s) for s in steps] for steps in fields["logprobs"]]
+            if "prompt_logprobs" in fields:
+                fields["prompt_logprobs"] = [_entries(s) for s in fields["prompt_logprobs"]]
             if fields["error"] is not None:  # no position: a dataset's rows have none here
                 fields["error"] = fields["error"].removeprefix(f"{record.where}: ")
             out.append({**row, **fields})
         return pa.Table.from_pylist(out)
+
+
+def _entries(step: dict[str, float] | None) -> list[dict[str, Any]] | None:
+    if step is None:
+        return None
+    return [{"token_id": int(t), "logprob": logprob} for t, logprob in step.items()]
 
 
 class Processor:
