@@ -84,9 +84,10 @@ class SamplingParams:
     request's samples reproducible whatever else shares its batch. logprobs=k returns, for each
     generated token, its own log-probability and the k most likely tokens'; prompt_logprobs=k
     the same for each prompt token after the first, given the tokens before it (the request then
-    computes its whole prompt: no prefix-cache hits). structured_outputs
-    constrains the completion to a JSON schema, a regex, a choice or a grammar; it ends (finish
-    reason "stop") as soon as the constraint is complete.
+    computes its whole prompt: no prefix-cache hits). logit_bias adds to the logits of the
+    tokens it names before sampling (OpenAI's; JSON's string keys are taken as token ids).
+    structured_outputs constrains the completion to a JSON schema, a regex, a choice or a
+    grammar; it ends (finish reason "stop") as soon as the constraint is complete.
     """
 
     n: int = 1
@@ -105,6 +106,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: output text stays empty (token ids only)
@@ -119,6 +121,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.logit_bias is not None:
+            self.logit_bias = _token_biases(self.logit_bias)
         if isinstance(self.structured_outputs, dict):  # a JSON line's, or the caller's, object
             try:
                 self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
@@ -163,3 +167,20 @@ class SamplingParams:
     def _field_values(self) -> str:
         names = ("n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens")
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+
+
+def _token_biases(biases: Any) -> dict[int, float]:
+    """logit_bias as {token id: bias}: keys ints or their decimal strings, biases in [-100, 100]."""
+    if not isinstance(biases, dict):
+        raise ValueError(f"logit_bias must map token ids to biases, got {type(biases).__name__}")
+    result = {}
+    for key, bias in biases.items():
+        token_id = key
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            token_id = int(key)
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r}")
+        result[token_id] = float(bias)
+    return result

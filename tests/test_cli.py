@@ -91,3 +91,25 @@ def test_read_jsonl_reports_line_numbers():
     assert [r.line for r in records] == [1, 3, 4]
     assert records[0].error is None and records[0].prompt == "x"
     assert "JSON object" in records[1].error and "messages" in records[2].error
+
+
+def test_logit_bias_per_line_and_out_of_vocabulary_ids(tiny_llama_path, capsys):
+    """A line's logit_bias (JSON string keys) steers its tokens; one naming a token past the
+    vocabulary becomes an error record, and the run exits 1."""
+    from pagedgen import LLM, SamplingParams
+
+    lines = [
+        {"id": "a", "prompt": [5, 6, 7], "logit_bias": {"77": 100}},
+        {"id": "b", "prompt": [5, 6, 7], "logit_bias": {"100000": 5}},
+    ]
+    stdin = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    args = ["run", "-", "-o", "-", *tiny(tiny_llama_path)]
+    code, stdout, stderr = run_in_process(capsys, *args, stdin=stdin)
+    assert code == 1, stderr
+    a, b = (json.loads(line) for line in stdout.splitlines())
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=0.01, log=lambda m: None)
+    params = SamplingParams(temperature=0, max_tokens=5, logit_bias={77: 100})
+    [expected] = llm.generate([[5, 6, 7]], params)
+    assert a["error"] is None and a["text"] == expected.outputs[0].text
+    assert expected.outputs[0].token_ids == [77] * 5
+    assert "logit_bias names token 100000, outside the vocabulary" in b["error"]

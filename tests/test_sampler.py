@@ -221,6 +221,37 @@ def test_min_tokens_masks_stop_tokens(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_logit_bias_moves_only_the_rows_and_tokens_it_names(device: str) -> None:
+    """+5 makes token 0 the argmax of row 0 alone; -100 bans token 1 from row 1's samples; the
+    logprobs stay the raw model's; a bias comes before the repetition penalty, as in vLLM."""
+    logits = torch.tensor([[1.0, 4.0, 2.0], [1.0, 4.0, 2.0], [1.0, 4.0, 2.0]], device=device)
+    params = [
+        SamplingParams(temperature=0, logit_bias={0: 5.0}, logprobs=0),
+        SamplingParams(temperature=1.0, logit_bias={"1": -100}),
+        SamplingParams(temperature=0),
+    ]
+    out = sample(logits, params)
+    assert out.token_ids[0] == 0 and out.token_ids[2] == 1
+    assert out.logprobs is not None
+    assert out.logprobs[0][0] == pytest.approx(torch.log_softmax(logits[0], 0)[0].item())
+    banned = sample(logits[1:2].expand(500, -1), [params[1]] * 500)
+    assert 1 not in banned.token_ids
+    # bias 3, then penalty 2 on seen token 0: (1 + 3) / 2 = 2 < 2.5; the other way 3.5 would win
+    penalized = SamplingParams(temperature=0, logit_bias={0: 3.0}, repetition_penalty=2.0)
+    row = torch.tensor([[1.0, 0.0, 2.5]], device=device)
+    assert sample(row, [penalized], [[0]]).token_ids == [2]
+
+
+@pytest.mark.parametrize(
+    "logit_bias,message",
+    [({"x": 1}, "keys must be token ids"), ({5: 101}, "in \\[-100, 100\\]"), ([1], "map")],
+)
+def test_logit_bias_must_map_token_ids_to_bounded_biases(logit_bias, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(logit_bias=logit_bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_logprobs_come_from_raw_logits(device: str) -> None:
     torch.manual_seed(0)
     logits = torch.randn(3, 50, device=device)

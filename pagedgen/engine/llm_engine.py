@@ -76,6 +76,7 @@ class LLMEngine:
         )
         self.stop_checker = StopChecker(tokenizer, max_model_len)
         vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else 0)
+        self.vocab_size = vocab_size
         self.structured_output = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
         self.output_processor = OutputProcessor(
             self.scheduler, self.stop_checker, self.structured_output
@@ -160,6 +161,10 @@ class LLMEngine:
         )
         request = Request(request_id, text, token_ids, group, beam)
         self.num_sync_requests += request.needs_sync_steps
+        outside = [t for t in sampling_params.logit_bias or () if t >= self.vocab_size > 0]
+        if outside:
+            self._schedule(request, f"logit_bias names token {outside[0]}, outside the vocabulary")
+            return
         if sampling_params.structured_outputs is None:
             self._schedule(request, self.scheduler.add(group))
             return

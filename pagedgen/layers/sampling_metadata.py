@@ -42,6 +42,8 @@ class SamplingMetadata:
     output_penalty_coords: torch.Tensor | None  # [2, n] int64: each distinct output token
     output_penalties: torch.Tensor | None  # [n] float32: presence + frequency * count
     min_tokens_coords: torch.Tensor | None  # [2, n] int64: in-vocabulary stop tokens to mask
+    logit_bias_coords: torch.Tensor | None  # [2, n] int64: each token a row's logit_bias names
+    logit_biases: torch.Tensor | None  # [n] float32: what its logit gets added
     num_logprobs: list[int | None]
     max_num_logprobs: int | None  # None when no row asks for logprobs
 
@@ -102,6 +104,17 @@ class SamplingMetadata:
             output_penalty_coords = coords(rows, token_ids)
             output_penalties = floats(penalties)
 
+        logit_bias_coords = logit_biases = None
+        if any(p.logit_bias for p in params):
+            rows, token_ids, biases = [], [], []
+            for i, p in enumerate(params):
+                for token_id, bias in (p.logit_bias or {}).items():
+                    rows.append(i)
+                    token_ids.append(token_id)
+                    biases.append(bias)
+            logit_bias_coords = coords(rows, token_ids)
+            logit_biases = floats(biases)
+
         all_greedy = all(greedy)
         random_params = [p for p in params if not p.greedy]
         max_top_k = max((p.top_k for p in random_params if p.top_k > 0), default=0)
@@ -134,6 +147,8 @@ class SamplingMetadata:
             output_penalty_coords=output_penalty_coords,
             output_penalties=output_penalties,
             min_tokens_coords=coords(min_tokens_rows, min_tokens_ids) if min_tokens_rows else None,
+            logit_bias_coords=logit_bias_coords,
+            logit_biases=logit_biases,
             num_logprobs=num_logprobs,
             max_num_logprobs=max_num_logprobs,
         )
