@@ -111,6 +111,21 @@ def test_openai_requests_map_body_parameters():
     assert "POST" in parse_openai(get, 6).error
 
 
+@pytest.mark.parametrize(
+    "field,value",
+    [("tools", [{"type": "function"}]), ("tool_choice", "required"), ("stream", True),
+     ("echo", True), ("suffix", "end"), ("best_of", 3), ("modalities", ["text", "audio"])],
+)  # fmt: skip
+def test_openai_parameters_that_change_the_answer_fail_the_request(field, value):
+    """Never dropped unseen: the request becomes an error record naming the parameter; their
+    defaults and labels (model, user, metadata) pass."""
+    body = {"prompt": "x", "model": "m", "user": "u", "metadata": {"k": "v"}, field: value}
+    request = {"custom_id": "c", "url": "/v1/completions", "body": body}
+    assert f"'{field}' is not supported" in parse_openai(request, 1).error
+    fine = {**body, field: None, "tool_choice": "none", "stream": False, "best_of": 1}
+    assert parse_openai({**request, "body": fine}, 1).error is None
+
+
 def test_format_detection_and_openai_peek(tmp_path):
     path = tmp_path / "batch.jsonl"
     path.write_text(

@@ -23,6 +23,23 @@ from pagedgen.outputs import RequestOutput
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _RENAMED = ("max_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
+# Body parameters that would change what the answer means, and the values of each that do not
+# (its defaults): any other value fails the request rather than being dropped unseen. Fields
+# that only label a request (model, user, metadata, store, service_tier) are ignored.
+_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "stream": (None, False),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+}
 
 
 def is_openai_request(obj: object) -> bool:
@@ -56,6 +73,9 @@ def parse_openai(obj: object, line: int) -> InputRecord:
         if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
             error = "a list of prompts is not supported; write one request per prompt"
         record = record._replace(prompt=prompt)
+    unsupported = [k for k, fine in _UNSUPPORTED.items() if k in body and body[k] not in fine]
+    if error is None and unsupported:
+        error = f"'{unsupported[0]}' is not supported (got {json_type(body[unsupported[0]])})"
     if error is None:
         sampling, error = _sampling(body, record.endpoint)
         record = record._replace(sampling=sampling)
