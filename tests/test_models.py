@@ -38,6 +38,7 @@ CONFIGS = {
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),
     "phi3": dict(model_type="phi3", pad_token_id=0, sliding_window=None),
+    "olmo2": dict(model_type="olmo2", pad_token_id=0),
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
     "qwen3-moe": dict(  # layer 0 dense, layer 1 a mixture
         model_type="qwen3_moe",

@@ -146,6 +146,7 @@ class LlamaForCausalLM(nn.Module):
     """
 
     attention_cls = LlamaAttention
+    decoder_layer_cls = LlamaDecoderLayer
     supports_graphs = True  # a decode step's ops are the same whatever its tokens
 
     def __init__(
@@ -160,7 +161,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embedding)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.attention_cls(config, backend, qkv_bias, o_bias))
+            self.decoder_layer_cls(config, self.attention_cls(config, backend, qkv_bias, o_bias))
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

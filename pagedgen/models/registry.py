@@ -6,6 +6,7 @@ from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
+from pagedgen.models.olmo2 import Olmo2ForCausalLM
 from pagedgen.models.phi3 import Phi3ForCausalLM
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
 from pagedgen.models.smollm3 import SmolLM3ForCausalLM
@@ -22,6 +23,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
 }
 
 MODEL_TYPES = {
@@ -36,6 +38,7 @@ MODEL_TYPES = {
     "granite": "GraniteForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 
 

@@ -1,0 +1,54 @@
+import torch
+from torch import nn
+
+from pagedgen.attention import AttentionMetadata
+from pagedgen.layers.norm import RMSNorm
+from pagedgen.layers.rotary import Rope
+from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+
+
+class Olmo2Attention(LlamaAttention):
+    """Llama attention with an RMSNorm over the whole q and k projections (all heads at once),
+    before the rotary embedding."""
+
+    has_qk_norm = True
+
+    def __init__(self, config, backend, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__(config, backend, qkv_bias, o_bias)
+        self.q_norm = RMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.num_kv_heads * self.head_dim, config.rms_norm_eps)
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens = q.shape[0]
+        q = self.q_norm(q.reshape(num_tokens, -1)).view_as(q)
+        return q, self.k_norm(k.reshape(num_tokens, -1)).view_as(k)
+
+
+class Olmo2DecoderLayer(nn.Module):
+    """Norms after each sublayer, before its output joins the residual stream; none before."""
+
+    def __init__(self, config, attention: LlamaAttention) -> None:
+        super().__init__()
+        self.self_attn = attention
+        self.mlp = LlamaMLP(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        rope: Rope,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) as the Llama layers pass them: the stream is their sum."""
+        stream = hidden if residual is None else residual + hidden
+        stream = stream + self.post_attention_layernorm(self.self_attn(rope, stream, metadata))
+        return self.post_feedforward_layernorm(self.mlp(stream)), stream
+
+
+class Olmo2ForCausalLM(LlamaForCausalLM):
+    """OLMo 2: post-sublayer norms and whole-projection q/k norms on the Llama decoder."""
+
+    attention_cls = Olmo2Attention
+    decoder_layer_cls = Olmo2DecoderLayer
