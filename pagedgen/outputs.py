@@ -44,7 +44,7 @@ class RequestOutput:
     metrics: RequestMetrics
     error: str | None = None
     finished: bool = True
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then for each one
     # {its token: logprob, then the k likeliest tokens'}, from the raw model logits.
     prompt_logprobs: list[dict[int, float] | None] | None = None

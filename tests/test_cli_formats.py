@@ -69,6 +69,7 @@ def test_openai_batch_round_trip_and_resume(tiny_llama_path, tmp_path, capsys):
         body = response["body"]
         usage = body["usage"]
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+        assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
     chat_1 = by_id["chat-1"]["response"]["body"]
     assert chat_1["object"] == "chat.completion" and len(chat_1["choices"]) == 1
     assert chat_1["usage"]["completion_tokens"] == 4

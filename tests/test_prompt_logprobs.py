@@ -73,6 +73,8 @@ def test_a_cached_prefix_is_computed_again_for_prompt_logprobs(tiny_llama_path, 
     [again] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2))
     assert llm.engine.block_manager.num_prefix_cache_hits > hits  # its blocks were cached
     assert again.outputs[0].token_ids == output.outputs[0].token_ids
+    # 43 tokens: the 10 full blocks of 4 found, the last token computed
+    assert (output.num_cached_tokens, again.num_cached_tokens) == (0, 40)
 
 
 def test_prompt_logprobs_survive_preemption_by_recompute(tiny_llama_path, hf_model):

@@ -66,6 +66,7 @@ class Request:
             outputs=completions,
             metrics=metrics,
             error=errors[0] if errors else None,
+            num_cached_tokens=self.group.num_cached_tokens or 0,
             prompt_logprobs=self.prompt_logprobs
             if self.group.sampling_params.prompt_logprobs is not None
             else None,

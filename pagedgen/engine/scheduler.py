@@ -210,6 +210,8 @@ class Scheduler:
             if plans is None:
                 return
             self.waiting.popleft()
+            if group.num_cached_tokens is None:
+                group.num_cached_tokens = plans[0].num_computed_tokens
             for seq, plan in zip(seqs, plans):
                 seq.status = SequenceStatus.RUNNING
                 if plan.num_new_tokens:

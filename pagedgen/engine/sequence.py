@@ -185,6 +185,8 @@ class SequenceGroup:
         self.sampling_params = sampling_params
         self.arrival_time = seq.arrival_time
         self.max_num_seqs = max_num_seqs or sampling_params.n  # beam search: beam_width
+        # Prompt tokens found in the prefix cache when the group was first admitted.
+        self.num_cached_tokens: int | None = None
 
     def __repr__(self) -> str:
         return f"SequenceGroup({self.request_id!r}, {self.seqs})"

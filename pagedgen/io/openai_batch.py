@@ -167,6 +167,7 @@ def openai_response(
         "prompt_tokens": output.num_prompt_tokens,
         "completion_tokens": output.num_output_tokens,
         "total_tokens": output.num_prompt_tokens + output.num_output_tokens,
+        "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens},
     }
     body = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{record.line}",
