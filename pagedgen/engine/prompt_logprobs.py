@@ -34,7 +34,8 @@ def _prompt_rows(scheduled: SchedulerOutput, last_rows: list[int]) -> list[_Rows
     logits of position p give prompt token p + 1's logprob. The last prompt position's are the
     first output's, sampled as usual."""
     found = []
-    for i, seq in enumerate(scheduled.seqs):
+    for i in range(scheduled.num_decode_seqs, len(scheduled.seqs)):  # a decode's is an output's
+        seq = scheduled.seqs[i]
         k = seq.sampling_params.prompt_logprobs
         if k is None:
             continue
