@@ -86,6 +86,8 @@ class SamplingParams:
     the same for each prompt token after the first, given the tokens before it (the request then
     computes its whole prompt: no prefix-cache hits). logit_bias adds to the logits of the
     tokens it names before sampling (OpenAI's; JSON's string keys are taken as token ids).
+    truncate_prompt_tokens=k keeps the last k tokens of a longer prompt (the chat template's
+    output, for messages), as vLLM does.
     structured_outputs constrains the completion to a JSON schema, a regex, a choice or a
     grammar; it ends (finish reason "stop") as soon as the constraint is complete.
     """
@@ -107,6 +109,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: output text stays empty (token ids only)
@@ -153,6 +156,10 @@ class SamplingParams:
                 self.prompt_logprobs is None or self.prompt_logprobs >= 0,
                 "prompt_logprobs must be >= 0",
             ),
+            (
+                self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
+                "truncate_prompt_tokens must be >= 1",
+            ),
             (all(self.stop), "stop strings must not be empty"),
             (self.detokenize or not self.stop, "stop strings need detokenize=True"),
         ]
@@ -163,6 +170,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def truncated(self, prompt_token_ids: list[int]) -> list[int]:
+        """The prompt as this request runs it: its last truncate_prompt_tokens tokens."""
+        k = self.truncate_prompt_tokens
+        return prompt_token_ids[-k:] if k is not None else prompt_token_ids
 
     def _field_values(self) -> str:
         names = ("n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens")

@@ -112,4 +112,36 @@ def test_logit_bias_per_line_and_out_of_vocabulary_ids(tiny_llama_path, capsys):
     [expected] = llm.generate([[5, 6, 7]], params)
     assert a["error"] is None and a["text"] == expected.outputs[0].text
     assert expected.outputs[0].token_ids == [77] * 5
-    assert "logit_bias names token 100000, outside the vocabulary" in b["error"]
+    assert "logit_bias token id 100000 is outside the vocabulary" in b["error"]
+    # the Python API's request fails alone too
+    outside = SamplingParams(temperature=0, max_tokens=5, logit_bias={100000: 1})
+    [rejected, fine] = llm.generate([[5, 6, 7]] * 2, [outside, params])
+    assert "logit_bias names token 100000, outside the vocabulary" in rejected.error
+    assert fine.error is None and fine.outputs[0].token_ids == [77] * 5
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(tiny_llama_path, capsys):
+    """A line over max_model_len (512) runs with truncate_prompt_tokens, on its last k tokens:
+    the same completion as those tokens alone; without it, the line fails."""
+    from pagedgen import LLM, SamplingParams
+
+    long_ids = [(7 * i) % 250 for i in range(600)]
+    lines = [
+        {"id": "ids", "prompt": long_ids, "truncate_prompt_tokens": 20},
+        {"id": "text", "prompt": "many words " * 400, "truncate_prompt_tokens": 30},
+        {"id": "untruncated", "prompt": long_ids},
+    ]
+    stdin = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    args = ["run", "-", "-o", "-", *tiny(tiny_llama_path)]
+    code, stdout, stderr = run_in_process(capsys, *args, stdin=stdin)
+    assert code == 1, stderr
+    ids, text, untruncated = (json.loads(line) for line in stdout.splitlines())
+    assert (ids["prompt_tokens"], text["prompt_tokens"]) == (20, 30)
+    assert ids["error"] is None and text["error"] is None
+    assert "exceed max_model_len" in untruncated["error"]
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=0.01, log=lambda m: None)
+    greedy = SamplingParams(temperature=0, max_tokens=5)
+    cut = SamplingParams(temperature=0, max_tokens=5, truncate_prompt_tokens=20)
+    [alone], [truncated] = llm.generate([long_ids[-20:]], greedy), llm.generate([long_ids], cut)
+    assert truncated.prompt_token_ids == long_ids[-20:]
+    assert truncated.outputs[0].text == alone.outputs[0].text == ids["text"]

@@ -63,36 +63,41 @@ class RequestBuilder:
         except (TypeError, ValueError) as e:
             raise RequestError(f"invalid sampling parameters: {e}") from e
         self._check_limits(params)
-        self._check_length(record)
+        if params.truncate_prompt_tokens is None:  # else a prompt of any length is cut down
+            self._check_length(record)
         if record.messages is not None:
             try:
-                return PreparedRequest(apply_chat_template(self.tokenizer, record.messages), params)
+                prompt = apply_chat_template(self.tokenizer, record.messages)
             except Exception as e:  # a template can reject any conversation it dislikes
                 raise RequestError(f"chat template failed: {e}") from e
+            return PreparedRequest(params.truncated(prompt), params)
         if isinstance(record.prompt, str):
             try:
-                return PreparedRequest(self.tokenizer.encode(record.prompt), params)
+                return PreparedRequest(
+                    params.truncated(self.tokenizer.encode(record.prompt)), params
+                )
             except Exception as e:  # tokenizers raise their own kinds
                 raise RequestError(f"cannot tokenize the prompt: {e}") from e
         assert record.prompt is not None
-        if self.max_model_len is not None and len(record.prompt) > self.max_model_len:
+        prompt = params.truncated(record.prompt)
+        if self.max_model_len is not None and len(prompt) > self.max_model_len:
             raise RequestError(
-                f"the prompt's {len(record.prompt)} tokens exceed max_model_len "
-                f"({self.max_model_len})"
+                f"the prompt's {len(prompt)} tokens exceed max_model_len ({self.max_model_len})"
             )
-        self._check_vocab(record.prompt, "token id")
-        return PreparedRequest(record.prompt, params)
+        self._check_vocab(prompt, "token id")
+        return PreparedRequest(prompt, params)
 
     def _check_limits(self, params: SamplingParams) -> None:
         if params.n > self.max_num_seqs:
             raise RequestError(f"n={params.n} exceeds max_num_seqs ({self.max_num_seqs})")
-        if params.logprobs is not None and params.logprobs > self.vocab_size:
-            raise RequestError(
-                f"logprobs={params.logprobs} exceeds the vocabulary size ({self.vocab_size})"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > self.vocab_size:
+                raise RequestError(f"{name}={k} exceeds the vocabulary size ({self.vocab_size})")
         if params.top_k > MAX_INT64:
             raise RequestError(f"top_k={params.top_k} is too large")
         self._check_vocab(params.stop_token_ids or [], "stop token id")
+        self._check_vocab(list(params.logit_bias or ()), "logit_bias token id")
 
     def _check_vocab(self, token_ids: list[int], what: str) -> None:
         bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)

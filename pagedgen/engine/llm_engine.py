@@ -151,6 +151,7 @@ class LLMEngine:
             sampling_params = params.sampling_params()
         else:
             sampling_params = params or SamplingParams()
+            token_ids = sampling_params.truncated(token_ids)
             stop_ids = set(sampling_params.stop_token_ids)
             if not sampling_params.ignore_eos:
                 stop_ids |= self.eos_token_ids

@@ -33,6 +33,7 @@ SAMPLING_FIELDS = {
     "logprobs": _OPTIONAL_INT,
     "prompt_logprobs": _OPTIONAL_INT,
     "logit_bias": _OPTIONAL_OBJECT,  # {token id (a string in JSON): bias}
+    "truncate_prompt_tokens": _OPTIONAL_INT,
     "include_stop_str_in_output": _BOOL,
     "skip_special_tokens": _BOOL,
     # StructuredOutputsParams' fields (json, regex, choice, grammar, json_object); null: none
