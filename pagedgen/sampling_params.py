@@ -87,7 +87,8 @@ class SamplingParams:
     computes its whole prompt: no prefix-cache hits). logit_bias adds to the logits of the
     tokens it names before sampling (OpenAI's; JSON's string keys are taken as token ids).
     truncate_prompt_tokens=k keeps the last k tokens of a longer prompt (the chat template's
-    output, for messages), as vLLM does.
+    output, for messages), as vLLM does. allowed_token_ids restricts every sample to those
+    tokens (logprobs stay the raw model's).
     structured_outputs constrains the completion to a JSON schema, a regex, a choice or a
     grammar; it ends (finish reason "stop") as soon as the constraint is complete.
     """
@@ -110,6 +111,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
+    allowed_token_ids: list[int] | None = None  # sample only among these
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: output text stays empty (token ids only)
@@ -159,6 +161,11 @@ class SamplingParams:
             (
                 self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
                 "truncate_prompt_tokens must be >= 1",
+            ),
+            (
+                self.allowed_token_ids is None
+                or (bool(self.allowed_token_ids) and min(self.allowed_token_ids) >= 0),
+                "allowed_token_ids must be a non-empty list of token ids",
             ),
             (all(self.stop), "stop strings must not be empty"),
             (self.detokenize or not self.stop, "stop strings need detokenize=True"),

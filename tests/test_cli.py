@@ -116,7 +116,7 @@ def test_logit_bias_per_line_and_out_of_vocabulary_ids(tiny_llama_path, capsys):
     # the Python API's request fails alone too
     outside = SamplingParams(temperature=0, max_tokens=5, logit_bias={100000: 1})
     [rejected, fine] = llm.generate([[5, 6, 7]] * 2, [outside, params])
-    assert "logit_bias names token 100000, outside the vocabulary" in rejected.error
+    assert "token 100000 is outside the vocabulary" in rejected.error
     assert fine.error is None and fine.outputs[0].token_ids == [77] * 5
 
 

@@ -242,6 +242,22 @@ def test_logit_bias_moves_only_the_rows_and_tokens_it_names(device: str) -> None
     assert sample(row, [penalized], [[0]]).token_ids == [2]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_allowed_token_ids_restrict_only_their_rows(device: str) -> None:
+    logits = torch.tensor([[1.0, 4.0, 2.0, 3.0]] * 3, device=device)
+    params = [
+        SamplingParams(temperature=0, allowed_token_ids=[0, 2], logprobs=0),
+        SamplingParams(temperature=1.0, allowed_token_ids=[0, 3]),
+        SamplingParams(temperature=0),
+    ]
+    out = sample(logits, params)
+    assert out.token_ids[0] == 2 and out.token_ids[2] == 1
+    assert out.logprobs is not None  # the raw model's, restriction or not
+    assert out.logprobs[0][2] == pytest.approx(torch.log_softmax(logits[0], 0)[2].item())
+    drawn = sample(logits[1:2].expand(500, -1), [params[1]] * 500).token_ids
+    assert set(drawn) == {0, 3}
+
+
 @pytest.mark.parametrize(
     "logit_bias,message",
     [({"x": 1}, "keys must be token ids"), ({5: 101}, "in \\[-100, 100\\]"), ([1], "map")],
@@ -249,6 +265,8 @@ def test_logit_bias_moves_only_the_rows_and_tokens_it_names(device: str) -> None
 def test_logit_bias_must_map_token_ids_to_bounded_biases(logit_bias, message) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(logit_bias=logit_bias)
+    with pytest.raises(ValueError, match="non-empty list of token ids"):
+        SamplingParams(allowed_token_ids=[])
 
 
 @pytest.mark.parametrize("device", DEVICES)

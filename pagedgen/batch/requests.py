@@ -98,6 +98,7 @@ class RequestBuilder:
             raise RequestError(f"top_k={params.top_k} is too large")
         self._check_vocab(params.stop_token_ids or [], "stop token id")
         self._check_vocab(list(params.logit_bias or ()), "logit_bias token id")
+        self._check_vocab(params.allowed_token_ids or [], "allowed token id")
 
     def _check_vocab(self, token_ids: list[int], what: str) -> None:
         bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)

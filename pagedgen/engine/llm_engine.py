@@ -162,9 +162,10 @@ class LLMEngine:
         )
         request = Request(request_id, text, token_ids, group, beam)
         self.num_sync_requests += request.needs_sync_steps
-        outside = [t for t in sampling_params.logit_bias or () if t >= self.vocab_size > 0]
+        named = [*(sampling_params.logit_bias or ()), *(sampling_params.allowed_token_ids or ())]
+        outside = [t for t in named if t >= self.vocab_size > 0]
         if outside:
-            self._schedule(request, f"logit_bias names token {outside[0]}, outside the vocabulary")
+            self._schedule(request, f"token {outside[0]} is outside the vocabulary")
             return
         if sampling_params.structured_outputs is None:
             self._schedule(request, self.scheduler.add(group))

@@ -12,6 +12,7 @@ _OPTIONAL_INT = "int or null"
 _BOOL = "bool"
 _STRINGS = "string or list of strings"
 _TOKEN_IDS = "list of token ids"
+_OPTIONAL_TOKEN_IDS = "list of token ids or null"
 _OPTIONAL_OBJECT = "JSON object or null"
 
 # The SamplingParams fields an input line may set for itself, and the JSON type each takes.
@@ -34,6 +35,7 @@ SAMPLING_FIELDS = {
     "prompt_logprobs": _OPTIONAL_INT,
     "logit_bias": _OPTIONAL_OBJECT,  # {token id (a string in JSON): bias}
     "truncate_prompt_tokens": _OPTIONAL_INT,
+    "allowed_token_ids": _OPTIONAL_TOKEN_IDS,
     "include_stop_str_in_output": _BOOL,
     "skip_special_tokens": _BOOL,
     # StructuredOutputsParams' fields (json, regex, choice, grammar, json_object); null: none
@@ -98,6 +100,8 @@ def _is_type(value: object, kind: str) -> bool:
         return isinstance(value, str) or (
             isinstance(value, list) and all(isinstance(s, str) for s in value)
         )
+    if kind == _OPTIONAL_TOKEN_IDS:
+        return value is None or is_token_ids(value)
     return is_token_ids(value)
 
 

@@ -17,8 +17,8 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler(nn.Module):
-    """Picks one token per row. Order, as in vLLM V1: raw logprobs, min_tokens, logit_bias,
-    penalties; greedy
+    """Picks one token per row. Order, as in vLLM V1: raw logprobs, allowed_token_ids,
+    min_tokens, logit_bias, penalties; greedy
     rows take the argmax there; random rows go on through temperature, min_p, top_k, top_p and
     an exponential race (argmax of probs / Exponential(1)), seeded per row where asked, else
     drawn from generator (the engine's own; None: torch's global one)."""
@@ -44,6 +44,7 @@ class Sampler(nn.Module):
         assert logits.dim() == 2 and logits.shape[0] == md.num_seqs, logits.shape
         edits_in_place = not (
             md.min_tokens_coords is None
+            and md.allowed_coords is None
             and md.logit_bias_coords is None
             and md.repetition_coords is None
             and md.output_penalty_coords is None
@@ -53,6 +54,7 @@ class Sampler(nn.Module):
             return PendingSamples(_argmax(logits))
         logits = logits.to(torch.float32, copy=edits_in_place)
         raw_logprobs = None if md.max_num_logprobs is None else logits.log_softmax(dim=-1)
+        apply_allowed_token_ids_(logits, md)
         apply_min_tokens_(logits, md)
         apply_logit_bias_(logits, md)
         apply_penalties_(logits, md)
@@ -87,6 +89,15 @@ def apply_min_tokens_(logits: torch.Tensor, md: SamplingMetadata) -> None:
     if md.min_tokens_coords is not None:
         rows, token_ids = md.min_tokens_coords
         logits[rows, token_ids] = float("-inf")
+
+
+def apply_allowed_token_ids_(logits: torch.Tensor, md: SamplingMetadata) -> None:
+    """Bans, in place, every token but its allowed ones from each restricted row."""
+    if md.allowed_coords is not None:
+        rows, token_ids = md.allowed_coords
+        kept = logits[rows, token_ids]
+        logits[md.allowed_rows] = float("-inf")
+        logits[rows, token_ids] = kept
 
 
 def apply_logit_bias_(logits: torch.Tensor, md: SamplingMetadata) -> None:

@@ -44,6 +44,8 @@ class SamplingMetadata:
     min_tokens_coords: torch.Tensor | None  # [2, n] int64: in-vocabulary stop tokens to mask
     logit_bias_coords: torch.Tensor | None  # [2, n] int64: each token a row's logit_bias names
     logit_biases: torch.Tensor | None  # [n] float32: what its logit gets added
+    allowed_rows: torch.Tensor | None  # [m] int64: the rows that sample among allowed tokens only
+    allowed_coords: torch.Tensor | None  # [2, n] int64: each row's allowed tokens
     num_logprobs: list[int | None]
     max_num_logprobs: int | None  # None when no row asks for logprobs
 
@@ -115,6 +117,17 @@ class SamplingMetadata:
             logit_bias_coords = coords(rows, token_ids)
             logit_biases = floats(biases)
 
+        allowed_rows = allowed_coords = None
+        if any(p.allowed_token_ids for p in params):
+            rows, token_ids, restricted = [], [], []
+            for i, p in enumerate(params):
+                if p.allowed_token_ids:
+                    restricted.append(i)
+                    rows += [i] * len(p.allowed_token_ids)
+                    token_ids += p.allowed_token_ids
+            allowed_rows = to_device(restricted, torch.int64, device)
+            allowed_coords = coords(rows, token_ids)
+
         all_greedy = all(greedy)
         random_params = [p for p in params if not p.greedy]
         max_top_k = max((p.top_k for p in random_params if p.top_k > 0), default=0)
@@ -149,6 +162,8 @@ class SamplingMetadata:
             min_tokens_coords=coords(min_tokens_rows, min_tokens_ids) if min_tokens_rows else None,
             logit_bias_coords=logit_bias_coords,
             logit_biases=logit_biases,
+            allowed_rows=allowed_rows,
+            allowed_coords=allowed_coords,
             num_logprobs=num_logprobs,
             max_num_logprobs=max_num_logprobs,
         )
