@@ -88,7 +88,9 @@ class SamplingParams:
     tokens it names before sampling (OpenAI's; JSON's string keys are taken as token ids).
     truncate_prompt_tokens=k keeps the last k tokens of a longer prompt (the chat template's
     output, for messages), as vLLM does. allowed_token_ids restricts every sample to those
-    tokens (logprobs stay the raw model's).
+    tokens (logprobs stay the raw model's). bad_words are never generated: each word's tokens,
+    with and without a leading space, as vLLM bans them (the last token of a sequence whose
+    other tokens the output just produced).
     structured_outputs constrains the completion to a JSON schema, a regex, a choice or a
     grammar; it ends (finish reason "stop") as soon as the constraint is complete.
     """
@@ -112,16 +114,20 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
     allowed_token_ids: list[int] | None = None  # sample only among these
+    bad_words: list[str] | None = None  # never generated (as vLLM: each word's token sequence)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: output text stays empty (token ids only)
     structured_outputs: StructuredOutputsParams | None = None  # or a dict of its fields
     # Filled from the tokenizer by the engine; not part of vLLM's public surface.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
@@ -168,6 +174,7 @@ class SamplingParams:
                 "allowed_token_ids must be a non-empty list of token ids",
             ),
             (all(self.stop), "stop strings must not be empty"),
+            (all(self.bad_words or ()), "bad words must not be empty"),
             (self.detokenize or not self.stop, "stop strings need detokenize=True"),
         ]
         for ok, message in checks:
@@ -203,3 +210,16 @@ def _token_biases(biases: Any) -> dict[int, float]:
             raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r}")
         result[token_id] = float(bias)
     return result
+
+
+def bad_words_token_ids(tokenizer: Any, words: list[str]) -> list[list[int]]:
+    """Each bad word's token ids as vLLM bans them: the word as written (leading spaces dropped)
+    and, where it spells differently, with one leading space (the word inside a text)."""
+    sequences = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        sequences.append(bare)
+        if spaced and bare and spaced[0] != bare[0] and len(spaced) == len(bare):
+            sequences.append(spaced)
+    return [ids for ids in sequences if ids]

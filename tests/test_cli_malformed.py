@@ -50,6 +50,8 @@ def bad_lines(rng: random.Random) -> list[bytes]:
         lambda i: json.dumps({"prompt": "a", "logit_bias": {str(100000 + i): 1}}).encode(),
         lambda i: b'{"prompt": "a", "truncate_prompt_tokens": 0}',
         lambda i: b'{"prompt": "a", "allowed_token_ids": []}',
+        lambda i: b'{"prompt": "a", "bad_words": [""]}',
+        lambda i: b'{"prompt": "a", "bad_words": [3]}',
         lambda i: b'{"prompt": "a", "allowed_token_ids": ["a"]}',
         lambda i: json.dumps({"prompt": "a", "allowed_token_ids": [3, 100000 + i]}).encode(),
         lambda i: json.dumps({"prompt": [7] * (MAX_MODEL_LEN + 1 + i % 50)}).encode(),

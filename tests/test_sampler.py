@@ -59,7 +59,7 @@ def test_all_greedy_is_argmax_without_tensors(device: str) -> None:
     metadata = SamplingMetadata.build(params, [[1, 2]] * 8, [[3]] * 8, device, 100)
     assert metadata.all_greedy
     assert metadata.temperatures is None and metadata.repetition_coords is None
-    assert metadata.output_penalty_coords is None and metadata.min_tokens_coords is None
+    assert metadata.output_penalty_coords is None and metadata.banned_coords is None
     out = Sampler()(logits, metadata)
     assert out.token_ids == logits.argmax(dim=-1).tolist()
     assert out.logprobs is None
@@ -395,3 +395,12 @@ def test_sampling_never_makes_the_host_wait_for_the_gpu() -> None:
         torch.cuda.set_sync_debug_mode("default")
     out = pending.result()
     assert len(out.token_ids) == 64 and out.token_ids[0] == int(logits[0].argmax())
+
+
+def test_bad_words_ban_the_token_that_would_complete_them() -> None:
+    """[4] is banned everywhere; [2, 3] only right after a 2."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, 5.0, 4.0]] * 3)
+    params = SamplingParams(temperature=0)
+    params.bad_words_token_ids = [[4], [2, 3]]
+    out = sample(logits, [params] * 3, None, [[1], [1, 2], []])
+    assert out.token_ids == [3, 2, 3]  # after a 2, 3 and 4 are banned and 2 is the best left

@@ -18,7 +18,7 @@ from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
 from pagedgen.outputs import RequestOutput
-from pagedgen.sampling_params import SamplingParams
+from pagedgen.sampling_params import SamplingParams, bad_words_token_ids
 from pagedgen.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int]
@@ -155,7 +155,14 @@ class LLMEngine:
             stop_ids = set(sampling_params.stop_token_ids)
             if not sampling_params.ignore_eos:
                 stop_ids |= self.eos_token_ids
-            sampling_params = replace(sampling_params, all_stop_token_ids=stop_ids)
+            bad = sampling_params.bad_words or []
+            if bad and self.tokenizer is None:
+                raise ValueError("bad_words need a tokenizer; this engine has none")
+            sampling_params = replace(
+                sampling_params,
+                all_stop_token_ids=stop_ids,
+                bad_words_token_ids=bad_words_token_ids(self.tokenizer, bad) if bad else [],
+            )
         seq = self.scheduler.new_sequence(request_id, token_ids, sampling_params, arrival_time)
         group = SequenceGroup(
             request_id, seq, sampling_params, params.beam_width if beam is not None else None

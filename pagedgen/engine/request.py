@@ -24,11 +24,12 @@ class Request:
     @property
     def needs_sync_steps(self) -> bool:
         """Whether each step must wait for the tokens of the last, which the host needs: it
-        picks beams, advances grammars and counts penalized tokens."""
+        picks beams, advances grammars, counts penalized tokens and matches bad words."""
         params = self.group.sampling_params
         return (
             self.beam is not None
             or params.structured_outputs is not None
+            or bool(params.bad_words)
             or params.repetition_penalty != 1.0
             or bool(params.presence_penalty or params.frequency_penalty)
         )

@@ -36,6 +36,7 @@ SAMPLING_FIELDS = {
     "logit_bias": _OPTIONAL_OBJECT,  # {token id (a string in JSON): bias}
     "truncate_prompt_tokens": _OPTIONAL_INT,
     "allowed_token_ids": _OPTIONAL_TOKEN_IDS,
+    "bad_words": _STRINGS,
     "include_stop_str_in_output": _BOOL,
     "skip_special_tokens": _BOOL,
     # StructuredOutputsParams' fields (json, regex, choice, grammar, json_object); null: none

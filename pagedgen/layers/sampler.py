@@ -17,8 +17,8 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler(nn.Module):
-    """Picks one token per row. Order, as in vLLM V1: raw logprobs, allowed_token_ids,
-    min_tokens, logit_bias, penalties; greedy
+    """Picks one token per row. Order, as in vLLM V1: raw logprobs, allowed_token_ids, bad
+    words and min_tokens, logit_bias, penalties; greedy
     rows take the argmax there; random rows go on through temperature, min_p, top_k, top_p and
     an exponential race (argmax of probs / Exponential(1)), seeded per row where asked, else
     drawn from generator (the engine's own; None: torch's global one)."""
@@ -43,7 +43,7 @@ class Sampler(nn.Module):
         md = metadata
         assert logits.dim() == 2 and logits.shape[0] == md.num_seqs, logits.shape
         edits_in_place = not (
-            md.min_tokens_coords is None
+            md.banned_coords is None
             and md.allowed_coords is None
             and md.logit_bias_coords is None
             and md.repetition_coords is None
@@ -55,7 +55,7 @@ class Sampler(nn.Module):
         logits = logits.to(torch.float32, copy=edits_in_place)
         raw_logprobs = None if md.max_num_logprobs is None else logits.log_softmax(dim=-1)
         apply_allowed_token_ids_(logits, md)
-        apply_min_tokens_(logits, md)
+        apply_bans_(logits, md)
         apply_logit_bias_(logits, md)
         apply_penalties_(logits, md)
         token_ids = _argmax(logits) if md.all_greedy else self._sample_random(logits, md)
@@ -84,10 +84,11 @@ class Sampler(nn.Module):
         return token_ids
 
 
-def apply_min_tokens_(logits: torch.Tensor, md: SamplingMetadata) -> None:
-    """Bans, in place, the stop tokens of rows that have generated fewer than min_tokens."""
-    if md.min_tokens_coords is not None:
-        rows, token_ids = md.min_tokens_coords
+def apply_bans_(logits: torch.Tensor, md: SamplingMetadata) -> None:
+    """Bans, in place, the stop tokens of rows that have generated fewer than min_tokens and the
+    tokens that would complete a bad word."""
+    if md.banned_coords is not None:
+        rows, token_ids = md.banned_coords
         logits[rows, token_ids] = float("-inf")
 
 

@@ -41,7 +41,9 @@ class SamplingMetadata:
     repetition_coords: torch.Tensor | None  # [2, n] int64: each prompt and output token
     output_penalty_coords: torch.Tensor | None  # [2, n] int64: each distinct output token
     output_penalties: torch.Tensor | None  # [n] float32: presence + frequency * count
-    min_tokens_coords: torch.Tensor | None  # [2, n] int64: in-vocabulary stop tokens to mask
+    # [2, n] int64: tokens to ban, in-vocabulary stop tokens under min_tokens and each bad word's
+    # last token where the output ends in the rest of it
+    banned_coords: torch.Tensor | None
     logit_bias_coords: torch.Tensor | None  # [2, n] int64: each token a row's logit_bias names
     logit_biases: torch.Tensor | None  # [n] float32: what its logit gets added
     allowed_rows: torch.Tensor | None  # [m] int64: the rows that sample among allowed tokens only
@@ -73,15 +75,25 @@ class SamplingMetadata:
         def coords(rows: list[int], token_ids: list[int]) -> torch.Tensor:
             return to_device([rows, token_ids], torch.int64, device)
 
-        min_tokens_rows: list[int] = []
-        min_tokens_ids: list[int] = []
+        banned_rows: list[int] = []
+        banned_ids: list[int] = []
         for i, p in enumerate(params):
             if len(output_token_ids[i]) < p.min_tokens:
                 stop_token_ids = [
                     t for t in p.all_stop_token_ids.union(p.stop_token_ids) if t < vocab_size
                 ]
-                min_tokens_rows += [i] * len(stop_token_ids)
-                min_tokens_ids += stop_token_ids
+                banned_rows += [i] * len(stop_token_ids)
+                banned_ids += stop_token_ids
+            output = output_token_ids[i]
+            for bad in p.bad_words_token_ids:
+                *rest, last = bad
+                if (
+                    last < vocab_size
+                    and len(output) >= len(rest)
+                    and (not rest or output[len(output) - len(rest) :] == rest)
+                ):
+                    banned_rows.append(i)
+                    banned_ids.append(last)
 
         repetition_penalties = repetition_coords = None
         if any(p.repetition_penalty != 1.0 for p in params):
@@ -159,7 +171,7 @@ class SamplingMetadata:
             repetition_coords=repetition_coords,
             output_penalty_coords=output_penalty_coords,
             output_penalties=output_penalties,
-            min_tokens_coords=coords(min_tokens_rows, min_tokens_ids) if min_tokens_rows else None,
+            banned_coords=coords(banned_rows, banned_ids) if banned_rows else None,
             logit_bias_coords=logit_bias_coords,
             logit_biases=logit_biases,
             allowed_rows=allowed_rows,
