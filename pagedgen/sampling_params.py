@@ -1,5 +1,5 @@
 import json as json_module
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -184,6 +184,22 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def for_engine(self, tokenizer: Any, eos_token_ids: set[int]) -> "SamplingParams":
+        """A copy with what the engine derives from its tokenizer: the stop token ids (eos too,
+        unless ignore_eos) and the bad words' token ids."""
+        stop_ids = set(self.stop_token_ids)
+        if not self.ignore_eos:
+            stop_ids |= eos_token_ids
+        if self.bad_words and tokenizer is None:
+            raise ValueError("bad_words need a tokenizer; this engine has none")
+        bad = bad_words_token_ids(tokenizer, self.bad_words) if self.bad_words else []
+        return replace(self, all_stop_token_ids=stop_ids, bad_words_token_ids=bad)
+
+    def token_outside(self, vocab_size: int) -> int | None:
+        """A token id logit_bias or allowed_token_ids names past the vocabulary, if any."""
+        named = [*(self.logit_bias or ()), *(self.allowed_token_ids or ())]
+        return next((t for t in named if t >= vocab_size > 0), None)
 
     def truncated(self, prompt_token_ids: list[int]) -> list[int]:
         """The prompt as this request runs it: its last truncate_prompt_tokens tokens."""

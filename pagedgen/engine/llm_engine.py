@@ -2,7 +2,6 @@ import gc
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from pagedgen.config import EngineConfig
@@ -18,7 +17,7 @@ from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
 from pagedgen.outputs import RequestOutput
-from pagedgen.sampling_params import SamplingParams, bad_words_token_ids
+from pagedgen.sampling_params import SamplingParams
 from pagedgen.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int]
@@ -152,27 +151,16 @@ class LLMEngine:
         else:
             sampling_params = params or SamplingParams()
             token_ids = sampling_params.truncated(token_ids)
-            stop_ids = set(sampling_params.stop_token_ids)
-            if not sampling_params.ignore_eos:
-                stop_ids |= self.eos_token_ids
-            bad = sampling_params.bad_words or []
-            if bad and self.tokenizer is None:
-                raise ValueError("bad_words need a tokenizer; this engine has none")
-            sampling_params = replace(
-                sampling_params,
-                all_stop_token_ids=stop_ids,
-                bad_words_token_ids=bad_words_token_ids(self.tokenizer, bad) if bad else [],
-            )
+            sampling_params = sampling_params.for_engine(self.tokenizer, self.eos_token_ids)
         seq = self.scheduler.new_sequence(request_id, token_ids, sampling_params, arrival_time)
         group = SequenceGroup(
             request_id, seq, sampling_params, params.beam_width if beam is not None else None
         )
         request = Request(request_id, text, token_ids, group, beam)
         self.num_sync_requests += request.needs_sync_steps
-        named = [*(sampling_params.logit_bias or ()), *(sampling_params.allowed_token_ids or ())]
-        outside = [t for t in named if t >= self.vocab_size > 0]
-        if outside:
-            self._schedule(request, f"token {outside[0]} is outside the vocabulary")
+        outside = sampling_params.token_outside(self.vocab_size)
+        if outside is not None:
+            self._schedule(request, f"token {outside} is outside the vocabulary")
             return
         if sampling_params.structured_outputs is None:
             self._schedule(request, self.scheduler.add(group))
