@@ -36,13 +36,10 @@ static inline float rnd_bf16(float v) { return bf16_to_float(float_to_bf16(v)); 
 
 // The rows' elementwise passes, rounded as above. With AVX512_BF16, bfloat16 rounds by one
 // instruction (round to nearest even, as torch; it flushes subnormals, ~1e-38, to zero), 16 at a
-// time; the generic loops take the tails, and everything elsewhere.
+// time (widened by cpu_vec.h's load_vf_bf16, whose vectors are 16 wide there); the generic loops
+// take the tails, and everything elsewhere.
 #if defined(__AVX512BF16__)
 #define HAVE_CVTNE 1
-static inline __m512 widen16(const bf16_t *p) {
-  const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 static inline __m256i round16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 static inline __m512 rnd16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round16(v)), 16));
@@ -59,7 +56,7 @@ static inline void add_f32(f32_t *dst, const f32_t *a, const f32_t *b, int64_t n
 static inline void add_bf16(bf16_t *dst, const bf16_t *a, const bf16_t *b, int64_t n) {
   int64_t i = 0;
 #if HAVE_CVTNE
-  for (; i + 16 <= n; i += 16) store16(dst + i, widen16(a + i) + widen16(b + i));
+  for (; i + 16 <= n; i += 16) store16(dst + i, load_vf_bf16(a + i) + load_vf_bf16(b + i));
 #endif
   for (; i < n; i++) st_bf16(dst + i, ld_bf16(a + i) + ld_bf16(b + i));
 }
@@ -73,7 +70,8 @@ static inline void norm_mul_bf16(bf16_t *out, const bf16_t *x, float s, const bf
   int64_t i = 0;
 #if HAVE_CVTNE
   const __m512 sv = _mm512_set1_ps(s);
-  for (; i + 16 <= n; i += 16) store16(out + i, rnd16(widen16(x + i) * sv) * widen16(w + i));
+  for (; i + 16 <= n; i += 16)
+    store16(out + i, rnd16(load_vf_bf16(x + i) * sv) * load_vf_bf16(w + i));
 #endif
   for (; i < n; i++) st_bf16(out + i, rnd_bf16(ld_bf16(x + i) * s) * ld_bf16(w + i));
 }
@@ -128,7 +126,7 @@ static inline void silu_mul_bf16(bf16_t *out, const bf16_t *gate, const bf16_t *
     float s[SILU_CHUNK];
     for (int j = 0; j < SILU_CHUNK; j++) s[j] = silu(ld_bf16(gate + i + j));
     for (int j = 0; j < SILU_CHUNK; j += 16)
-      store16(out + i + j, rnd16(_mm512_loadu_ps(s + j)) * widen16(up + i + j));
+      store16(out + i + j, rnd16(_mm512_loadu_ps(s + j)) * load_vf_bf16(up + i + j));
   }
 #endif
   for (; i < n; i++) st_bf16(out + i, rnd_bf16(silu(ld_bf16(gate + i))) * ld_bf16(up + i));

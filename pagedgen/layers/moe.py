@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -19,7 +21,7 @@ class SparseMoE(nn.Module):
         num_experts: int,
         top_k: int,
         renormalize: bool,
-        make_expert,
+        make_expert: Callable[[], nn.Module],
         weights_in_float32: bool = False,  # Mixtral scales in float32, Qwen3-MoE in the dtype
     ) -> None:
         super().__init__()

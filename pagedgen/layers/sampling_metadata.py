@@ -72,19 +72,19 @@ class SamplingMetadata:
         def floats(values: list[float]) -> torch.Tensor:
             return to_device(values, torch.float32, device)
 
-        def coords(rows: list[int], token_ids: list[int]) -> torch.Tensor:
-            return to_device([rows, token_ids], torch.int64, device)
+        def coords(per_row: list[list[int]]) -> torch.Tensor:
+            """[2, n]: (row, token id) for each token id of each row's list, in order."""
+            rows = [i for i, token_ids in enumerate(per_row) for _ in token_ids]
+            return to_device(
+                [rows, [t for token_ids in per_row for t in token_ids]], torch.int64, device
+            )
 
-        banned_rows: list[int] = []
-        banned_ids: list[int] = []
+        banned: list[list[int]] = [[] for _ in params]
         for i, p in enumerate(params):
-            if len(output_token_ids[i]) < p.min_tokens:
-                stop_token_ids = [
-                    t for t in p.all_stop_token_ids.union(p.stop_token_ids) if t < vocab_size
-                ]
-                banned_rows += [i] * len(stop_token_ids)
-                banned_ids += stop_token_ids
             output = output_token_ids[i]
+            if len(output) < p.min_tokens:
+                stop_ids = p.all_stop_token_ids.union(p.stop_token_ids)
+                banned[i] += [t for t in stop_ids if t < vocab_size]
             for bad in p.bad_words_token_ids:
                 *rest, last = bad
                 if (
@@ -92,53 +92,43 @@ class SamplingMetadata:
                     and len(output) >= len(rest)
                     and (not rest or output[len(output) - len(rest) :] == rest)
                 ):
-                    banned_rows.append(i)
-                    banned_ids.append(last)
+                    banned[i].append(last)
 
         repetition_penalties = repetition_coords = None
         if any(p.repetition_penalty != 1.0 for p in params):
             repetition_penalties = floats([p.repetition_penalty for p in params])
-            rows, token_ids = [], []
-            for i, p in enumerate(params):
-                if p.repetition_penalty != 1.0:
-                    seen = prompt_token_ids[i] + output_token_ids[i]
-                    rows += [i] * len(seen)
-                    token_ids += seen
-            repetition_coords = coords(rows, token_ids)
+            repetition_coords = coords(
+                [
+                    prompt_token_ids[i] + output_token_ids[i] if p.repetition_penalty != 1.0 else []
+                    for i, p in enumerate(params)
+                ]
+            )
 
         output_penalty_coords = output_penalties = None
         if any(p.presence_penalty or p.frequency_penalty for p in params):
-            rows, token_ids, penalties = [], [], []
-            for i, p in enumerate(params):
-                if p.presence_penalty or p.frequency_penalty:
-                    for token_id, count in Counter(output_token_ids[i]).items():
-                        rows.append(i)
-                        token_ids.append(token_id)
-                        penalties.append(p.presence_penalty + p.frequency_penalty * count)
-            output_penalty_coords = coords(rows, token_ids)
-            output_penalties = floats(penalties)
+            counts = [
+                Counter(output_token_ids[i]) if p.presence_penalty or p.frequency_penalty else {}
+                for i, p in enumerate(params)
+            ]
+            output_penalty_coords = coords([list(c) for c in counts])
+            output_penalties = floats(
+                [
+                    p.presence_penalty + p.frequency_penalty * n
+                    for p, c in zip(params, counts)
+                    for n in c.values()
+                ]
+            )
 
         logit_bias_coords = logit_biases = None
         if any(p.logit_bias for p in params):
-            rows, token_ids, biases = [], [], []
-            for i, p in enumerate(params):
-                for token_id, bias in (p.logit_bias or {}).items():
-                    rows.append(i)
-                    token_ids.append(token_id)
-                    biases.append(bias)
-            logit_bias_coords = coords(rows, token_ids)
-            logit_biases = floats(biases)
+            logit_bias_coords = coords([list(p.logit_bias or ()) for p in params])
+            logit_biases = floats([b for p in params for b in (p.logit_bias or {}).values()])
 
         allowed_rows = allowed_coords = None
         if any(p.allowed_token_ids for p in params):
-            rows, token_ids, restricted = [], [], []
-            for i, p in enumerate(params):
-                if p.allowed_token_ids:
-                    restricted.append(i)
-                    rows += [i] * len(p.allowed_token_ids)
-                    token_ids += p.allowed_token_ids
+            restricted = [i for i, p in enumerate(params) if p.allowed_token_ids]
             allowed_rows = to_device(restricted, torch.int64, device)
-            allowed_coords = coords(rows, token_ids)
+            allowed_coords = coords([p.allowed_token_ids or [] for p in params])
 
         all_greedy = all(greedy)
         random_params = [p for p in params if not p.greedy]
@@ -171,7 +161,7 @@ class SamplingMetadata:
             repetition_coords=repetition_coords,
             output_penalty_coords=output_penalty_coords,
             output_penalties=output_penalties,
-            banned_coords=coords(banned_rows, banned_ids) if banned_rows else None,
+            banned_coords=coords(banned) if any(banned) else None,
             logit_bias_coords=logit_bias_coords,
             logit_biases=logit_biases,
             allowed_rows=allowed_rows,
