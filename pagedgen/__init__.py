@@ -9,6 +9,7 @@ from typing import Any
 
 _EXPORTS = {
     "LLM": "pagedgen.llm",
+    "LoRARequest": "pagedgen.lora.request",
     "BeamSearchParams": "pagedgen.engine.beam_search",
     "CompletionOutput": "pagedgen.outputs",
     "EngineConfig": "pagedgen.config",

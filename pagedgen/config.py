@@ -22,7 +22,9 @@ class EngineConfig:
     capture_decode_graphs), and those of up to 64 rows on a CPU from recorded CPU graphs
     (engine/cpu_graphs.py); True runs every step eagerly. async_scheduling (vLLM's name) schedules
     and queues step N + 1 before the host has step N's tokens, which the device hands from one
-    step to the next, so the host's work overlaps the device's (LLMEngine.step).
+    step to the next, so the host's work overlaps the device's (LLMEngine.step). enable_lora
+    lets requests run with LoRA adapters (max_loras of them in one step, of rank up to
+    max_lora_rank: vLLM's names).
     """
 
     model: str = DEFAULT_MODEL
@@ -43,6 +45,9 @@ class EngineConfig:
     num_threads: int | None = None  # torch's intra-op threads; None keeps torch's default
     enforce_eager: bool = False
     async_scheduling: bool = False
+    enable_lora: bool = False
+    max_loras: int = 1  # adapters one step may hold (each a slot in every adapted layer)
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,6 +79,10 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"

@@ -7,6 +7,7 @@ from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams
 from pagedgen.engine.llm_engine import LLMEngine, Params, Prompt, log_to_stderr
 from pagedgen.loader.resolve import DEFAULT_MODEL
+from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import RequestOutput
 from pagedgen.sampling_params import SamplingParams
 
@@ -15,7 +16,8 @@ class LLM:
     """Offline batch generation: `LLM(model).generate(prompts, SamplingParams(...))`.
 
     Keyword arguments are EngineConfig fields (dtype, block_size, kv_cache_memory,
-    max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed).
+    max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed,
+    enable_lora, max_loras, max_lora_rank).
     """
 
     def __init__(
@@ -32,36 +34,41 @@ class LLM:
         self,
         prompts: Prompt | Iterable[Prompt],
         sampling_params: Params | list[Params] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Completes every prompt (text or token ids); returns the outputs in prompt order."""
+        """Completes every prompt (text or token ids); returns the outputs in prompt order.
+        lora_request: the LoRA adapter of every prompt, or a list of one per prompt (None for
+        the base model), on an LLM built with enable_lora=True."""
         prompts = _prompt_list(prompts)
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(prompts):
-                raise ValueError(
-                    f"{len(sampling_params)} sampling params for {len(prompts)} prompts"
-                )
-            params = sampling_params
-        else:
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        requests = ((str(i), prompt, p) for i, (prompt, p) in enumerate(zip(prompts, params)))
+        params = _per_prompt(sampling_params or SamplingParams(), prompts, "sampling params")
+        loras = _per_prompt(lora_request, prompts, "LoRA requests")
+        requests = (
+            (str(i), prompt, p, lora)
+            for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras))
+        )
         outputs = {out.request_id: out for out in self.stream(requests)}
         return [outputs[str(i)] for i in range(len(prompts))]
 
     def beam_search(
-        self, prompts: Prompt | Iterable[Prompt], params: BeamSearchParams
+        self,
+        prompts: Prompt | Iterable[Prompt],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Beam search for each prompt; each output holds the beam_width best beams, best first."""
         prompts = _prompt_list(prompts)
-        return self.generate(prompts, [params] * len(prompts))
+        return self.generate(prompts, [params] * len(prompts), lora_request)
 
     def chat(
         self,
         messages: Messages | list[Messages],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Applies the tokenizer's chat template to each conversation, then generates."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.apply_chat_template(m) for m in conversations], sampling_params)
+        prompts = [self.apply_chat_template(m) for m in conversations]
+        return self.generate(prompts, sampling_params, lora_request)
 
     def apply_chat_template(self, messages: Messages) -> list[int]:
         return apply_chat_template(self.tokenizer, messages)
@@ -73,7 +80,7 @@ class LLM:
 
     def stream(
         self,
-        requests: Iterable[tuple[str, Prompt, Params]],
+        requests: Iterable[tuple[str, Prompt, Params] | tuple[str, Prompt, Params, LoRARequest]],
         max_pending: int | None = None,
         on_step: Callable[[LLMEngine], None] | None = None,
     ) -> Iterator[RequestOutput]:
@@ -85,6 +92,15 @@ class LLM:
         engine is consistent: it may read the gauges or abort requests.
         """
         yield from self.engine.stream(requests, max_pending, on_step)
+
+
+def _per_prompt(value: Any, prompts: list[Prompt], what: str) -> list[Any]:
+    """value for every prompt, or value itself where it is a list of one per prompt."""
+    if not isinstance(value, list):
+        return [value] * len(prompts)
+    if len(value) != len(prompts):
+        raise ValueError(f"{len(value)} {what} for {len(prompts)} prompts")
+    return value
 
 
 def _prompt_list(prompts: Prompt | Iterable[Prompt]) -> list[Prompt]:

@@ -11,7 +11,7 @@ Contents = list[int | None]  # per slot of a block: hash of the token prefix who
 
 def prefix_hashes(seq: Sequence, num_tokens: int) -> list[int]:
     """K/V at position p depend on token_ids[: p + 1]: one chained hash per position."""
-    hashes, h = [], 0
+    hashes, h = [], seq.lora_int_id  # a LoRA adapter computes other K/V from the same tokens
     for token in seq.token_ids[:num_tokens]:
         h = hash((h, token))
         hashes.append(h)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from pagedgen.io import InputSpec, OutputFile, open_input
+from pagedgen.sampling_params import SamplingParams
 from tests.cli_util import COMMAND, read_records, run_in_process, tiny
 
 NUM_ROWS = 200
@@ -78,16 +79,31 @@ def without_timing(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
-def config(model, concurrency: int = 2, batch_size: int = 8):
+def config(model, concurrency: int = 2, batch_size: int = 8, lora_modules=None):
     from pagedgen.ray import ProcessorConfig
 
+    lora = {"enable_lora": True} if lora_modules else {}
     return ProcessorConfig(
         model=str(model),
-        engine_kwargs=engine_kwargs(),
+        engine_kwargs={**engine_kwargs(), **lora},
         sampling=SAMPLING,
         concurrency=concurrency,
         batch_size=batch_size,
+        lora_modules=lora_modules or {},
     )
+
+
+def make_lora(model, folder) -> str:
+    """A rank-4 PEFT adapter of the tiny model, with random B (PEFT starts B at zero)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    base = AutoModelForCausalLM.from_pretrained(model)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, lora).save_pretrained(folder)
+    return str(folder)
 
 
 def cli_args(model, rows_file, out) -> list[str]:
@@ -172,16 +188,19 @@ def test_resume_after_the_driver_is_killed_runs_only_the_rest(
 
 
 @needs_ray
-def test_processor_completes_dataset_rows(cluster, tiny_llama_path):
+def test_processor_completes_dataset_rows(cluster, tiny_llama_path, tmp_path):
     import ray
 
+    from pagedgen import LLM, LoRARequest
     from pagedgen.ray import build_processor
 
+    adapter = make_lora(tiny_llama_path, tmp_path / "adapter")
     processor = build_processor(
-        config(tiny_llama_path, concurrency=1),
+        config(tiny_llama_path, concurrency=1, lora_modules={"tuned": adapter}),
         preprocess=lambda row: {
             "q": row["q"],
-            "prompt": row["q"],
+            "prompt": row["q"].removeprefix("tuned: ").removeprefix("other: "),
+            "lora": row["q"].split(": ")[0] if ": " in row["q"] else None,
             "sampling_params": {"n": 1, "logprobs": 1, "prompt_logprobs": 1},
         },
         postprocess=lambda row: {
@@ -193,12 +212,18 @@ def test_processor_completes_dataset_rows(cluster, tiny_llama_path):
             "prompt_tokens": row["prompt_tokens"],
         },
     )
-    questions = ["what is one", "", "and two"]  # the empty prompt: an error row, not a failure
+    # the empty prompt and an unknown adapter: error rows, not failures
+    questions = ["what is one", "", "and two", "tuned: and two", "other: and two"]
     rows = processor(ray.data.from_items([{"q": q} for q in questions])).take_all()
     by_question = {row["q"]: row for row in rows}
     assert set(by_question) == set(questions)
     assert by_question[""]["error"] == "the prompt is empty"
     assert by_question[""]["answer"] is None
+    assert "unknown LoRA adapter 'other'" in by_question["other: and two"]["error"]
+    llm = LLM(str(tiny_llama_path), log=lambda _: None, enable_lora=True, **engine_kwargs())
+    tuned = llm.generate("and two", SamplingParams(**SAMPLING), LoRARequest("tuned", 1, adapter))
+    assert by_question["tuned: and two"]["answer"] == tuned[0].outputs[0].text
+    assert by_question["tuned: and two"]["answer"] != by_question["and two"]["answer"]
     two = by_question["and two"]
     assert isinstance(two["answer"], str) and two["error"] is None
     # {token id: logprob} per token as entries, not an Arrow column per token id

@@ -14,6 +14,7 @@ from pagedgen.io.records import InputRecord
 from pagedgen.io.resume import resume_source
 from pagedgen.io.writer import MAX_FAILED_LINES, OutputWriteError, RecordWriter
 from pagedgen.llm import LLM
+from pagedgen.lora.request import LoRARequest
 from pagedgen.sampling_params import SamplingParams
 
 ORDERS = ("input", "completion")
@@ -59,6 +60,7 @@ class BatchJob:
         output: OutputFile,
         sampling: dict[str, Any] | None = None,
         order: str = "input",
+        loras: dict[str, LoRARequest] | None = None,  # by name: what input lines may ask for
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -70,6 +72,7 @@ class BatchJob:
             vocab_size_of(llm.engine),
             llm.engine.config.max_num_seqs,
             llm.engine.max_model_len,
+            loras,
         )
         self.source = resume_source(source, output.state, output.path)
         self.output = output
@@ -131,7 +134,9 @@ class BatchJob:
             write_error=write_error,
         )
 
-    def _requests(self) -> Iterator[tuple[str, list[int], SamplingParams]]:
+    def _requests(
+        self,
+    ) -> Iterator[tuple[str, list[int], SamplingParams, LoRARequest | None]]:
         done = self.output.state.done
         first_line: dict[str, int] = {}
         indices = count()
@@ -144,6 +149,7 @@ class BatchJob:
             index = next(indices)
             try:
                 prompt, params = self.builder.prepare(record)
+                lora = self.builder.lora_of(record)
                 if first != record.line:
                     where = record.where_at(first)
                     raise RequestError(f"duplicate id {record.id!r} (first at {where})")
@@ -151,7 +157,7 @@ class BatchJob:
                 self.writer.put(index, self.formatter.error(record, str(e)), record.line, True)
                 continue
             self._pending[index] = (record, params)
-            yield str(index), prompt, params
+            yield str(index), prompt, params, lora
         self.input_exhausted = True
 
     def _on_step(self, engine: LLMEngine) -> None:

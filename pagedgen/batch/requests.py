@@ -3,6 +3,7 @@ from typing import Any, NamedTuple
 
 from pagedgen.chat_template import apply_chat_template
 from pagedgen.io.records import InputRecord
+from pagedgen.lora.request import LoRARequest
 from pagedgen.sampling_params import SamplingParams
 
 MAX_INT64 = 2**63 - 1
@@ -43,8 +44,10 @@ class RequestBuilder:
         vocab_size: int,
         max_num_seqs: int,
         max_model_len: int | None = None,
+        loras: dict[str, LoRARequest] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.loras = loras or {}
         self.defaults = dict(defaults)
         sampling_defaults(self.defaults)
         self.vocab_size = vocab_size
@@ -86,6 +89,20 @@ class RequestBuilder:
             )
         self._check_vocab(prompt, "token id")
         return PreparedRequest(prompt, params)
+
+    def lora_of(self, record: InputRecord) -> LoRARequest | None:
+        """The adapter a record runs with: its "lora" (which must be one of loras), or an
+        OpenAI body's model where that names one (vLLM's batch runner picks adapters so; any
+        other model is a label); raises RequestError for an unknown adapter."""
+        if record.lora is not None:
+            lora = self.loras.get(record.lora)
+            if lora is None:
+                known = ", ".join(sorted(self.loras)) or "none were given"
+                raise RequestError(
+                    f"unknown LoRA adapter {record.lora!r} (--lora-modules names: {known})"
+                )
+            return lora
+        return self.loras.get(record.model) if record.model is not None else None
 
     def _check_limits(self, params: SamplingParams) -> None:
         if params.n > self.max_num_seqs:

@@ -17,6 +17,7 @@ OUTPUT_PANEL = "Output"
 SAMPLING_PANEL = "Sampling (vLLM's names and defaults; an input line may set its own)"
 ENGINE_PANEL = "Model and engine"
 STRUCTURED_PANEL = "Structured output (a line's structured_outputs or response_format overrides)"
+LORA_PANEL = 'LoRA adapters (a line\'s "lora" names one)'
 
 
 class OptionGroup(NamedTuple):
@@ -44,6 +45,7 @@ input_option = functools.partial(option, INPUT_PANEL)
 output_option = functools.partial(option, OUTPUT_PANEL)
 sampling_option = functools.partial(option, SAMPLING_PANEL)
 structured_option = functools.partial(option, STRUCTURED_PANEL)
+lora_option = functools.partial(option, LORA_PANEL)
 _engine = functools.partial(option, ENGINE_PANEL)
 
 

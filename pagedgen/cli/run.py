@@ -62,6 +62,18 @@ def run(
     choice: str | None = opt.structured_option(
         None, help="every completion is one of these comma-separated strings", metavar="A,B,.."
     ),
+    lora_modules: list[str] | None = opt.lora_option(
+        None,
+        help='a LoRA adapter (PEFT folder) input lines name in "lora" (OpenAI batch: in '
+        '"model"); repeatable',
+        metavar="NAME=PATH",
+    ),
+    max_loras: int | None = opt.lora_option(
+        None, help="adapters one step may run [default: as many as --lora-modules]", metavar="N"
+    ),
+    max_lora_rank: int | None = opt.lora_option(
+        None, help="largest adapter rank [default: the adapters' largest]", metavar="R"
+    ),
 ) -> None:
     """Generate a completion for every request of INPUT and write one JSON line each to OUTPUT.
 
@@ -71,7 +83,7 @@ def run(
     stops at once); --resume continues. Exit codes: 0 all succeeded, 1 some failed, 2 usage
     error, 74 the output could not be written, 130/143/129 interrupted by SIGINT/TERM/HUP.
     """
-    from pagedgen.cli.run_job import RunOptions, run_job
+    from pagedgen.cli.run_job import RunOptions, lora_engine, run_job
     from pagedgen.cli.structured import structured_outputs_option
 
     try:
@@ -97,6 +109,10 @@ def run(
         prompt_logprobs=prompt_logprobs,
         structured_outputs=structured_outputs,
     )
+    try:
+        engine, loras = lora_engine(engine, lora_modules or [], max_loras, max_lora_rank)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
     options = RunOptions(
         input=spec,
         output=output,
@@ -108,6 +124,7 @@ def run(
         stats_json=stats_json,
         progress=progress,
         argv=list(ctx.obj or []),
+        loras=loras,
     )
     if scale.enabled:
         from pagedgen.cli.run_ray import run_ray_job

@@ -3,7 +3,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +26,8 @@ from pagedgen.io import (
     resume_source,
 )
 from pagedgen.loader import ModelNotFoundError, resolve_model
+from pagedgen.lora.modules import max_rank_of, parse_lora_modules
+from pagedgen.lora.request import LoRARequest
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_IO_ERROR = 74  # EX_IOERR of sysexits.h: the output (or --stats-json) could not be written
@@ -45,6 +47,26 @@ class RunOptions:
     stats_json: str | None = None
     progress: bool = True
     argv: list[str] = field(default_factory=list)  # the command line, for the resume hint
+    loras: dict[str, LoRARequest] = field(default_factory=dict)  # --lora-modules, by name
+
+
+def lora_engine(
+    engine: EngineConfig, specs: list[str], max_loras: int | None, max_lora_rank: int | None
+) -> tuple[EngineConfig, dict[str, LoRARequest]]:
+    """The engine config for --lora-modules (LoRA enabled, slots for every adapter and their
+    largest rank unless asked otherwise) and the adapters by name."""
+    loras = parse_lora_modules(specs)
+    if not loras:
+        if max_loras is not None or max_lora_rank is not None:
+            raise ValueError("--max-loras and --max-lora-rank need --lora-modules")
+        return engine, loras
+    engine = replace(
+        engine,
+        enable_lora=True,
+        max_loras=max_loras or len(loras),
+        max_lora_rank=max_lora_rank or max_rank_of(loras),
+    )
+    return engine, loras
 
 
 def run_job(options: RunOptions) -> int:
@@ -116,7 +138,7 @@ def _run(
         llm = LLM(log=console.print, **asdict(options.engine))
         if signals.signum is not None:  # library code the signal struck swallowed Interrupted
             raise Interrupted(signals.signum)
-        job = BatchJob(llm, source, output, options.sampling, options.order)
+        job = BatchJob(llm, source, output, options.sampling, options.order, options.loras)
     except (*USAGE_ERRORS, OSError, RuntimeError, MemoryError) as e:  # no model, no memory
         return _usage_error(console, e)
     except Interrupted as e:

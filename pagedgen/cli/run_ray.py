@@ -109,6 +109,7 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
         num_cpus=options.engine.num_threads or 1,
         num_gpus=1 if options.engine.device == "cuda" else 0,
         openai=openai,
+        lora_modules={name: lora.lora_path for name, lora in options.loras.items()},
     )
 
 

@@ -329,8 +329,10 @@ class BlockManager:
 
     # -- prefix hashing ----------------------------------------------------------------------------
     def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[Hashable]:
-        """Extends seq.block_hashes to num_full_blocks: hash i is (hash of block i - 1, tokens).
-        Only blocks of known tokens are hashed: none holding a placeholder."""
+        """Extends seq.block_hashes to num_full_blocks: hash i is (hash of block i - 1, tokens),
+        block 0's parent None, or ("lora", id) for a LoRA adapter's sequence, whose K/V differ
+        from the base model's. Only blocks of known tokens are hashed: none holding a
+        placeholder."""
         size = self.block_size
         if seq.num_output_placeholders:
             num_full_blocks = min(
@@ -338,7 +340,10 @@ class BlockManager:
             )
         hashes = seq.block_hashes
         for i in range(len(hashes), num_full_blocks):
-            parent = hash(hashes[-1]) if hashes else None
+            if hashes:
+                parent = hash(hashes[-1])
+            else:
+                parent = ("lora", seq.lora_int_id) if seq.lora_int_id else None
             hashes.append((parent, tuple(seq.token_ids[i * size : (i + 1) * size])))
         return hashes[:num_full_blocks]
 

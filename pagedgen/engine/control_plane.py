@@ -50,5 +50,6 @@ def build_control_plane(
         max_model_len,
         config.enable_chunked_prefill,
         mode,
+        max_loras=config.max_loras if config.enable_lora else None,
     )
     return block_manager, scheduler

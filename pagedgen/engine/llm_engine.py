@@ -16,6 +16,7 @@ from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
+from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import RequestOutput
 from pagedgen.sampling_params import SamplingParams
 from pagedgen.structured_output.manager import StructuredOutputManager
@@ -133,11 +134,17 @@ class LLMEngine:
         request_id: str,
         prompt: Prompt,
         params: Params | None = None,
+        lora_request: LoRARequest | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Queues a prompt (text, or token ids) for sampling, parallel sampling or beam search."""
+        """Queues a prompt (text, or token ids) for sampling, parallel sampling or beam search,
+        with a LoRA adapter if given (loaded at its first request)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
+        if lora_request is not None:
+            if self.scheduler.max_loras is None:
+                raise ValueError("LoRA requests need an engine built with enable_lora=True")
+            self.runner.add_lora(lora_request)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: give prompts as token ids")
@@ -152,7 +159,13 @@ class LLMEngine:
             sampling_params = params or SamplingParams()
             token_ids = sampling_params.truncated(token_ids)
             sampling_params = sampling_params.for_engine(self.tokenizer, self.eos_token_ids)
-        seq = self.scheduler.new_sequence(request_id, token_ids, sampling_params, arrival_time)
+        seq = self.scheduler.new_sequence(
+            request_id,
+            token_ids,
+            sampling_params,
+            arrival_time,
+            lora_request.lora_int_id if lora_request is not None else 0,
+        )
         group = SequenceGroup(
             request_id, seq, sampling_params, params.beam_width if beam is not None else None
         )
@@ -277,11 +290,12 @@ class LLMEngine:
 
     def stream(
         self,
-        requests: Iterable[tuple[str, Prompt, Params]],
+        requests: Iterable[tuple[str, Prompt, Params] | tuple[str, Prompt, Params, LoRARequest]],
         max_pending: int | None = None,
         on_step: Callable[["LLMEngine"], None] | None = None,
     ) -> Iterator[RequestOutput]:
-        """Yields each request's output as soon as it finishes.
+        """Yields each request's output as soon as it finishes; a request is (id, prompt,
+        params) or (id, prompt, params, lora_request).
 
         Requests are pulled from the iterable only while fewer than max_pending are unfinished
         (default: twice max_num_seqs), so an input of any length streams through in bounded

@@ -15,6 +15,8 @@ from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.transfer import to_device
 from pagedgen.layers.sampler import Sampler
 from pagedgen.layers.sampling_metadata import SamplingMetadata
+from pagedgen.lora.layers import LoRAManager
+from pagedgen.lora.request import LoRARequest
 
 
 class ModelRunner:
@@ -59,8 +61,10 @@ class ModelRunner:
         self.block_tables = BlockTables(2 * max_num_seqs, -(-max_model_len // block_size))
         self.max_num_seqs = max_num_seqs
         self.decode_graphs: DecodeGraphs | None = None
+        self.lora_decode_graphs: DecodeGraphs | None = None  # for steps that run adapters
         # The last step's sampled token ids, on the device, and the sequences that sampled them.
         self.last_sampled: tuple[torch.Tensor, list[Sequence]] | None = None
+        self.lora: LoRAManager | None = None
         self.num_blocks, self.has_pad_block = 0, False
         self.kv_cache = torch.empty(0)
         self.cpu_cache = torch.empty(0)
@@ -82,6 +86,25 @@ class ModelRunner:
             attention.key_cache, attention.value_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         cpu_shape = self.geometry.cache_shape(num_cpu_blocks, self.block_size)
         self.cpu_cache = torch.empty(cpu_shape, dtype=self.kv_cache_dtype, pin_memory=on_gpu)
+
+    def enable_lora(
+        self, max_loras: int, max_rank: int, max_num_tokens: int, dtype: torch.dtype
+    ) -> None:
+        """Gives the model's projections max_loras adapter slots of rank max_rank, computed in
+        dtype (the activations'), for steps of up to max_num_tokens tokens."""
+        self.lora = LoRAManager(self.model, max_loras, max_rank, max_num_tokens, dtype, self.device)
+
+    def add_lora(self, request: LoRARequest) -> None:
+        if self.lora is None:
+            raise ValueError("this engine was built without LoRA: pass enable_lora=True")
+        self.lora.add(request)
+
+    def _begin_lora_step(self, scheduled: SchedulerOutput) -> list[int] | None:
+        """The step's sequences' adapter ids if it runs any (in slots now), else None."""
+        if self.lora is None:
+            return None
+        lora_ids = [seq.lora_int_id for seq in scheduled.seqs]
+        return lora_ids if self.lora.begin_step(lora_ids) else None
 
     def prepare_arrays(self, scheduled: SchedulerOutput) -> StepArrays:
         """Flattens the step's sequences in the scheduler's order (decodes first), in array
@@ -179,7 +202,8 @@ class ModelRunner:
     def forward(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
         """The final hidden states of the step's tokens and each sequence's last row: by a
         graph replay for a decode-only step that fits one, else eagerly."""
-        graphs = self.decode_graphs
+        lora_ids = self._begin_lora_step(scheduled)
+        graphs = self.decode_graphs if lora_ids is None else self.lora_decode_graphs
         num_seqs = len(scheduled.seqs)
         if (
             graphs is not None
@@ -197,11 +221,15 @@ class ModelRunner:
                     arrays.rows,
                 )
                 self._fill_placeholders(graphs.input_ids, arrays.placeholders)
+                if lora_ids is not None:
+                    self.lora.set_mask(lora_ids, scheduled.num_new_tokens, batch_size)
             with self.timer.section("model_forward"):
                 return graphs.replay(batch_size, num_seqs), arrays.last_rows
         with self.timer.section("prepare_inputs"):
             inputs = self.prepare(scheduled)
             self.backend.prepare(inputs.metadata)
+            if lora_ids is not None:
+                self.lora.set_mask(lora_ids, scheduled.num_new_tokens, len(inputs.input_ids))
         with self.timer.section("model_forward"):
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
         return hidden, inputs.last_rows
@@ -211,22 +239,32 @@ class ModelRunner:
     ) -> None:
         """From now on, decode-only steps of up to max(batch_sizes) rows replay graphs
         (capture: how to capture one, by default a CUDA graph). A pool allocated without its
-        padding block is allocated again, emptied: call it before the first step."""
+        padding block is allocated again, emptied: call it before the first step. With LoRA,
+        a second set runs the adapters, for steps that have any (both share one memory pool)."""
         num_blocks = self.num_blocks
-        self.decode_graphs = None
+        self.decode_graphs = self.lora_decode_graphs = None
         if not self.has_pad_block:
             self.allocate_kv_cache(num_blocks, self.cpu_cache.shape[2], pad_block=True)
-        graphs = DecodeGraphs(
-            self.model,
-            self.block_size,
-            self.block_tables.max_num_blocks_per_seq,
-            self.max_num_seqs,
-            pad_block=num_blocks,
-            device=self.device,
-            batch_sizes=batch_sizes,
-        )
-        graphs.capture(capture or cuda_graph_capture())
-        self.decode_graphs = graphs
+        capture = capture or cuda_graph_capture()
+
+        def captured(lora_active: bool) -> DecodeGraphs:
+            graphs = DecodeGraphs(
+                self.model,
+                self.block_size,
+                self.block_tables.max_num_blocks_per_seq,
+                self.max_num_seqs,
+                pad_block=num_blocks,
+                device=self.device,
+                batch_sizes=batch_sizes,
+            )
+            if self.lora is not None:
+                self.lora.state.active = lora_active
+            graphs.capture(capture)
+            return graphs
+
+        lora_graphs = captured(lora_active=True) if self.lora is not None else None
+        self.decode_graphs = captured(lora_active=False)
+        self.lora_decode_graphs = lora_graphs
 
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
         return self.execute_async(scheduled).result()

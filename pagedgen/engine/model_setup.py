@@ -68,6 +68,9 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
     )
+    if config.enable_lora:
+        max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
+        runner.enable_lora(config.max_loras, config.max_lora_rank, max_num_tokens, compute_dtype)
     if config.kv_cache_memory is not None:
         kv_cache_bytes = config.kv_cache_memory * GIB
     elif device.type == "cuda":

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
 from pagedgen.engine.step_timer import StepTimer
+from pagedgen.lora.request import LoRARequest
 
 if TYPE_CHECKING:
     from pagedgen.engine.prompt_logprobs import PromptLogprobs
@@ -65,6 +66,10 @@ class Runner(Protocol):
 
     def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput: ...
 
+    def add_lora(self, request: LoRARequest) -> None:
+        """Makes an adapter ready for the steps of sequences with its lora_int_id; raises
+        ValueError if it cannot run."""
+
 
 class NullRunner:
     """Runs no model: each sampled sequence gets next_token(seq). The simulator of `pagedgen
@@ -80,3 +85,6 @@ class NullRunner:
     def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput:
         """Sequences must end in known tokens: next_token reads them."""
         return ReadyOutput(self.execute(scheduled))
+
+    def add_lora(self, request: LoRARequest) -> None:
+        pass

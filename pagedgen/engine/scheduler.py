@@ -21,7 +21,8 @@ class Scheduler:
     preempted (swapped to the CPU pool, or freed to be recomputed) until the rest fit. Then, if
     nothing was preempted, swapped groups come back in; then, if none is left swapped, waiting
     groups are admitted in arrival order while max_num_seqs, max_num_batched_tokens and the
-    free blocks allow.
+    free blocks allow. With max_loras, the running groups use at most that many LoRA adapters:
+    a waiting group that would add one more waits while those behind it go ahead, as in vLLM.
 
     The scheduler is the one owner of step progress: schedule() counts the tokens it schedules
     as computed (_update_after_schedule) and decides which sequences sample; the engine runs
@@ -37,6 +38,7 @@ class Scheduler:
         max_model_len: int,
         enable_chunked_prefill: bool = True,
         preemption_mode: PreemptionMode | None = None,  # None: swap groups of >1, else recompute
+        max_loras: int | None = None,  # distinct LoRA adapters running at once; None: no LoRA
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -44,6 +46,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.preemption_mode = preemption_mode
+        self.max_loras = max_loras
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.swapped: deque[SequenceGroup] = deque()
@@ -65,9 +68,15 @@ class Scheduler:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
+        lora_int_id: int = 0,
     ) -> Sequence:
         return Sequence(
-            next(self._seq_ids), request_id, prompt_token_ids, sampling_params, arrival_time
+            next(self._seq_ids),
+            request_id,
+            prompt_token_ids,
+            sampling_params,
+            arrival_time,
+            lora_int_id,
         )
 
     def add(self, group: SequenceGroup) -> str | None:
@@ -169,6 +178,8 @@ class Scheduler:
             seqs = group.unfinished_seqs
             if step.num_seqs(self.running) + len(seqs) > self.max_num_seqs:
                 return
+            if not self._lora_fits(group, self._running_loras()):
+                return
             num_new = self._num_new_tokens(seqs, step.budget)
             if not all(num_new):
                 return
@@ -188,9 +199,22 @@ class Scheduler:
     def _schedule_waiting(self, step: ScheduledStep) -> None:
         if not self.waiting:
             return
+        loras = self._running_loras()
+        held: list[SequenceGroup] = []  # their adapter would be one too many: they keep their place
+        try:
+            self._admit_waiting(step, loras, held)
+        finally:
+            self.waiting.extendleft(reversed(held))
+
+    def _admit_waiting(
+        self, step: ScheduledStep, loras: set[int], held: list[SequenceGroup]
+    ) -> None:
         num_running = step.num_seqs(self.running)
         while self.waiting:
             group = self.waiting[0]
+            if not self._lora_fits(group, loras):
+                held.append(self.waiting.popleft())
+                continue
             seqs = group.unfinished_seqs
             num_seqs = len(seqs) + group.num_pending_forks
             if num_running + num_seqs > self.max_num_seqs:
@@ -221,8 +245,21 @@ class Scheduler:
             self._fork_samples(group, step)
             self.running.append(group)
             num_running += num_seqs
+            if group.lora_int_id:
+                loras.add(group.lora_int_id)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _running_loras(self) -> set[int]:
+        if self.max_loras is None:
+            return set()
+        return {group.lora_int_id for group in self.running if group.lora_int_id}
+
+    def _lora_fits(self, group: SequenceGroup, loras: set[int]) -> bool:
+        """Whether group may join running groups using loras without exceeding max_loras."""
+        if not group.lora_int_id or group.lora_int_id in loras or self.max_loras is None:
+            return True
+        return len(loras) < self.max_loras
+
     def _num_new_tokens(self, seqs: list[Sequence], budget: int) -> list[int]:
         num_new = []
         for seq in seqs:

@@ -57,6 +57,7 @@ class Sequence:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
+        lora_int_id: int = 0,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -64,6 +65,7 @@ class Sequence:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.sampling_params = sampling_params
+        self.lora_int_id = lora_int_id  # the LoRA adapter it runs with; 0: none
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         # block_table[:num_synced_blocks] is unchanged since the model runner last copied it
@@ -185,6 +187,7 @@ class SequenceGroup:
         self.sampling_params = sampling_params
         self.arrival_time = seq.arrival_time
         self.max_num_seqs = max_num_seqs or sampling_params.n  # beam search: beam_width
+        self.lora_int_id = seq.lora_int_id
         # Prompt tokens found in the prefix cache when the group was first admitted.
         self.num_cached_tokens: int | None = None
 

@@ -63,6 +63,8 @@ def parse_openai(obj: object, line: int) -> InputRecord:
     record = record._replace(endpoint=ENDPOINTS[url])
     if not isinstance(body, dict):
         return record._replace(error=f"'body' must be an object, got {json_type(body)}")
+    if isinstance(body.get("model"), str):
+        record = record._replace(model=body["model"])
     if record.endpoint == "chat":
         messages = _text_messages(body.get("messages"))
         error = check_messages(messages)

@@ -61,6 +61,8 @@ class InputRecord(NamedTuple):
     reference: Any = None  # a reference completion (text or token count) for profile
     endpoint: str | None = None  # "chat" or "completions" for OpenAI batch input
     unit: str = "line"  # "line" counts from 1; "row" and "conversation" count from 0
+    lora: str | None = None  # the LoRA adapter (a --lora-modules name) the line asks for
+    model: str | None = None  # an OpenAI body's model: a LoRA adapter where it names one
 
     @property
     def where(self) -> str:
@@ -75,6 +77,8 @@ def request_hash(record: InputRecord) -> str:
     can prove an existing output answers this input, line by line, whether lines have ids or not.
     """
     asked = [record.id, record.prompt, record.messages, record.sampling, record.endpoint]
+    if record.lora is not None:  # only then: the digests of earlier outputs stay valid
+        asked.append({"lora": record.lora})
     text = json.dumps([*asked, record.error], ensure_ascii=False, sort_keys=True)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
@@ -159,9 +163,12 @@ def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
     error = check_prompt(prompt) if prompt is not None else check_messages(messages)
     if error is None:
         overrides, error = sampling_overrides(obj)
+    lora = obj.get("lora")
+    if error is None and lora is not None and not (isinstance(lora, str) and lora):
+        error = f"'lora' must be the name of a LoRA adapter, got {json_type(lora)}"
     if error is not None:
         return record._replace(error=error)
-    return record._replace(prompt=prompt, messages=messages, sampling=overrides)
+    return record._replace(prompt=prompt, messages=messages, sampling=overrides, lora=lora)
 
 
 def json_type(value: object) -> str:

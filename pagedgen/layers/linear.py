@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,6 +45,9 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
         self.layout = DENSE
+        # LoRA adapters' sum added to the output (pagedgen/lora/layers.py), set on engines
+        # that enable LoRA.
+        self.lora: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def packed(self) -> bool:
@@ -50,6 +55,10 @@ class Linear(nn.Module):
         return self.layout in (PANELS, PAIR_PANELS, ONEDNN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._forward(x)
+        return y if self.lora is None else self.lora(x, y)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == PANELS:
             return cpu_gemm.linear(x, self.weight, self.bias, self.out_features)
         if self.layout == PAIR_PANELS:

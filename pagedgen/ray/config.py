@@ -25,6 +25,9 @@ class ProcessorConfig:
     num_cpus: float = 1
     num_gpus: float = 0
     openai: bool = False  # rows are OpenAI batch requests; records are OpenAI batch responses
+    # LoRA adapters rows may name ("lora"; an OpenAI body's "model"): name -> PEFT folder, on
+    # every node. They need engine_kwargs' enable_lora.
+    lora_modules: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = {f.name for f in fields(EngineConfig)} - {"model"}
@@ -32,6 +35,8 @@ class ProcessorConfig:
         if unknown:
             raise ValueError(f"unknown engine_kwargs {unknown}; known: {sorted(names)}")
         EngineConfig(model=self.model, **self.engine_kwargs)  # its own checks
+        if self.lora_modules and not self.engine_kwargs.get("enable_lora"):
+            raise ValueError("lora_modules need engine_kwargs enable_lora=True")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.batch_size < 1:

@@ -13,6 +13,7 @@ import pyarrow as pa
 from pagedgen.batch.requests import RequestBuilder, RequestError, vocab_size_of
 from pagedgen.io.output import RecordFormatter
 from pagedgen.io.records import InputRecord
+from pagedgen.lora.request import LoRARequest
 from pagedgen.ray.config import ProcessorConfig
 
 RECORD = "record"  # the column of a job's rows: an InputRecord as JSON, in; its output line, out
@@ -48,6 +49,10 @@ class LLMReplica:
             vocab_size_of(self.llm.engine),
             engine.max_num_seqs,
             self.llm.engine.max_model_len,
+            {
+                name: LoRARequest(name, i, path)
+                for i, (name, path) in enumerate(config.lora_modules.items(), start=1)
+            },
         )
         self.formatter = RecordFormatter(config.openai, engine.model, self.llm.tokenizer)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
@@ -74,11 +79,12 @@ class LLMReplica:
         for i, record in enumerate(records):
             try:
                 prompt, params = self.builder.prepare(record)
+                lora = self.builder.lora_of(record)
             except RequestError as e:
                 lines[i] = self.formatter.error(record, str(e))
                 continue
             logprobs[i] = params.logprobs or 0
-            requests.append((str(i), prompt, params))
+            requests.append((str(i), prompt, params, lora))
         try:
             for output in self.llm.stream(requests):
                 i = int(output.request_id)
