@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
+from pagedgen.engine.placeholders import LastSamples
 from pagedgen.engine.sequence import PLACEHOLDER
 
 ENGINE = dict(device="cpu", dtype="float32", attention_backend="cpu", log=lambda m: None)
@@ -252,7 +253,7 @@ def test_placeholder_tokens_come_from_the_previous_steps_device_samples(tiny_lla
     engine.step()  # the prefills
     seqs = [engine.requests[str(i)].group.seqs[0] for i in range(3)]
     runner = engine.runner
-    runner.last_sampled = (torch.tensor([11, 22, 33]), [seqs[2], seqs[0], seqs[1]])
+    runner.last_sampled = LastSamples(torch.tensor([11, 22, 33]), [seqs[2], seqs[0], seqs[1]])
     for seq in seqs[:2]:
         seq.append_placeholder()
     scheduled = engine.scheduler.schedule()

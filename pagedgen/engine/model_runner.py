@@ -6,10 +6,11 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.block_table import BlockTables
 from pagedgen.engine.cuda_graphs import DecodeGraphs, GraphCapture, cuda_graph_capture
 from pagedgen.engine.kv_geometry import KVGeometry
+from pagedgen.engine.placeholders import LastSamples, find_placeholders
 from pagedgen.engine.prompt_logprobs import compute_prompt_logprobs
 from pagedgen.engine.runner import PendingOutput, ReadyOutput, SamplerOutput, WithPromptLogprobs
 from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.engine.sequence import PLACEHOLDER, Sequence
+from pagedgen.engine.sequence import Sequence
 from pagedgen.engine.step_inputs import StepArrays, StepInputs
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.transfer import to_device
@@ -63,8 +64,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.lora_decode_graphs: DecodeGraphs | None = None  # for steps that run adapters
         # The last step's sampled token ids, on the device, and the sequences that sampled them.
-        self.last_sampled: tuple[torch.Tensor, list[Sequence]] | None = None
-        self.lora: LoRAManager | None = None
+        self.last_sampled: LastSamples | None = None
+        self.lora: LoRAManager | None = None  # set by model_setup where LoRA is enabled
         self.num_blocks, self.has_pad_block = 0, False
         self.kv_cache = torch.empty(0)
         self.cpu_cache = torch.empty(0)
@@ -87,24 +88,10 @@ class ModelRunner:
         cpu_shape = self.geometry.cache_shape(num_cpu_blocks, self.block_size)
         self.cpu_cache = torch.empty(cpu_shape, dtype=self.kv_cache_dtype, pin_memory=on_gpu)
 
-    def enable_lora(
-        self, max_loras: int, max_rank: int, max_num_tokens: int, dtype: torch.dtype
-    ) -> None:
-        """Gives the model's projections max_loras adapter slots of rank max_rank, computed in
-        dtype (the activations'), for steps of up to max_num_tokens tokens."""
-        self.lora = LoRAManager(self.model, max_loras, max_rank, max_num_tokens, dtype, self.device)
-
     def add_lora(self, request: LoRARequest) -> None:
         if self.lora is None:
             raise ValueError("this engine was built without LoRA: pass enable_lora=True")
         self.lora.add(request)
-
-    def _begin_lora_step(self, scheduled: SchedulerOutput) -> list[int] | None:
-        """The step's sequences' adapter ids if it runs any (in slots now), else None."""
-        if self.lora is None:
-            return None
-        lora_ids = [seq.lora_int_id for seq in scheduled.seqs]
-        return lora_ids if self.lora.begin_step(lora_ids) else None
 
     def prepare_arrays(self, scheduled: SchedulerOutput) -> StepArrays:
         """Flattens the step's sequences in the scheduler's order (decodes first), in array
@@ -147,25 +134,7 @@ class ModelRunner:
     def _find_placeholders(
         self, input_ids: np.ndarray, seqs: list[Sequence], cu_seqlens_q: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """A placeholder is always its sequence's last token, sampled by the step run last."""
-        indices = np.flatnonzero(input_ids == PLACEHOLDER)
-        if not len(indices):
-            return None
-        assert self.last_sampled is not None, "a placeholder, but no step sampled it"
-        sample_rows = {seq.seq_id: j for j, seq in enumerate(self.last_sampled[1])}
-        owners = np.searchsorted(cu_seqlens_q, indices, side="right") - 1
-        sources = [sample_rows[seqs[i].seq_id] for i in owners.tolist()]
-        return indices, np.array(sources, dtype=np.int64)
-
-    def _fill_placeholders(
-        self, input_ids: torch.Tensor, placeholders: tuple[np.ndarray, np.ndarray] | None
-    ) -> None:
-        """Writes, on the device, the sampled tokens the host has not seen into input_ids."""
-        if placeholders is None:
-            return
-        assert self.last_sampled is not None
-        indices, sources = to_device(np.stack(placeholders), torch.int64, self.device)
-        input_ids[indices] = self.last_sampled[0][sources].to(input_ids.dtype)
+        return find_placeholders(input_ids, seqs, cu_seqlens_q, self.last_sampled)
 
     def prepare(self, scheduled: SchedulerOutput) -> StepInputs:
         """The step's tensors on the device, for an eager forward."""
@@ -179,7 +148,8 @@ class ModelRunner:
             return to_device(data, dtype, self.device)
 
         input_ids = tensor(arrays.input_ids, torch.int64)
-        self._fill_placeholders(input_ids, arrays.placeholders)
+        if arrays.placeholders is not None:
+            self.last_sampled.fill(input_ids, arrays.placeholders)
         metadata = AttentionMetadata(
             slot_mapping=tensor(arrays.slot_mapping, torch.int64),
             cu_seqlens_q=tensor(arrays.cu_seqlens_q, torch.int32),
@@ -202,7 +172,7 @@ class ModelRunner:
     def forward(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
         """The final hidden states of the step's tokens and each sequence's last row: by a
         graph replay for a decode-only step that fits one, else eagerly."""
-        lora_ids = self._begin_lora_step(scheduled)
+        lora_ids = self.lora.begin_step(scheduled.seqs) if self.lora is not None else None
         graphs = self.decode_graphs if lora_ids is None else self.lora_decode_graphs
         num_seqs = len(scheduled.seqs)
         if (
@@ -220,7 +190,8 @@ class ModelRunner:
                     self.block_tables.table,
                     arrays.rows,
                 )
-                self._fill_placeholders(graphs.input_ids, arrays.placeholders)
+                if arrays.placeholders is not None:
+                    self.last_sampled.fill(graphs.input_ids, arrays.placeholders)
                 if lora_ids is not None:
                     self.lora.set_mask(lora_ids, scheduled.num_new_tokens, batch_size)
             with self.timer.section("model_forward"):
@@ -311,7 +282,7 @@ class ModelRunner:
             )
         with timer.section("sampler"):
             samples = self.sampler.sample(logits, sampling)
-        self.last_sampled = (samples.token_ids, sampled)
+        self.last_sampled = LastSamples(samples.token_ids, sampled)
         return samples
 
     def move_blocks(self, scheduled: SchedulerOutput) -> None:

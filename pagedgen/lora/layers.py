@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pagedgen.engine.sequence import Sequence
 from pagedgen.engine.transfer import to_device
 from pagedgen.layers.linear import Linear
 from pagedgen.lora.adapter import LoRAWeights, load_adapter
@@ -154,14 +155,16 @@ class LoRAManager:
             _check_shape(part_weights, layer, part, module, request)
             yield name, part, part_weights
 
-    def begin_step(self, lora_ids: list[int]) -> bool:
-        """Loads the adapters of a step's sequences (lora_ids, 0 for none) into slots; returns
-        whether it runs any, which the adapted layers then read (LoRAState.active)."""
+    def begin_step(self, seqs: list[Sequence]) -> list[int] | None:
+        """Loads the adapters of a step's sequences into slots; returns their adapter ids (0 for
+        none) if the step runs any, else None. The adapted layers read which
+        (LoRAState.active)."""
         self.num_steps += 1
+        lora_ids = [seq.lora_int_id for seq in seqs]
         ids = {i for i in lora_ids if i}
         self.slot_of = self._assign_slots(ids) if ids else {}
         self.state.active = bool(ids)
-        return self.state.active
+        return lora_ids if ids else None
 
     def set_mask(self, lora_ids: list[int], num_new_tokens: list[int], num_rows: int) -> None:
         """Sets the mask's first num_rows rows: the sequences' tokens in order (num_new_tokens
