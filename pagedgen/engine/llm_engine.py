@@ -5,13 +5,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pagedgen.config import EngineConfig
-from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
+from pagedgen.engine.beam_search import BeamSearchParams
 from pagedgen.engine.control_plane import build_control_plane
 from pagedgen.engine.output_processor import OutputProcessor
-from pagedgen.engine.request import Request
+from pagedgen.engine.request import Request, build_request
 from pagedgen.engine.runner import InFlightStep, Runner, SamplerOutput
 from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
+from pagedgen.engine.sequence import SequenceStatus
 from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
@@ -145,38 +145,24 @@ class LLMEngine:
             if self.scheduler.max_loras is None:
                 raise ValueError("LoRA requests need an engine built with enable_lora=True")
             self.runner.add_lora(lora_request)
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer: give prompts as token ids")
-            text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, token_ids = None, list(prompt)
-        beam = None
-        if isinstance(params, BeamSearchParams):
-            beam = BeamSearchState(params, self.eos_token_ids)
-            sampling_params = params.sampling_params()
-        else:
-            sampling_params = params or SamplingParams()
-            token_ids = sampling_params.truncated(token_ids)
-            sampling_params = sampling_params.for_engine(self.tokenizer, self.eos_token_ids)
-        seq = self.scheduler.new_sequence(
+        request = build_request(
+            self.scheduler.new_sequence,
+            self.tokenizer,
+            self.eos_token_ids,
             request_id,
-            token_ids,
-            sampling_params,
+            prompt,
+            params,
+            lora_request,
             arrival_time,
-            lora_request.lora_int_id if lora_request is not None else 0,
         )
-        group = SequenceGroup(
-            request_id, seq, sampling_params, params.beam_width if beam is not None else None
-        )
-        request = Request(request_id, text, token_ids, group, beam)
+        sampling_params = request.group.sampling_params
         self.num_sync_requests += request.needs_sync_steps
         outside = sampling_params.token_outside(self.vocab_size)
         if outside is not None:
             self._schedule(request, f"token {outside} is outside the vocabulary")
             return
         if sampling_params.structured_outputs is None:
-            self._schedule(request, self.scheduler.add(group))
+            self._schedule(request, self.scheduler.add(request.group))
             return
         error = self.structured_output.add_request(request_id, sampling_params.structured_outputs)
         if error is not None:

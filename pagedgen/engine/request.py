@@ -1,8 +1,12 @@
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from pagedgen.engine.beam_search import BeamSearchState
+from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
 from pagedgen.engine.sequence import Sequence, SequenceGroup
+from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagedgen.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -88,6 +92,39 @@ class Request:
                 )
             )
         return completions
+
+
+def build_request(
+    new_sequence: Callable[..., Sequence],  # Scheduler.new_sequence: it hands out the ids
+    tokenizer: Any,
+    eos_token_ids: set[int],
+    request_id: str,
+    prompt: str | list[int],
+    params: SamplingParams | BeamSearchParams | None,
+    lora_request: LoRARequest | None = None,
+    arrival_time: float | None = None,
+) -> Request:
+    """A prompt (text, tokenized here, or token ids) and its parameters as a request: its
+    sequence group of one sequence, with what the engine derives from the tokenizer."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("this engine has no tokenizer: give prompts as token ids")
+        text, token_ids = prompt, tokenizer.encode(prompt)
+    else:
+        text, token_ids = None, list(prompt)
+    beam = None
+    if isinstance(params, BeamSearchParams):
+        beam = BeamSearchState(params, eos_token_ids)
+        sampling_params = params.sampling_params()
+    else:
+        sampling_params = params or SamplingParams()
+        token_ids = sampling_params.truncated(token_ids)
+        sampling_params = sampling_params.for_engine(tokenizer, eos_token_ids)
+    lora_int_id = lora_request.lora_int_id if lora_request is not None else 0
+    seq = new_sequence(request_id, token_ids, sampling_params, arrival_time, lora_int_id)
+    beam_width = params.beam_width if beam is not None else None
+    group = SequenceGroup(request_id, seq, sampling_params, beam_width)
+    return Request(request_id, text, token_ids, group, beam)
 
 
 def _completion(index: int, seq: Sequence) -> CompletionOutput:
