@@ -24,7 +24,7 @@ class EngineConfig:
     and queues step N + 1 before the host has step N's tokens, which the device hands from one
     step to the next, so the host's work overlaps the device's (LLMEngine.step). enable_lora
     lets requests run with LoRA adapters (max_loras of them in one step, of rank up to
-    max_lora_rank: vLLM's names).
+    max_lora_rank; at most max_cpu_loras of them kept read in host memory: vLLM's names).
     """
 
     model: str = DEFAULT_MODEL
@@ -48,6 +48,7 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 1  # adapters one step may hold (each a slot in every adapted layer)
     max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept read in host memory; None: max_loras
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -81,6 +82,10 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

@@ -133,6 +133,15 @@ def test_one_slot_runs_the_adapters_in_turn(adapters):
     run_mixed(llm, adapters)
 
 
+def test_adapters_past_max_cpu_loras_are_read_again(llama_adapters):
+    llm = LLM(str(llama_adapters[0]), enable_lora=True, max_cpu_loras=1, kv_cache_memory=0.01)
+    run_mixed(llm, llama_adapters)  # one slot, two adapters: each read again when its turn comes
+    manager = llm.engine.runner.lora
+    assert len(manager.loaded) == 1 and manager.num_loads >= 3
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        LLM(str(llama_adapters[0]), enable_lora=True, max_loras=2, max_cpu_loras=1)
+
+
 def test_prefix_cache_hits_stay_within_an_adapter(adapters):
     folder, base, models, requests = adapters
     llm = LLM(str(folder), enable_lora=True, max_loras=2, block_size=4, kv_cache_memory=0.01)

@@ -74,6 +74,9 @@ def run(
     max_lora_rank: int | None = opt.lora_option(
         None, help="largest adapter rank [default: the adapters' largest]", metavar="R"
     ),
+    max_cpu_loras: int | None = opt.lora_option(
+        None, help="adapters kept read in memory [default: --max-loras]", metavar="N"
+    ),
 ) -> None:
     """Generate a completion for every request of INPUT and write one JSON line each to OUTPUT.
 
@@ -110,7 +113,8 @@ def run(
         structured_outputs=structured_outputs,
     )
     try:
-        engine, loras = lora_engine(engine, lora_modules or [], max_loras, max_lora_rank)
+        limits = dict(max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
+        engine, loras = lora_engine(engine, lora_modules or [], **limits)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     options = RunOptions(

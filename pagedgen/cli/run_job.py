@@ -51,20 +51,25 @@ class RunOptions:
 
 
 def lora_engine(
-    engine: EngineConfig, specs: list[str], max_loras: int | None, max_lora_rank: int | None
+    engine: EngineConfig,
+    specs: list[str],
+    max_loras: int | None = None,
+    max_lora_rank: int | None = None,
+    max_cpu_loras: int | None = None,
 ) -> tuple[EngineConfig, dict[str, LoRARequest]]:
     """The engine config for --lora-modules (LoRA enabled, slots for every adapter and their
     largest rank unless asked otherwise) and the adapters by name."""
     loras = parse_lora_modules(specs)
     if not loras:
-        if max_loras is not None or max_lora_rank is not None:
-            raise ValueError("--max-loras and --max-lora-rank need --lora-modules")
+        if (max_loras, max_lora_rank, max_cpu_loras) != (None, None, None):
+            raise ValueError("--max-loras, --max-lora-rank and --max-cpu-loras need --lora-modules")
         return engine, loras
     engine = replace(
         engine,
         enable_lora=True,
         max_loras=max_loras or len(loras),
         max_lora_rank=max_lora_rank or max_rank_of(loras),
+        max_cpu_loras=max_cpu_loras,
     )
     return engine, loras
 

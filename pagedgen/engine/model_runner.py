@@ -16,7 +16,7 @@ from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.transfer import to_device
 from pagedgen.layers.sampler import Sampler
 from pagedgen.layers.sampling_metadata import SamplingMetadata
-from pagedgen.lora.layers import LoRAManager
+from pagedgen.lora.manager import LoRAManager
 from pagedgen.lora.request import LoRARequest
 
 

@@ -25,7 +25,7 @@ from pagedgen.engine.sequence import Sequence
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.model_files import load_config, load_tokenizer
-from pagedgen.lora.layers import LoRAManager
+from pagedgen.lora.manager import LoRAManager
 from pagedgen.models.registry import get_model_class
 from pagedgen.sampling_params import SamplingParams
 
@@ -72,7 +72,13 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     if config.enable_lora:
         max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
         runner.lora = LoRAManager(
-            model, config.max_loras, config.max_lora_rank, max_num_tokens, compute_dtype, device
+            model,
+            config.max_loras,
+            config.max_lora_rank,
+            max_num_tokens,
+            compute_dtype,
+            device,
+            config.max_cpu_loras,
         )
     if config.kv_cache_memory is not None:
         kv_cache_bytes = config.kv_cache_memory * GIB
