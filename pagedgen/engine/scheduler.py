@@ -3,6 +3,7 @@ from enum import Enum
 from itertools import count
 
 from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.running_loras import RunningLoRAs
 from pagedgen.engine.scheduler_output import ScheduledStep, SchedulerOutput
 from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedgen.sampling_params import SamplingParams
@@ -178,7 +179,7 @@ class Scheduler:
             seqs = group.unfinished_seqs
             if step.num_seqs(self.running) + len(seqs) > self.max_num_seqs:
                 return
-            if not self._lora_fits(group, self._running_loras()):
+            if not RunningLoRAs(self.max_loras, self.running).admits(group):
                 return
             num_new = self._num_new_tokens(seqs, step.budget)
             if not all(num_new):
@@ -199,7 +200,7 @@ class Scheduler:
     def _schedule_waiting(self, step: ScheduledStep) -> None:
         if not self.waiting:
             return
-        loras = self._running_loras()
+        loras = RunningLoRAs(self.max_loras, self.running)
         held: list[SequenceGroup] = []  # their adapter would be one too many: they keep their place
         try:
             self._admit_waiting(step, loras, held)
@@ -207,12 +208,12 @@ class Scheduler:
             self.waiting.extendleft(reversed(held))
 
     def _admit_waiting(
-        self, step: ScheduledStep, loras: set[int], held: list[SequenceGroup]
+        self, step: ScheduledStep, loras: RunningLoRAs, held: list[SequenceGroup]
     ) -> None:
         num_running = step.num_seqs(self.running)
         while self.waiting:
             group = self.waiting[0]
-            if not self._lora_fits(group, loras):
+            if not loras.admits(group):
                 held.append(self.waiting.popleft())
                 continue
             seqs = group.unfinished_seqs
@@ -245,21 +246,9 @@ class Scheduler:
             self._fork_samples(group, step)
             self.running.append(group)
             num_running += num_seqs
-            if group.lora_int_id:
-                loras.add(group.lora_int_id)
+            loras.add(group)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _running_loras(self) -> set[int]:
-        if self.max_loras is None:
-            return set()
-        return {group.lora_int_id for group in self.running if group.lora_int_id}
-
-    def _lora_fits(self, group: SequenceGroup, loras: set[int]) -> bool:
-        """Whether group may join running groups using loras without exceeding max_loras."""
-        if not group.lora_int_id or group.lora_int_id in loras or self.max_loras is None:
-            return True
-        return len(loras) < self.max_loras
-
     def _num_new_tokens(self, seqs: list[Sequence], budget: int) -> list[int]:
         num_new = []
         for seq in seqs:
