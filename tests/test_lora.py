@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from pagedgen import LLM, LoRARequest, SamplingParams
+from pagedgen import LLM, BeamSearchParams, LoRARequest, SamplingParams
 from pagedgen.io.records import InputRecord, request_hash
 from tests.cli_util import pagedgen, read_records, tiny, write_jsonl
 from tests.conftest import build_tokenizer
@@ -131,6 +131,29 @@ def test_adapters_on_a_gpu(llama_adapters):
 def test_one_slot_runs_the_adapters_in_turn(adapters):
     llm = LLM(str(adapters[0]), enable_lora=True, max_loras=1, kv_cache_memory=0.01)
     run_mixed(llm, adapters)
+
+
+def test_beam_search_with_an_adapter_equals_peft_generate(llama_adapters):
+    """Beams fork with their adapter: with length_penalty 0 and eos ignored, the width best
+    cumulative log-probs, as transformers' beam search over the PEFT model keeps them."""
+    folder, _, models, requests = llama_adapters
+    llm = LLM(str(folder), enable_lora=True, kv_cache_memory=0.01, log=lambda m: None)
+    params = BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True)
+    params.length_penalty = 0.0
+    (output,) = llm.beam_search([PROMPTS[0]], params, requests[2])
+    with torch.no_grad():
+        generated = models[2].generate(
+            input_ids=torch.tensor([PROMPTS[0]]),
+            num_beams=3,
+            num_return_sequences=3,
+            max_new_tokens=10,
+            do_sample=False,
+            length_penalty=0.0,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    expected = [row[len(PROMPTS[0]) :] for row in generated.tolist()]
+    assert [c.token_ids for c in output.outputs] == expected
 
 
 def test_adapters_past_max_cpu_loras_are_read_again(llama_adapters):
