@@ -110,24 +110,6 @@ def test_each_request_runs_with_its_own_adapter(adapters, mode):
     run_mixed(llm, adapters)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_adapters_on_a_gpu(llama_adapters):
-    """CUDA graphs with and without adapters, async scheduling: PEFT's tokens (on the CPU)."""
-    llm = LLM(
-        str(llama_adapters[0]),
-        device="cuda",
-        dtype="float32",
-        enable_lora=True,
-        max_loras=2,
-        kv_cache_memory=0.01,
-        async_scheduling=True,
-        log=lambda m: None,
-    )
-    assert llm.engine.runner.lora_decode_graphs is not None
-    run_mixed(llm, llama_adapters)
-
-
 def test_one_slot_runs_the_adapters_in_turn(adapters):
     llm = LLM(str(adapters[0]), enable_lora=True, max_loras=1, kv_cache_memory=0.01)
     run_mixed(llm, adapters)

@@ -1,0 +1,97 @@
+"""LoRA without PEFT: an adapter folder written by hand in PEFT's format, against transformers
+running the base model with the adapter merged into its weights (W + scaling * B @ A). Runs on
+a CPU, and on a GPU (CUDA graphs with and without adapters, async scheduling) where there is one,
+as GPU machines may lack PEFT."""
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from pagedgen import LLM, LoRARequest, SamplingParams
+from tests.conftest import build_tokenizer
+from tests.test_models import COMMON, CONFIGS, reference_greedy
+
+RANK, ALPHA = 4, 8.0
+TARGETS = {"self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"}
+PROMPTS = [[5, 9, 200, 31], list(range(40, 63)), [7] * 11]
+
+
+def write_adapter(base, folder, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """A rank-4 adapter on q, v and down of every layer, saved as PEFT saves one."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors, pairs = {}, {}
+    for name, module in base.named_modules():
+        if not any(name.endswith(target) for target in TARGETS):
+            continue
+        a = torch.randn(RANK, module.in_features, generator=generator) * 0.3
+        b = torch.randn(module.out_features, RANK, generator=generator) * 0.3
+        tensors[f"base_model.model.{name}.lora_A.weight"] = a
+        tensors[f"base_model.model.{name}.lora_B.weight"] = b
+        pairs[name] = (a, b)
+    folder.mkdir()
+    save_file(tensors, folder / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "bias": "none"}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return pairs
+
+
+def merged(base, pairs):
+    model = copy.deepcopy(base)
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for name, (a, b) in pairs.items():
+            modules[name].weight += (ALPHA / RANK) * b @ a
+    return model
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora-merged")
+    config = AutoConfig.for_model(**dict(COMMON, **CONFIGS["llama"]))
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    base.save_pretrained(root / "base")
+    build_tokenizer(root / "base")
+    models = {0: base}
+    for i in (1, 2):
+        models[i] = merged(base, write_adapter(base, root / f"adapter{i}", seed=i))
+    requests = {i: LoRARequest(f"adapter{i}", i, str(root / f"adapter{i}")) for i in (1, 2)}
+    return root / "base", models, requests
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_adapters_equal_their_merged_weights(adapters, device):
+    folder, models, requests = adapters
+    llm = LLM(
+        str(folder),
+        device=device,
+        dtype="float32",
+        enable_lora=True,
+        max_loras=2,
+        kv_cache_memory=0.01,
+        async_scheduling=device == "cuda",
+        log=lambda m: None,
+    )
+    assert llm.engine.runner.lora_decode_graphs is not None
+    jobs = [(prompt, kind) for prompt in PROMPTS for kind in (0, 1, 2)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    loras = [requests.get(kind) for _, kind in jobs]
+    outputs = llm.generate([prompt for prompt, _ in jobs], params, loras)
+    for (prompt, kind), output in zip(jobs, outputs):
+        assert output.outputs[0].token_ids == reference_greedy(models[kind], prompt, 12), kind
