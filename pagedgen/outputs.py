@@ -1,5 +1,7 @@
 from dataclasses import dataclass
 
+from pagedgen.lora.request import LoRARequest
+
 
 @dataclass(slots=True)
 class CompletionOutput:
@@ -48,6 +50,7 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then for each one
     # {its token: logprob, then the k likeliest tokens'}, from the raw model logits.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    lora_request: LoRARequest | None = None  # the adapter it ran with, as vLLM reports it
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -91,6 +91,7 @@ def run_mixed(llm: LLM, adapters) -> None:
     for (prompt, kind), output in zip(jobs, outputs):
         expected = reference(models[kind] if kind else base, prompt, GREEDY.max_tokens)
         assert output.outputs[0].token_ids == expected, (prompt, kind)
+        assert output.lora_request is (requests[kind] if kind else None)
 
 
 @pytest.mark.parametrize("mode", ["graphs", "eager", "async"])
@@ -212,6 +213,7 @@ def test_run_takes_adapters_by_name(llama_adapters, tmp_path):
     assert sampled_ids(records["base"]) == reference(base, prompt, 6)
     assert sampled_ids(records["a"]) == reference(models[1], prompt, 6)
     assert sampled_ids(records["b"]) == reference(models[2], prompt, 9)
+    assert records["a"]["lora"] == "a" and "lora" not in records["base"]
     assert "unknown LoRA adapter 'c' (--lora-modules names: a, b)" in records["unknown"]["error"]
     assert "'lora' must be the name of a LoRA adapter" in records["typed"]["error"]
 
@@ -225,7 +227,9 @@ def test_run_takes_adapters_by_name(llama_adapters, tmp_path):
     out = tmp_path / "batch_out.jsonl"
     result = pagedgen("run", str(src), "-o", str(out), *tiny(folder, 6), "--ignore-eos", *modules)
     assert result.returncode == 0, result.stderr
-    texts = {r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in read_records(out)}
+    bodies = {r["custom_id"]: r["response"]["body"] for r in read_records(out)}
+    assert bodies["a"]["model"] == "a" and bodies["base"]["model"] == str(folder)
+    texts = {cid: body["choices"][0]["text"] for cid, body in bodies.items()}
     assert texts["a"] == records["a"]["text"] and texts["base"] == records["base"]["text"]
     assert texts["a"] != texts["base"]
 

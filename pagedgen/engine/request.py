@@ -20,6 +20,7 @@ class Request:
     beam: BeamSearchState | None = None
     # With prompt_logprobs: entry p for prompt token p, as far as computed (None for token 0).
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=lambda: [None])
+    lora_request: LoRARequest | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -75,6 +76,7 @@ class Request:
             prompt_logprobs=self.prompt_logprobs
             if self.group.sampling_params.prompt_logprobs is not None
             else None,
+            lora_request=self.lora_request,
         )
 
     def _beam_completions(self, tokenizer) -> list[CompletionOutput]:
@@ -124,7 +126,7 @@ def build_request(
     seq = new_sequence(request_id, token_ids, sampling_params, arrival_time, lora_int_id)
     beam_width = params.beam_width if beam is not None else None
     group = SequenceGroup(request_id, seq, sampling_params, beam_width)
-    return Request(request_id, text, token_ids, group, beam)
+    return Request(request_id, text, token_ids, group, beam, lora_request=lora_request)
 
 
 def _completion(index: int, seq: Sequence) -> CompletionOutput:

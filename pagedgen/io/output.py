@@ -7,7 +7,8 @@ from pagedgen.outputs import RequestOutput
 
 def output_record(record: InputRecord, output: RequestOutput) -> dict[str, Any]:
     """The JSON line of a finished request: text (a list when n > 1), finish_reason, token counts,
-    seconds to the first token and in all, and logprobs and prompt logprobs when asked for."""
+    seconds to the first token and in all, logprobs and prompt logprobs when asked for, and the
+    LoRA adapter's name if it ran with one."""
     completions = output.outputs
     single = len(completions) == 1
     result: dict[str, Any] = {
@@ -34,6 +35,8 @@ def output_record(record: InputRecord, output: RequestOutput) -> dict[str, Any]:
     ttft = metrics.time_to_first_token
     result["time_to_first_token"] = round(ttft, 4) if ttft is not None else None
     result["latency"] = round(metrics.latency, 4) if metrics.latency is not None else None
+    if output.lora_request is not None:
+        result["lora"] = output.lora_request.lora_name
     result["error"] = None
     return result
 
@@ -63,8 +66,10 @@ class RecordFormatter:
     def output(self, record: InputRecord, output: RequestOutput, num_logprobs: int) -> dict:
         if output.error is not None:
             return self.error(record, output.error, output.num_prompt_tokens)
-        if self.openai:
-            line = openai_response(record, output, num_logprobs, self.model, self.tokenizer)
+        if self.openai:  # as vLLM, the model of a response is the adapter's name if it ran one
+            lora = output.lora_request
+            model = self.model if lora is None else lora.lora_name
+            line = openai_response(record, output, num_logprobs, model, self.tokenizer)
         else:
             line = output_record(record, output)
         return {**line, "request_hash": request_hash(record)}
