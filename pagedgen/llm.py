@@ -42,11 +42,17 @@ class LLM:
         prompts = _prompt_list(prompts)
         params = _per_prompt(sampling_params or SamplingParams(), prompts, "sampling params")
         loras = _per_prompt(lora_request, prompts, "LoRA requests")
+        for lora in {lora for lora in loras if lora is not None}:  # bad adapters fail first
+            self.engine.add_lora(lora)
         requests = (
             (str(i), prompt, p, lora)
             for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras))
         )
-        outputs = {out.request_id: out for out in self.stream(requests)}
+        try:
+            outputs = {out.request_id: out for out in self.stream(requests)}
+        except BaseException:  # Ctrl-C included: the next call starts from an empty engine
+            self.engine.abort_all()
+            raise
         return [outputs[str(i)] for i in range(len(prompts))]
 
     def beam_search(

@@ -95,3 +95,31 @@ def test_adapters_equal_their_merged_weights(adapters, device):
     outputs = llm.generate([prompt for prompt, _ in jobs], params, loras)
     for (prompt, kind), output in zip(jobs, outputs):
         assert output.outputs[0].token_ids == reference_greedy(models[kind], prompt, 12), kind
+
+
+def test_a_failed_generate_leaves_the_engine_empty(adapters, tmp_path, monkeypatch):
+    """A bad adapter fails the call before any request is queued; an error in the middle of a
+    call aborts what it queued, so the next call's request ids are free."""
+    folder, models, requests = adapters
+    llm = LLM(str(folder), enable_lora=True, kv_cache_memory=0.01, log=lambda m: None)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    broken = LoRARequest("broken", 7, str(tmp_path))
+    with pytest.raises(ValueError, match="no adapter_config.json"):
+        llm.generate(PROMPTS[:2], params, [requests[1], broken])
+    assert not llm.engine.has_unfinished_requests()
+    step, calls = llm.engine.step, []
+
+    def failing_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a step failed")
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", failing_step)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        llm.generate(PROMPTS, params, requests[1])
+    assert not llm.engine.has_unfinished_requests()
+    monkeypatch.setattr(llm.engine, "step", step)
+    outputs = llm.generate(PROMPTS, params, requests[2])
+    for prompt, output in zip(PROMPTS, outputs):
+        assert output.outputs[0].token_ids == reference_greedy(models[2], prompt, 12)

@@ -142,9 +142,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
         if lora_request is not None:
-            if self.scheduler.max_loras is None:
-                raise ValueError("LoRA requests need an engine built with enable_lora=True")
-            self.runner.add_lora(lora_request)
+            self.add_lora(lora_request)
         request = build_request(
             self.scheduler.new_sequence,
             self.tokenizer,
@@ -169,6 +167,19 @@ class LLMEngine:
             self._schedule(request, error)
         else:
             self.requests[request_id] = request  # the scheduler gets it once its grammar is ready
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Reads and checks an adapter (once per lora_int_id); raises ValueError if it cannot
+        run here."""
+        if self.scheduler.max_loras is None:
+            raise ValueError("LoRA requests need an engine built with enable_lora=True")
+        self.runner.add_lora(lora_request)
+
+    def abort_all(self) -> None:
+        """Drops every request, those already rejected too: what an exception left queued."""
+        for request_id in list(self.requests):
+            self.abort_request(request_id)
+        self.rejected.clear()
 
     def _schedule(self, request: Request, error: str | None) -> None:
         """Keeps a request the scheduler took, or rejects it for the error."""
