@@ -123,3 +123,29 @@ def test_a_failed_generate_leaves_the_engine_empty(adapters, tmp_path, monkeypat
     outputs = llm.generate(PROMPTS, params, requests[2])
     for prompt, output in zip(PROMPTS, outputs):
         assert output.outputs[0].token_ids == reference_greedy(models[2], prompt, 12)
+
+
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_preempted_requests_keep_their_adapter(adapters, preemption_mode):
+    """10 blocks of 8 tokens while six sequences grow to 4 blocks each: groups are preempted
+    and come back (n = 2 groups swap as a whole), with one adapter at a time."""
+    folder, models, requests = adapters
+    bytes_per_token = 2 * COMMON["num_hidden_layers"] * COMMON["num_key_value_heads"] * 16 * 4
+    llm = LLM(
+        str(folder),
+        block_size=8,
+        kv_cache_memory=10 * 8 * bytes_per_token / 2**30,
+        preemption_mode=preemption_mode,
+        enable_lora=True,
+        max_loras=1,
+        log=lambda m: None,
+    )
+    prompts = [[5, 9, 200, 31], [7] * 9, [100, 3], [8, 8, 8], [1, 2, 3, 4, 5], [60] * 6]
+    kinds = [1, 2, 0, 2, 1, 0]
+    n = 2 if preemption_mode == "swap" else 1
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=n, seed=0)
+    outputs = llm.generate(prompts, params, [requests.get(kind) for kind in kinds])
+    assert llm.engine.stats.num_preemptions >= 1
+    for prompt, kind, output in zip(prompts, kinds, outputs):
+        expected = reference_greedy(models[kind], prompt, 24)
+        assert [c.token_ids for c in output.outputs] == [expected] * n, kind

@@ -24,6 +24,8 @@ class Scheduler:
     groups are admitted in arrival order while max_num_seqs, max_num_batched_tokens and the
     free blocks allow. With max_loras, the running groups use at most that many LoRA adapters:
     a waiting group that would add one more waits while those behind it go ahead, as in vLLM.
+    (Swapped groups need no such check: nothing is admitted while one is swapped, so their
+    adapters are among those that were running with them.)
 
     The scheduler is the one owner of step progress: schedule() counts the tokens it schedules
     as computed (_update_after_schedule) and decides which sequences sample; the engine runs
@@ -178,8 +180,6 @@ class Scheduler:
             group = self.swapped[0]
             seqs = group.unfinished_seqs
             if step.num_seqs(self.running) + len(seqs) > self.max_num_seqs:
-                return
-            if not RunningLoRAs(self.max_loras, self.running).admits(group):
                 return
             num_new = self._num_new_tokens(seqs, step.budget)
             if not all(num_new):
