@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from pagedgen import LLM, LoRARequest, SamplingParams
+from pagedgen.bench.result import agreement
 from pagedgen.bench.workload_file import save_workload
 from pagedgen.bench.workloads import sharegpt_workload
 from pagedgen.cpu_features import isa_name
@@ -82,17 +83,6 @@ def run_vllm(
     return json.loads(out.read_text())
 
 
-def agreement(a: list[list[int]], b: list[list[int]]) -> str:
-    """Greedy tokens equal up to each sequence's first difference, of all tokens."""
-    same = 0
-    for x, y in zip(a, b):
-        k = 0
-        while k < min(len(x), len(y)) and x[k] == y[k]:
-            k += 1
-        same += k
-    return f"{same:,} of {sum(map(len, b)):,} tokens identical"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-prompts", type=int, default=64)
@@ -126,7 +116,9 @@ def main() -> None:
             )
             theirs = vllm["output_tokens_per_s"]
             line += f", vLLM {theirs:.1f} ({rate / theirs:.2f}x); "
-            line += agreement(ids, vllm["output_token_ids"])
+            agree = agreement(ids, vllm["output_token_ids"])
+            line += f"{agree['num_matching_prefix_tokens']:,} of {agree['num_tokens']:,} tokens "
+            line += "identical up to each completion's first difference"
         print(line, flush=True)
 
 

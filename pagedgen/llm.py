@@ -17,7 +17,7 @@ class LLM:
 
     Keyword arguments are EngineConfig fields (dtype, block_size, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed,
-    enable_lora, max_loras, max_lora_rank).
+    enable_lora, max_loras, max_lora_rank, max_cpu_loras).
     """
 
     def __init__(

@@ -1,4 +1,3 @@
-import gc
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -12,7 +11,6 @@ from pagedgen.engine.request import Request, build_request
 from pagedgen.engine.runner import InFlightStep, Runner, SamplerOutput
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import SequenceStatus
-from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
@@ -93,27 +91,9 @@ class LLMEngine:
         cls, config: EngineConfig, log: Callable[[str], None] = log_to_stderr
     ) -> "LLMEngine":
         """Loads the model named by config and sizes its KV cache; logs what it built."""
-        from pagedgen.engine.model_setup import setup_model  # torch: kept out of this module
+        from pagedgen.engine.model_setup import build_engine  # torch: kept out of this module
 
-        model = setup_model(config, log)
-        engine = cls(
-            config,
-            model.runner,
-            model.tokenizer,
-            model.num_blocks,
-            model.num_cpu_blocks,
-            model.max_model_len,
-            model.eos_token_ids,
-            sliding_window=freeable_window(model.hf_config),
-            vocab_size=getattr(model.hf_config, "vocab_size", None),
-        )
-        engine.hf_config = model.hf_config
-        # As vLLM's engine core does: what loading made lives as long as the engine, so the
-        # collector stops walking it (its full collections during a run walked every module,
-        # tensor and tokenizer object again).
-        gc.collect()
-        gc.freeze()
-        return engine
+        return build_engine(cls, config, log)
 
     @property
     def num_blocks(self) -> int:

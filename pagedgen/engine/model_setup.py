@@ -1,8 +1,9 @@
 """The torch side of building an engine: device, dtype, model, tokenizer, runner, KV pool."""
 
+import gc
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -22,12 +23,16 @@ from pagedgen.engine.kv_geometry import (
 from pagedgen.engine.model_runner import ModelRunner
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
+from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.lora.manager import LoRAManager
 from pagedgen.models.registry import get_model_class
 from pagedgen.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedgen.engine.llm_engine import LLMEngine
 
 
 class ModelSetup(NamedTuple):
@@ -38,6 +43,31 @@ class ModelSetup(NamedTuple):
     num_blocks: int
     num_cpu_blocks: int
     eos_token_ids: set[int]
+
+
+def build_engine(
+    engine_cls: type["LLMEngine"], config: EngineConfig, log: Callable[[str], None]
+) -> "LLMEngine":
+    """LLMEngine.from_config: the engine over the model config names, loaded."""
+    model = setup_model(config, log)
+    engine = engine_cls(
+        config,
+        model.runner,
+        model.tokenizer,
+        model.num_blocks,
+        model.num_cpu_blocks,
+        model.max_model_len,
+        model.eos_token_ids,
+        sliding_window=freeable_window(model.hf_config),
+        vocab_size=getattr(model.hf_config, "vocab_size", None),
+    )
+    engine.hf_config = model.hf_config
+    # As vLLM's engine core does: what loading made lives as long as the engine, so the
+    # collector stops walking it (its full collections during a run walked every module,
+    # tensor and tokenizer object again).
+    gc.collect()
+    gc.freeze()
+    return engine
 
 
 def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:

@@ -83,15 +83,15 @@ class LinearLoRA:
 
     def set_slot(self, slot: int, parts: list[tuple[int, LoRAWeights]]) -> None:
         """Writes an adapter's matrices for output parts into slot (zero where it has none)."""
-        rows = slice(slot * self.max_rank, (slot + 1) * self.max_rank)
+        row = slot * self.max_rank  # the slot's rows of each lora_b, columns of each part's A
         for part in range(len(self.lora_b)):
-            self.lora_a[:, part * self.part_width :][:, rows].zero_()
-            self.lora_b[part][rows].zero_()
+            col = part * self.part_width + row
+            self.lora_a[:, col : col + self.max_rank].zero_()
+            self.lora_b[part][row : row + self.max_rank].zero_()
         for part, weights in parts:
             rank = weights.lora_a.shape[0]
-            col = part * self.part_width + slot * self.max_rank
+            col = part * self.part_width + row
             self.lora_a[:, col : col + rank].copy_(weights.lora_a.T)
-            row = slot * self.max_rank
             self.lora_b[part][row : row + rank].copy_(weights.lora_b.T * weights.scaling)
         self._pack()
 

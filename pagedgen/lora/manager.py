@@ -13,7 +13,7 @@ from pagedgen.layers.linear import Linear
 from pagedgen.lora.adapter import LoRAWeights, load_adapter
 from pagedgen.lora.layers import TARGETS, LinearLoRA, LoRAState
 from pagedgen.lora.request import LoRARequest
-from pagedgen.models.llama import STACKED_PARAMS
+from pagedgen.models.llama import fused_module
 
 # An adapter's weights by our layer's name: (output part, weights) for each part it adapts.
 AdapterWeights = dict[str, list[tuple[int, LoRAWeights]]]
@@ -88,26 +88,26 @@ class LoRAManager:
     def _resolve(
         self, module: str, weights: LoRAWeights, request: LoRARequest
     ) -> Iterable[tuple[str, int, LoRAWeights]]:
-        """(our layer, output part, weights) for one of the adapter's modules."""
-        name = module.removeprefix("model.")
-        prefix, _, proj = name.rpartition(".")
-        if proj in STACKED_PARAMS and f"{prefix}.{STACKED_PARAMS[proj][0]}" in self.layers:
-            fused, part = STACKED_PARAMS[proj]
-            layer = self.layers[f"{prefix}.{fused}"]
-            _check_shape(weights, layer, part, module, request)
-            yield f"{prefix}.{fused}", part, weights
-            return
+        """(our layer, output part, weights) for one of the adapter's modules: one part of a
+        fused projection, or each part of a module the checkpoint fuses too (Phi-3's qkv_proj),
+        sharing A."""
+        name, part = fused_module(module)
         layer = self.layers.get(name)
         if layer is None:
             raise ValueError(
                 f"LoRA adapter {request.lora_name!r} adapts {module}, which pagedgen cannot "
                 f"adapt (only the decoder layers' attention and dense MLP projections)"
             )
-        b_parts = weights.lora_b.split(layer.output_sizes, dim=0)
-        if weights.lora_b.shape[0] != sum(layer.output_sizes):
+        if part is not None:
+            parts = [(part, weights)]
+        elif weights.lora_b.shape[0] == sum(layer.output_sizes):
+            b_parts = weights.lora_b.split(layer.output_sizes, dim=0)
+            parts = [
+                (p, LoRAWeights(weights.lora_a, b, weights.scaling)) for p, b in enumerate(b_parts)
+            ]
+        else:
             raise ValueError(f"LoRA adapter {request.lora_name!r}: {module} has the wrong shape")
-        for part, b in enumerate(b_parts):
-            part_weights = LoRAWeights(weights.lora_a, b, weights.scaling)
+        for part, part_weights in parts:
             _check_shape(part_weights, layer, part, module, request)
             yield name, part, part_weights
 

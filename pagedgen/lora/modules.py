@@ -9,17 +9,22 @@ from pagedgen.lora.request import LoRARequest
 def parse_lora_modules(specs: list[str]) -> dict[str, LoRARequest]:
     """Each NAME=PATH as a LoRARequest, ids 1, 2, ... in order; raises ValueError for a bad
     spec, a repeated name or a folder that is not a PEFT adapter (before any model loads)."""
-    loras: dict[str, LoRARequest] = {}
+    paths: dict[str, str] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--lora-modules takes NAME=PATH, got {spec!r}")
-        if name in loras:
+        if name in paths:
             raise ValueError(f"--lora-modules names {name!r} twice")
         if not (Path(path) / "adapter_config.json").is_file():
             raise ValueError(f"--lora-modules {name}: {path} has no adapter_config.json")
-        loras[name] = LoRARequest(name, len(loras) + 1, path)
-    return loras
+        paths[name] = path
+    return lora_requests(paths)
+
+
+def lora_requests(paths: dict[str, str]) -> dict[str, LoRARequest]:
+    """Adapters by name from their folders, ids 1, 2, ... in order."""
+    return {name: LoRARequest(name, i, path) for i, (name, path) in enumerate(paths.items(), 1)}
 
 
 def max_rank_of(loras: dict[str, LoRARequest]) -> int:

@@ -22,6 +22,17 @@ STACKED_PARAMS = {
 }
 
 
+def fused_module(module_name: str) -> tuple[str, int | None]:
+    """Our module for a checkpoint's (its "model." prefix dropped): for a q/k/v or gate/up
+    projection, the fused one and the shard it loads into; else the same name and None."""
+    name = module_name.removeprefix("model.")
+    prefix, _, proj = name.rpartition(".")
+    if proj in STACKED_PARAMS:
+        fused, shard = STACKED_PARAMS[proj]
+        return f"{prefix}.{fused}", shard
+    return name, None
+
+
 class LlamaAttention(nn.Module):
     def __init__(
         self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
@@ -208,12 +219,10 @@ class LlamaForCausalLM(nn.Module):
             if name == "embed_tokens.weight":
                 embed = tensor
             module_name, _, param_name = name.rpartition(".")
-            prefix, _, proj = module_name.rpartition(".")
-            if proj in STACKED_PARAMS:
-                fused, shard = STACKED_PARAMS[proj]
-                module = modules[f"{prefix}.{fused}"]
-                module.load_shard(param_name, tensor, shard)
-                loaded.add(f"{prefix}.{fused}.{param_name}")
+            target, shard = fused_module(module_name)
+            if shard is not None:
+                modules[target].load_shard(param_name, tensor, shard)
+                loaded.add(f"{target}.{param_name}")
             elif isinstance(modules.get(module_name), Linear):
                 modules[module_name].load_shard(param_name, tensor)
                 loaded.add(name)

@@ -13,7 +13,7 @@ import pyarrow as pa
 from pagedgen.batch.requests import RequestBuilder, RequestError, vocab_size_of
 from pagedgen.io.output import RecordFormatter
 from pagedgen.io.records import InputRecord
-from pagedgen.lora.request import LoRARequest
+from pagedgen.lora.modules import lora_requests
 from pagedgen.ray.config import ProcessorConfig
 
 RECORD = "record"  # the column of a job's rows: an InputRecord as JSON, in; its output line, out
@@ -49,10 +49,7 @@ class LLMReplica:
             vocab_size_of(self.llm.engine),
             engine.max_num_seqs,
             self.llm.engine.max_model_len,
-            {
-                name: LoRARequest(name, i, path)
-                for i, (name, path) in enumerate(config.lora_modules.items(), start=1)
-            },
+            lora_requests(config.lora_modules),
         )
         self.formatter = RecordFormatter(config.openai, engine.model, self.llm.tokenizer)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
