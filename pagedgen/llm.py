@@ -6,6 +6,7 @@ from pagedgen.chat_template import Messages, apply_chat_template
 from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams
 from pagedgen.engine.llm_engine import LLMEngine, Params, Prompt, log_to_stderr
+from pagedgen.llm_progress import PromptProgress
 from pagedgen.loader.resolve import DEFAULT_MODEL
 from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import RequestOutput
@@ -35,10 +36,15 @@ class LLM:
         prompts: Prompt | Iterable[Prompt],
         sampling_params: Params | list[Params] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Completes every prompt (text or token ids); returns the outputs in prompt order.
         lora_request: the LoRA adapter of every prompt, or a list of one per prompt (None for
-        the base model), on an LLM built with enable_lora=True."""
+        the base model), on an LLM built with enable_lora=True.
+        use_tqdm: vLLM's "Processed prompts" bar on stderr while the call runs (prompts done,
+        elapsed time, estimated input and output tokens/s), drawn with rich on an interactive
+        terminal only: where stderr is a file or a pipe, nothing is written. False draws none.
+        """
         prompts = _prompt_list(prompts)
         params = _per_prompt(sampling_params or SamplingParams(), prompts, "sampling params")
         loras = _per_prompt(lora_request, prompts, "LoRA requests")
@@ -49,7 +55,12 @@ class LLM:
             for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras))
         )
         try:
-            outputs = {out.request_id: out for out in self.stream(requests)}
+            with PromptProgress(len(prompts), use_tqdm) as progress:
+                on_step = progress.on_step if progress.enabled else None
+                outputs: dict[str, RequestOutput] = {}
+                for out in self.stream(requests, on_step=on_step):
+                    outputs[out.request_id] = out
+                    progress.update(out)
         except BaseException:  # Ctrl-C included: the next call starts from an empty engine
             self.engine.abort_all()
             raise
@@ -60,21 +71,25 @@ class LLM:
         prompts: Prompt | Iterable[Prompt],
         params: BeamSearchParams,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Beam search for each prompt; each output holds the beam_width best beams, best first."""
+        """Beam search for each prompt; each output holds the beam_width best beams, best first.
+        use_tqdm: the progress bar of generate, over prompts."""
         prompts = _prompt_list(prompts)
-        return self.generate(prompts, [params] * len(prompts), lora_request)
+        return self.generate(prompts, [params] * len(prompts), lora_request, use_tqdm)
 
     def chat(
         self,
         messages: Messages | list[Messages],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Applies the tokenizer's chat template to each conversation, then generates."""
+        """Applies the tokenizer's chat template to each conversation, then generates (use_tqdm:
+        the progress bar of generate)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.apply_chat_template(m) for m in conversations]
-        return self.generate(prompts, sampling_params, lora_request)
+        return self.generate(prompts, sampling_params, lora_request, use_tqdm)
 
     def apply_chat_template(self, messages: Messages) -> list[int]:
         return apply_chat_template(self.tokenizer, messages)
