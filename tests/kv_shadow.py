@@ -9,10 +9,10 @@ from pagedgen.engine.sequence import Sequence
 Contents = list[int | None]  # per slot of a block: hash of the token prefix whose K/V it holds
 
 
-def prefix_hashes(seq: Sequence, num_tokens: int) -> list[int]:
-    """K/V at position p depend on token_ids[: p + 1]: one chained hash per position."""
+def prefix_hashes(seq: Sequence, num_tokens: int, drafts: list[int] | None = None) -> list[int]:
+    """K/V at position p depend on (token_ids + drafts)[: p + 1]: one chained hash per position."""
     hashes, h = [], seq.lora_int_id  # a LoRA adapter computes other K/V from the same tokens
-    for token in seq.token_ids[:num_tokens]:
+    for token in (seq.token_ids + (drafts or []))[:num_tokens]:
         h = hash((h, token))
         hashes.append(h)
     return hashes
@@ -36,16 +36,19 @@ class KVShadow:
         for src, dst in mapping:
             self.device[dst] = list(self.device[src])
 
-    def write(self, seq: Sequence, start: int, num_new_tokens: int) -> None:
-        hashes = prefix_hashes(seq, start + num_new_tokens)
+    def write(
+        self, seq: Sequence, start: int, num_new_tokens: int, drafts: list[int] | None = None
+    ) -> None:
+        hashes = prefix_hashes(seq, start + num_new_tokens, drafts)
         size = self.block_size
         for p in range(start, start + num_new_tokens):
             self.device[seq.block_table[p // size]][p % size] = hashes[p]
 
-    def check(self, seq: Sequence, num_tokens: int) -> None:
-        """Every position below num_tokens holds its own prefix's K/V."""
+    def check(self, seq: Sequence, num_tokens: int, drafts: list[int] | None = None) -> None:
+        """Every position below num_tokens holds its own prefix's K/V (drafts after the
+        tokens)."""
         size = self.block_size
-        for p, expected in enumerate(prefix_hashes(seq, num_tokens)):
+        for p, expected in enumerate(prefix_hashes(seq, num_tokens, drafts)):
             block_id = seq.block_table[p // size]
             assert self.device[block_id][p % size] == expected, (
                 f"{seq} reads position {p} from block {block_id}, which holds another prefix"
@@ -57,10 +60,11 @@ class KVShadow:
         self.swap_in(scheduled.blocks_to_swap_in)
         self.copy(scheduled.blocks_to_copy)
         steps = list(zip(scheduled.seqs, scheduled.num_computed_tokens, scheduled.num_new_tokens))
+        spec = scheduled.spec_token_ids
         for seq, start, n in steps:
-            self.write(seq, start, n)
+            self.write(seq, start, n, spec.get(seq.seq_id, []))
         for seq, start, n in steps:
-            self.check(seq, start + n)
+            self.check(seq, start + n, spec.get(seq.seq_id))
 
 
 class ShadowRunner(NullRunner):

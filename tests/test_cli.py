@@ -5,6 +5,8 @@ import pytest
 from pagedgen.io.readers import read_jsonl
 from tests.cli_util import pagedgen, read_records, run_in_process, tiny
 
+SPEC = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+
 GOOD = [
     {"id": "a", "prompt": "hello there"},
     {"id": "b", "messages": [{"role": "user", "content": "hi"}]},
@@ -62,6 +64,22 @@ def test_stdin_to_stdout_and_greedy_is_deterministic(tiny_llama_path):
         (["run", "-", "-o", "-", "--input-format", "xml"], "input format"),
         (["run", "no/such-dataset", "-o", "-"], "neither a local file or folder nor a dataset"),
         (["profile", "-", "--block-sizes", "7"], "block sizes"),
+        (["run", "-", "-o", "-", "--speculative-config", "{4}"], "--speculative-config"),
+        (
+            [
+                "run",
+                "-",
+                "-o",
+                "-",
+                "--speculative-config",
+                '{"method": "eagle", "num_speculative_tokens": 2}',
+            ],
+            "eagle",
+        ),
+        (
+            ["run", "-", "-o", "-", "--async-scheduling", "--speculative-config", SPEC],
+            "async_scheduling does not run with speculative decoding",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args, message, capsys):

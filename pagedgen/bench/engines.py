@@ -29,7 +29,7 @@ def run_pagedgen(llm: LLM, workload: Workload) -> RunResult:
     if not llm.reset_prefix_cache():  # each pass computes its prompts, as the baselines do
         raise RuntimeError("requests are still running: the prefix cache cannot be reset")
     with Timer() as timer:
-        outputs = llm.generate(workload.prompts, params)
+        outputs = llm.generate(workload.prompts, params, use_tqdm=False)
     errors = [out.error for out in outputs if out.error]
     if errors:
         raise RuntimeError(f"pagedgen failed {len(errors)} requests, e.g. {errors[0]}")
@@ -176,7 +176,9 @@ def page_size_keyword(config_class: type) -> str:
 def warm_up(llm: LLM, model: PreTrainedModel | None, pad_token_id: int) -> None:
     """One short request through each engine, so that lazy initialization is not timed."""
     prompt = list(range(1, 9))
-    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False
+    )
     if model is not None:
         static_generate(model, [prompt, prompt[:4]], 2, pad_token_id)
 

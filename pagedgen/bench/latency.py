@@ -41,7 +41,7 @@ def pagedgen_latency(llm: LLM, workload: Workload, num_iters: int) -> dict:
 
     def run(max_tokens: int) -> object:
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        return llm.generate([prompt], params)
+        return llm.generate([prompt], params, use_tqdm=False)
 
     return measure_latency(wall_time(run), workload.max_tokens[0], num_iters)
 

@@ -191,6 +191,15 @@ ENGINE = OptionGroup(
                 help="GPU: schedule the next step while the device runs this one [default: off]",
             ),
         ),
+        "speculative_config": (
+            str | None,
+            _engine(
+                None,
+                help='speculative decoding by n-gram prompt lookup, vLLM\'s JSON: {"method": '
+                '"ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
+                metavar="JSON",
+            ),
+        ),
     },
 )
 

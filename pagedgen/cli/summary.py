@@ -30,6 +30,14 @@ def print_summary(console: Console, result: JobResult, output: str) -> None:
     table.add_row("prefix cache hit rate", f"{s['prefix_cache_hit_rate']:.1%}")
     for row in grammar_rows(s.get("structured_output")):
         table.add_row(*row)
+    if "spec_decode" in s:
+        spec = s["spec_decode"]
+        table.add_row(
+            "drafts accepted (n-gram)",
+            f"{spec['num_accepted_tokens']:,} of {spec['num_draft_tokens']:,} "
+            f"({spec['draft_acceptance_rate']:.1%}); {spec['mean_acceptance_length']:.2f} "
+            "tokens per verifying step",
+        )
     console.print(table)
     if result.num_failed:
         lines = ", ".join(str(line) for line in result.failed_lines)

@@ -255,6 +255,15 @@ class BlockManager:
         self._cache_full_blocks(seq, end // self.block_size)
         return copies
 
+    def free_past_tokens(self, seq: Sequence) -> None:
+        """Returns the blocks past seq's tokens: those its rejected draft tokens were written to
+        (the block of its next token stays)."""
+        table = seq.block_table
+        keep = self.num_blocks_for(seq.num_tokens)
+        while len(table) > keep:
+            self.pool.free(self.pool.blocks[table.pop()])
+        seq.num_synced_blocks = min(seq.num_synced_blocks, keep)
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares every block of parent."""
         assert parent.seq_id in self.seqs and child.seq_id not in self.seqs
@@ -332,12 +341,11 @@ class BlockManager:
         """Extends seq.block_hashes to num_full_blocks: hash i is (hash of block i - 1, tokens),
         block 0's parent None, or ("lora", id) for a LoRA adapter's sequence, whose K/V differ
         from the base model's. Only blocks of known tokens are hashed: none holding a
-        placeholder."""
+        placeholder, none holding draft tokens (not in token_ids yet)."""
         size = self.block_size
-        if seq.num_output_placeholders:
-            num_full_blocks = min(
-                num_full_blocks, (seq.num_tokens - seq.num_output_placeholders) // size
-            )
+        num_full_blocks = min(
+            num_full_blocks, (seq.num_tokens - seq.num_output_placeholders) // size
+        )
         hashes = seq.block_hashes
         for i in range(len(hashes), num_full_blocks):
             if hashes:
@@ -351,7 +359,7 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.num_cached_blocks >= num_full_blocks:
             return
         hashes = self._block_hashes(seq, num_full_blocks)
-        num_full_blocks = len(hashes)  # fewer while a placeholder ends the last one
+        num_full_blocks = len(hashes)  # fewer while a placeholder or drafts end the last one
         for i in range(seq.num_cached_blocks, num_full_blocks):
             if seq.block_table[i] != NULL_BLOCK:
                 self.pool.cache(self.pool.blocks[seq.block_table[i]], hashes[i])

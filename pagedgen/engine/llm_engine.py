@@ -77,11 +77,11 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.structured_output = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
         self.output_processor = OutputProcessor(
-            self.scheduler, self.stop_checker, self.structured_output
+            self.scheduler, self.stop_checker, self.structured_output, config.speculative_config
         )
         self.requests: dict[str, Request] = {}
         self.rejected: list[Request] = []
-        self.stats = EngineStats()
+        self.stats = EngineStats(spec_decode=self.output_processor.spec_decode_stats)
         self.timer = StepTimer()
         self.in_flight: InFlightStep | None = None
         self.num_sync_requests = 0  # unfinished requests that rule out async steps
@@ -226,7 +226,7 @@ class LLMEngine:
                 raise RuntimeError("the scheduler can make no progress; the KV pool is too small")
             return finished
         with self.timer.section("structured_output"):
-            bitmask = self.structured_output.grammar_bitmask(scheduled.sample_seqs)
+            bitmask = self.structured_output.grammar_bitmask(scheduled.sample_row_seqs)
         if bitmask is not None:
             scheduled = scheduled._replace(grammar_bitmask=bitmask)
         start = time.perf_counter()

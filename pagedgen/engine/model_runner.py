@@ -18,6 +18,7 @@ from pagedgen.layers.sampler import Sampler
 from pagedgen.layers.sampling_metadata import SamplingMetadata
 from pagedgen.lora.manager import LoRAManager
 from pagedgen.lora.request import LoRARequest
+from pagedgen.spec_decode.verify import sample_rows
 
 
 class ModelRunner:
@@ -116,10 +117,13 @@ class ModelRunner:
         slot_mapping = table[token_rows, positions // block_size] * block_size
         slot_mapping = slot_mapping.astype(np.int64) + positions % block_size
         input_ids = [seq.last_token_id for seq in seqs[:num_decode]]
+        spec = scheduled.spec_token_ids
         for seq, start, end in zip(
             seqs[num_decode:], starts[num_decode:].tolist(), context_lens[num_decode:].tolist()
         ):
             input_ids.extend(seq.token_ids[start:end])
+            if spec and end > seq.num_tokens:
+                input_ids.extend(spec[seq.seq_id])
         input_ids = np.array(input_ids, dtype=np.int64)
         return StepArrays(
             input_ids,
@@ -256,33 +260,36 @@ class ModelRunner:
     def sample(
         self, scheduled: SchedulerOutput, hidden: torch.Tensor, last_rows: list[int]
     ) -> PendingOutput:
-        """Samples the next token of every sequence in scheduled.sample_seqs, in that order,
-        from logits the grammar bitmask (if any) has masked first: greedy, temperature, top-k/p
-        and penalties see only allowed tokens. The samples stay on the device for the next
+        """Samples the next token of every sequence in scheduled.sample_seqs, in that order (and
+        one more for each draft: spec_decode.verify.sample_rows), from logits the grammar bitmask
+        (if any) has masked first: greedy, temperature, top-k/p and penalties see only allowed
+        tokens. The samples stay on the device for the next
         step's placeholders."""
         timer = self.timer
         with timer.section("model_forward"):
             if not scheduled.sample_seqs:
                 return ReadyOutput(SamplerOutput([], None))
-            rows = [last_rows[row] for row in scheduled.sample_rows]
+            rows, sampled, outputs = sample_rows(scheduled, last_rows)
             if rows != list(range(len(hidden))):  # a decode-only step samples every row
                 hidden = hidden[to_device(rows, torch.int64, self.device)]
             logits = self.model.compute_logits(hidden)
         if scheduled.grammar_bitmask is not None:
             with timer.section("structured_output"):
                 scheduled.grammar_bitmask.apply_(logits)
-        sampled = scheduled.sample_seqs
         with timer.section("sampling_metadata"):
             sampling = SamplingMetadata.build(
                 [seq.sampling_params for seq in sampled],
                 [seq.prompt_token_ids for seq in sampled],
-                [seq.output_token_ids for seq in sampled],
+                outputs,
                 self.device,
                 logits.shape[1],
             )
         with timer.section("sampler"):
             samples = self.sampler.sample(logits, sampling)
-        self.last_sampled = LastSamples(samples.token_ids, sampled)
+        # Async scheduling, which never drafts, reads each sequence's one sample on the device.
+        self.last_sampled = (
+            None if scheduled.spec_token_ids else LastSamples(samples.token_ids, sampled)
+        )
         return samples
 
     def move_blocks(self, scheduled: SchedulerOutput) -> None:

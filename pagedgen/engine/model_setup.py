@@ -234,7 +234,9 @@ def warm_up(runner: ModelRunner, seq_lens: list[int]) -> None:
         block_id += num_blocks
         seqs.append(seq)
     rows = list(range(len(seqs)))
-    runner.execute(SchedulerOutput(seqs, [0] * len(seqs), seq_lens, 0, seqs, rows, [], [], [], []))
+    runner.execute(
+        SchedulerOutput(seqs, [0] * len(seqs), seq_lens, 0, seqs, rows, [], [], [], [], {})
+    )
 
 
 def pick_device(name: str) -> torch.device:

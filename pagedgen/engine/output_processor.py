@@ -4,6 +4,9 @@ from pagedgen.engine.scheduler import Scheduler
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence, SequenceStatus
 from pagedgen.engine.stop_checker import StopChecker
+from pagedgen.spec_decode.config import SpeculativeConfig
+from pagedgen.spec_decode.ngram_proposer import NgramProposer
+from pagedgen.spec_decode.verify import SpecDecodeStats, num_accepted
 from pagedgen.structured_output.manager import StructuredOutputManager
 
 
@@ -14,6 +17,10 @@ class OutputProcessor:
 
     A sequence an earlier step finished (or an abort) keeps no sample: under async scheduling
     it was scheduled again before the host knew it had finished.
+
+    With speculative_config, a sequence that drafted keeps its drafts up to the
+    first one its samples disagree with, then that sample, each token stopped like any other;
+    every sequence still running then proposes its drafts for the next step.
     """
 
     def __init__(
@@ -21,10 +28,13 @@ class OutputProcessor:
         scheduler: Scheduler,
         stop_checker: StopChecker,
         structured_output: StructuredOutputManager,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.stop_checker = stop_checker
         self.structured_output = structured_output
+        self.proposer = None if speculative_config is None else NgramProposer(speculative_config)
+        self.spec_decode_stats = SpecDecodeStats()
 
     def process(
         self, scheduled: SchedulerOutput, samples: SamplerOutput, requests: dict[str, Request]
@@ -39,18 +49,29 @@ class OutputProcessor:
         queued_finished = False  # a sequence preempted (waiting or swapped) finished
         token_ids, all_logprobs = samples.token_ids, samples.logprobs
         check, finish = self.stop_checker.check, self.scheduler.finish
-        for i, seq in enumerate(scheduled.sample_seqs):
+        spec, proposer = scheduled.spec_token_ids, self.proposer
+        row = 0  # the next sequence's first sample row
+        for seq in scheduled.sample_seqs:
+            first, drafts = row, spec.get(seq.seq_id) if spec else None
+            row += 1 + len(drafts) if drafts else 1
             if seq.is_finished:
                 continue
+            if drafts:
+                num_sampled += self._accept(seq, drafts, samples, first)
+                if seq.is_finished:
+                    finish(seq)
+                elif proposer is not None:
+                    seq.spec_token_ids = proposer.propose_for(seq, self.stop_checker.max_model_len)
+                continue
             num_sampled += 1
-            logprobs = all_logprobs[i] if all_logprobs is not None else None
+            logprobs = all_logprobs[first] if all_logprobs is not None else None
             if seq.num_output_placeholders:
-                seq.resolve_placeholder(token_ids[i], logprobs)
+                seq.resolve_placeholder(token_ids[first], logprobs)
             elif requests[seq.request_id].beam is not None:
                 beam_rows.setdefault(seq.request_id, {})[seq.seq_id] = logprobs
                 continue
             else:
-                seq.append_token_id(token_ids[i], logprobs)
+                seq.append_token_id(token_ids[first], logprobs)
             status = seq.status
             if seq.sampling_params.structured_outputs is None:
                 check(seq)
@@ -59,6 +80,8 @@ class OutputProcessor:
             if seq.is_finished:
                 finish(seq)
                 queued_finished |= status is not SequenceStatus.RUNNING
+            elif proposer is not None:
+                seq.spec_token_ids = proposer.propose_for(seq, self.stop_checker.max_model_len)
         for request_id, rows in beam_rows.items():
             request = requests[request_id]
             request.beam.step(request.group, rows, self.scheduler)
@@ -69,6 +92,22 @@ class OutputProcessor:
             if request is not None and request.is_finished:
                 finished.append(request)
         return num_sampled, finished
+
+    def _accept(self, seq: Sequence, drafts: list[int], samples: SamplerOutput, first: int) -> int:
+        """Appends the drafts seq's samples (rows first, first + 1, ...) agree with and the next
+        sample, stopping at the first that finishes it; uncounts the rejected drafts' K/V.
+        Returns how many tokens it appended."""
+        token_ids, logprobs = samples.token_ids, samples.logprobs
+        sampled = token_ids[first : first + len(drafts) + 1]
+        accepted = num_accepted(drafts, sampled)
+        self.spec_decode_stats.record(len(drafts), accepted)
+        for j, token_id in enumerate(sampled[: accepted + 1]):
+            seq.append_token_id(token_id, logprobs[first + j] if logprobs is not None else None)
+            self.stop_checker.check(seq)
+            if seq.is_finished:
+                return j + 1
+        self.scheduler.reject_drafts(seq, len(drafts) - accepted)
+        return accepted + 1
 
     def _check_structured_stop(self, seq: Sequence) -> None:
         """Advances the grammar of a structured output sequence by its new token; then stops it

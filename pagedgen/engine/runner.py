@@ -72,7 +72,8 @@ class Runner(Protocol):
 
 
 class NullRunner:
-    """Runs no model: each sampled sequence gets next_token(seq). The simulator of `pagedgen
+    """Runs no model: each sampled sequence gets next_token(seq), and each of its draft tokens
+    next_token of a copy of it with the drafts before appended. The simulator of `pagedgen
     profile` and the engine-loop tests drive the real engine with it."""
 
     def __init__(self, next_token: Callable[[Sequence], int]) -> None:
@@ -80,7 +81,13 @@ class NullRunner:
         self.timer = StepTimer()
 
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
-        return SamplerOutput([self.next_token(seq) for seq in scheduled.sample_seqs], None)
+        token_ids = []
+        for seq in scheduled.sample_seqs:
+            token_ids.append(self.next_token(seq))
+            drafts = scheduled.spec_token_ids.get(seq.seq_id, [])
+            for i in range(1, len(drafts) + 1):
+                token_ids.append(self.next_token(seq.with_drafts(drafts[:i])))
+        return SamplerOutput(token_ids, None)
 
     def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput:
         """Sequences must end in known tokens: next_token reads them."""

@@ -2,6 +2,7 @@ from collections import deque
 from enum import Enum
 from itertools import count
 
+from pagedgen.engine.admission import refusal
 from pagedgen.engine.block_manager import BlockManager
 from pagedgen.engine.running_loras import RunningLoRAs
 from pagedgen.engine.scheduler_output import ScheduledStep, SchedulerOutput
@@ -29,8 +30,9 @@ class Scheduler:
 
     The scheduler is the one owner of step progress: schedule() counts the tokens it schedules
     as computed (_update_after_schedule) and decides which sequences sample; the engine runs
-    the step and appends the samples. It also hands out sequence ids, and forks and finishes
-    sequences for the engine and beam search.
+    the step and appends the samples; drafts (spec_token_ids) go after a decode's last token,
+    as the budget allows, until the engine rejects some (reject_drafts). It also hands out
+    sequence ids, and forks and finishes sequences for the engine and beam search.
     """
 
     def __init__(
@@ -84,32 +86,15 @@ class Scheduler:
 
     def add(self, group: SequenceGroup) -> str | None:
         """Queues a group, or returns why it can never run (and then leaves it out)."""
-        seq = group.seqs[0]
-        max_tokens = group.sampling_params.max_tokens or 1
-        total = seq.num_prompt_tokens + max_tokens
-        bm = self.block_manager
-        if seq.num_prompt_tokens == 0:
-            return "the prompt is empty"
-        if total > self.max_model_len:
-            return (
-                f"prompt ({seq.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
-                f"exceeds max_model_len ({self.max_model_len})"
-            )
-        if not self.enable_chunked_prefill and total > self.max_num_batched_tokens:
-            return (
-                f"prompt + max_tokens = {total} tokens exceeds max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}), the most one step can prefill"
-            )
-        # Grown to the end, the group's sequences share only the prompt's full blocks.
-        num_shared = seq.num_prompt_tokens // bm.block_size
-        needed = num_shared + group.max_num_seqs * (bm.num_blocks_for(total) - num_shared)
-        if needed > bm.num_blocks:
-            return (
-                f"{group.max_num_seqs} x (prompt + max_tokens = {total} tokens) needs {needed} "
-                f"KV blocks, more than the whole pool ({bm.num_blocks} of {bm.block_size} tokens)"
-            )
-        self.waiting.append(group)
-        return None
+        error = refusal(
+            group,
+            self.block_manager,
+            self.max_model_len,
+            None if self.enable_chunked_prefill else self.max_num_batched_tokens,
+        )
+        if error is None:
+            self.waiting.append(group)
+        return error
 
     def schedule(self) -> SchedulerOutput:
         step = ScheduledStep(self.max_num_batched_tokens)
@@ -253,6 +238,8 @@ class Scheduler:
         num_new = []
         for seq in seqs:
             n = seq.num_tokens - seq.num_computed_tokens
+            if n == 1 and seq.spec_token_ids and budget > 1:  # a decode and its drafts
+                n += min(len(seq.spec_token_ids), budget - 1)
             if n > budget:  # without chunked prefill a sequence's tokens go in one step
                 n = budget if self.enable_chunked_prefill else 0
             num_new.append(n)
@@ -291,6 +278,12 @@ class Scheduler:
             self.waiting.appendleft(group)
         self.num_preemptions[mode] += 1
         step.preempted.append(group)
+
+    def reject_drafts(self, seq: Sequence, num_rejected: int) -> None:
+        """Uncounts the K/V of the drafts sampling turned down, and frees the blocks past
+        seq's tokens (the next step overwrites the other slots)."""
+        seq.num_computed_tokens -= num_rejected
+        self.block_manager.free_past_tokens(seq)
 
     def _update_after_schedule(self, step: ScheduledStep) -> SchedulerOutput:
         """Counts the step's tokens as computed: the one place progress advances."""

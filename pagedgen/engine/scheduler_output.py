@@ -14,8 +14,11 @@ class SchedulerOutput(NamedTuple):
     (num_computed_tokens as it was before this step); the first num_decode_seqs compute one token
     each, their last. After the step, sample_seqs[j] samples its next token from the logits of
     the last token of seqs[sample_rows[j]]: its own, or its parent's for a sibling forked this
-    step (which computes nothing). grammar_bitmask, set by the engine, holds the allowed tokens
-    of the sample_seqs rows that have a structured output constraint.
+    step (which computes nothing). A sequence in spec_token_ids (by seq_id) computes its draft
+    tokens after its last one (they are not in its token_ids) and samples from the logits of each
+    of them too: 1 + len(drafts) samples, in position order, in place of one. grammar_bitmask,
+    set by the engine, holds the allowed tokens of the sample rows that have a structured output
+    constraint (which draft none).
     """
 
     seqs: list[Sequence]
@@ -28,6 +31,7 @@ class SchedulerOutput(NamedTuple):
     blocks_to_swap_out: BlockMapping  # device -> CPU, done before anything else
     blocks_to_swap_in: BlockMapping  # CPU -> device
     blocks_to_copy: BlockMapping  # device -> device, copy-on-write
+    spec_token_ids: dict[int, list[int]]  # seq_id -> its draft tokens; empty: no drafts
     grammar_bitmask: "GrammarBitmask | None" = None
 
     @property
@@ -36,8 +40,18 @@ class SchedulerOutput(NamedTuple):
 
     @property
     def num_prefill_tokens(self) -> int:
-        """Tokens computed by prefill rows: prompts, and outputs recomputed after a preemption."""
-        return sum(self.num_new_tokens[self.num_decode_seqs :])
+        """Tokens computed by prefill rows: prompts, and outputs recomputed after a preemption
+        (not a decode's last token and drafts, though they share the prefill rows' layout)."""
+        num_spec = sum(1 + len(drafts) for drafts in self.spec_token_ids.values())
+        return sum(self.num_new_tokens[self.num_decode_seqs :]) - num_spec
+
+    @property
+    def sample_row_seqs(self) -> list[Sequence]:
+        """The sequence of each sample row: sample_seqs, each repeated for its drafts."""
+        if not self.spec_token_ids:
+            return self.sample_seqs
+        spec = self.spec_token_ids
+        return [s for seq in self.sample_seqs for s in [seq] * (1 + len(spec.get(seq.seq_id, ())))]
 
     @property
     def is_empty(self) -> bool:
@@ -60,6 +74,7 @@ class ScheduledStep:
         self.swap_out: BlockMapping = []
         self.swap_in: BlockMapping = []
         self.copies: BlockMapping = []
+        self.spec: dict[int, list[int]] = {}  # seq_id -> draft tokens scheduled
         self._index: dict[int, int] = {}  # seq_id -> index in seqs
         self._decode_after_prefill = False  # then output() must move the decodes first
 
@@ -70,8 +85,11 @@ class ScheduledStep:
         self.num_new_tokens.append(num_new_tokens)
         self.budget -= num_new_tokens
         self._index[seq.seq_id] = index
-        if num_computed_tokens + num_new_tokens == seq.num_tokens:
+        num_drafts = num_computed_tokens + num_new_tokens - seq.num_tokens
+        if num_drafts >= 0:
             self.samplers.append((seq, index))
+            if num_drafts:
+                seq.spec_token_ids = self.spec[seq.seq_id] = seq.spec_token_ids[:num_drafts]
             if num_new_tokens == 1:  # a decode, as is_decode(index)
                 self._decode_after_prefill |= self.num_decode_seqs < index
                 self.num_decode_seqs += 1
@@ -119,4 +137,5 @@ class ScheduledStep:
             blocks_to_swap_out=self.swap_out,
             blocks_to_swap_in=self.swap_in,
             blocks_to_copy=self.copies,
+            spec_token_ids=self.spec,
         )

@@ -45,6 +45,10 @@ class Sequence:
     back to 0 on a preemption by recompute, which keeps the generated tokens to prefill again).
     seq_id is unique within one scheduler, which hands them out.
 
+    spec_token_ids are draft tokens proposed to follow token_ids (speculative decoding), not yet
+    part of them: a step that schedules them computes them after the last token, and the
+    scheduler trims them to what it scheduled.
+
     With async scheduling, the last num_output_placeholders tokens (0 or 1) are PLACEHOLDER: a
     token sampled on the device by a step still in flight, counted in every length so the next
     step can be scheduled before the host knows it, and replaced by resolve_placeholder.
@@ -73,6 +77,7 @@ class Sequence:
         self.num_synced_blocks = 0
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0
+        self.spec_token_ids: list[int] = []
         # Content hashes of the full blocks of token_ids, chained; the first num_cached_blocks
         # blocks of block_table are indexed in the prefix cache.
         self.block_hashes: list[Hashable] = []
@@ -155,6 +160,13 @@ class Sequence:
         self.error = error
         self.finished_time = time.monotonic()
 
+    def with_drafts(self, drafts: list[int]) -> "Sequence":
+        """A detached copy with drafts appended as output tokens, as the model sees them."""
+        preview = self.fork(self.seq_id)
+        preview.token_ids += drafts
+        preview.output_token_ids += drafts
+        return preview
+
     def fork(self, seq_id: int, sampling_params: SamplingParams | None = None) -> "Sequence":
         """A new sequence with this one's tokens and progress; the caller shares the blocks."""
         child = copy.copy(self)
@@ -164,6 +176,7 @@ class Sequence:
             setattr(child, name, list(getattr(self, name)))
         child.block_table = []
         child.num_synced_blocks = 0
+        child.spec_token_ids = []
         return child
 
 

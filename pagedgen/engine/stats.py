@@ -2,6 +2,7 @@ from dataclasses import dataclass, field
 
 from pagedgen.engine.scheduler import Scheduler
 from pagedgen.engine.scheduler_output import SchedulerOutput
+from pagedgen.spec_decode.verify import SpecDecodeStats
 
 
 @dataclass(slots=True)
@@ -23,14 +24,15 @@ class EngineStats:
     num_prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     num_prefix_cache_hits: int = 0  # of those, tokens whose K/V were found cached
     model_time: float = 0.0
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # drafts verified
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.num_prefix_cache_hits / max(self.num_prefix_cache_queries, 1)
 
     def record_step(self, scheduled: SchedulerOutput, model_time: float, num_sampled: int) -> None:
-        """num_sampled: the step's samples that were kept (async scheduling drops those of
-        sequences an earlier step finished)."""
+        """num_sampled: the step's tokens that were kept (async scheduling drops those of
+        sequences an earlier step finished; a step verifying drafts keeps several of one)."""
         self.num_steps += 1
         self.model_time += model_time
         self.num_generation_tokens += num_sampled

@@ -1,0 +1,39 @@
+"""Why a request can never run, checked once when it is queued; plain Python, no torch."""
+
+from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.sequence import SequenceGroup
+
+
+def refusal(
+    group: SequenceGroup,
+    block_manager: BlockManager,
+    max_model_len: int,
+    max_prefill_tokens: int | None,  # without chunked prefill, the most one step computes
+) -> str | None:
+    """The reason group can never run to its max_tokens, or None. (Drafts of speculative
+    decoding never reach past max_tokens, so they need no room of their own.)"""
+    seq = group.seqs[0]
+    max_tokens = group.sampling_params.max_tokens or 1
+    total = seq.num_prompt_tokens + max_tokens
+    bm = block_manager
+    if seq.num_prompt_tokens == 0:
+        return "the prompt is empty"
+    if total > max_model_len:
+        return (
+            f"prompt ({seq.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
+            f"exceeds max_model_len ({max_model_len})"
+        )
+    if max_prefill_tokens is not None and total > max_prefill_tokens:
+        return (
+            f"prompt + max_tokens = {total} tokens exceeds max_num_batched_tokens "
+            f"({max_prefill_tokens}), the most one step can prefill"
+        )
+    # Grown to the end, the group's sequences share only the prompt's full blocks.
+    num_shared = seq.num_prompt_tokens // bm.block_size
+    needed = num_shared + group.max_num_seqs * (bm.num_blocks_for(total) - num_shared)
+    if needed > bm.num_blocks:
+        return (
+            f"{group.max_num_seqs} x (prompt + max_tokens = {total} tokens) needs {needed} "
+            f"KV blocks, more than the whole pool ({bm.num_blocks} of {bm.block_size} tokens)"
+        )
+    return None

@@ -1,0 +1,69 @@
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+METHODS = ("ngram",)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """vLLM's speculative_config for its "ngram" method (names and defaults as vLLM's).
+
+    Each step, a decoding sequence proposes up to num_speculative_tokens draft tokens: those that
+    followed the latest earlier occurrence of its longest suffix of prompt_lookup_min to
+    prompt_lookup_max tokens. The target model computes the last token and the drafts in one
+    step and keeps the drafts up to the first one its own sampling disagrees with.
+    """
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_max: int = 5
+    prompt_lookup_min: int = 5
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"speculative_config method must be one of {METHODS}, got {self.method!r}"
+            )
+        if self.num_speculative_tokens < 1:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+
+    @classmethod
+    def parse(
+        cls, value: "SpeculativeConfig | dict[str, Any] | None"
+    ) -> "SpeculativeConfig | None":
+        """The config from vLLM's dict form, or its JSON; None stays None. Unknown keys are an
+        error. As in vLLM, num_speculative_tokens is required, and a lookup bound given alone is
+        both."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):  # the command line's JSON
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(value).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys {unknown}; known: {sorted(names)}")
+        for key, item in value.items():
+            if key != "method" and (isinstance(item, bool) or not isinstance(item, int)):
+                raise ValueError(f"speculative_config {key} must be an integer, got {item!r}")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs num_speculative_tokens")
+        value = dict(value)
+        lookup_min, lookup_max = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+        if lookup_min is None and lookup_max is not None:
+            value["prompt_lookup_min"] = lookup_max
+        elif lookup_max is None and lookup_min is not None:
+            value["prompt_lookup_max"] = lookup_min
+        return cls(**value)

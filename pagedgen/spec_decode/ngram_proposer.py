@@ -1,0 +1,51 @@
+from array import array
+
+from pagedgen.engine.sequence import Sequence
+from pagedgen.spec_decode.config import SpeculativeConfig
+
+
+class NgramProposer:
+    """Proposes draft tokens by prompt lookup (vLLM's NgramProposer): the tokens that followed
+    the latest earlier occurrence of the longest suffix n-gram, prompt_lookup_max >= n >=
+    prompt_lookup_min, of the sequence's tokens (prompt and output). Plain Python, no torch.
+
+    The search runs in C: the tokens as 32-bit integers are a byte string, and bytes.rfind finds
+    the n-gram's byte pattern; a hit counts only at a multiple of 4 bytes (a whole token).
+    """
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.min_n = config.prompt_lookup_min
+        self.max_n = config.prompt_lookup_max
+
+    def propose_for(self, seq: Sequence, max_model_len: int) -> list[int]:
+        """The drafts for a sequence's next step: none for a structured output (its grammar
+        would have to vet them), none past max_tokens or max_model_len."""
+        params = seq.sampling_params
+        if params.structured_outputs is not None:
+            return []
+        room = max_model_len - seq.num_tokens
+        if params.max_tokens is not None:
+            room = min(room, params.max_tokens - seq.num_output_tokens - 1)
+        return self.propose(seq.token_ids, room)
+
+    def propose(self, token_ids: list[int], max_num_drafts: int) -> list[int]:
+        """At most min(num_speculative_tokens, max_num_drafts) tokens to follow token_ids."""
+        k = min(self.num_speculative_tokens, max_num_drafts)
+        num_tokens = len(token_ids)
+        if k <= 0 or num_tokens <= self.min_n:
+            return []
+        data = array("i", token_ids).tobytes()
+        haystack_end = 4 * (num_tokens - 1)  # a match must be followed by a token
+        for n in range(min(self.max_n, num_tokens - 1), self.min_n - 1, -1):
+            pattern = data[-4 * n :]
+            end = haystack_end
+            while True:
+                at = data.rfind(pattern, 0, end)
+                if at < 0:
+                    break
+                if at % 4 == 0:
+                    first = at // 4 + n
+                    return token_ids[first : first + k]
+                end = at + len(pattern) - 1  # the next candidate starts before this one
+        return []
