@@ -9,10 +9,12 @@ prompts one request at a time (128 tokens each); "copy", the first N ShareGPT hu
 most 256 tokens asked back word for word (128 tokens each), all at once: text that quotes its
 prompt, as summaries, edits and extraction do. For each, output tok/s of both engines with and
 without drafts (best of two passes), the ratios, pagedgen's draft acceptance, and how many
-greedy tokens agree with vLLM's. vLLM runs as benchmarks/vllm_cpu.py says.
+greedy tokens agree with vLLM's. --schedule gives both engines vLLM's dynamic speculative
+decoding (num_speculative_tokens_per_batch_size). vLLM runs as benchmarks/vllm_cpu.py says.
 """
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -76,6 +78,10 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--lookup-min", type=int, default=2)
     parser.add_argument("--lookup-max", type=int, default=4)
+    parser.add_argument(
+        "--schedule",
+        help='num_speculative_tokens_per_batch_size as JSON, e.g. "[[1, 16, 4], [17, 256, 0]]"',
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--workloads", default="sharegpt,sharegpt batch 1,copy")
     parser.add_argument("--no-vllm", dest="vllm", action="store_false")
@@ -87,6 +93,8 @@ def main() -> None:
         "prompt_lookup_min": args.lookup_min,
         "prompt_lookup_max": args.lookup_max,
     }
+    if args.schedule:
+        spec["num_speculative_tokens_per_batch_size"] = json.loads(args.schedule)
     model = resolve_model(DEFAULT_MODEL).path
     tmp = Path(tempfile.mkdtemp(prefix="pagedgen-spec-"))
     quiet = {"log": lambda message: None, "dtype": args.dtype}

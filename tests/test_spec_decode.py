@@ -120,7 +120,10 @@ class ScriptedRunner(ShadowRunner):
         self.next_token = scripted_token
 
 
-def run(spec: dict | None, prompts, params, **kw) -> tuple[dict[str, list[list[int]]], LLMEngine]:
+def run(
+    spec: dict | None, prompts, params, on_step=None, **kw
+) -> tuple[dict[str, list[list[int]]], LLMEngine]:
+    """Runs the requests to the end; on_step((num_seqs, drafted)) sees every step scheduled."""
     block_size, num_blocks, num_cpu_blocks = kw.pop("block_size", 4), kw.pop("num_blocks", 64), 32
     config = EngineConfig(model="unused", block_size=block_size, speculative_config=spec, **kw)
     runner = ScriptedRunner(block_size, num_blocks, num_cpu_blocks)
@@ -130,8 +133,11 @@ def run(spec: dict | None, prompts, params, **kw) -> tuple[dict[str, list[list[i
         engine.add_request(str(i), prompt, p)
     outputs = {}
     while engine.has_unfinished_requests():
+        num_steps = runner.num_steps
         for out in engine.step():
             outputs[out.request_id] = [c.token_ids for c in out.outputs]
+        if on_step is not None and runner.num_steps > num_steps:
+            on_step((len(runner.last.seqs), bool(runner.last.spec_token_ids)))
         engine.block_manager.check_integrity()
         for seq in engine.block_manager.seqs.values():  # no block past its tokens between steps
             assert len(seq.block_table) <= engine.block_manager.num_blocks_for(seq.num_tokens)
@@ -191,3 +197,47 @@ def test_drafts_go_into_one_step_and_rejected_ones_are_uncounted():
     run_step(engine)
     assert seq.output_token_ids == [7] * 4 and seq.num_computed_tokens == 9
     assert engine.stats.spec_decode.num_accepted_tokens == 1
+
+
+def test_num_speculative_tokens_per_batch_size():
+    """vLLM's dynamic schedule: inclusive ranges, gaps and the tail take the k before them."""
+    config = SpeculativeConfig.parse(
+        {
+            "num_speculative_tokens": 4,
+            "num_speculative_tokens_per_batch_size": [[1, 2, 6], [4, 8, 2], [9, 16, 0]],
+        }
+    )
+    assert [config.num_drafts_at(b) for b in (1, 2, 3, 4, 8, 9, 16, 500)] == [
+        4,
+        4,
+        4,
+        2,
+        2,
+        0,
+        0,
+        0,
+    ]
+    assert SpeculativeConfig(num_speculative_tokens=3).num_drafts_at(1000) == 3
+    for schedule in ([], [[2, 4, 1]], [[1, 4, 1], [4, 8, 1]], [[1, 4, -1]], [[1, 4]], [[1, 0, 2]]):
+        with pytest.raises(ValueError, match="num_speculative_tokens_per_batch_size"):
+            SpeculativeConfig(
+                num_speculative_tokens=2, num_speculative_tokens_per_batch_size=schedule
+            )
+
+
+def test_large_batches_draft_nothing_under_a_schedule():
+    spec = {
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+        "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 0]],
+    }
+    prompts = [[5, 6, 5, 6, 5, 6, 5]] * 4
+    params = [SamplingParams(max_tokens=20 + 10 * i, detokenize=False) for i in range(4)]
+    drafted_at = []
+    expected, _ = run(None, prompts, params, enable_prefix_caching=False)
+    got, engine = run(spec, prompts, params, enable_prefix_caching=False, on_step=drafted_at.append)
+    assert got == expected
+    # 4, then 3 sequences: no drafts; 2 and then 1 left: drafts again
+    batch_sizes = [n for n, drafted in drafted_at if drafted]
+    assert batch_sizes and max(batch_sizes) <= 2, drafted_at
+    assert engine.stats.spec_decode.num_accepted_tokens > 0

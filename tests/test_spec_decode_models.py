@@ -8,6 +8,7 @@ import random
 import pytest
 
 from pagedgen import LLM, SamplingParams
+from pagedgen.engine.step_inputs import StepArrays
 from pagedgen.sampling_params import StructuredOutputsParams
 from tests.cli_util import read_records, run_in_process, tiny, write_jsonl
 
@@ -53,11 +54,14 @@ class OracleProposer:
                 seed = None if p.seed is None else p.seed + i
                 self.reference[(tuple(prompt), seed)] = completion[0]
 
-    def propose_for(self, seq, max_model_len: int) -> list[int]:
+    def num_drafts_at(self, batch_size: int) -> int:
+        return self.k
+
+    def propose_for(self, seq, max_model_len: int, k: int) -> list[int]:
         key = (tuple(seq.prompt_token_ids), seq.sampling_params.seed)
         start = seq.num_output_tokens
         room = min(max_model_len - seq.num_tokens, seq.sampling_params.max_tokens - start - 1)
-        drafts = list(self.reference[key][start : start + min(self.k, room)])
+        drafts = list(self.reference[key][start : start + min(k, room)])
         if drafts and self.rng.random() < 1 / 3:
             i = self.rng.randrange(len(drafts))
             drafts[i] = (drafts[i] + 1) % 256
@@ -92,9 +96,20 @@ def test_greedy_outputs_equal(tiny_llama_path, block_size, enforce_eager, oracle
         for i in range(len(prompts))
     ]
     kwargs = dict(block_size=block_size, enforce_eager=enforce_eager)
-    plain, result, llm = both(tiny_llama_path, prompts, params, oracle, **kwargs)
+    graph_steps = []
+    decode_rows = StepArrays.decode_rows
+
+    def spy(arrays):
+        graph_steps.append(len(arrays.input_ids) > len(arrays.rows))
+        return decode_rows(arrays)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepArrays, "decode_rows", spy)
+        plain, result, llm = both(tiny_llama_path, prompts, params, oracle, **kwargs)
     assert result == plain
     assert_drafts_checked(llm, 100 if oracle else 3)
+    # with graphs, the steps verifying drafts replay them, their drafts as decode rows
+    assert (sum(graph_steps) >= 5) != enforce_eager, sum(graph_steps)
 
 
 @pytest.mark.parametrize("oracle", [False, True])

@@ -2,7 +2,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pagedgen.attention import AttentionBackend, AttentionMetadata
+from pagedgen.attention import AttentionBackend
 from pagedgen.engine.block_table import BlockTables
 from pagedgen.engine.cuda_graphs import DecodeGraphs, GraphCapture, cuda_graph_capture
 from pagedgen.engine.kv_geometry import KVGeometry
@@ -143,63 +143,41 @@ class ModelRunner:
     def prepare(self, scheduled: SchedulerOutput) -> StepInputs:
         """The step's tensors on the device, for an eager forward."""
         arrays = self.prepare_arrays(scheduled)
-        max_context_len = int(arrays.context_lens.max())
-        block_tables = self.block_tables.table[
-            arrays.rows, : -(-max_context_len // self.block_size)
-        ]
-
-        def tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            return to_device(data, dtype, self.device)
-
-        input_ids = tensor(arrays.input_ids, torch.int64)
+        inputs = arrays.to_device(scheduled, self.block_tables.table, self.block_size, self.device)
         if arrays.placeholders is not None:
-            self.last_sampled.fill(input_ids, arrays.placeholders)
-        metadata = AttentionMetadata(
-            slot_mapping=tensor(arrays.slot_mapping, torch.int64),
-            cu_seqlens_q=tensor(arrays.cu_seqlens_q, torch.int32),
-            context_lens=tensor(arrays.context_lens, torch.int32),
-            block_tables=tensor(block_tables, torch.int32),
-            max_seqlen_q=max(scheduled.num_new_tokens),
-            max_context_len=max_context_len,
-            block_size=self.block_size,
-            num_decode_seqs=scheduled.num_decode_seqs,
-            query_lens_cpu=list(scheduled.num_new_tokens),
-            context_lens_cpu=arrays.context_lens.tolist(),
-        )
-        return StepInputs(
-            input_ids,
-            tensor(arrays.positions, torch.int64),
-            metadata,
-            arrays.last_rows,
-        )
+            self.last_sampled.fill(inputs.input_ids, arrays.placeholders)
+        return inputs
 
     def forward(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
         """The final hidden states of the step's tokens and each sequence's last row: by a
-        graph replay for a decode-only step that fits one, else eagerly."""
+        graph replay for a step of decodes (drafts as decode rows: StepArrays.decode_rows) that
+        fits one, else eagerly."""
         lora_ids = self.lora.begin_step(scheduled.seqs) if self.lora is not None else None
         graphs = self.decode_graphs if lora_ids is None else self.lora_decode_graphs
         num_seqs = len(scheduled.seqs)
+        num_tokens = sum(scheduled.num_new_tokens)
         if (
             graphs is not None
-            and scheduled.num_decode_seqs == num_seqs
-            and num_seqs <= graphs.max_batch_size
+            and scheduled.num_decode_seqs + len(scheduled.spec_token_ids) == num_seqs
+            and num_tokens <= graphs.max_batch_size
         ):
             with self.timer.section("prepare_inputs"):
                 arrays = self.prepare_arrays(scheduled)
+                rows, context_lens = arrays.decode_rows()
                 batch_size = graphs.fill(
                     arrays.input_ids,
                     arrays.positions,
                     arrays.slot_mapping,
-                    arrays.context_lens,
+                    context_lens,
                     self.block_tables.table,
-                    arrays.rows,
+                    rows,
                 )
                 if arrays.placeholders is not None:
                     self.last_sampled.fill(graphs.input_ids, arrays.placeholders)
                 if lora_ids is not None:
                     self.lora.set_mask(lora_ids, scheduled.num_new_tokens, batch_size)
             with self.timer.section("model_forward"):
-                return graphs.replay(batch_size, num_seqs), arrays.last_rows
+                return graphs.replay(batch_size, num_tokens), arrays.last_rows
         with self.timer.section("prepare_inputs"):
             inputs = self.prepare(scheduled)
             self.backend.prepare(inputs.metadata)

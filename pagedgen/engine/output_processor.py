@@ -50,6 +50,8 @@ class OutputProcessor:
         token_ids, all_logprobs = samples.token_ids, samples.logprobs
         check, finish = self.stop_checker.check, self.scheduler.finish
         spec, proposer = scheduled.spec_token_ids, self.proposer
+        max_model_len = self.stop_checker.max_model_len
+        k = proposer.num_drafts_at(len(scheduled.seqs)) if proposer is not None else 0
         row = 0  # the next sequence's first sample row
         for seq in scheduled.sample_seqs:
             first, drafts = row, spec.get(seq.seq_id) if spec else None
@@ -61,7 +63,7 @@ class OutputProcessor:
                 if seq.is_finished:
                     finish(seq)
                 elif proposer is not None:
-                    seq.spec_token_ids = proposer.propose_for(seq, self.stop_checker.max_model_len)
+                    seq.spec_token_ids = proposer.propose_for(seq, max_model_len, k)
                 continue
             num_sampled += 1
             logprobs = all_logprobs[first] if all_logprobs is not None else None
@@ -81,7 +83,7 @@ class OutputProcessor:
                 finish(seq)
                 queued_finished |= status is not SequenceStatus.RUNNING
             elif proposer is not None:
-                seq.spec_token_ids = proposer.propose_for(seq, self.stop_checker.max_model_len)
+                seq.spec_token_ids = proposer.propose_for(seq, max_model_len, k)
         for request_id, rows in beam_rows.items():
             request = requests[request_id]
             request.beam.step(request.group, rows, self.scheduler)

@@ -17,17 +17,19 @@ class NgramProposer:
         self.num_speculative_tokens = config.num_speculative_tokens
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
+        self.num_drafts_at = config.num_drafts_at  # per sequence, after a step of a batch size
 
-    def propose_for(self, seq: Sequence, max_model_len: int) -> list[int]:
-        """The drafts for a sequence's next step: none for a structured output (its grammar
-        would have to vet them), none past max_tokens or max_model_len."""
+    def propose_for(self, seq: Sequence, max_model_len: int, k: int | None = None) -> list[int]:
+        """At most k (default num_speculative_tokens) drafts for a sequence's next step: none
+        for a structured output (its grammar would have to vet them), none past max_tokens or
+        max_model_len."""
         params = seq.sampling_params
         if params.structured_outputs is not None:
             return []
         room = max_model_len - seq.num_tokens
         if params.max_tokens is not None:
             room = min(room, params.max_tokens - seq.num_output_tokens - 1)
-        return self.propose(seq.token_ids, room)
+        return self.propose(seq.token_ids, room if k is None else min(k, room))
 
     def propose(self, token_ids: list[int], max_num_drafts: int) -> list[int]:
         """At most min(num_speculative_tokens, max_num_drafts) tokens to follow token_ids."""
