@@ -4,8 +4,11 @@ everything that edits logits per position, with CPU graphs and eagerly, through 
 
 import json
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
+import torch
 
 from pagedgen import LLM, SamplingParams
 from pagedgen.engine.step_inputs import StepArrays
@@ -68,9 +71,11 @@ class OracleProposer:
         return drafts
 
 
-def both(path, prompts, params, oracle: bool = False, **kwargs) -> tuple[list, list, LLM]:
-    plain = outputs(LLM(str(path), **ENGINE, **kwargs), prompts, params)
-    llm = LLM(str(path), **ENGINE, speculative_config=SPEC, **kwargs)
+def both(
+    path, prompts, params, oracle: bool = False, engine=ENGINE, **kwargs
+) -> tuple[list, list, LLM]:
+    plain = outputs(LLM(str(path), **engine, **kwargs), prompts, params)
+    llm = LLM(str(path), **engine, speculative_config=SPEC, **kwargs)
     if oracle:
         llm.engine.output_processor.proposer = OracleProposer(plain, prompts, params, k=4)
     result = outputs(llm, prompts, params)
@@ -96,6 +101,17 @@ def test_greedy_outputs_equal(tiny_llama_path, block_size, enforce_eager, oracle
         for i in range(len(prompts))
     ]
     kwargs = dict(block_size=block_size, enforce_eager=enforce_eager)
+    with counting_graph_steps() as graph_steps:
+        plain, result, llm = both(tiny_llama_path, prompts, params, oracle, **kwargs)
+    assert result == plain
+    assert_drafts_checked(llm, 100 if oracle else 3)
+    # with graphs, the steps verifying drafts replay them, their drafts as decode rows
+    assert (sum(graph_steps) >= 5) != enforce_eager, sum(graph_steps)
+
+
+@contextmanager
+def counting_graph_steps() -> Iterator[list[bool]]:
+    """Whether each graph replay computed drafts (more tokens than sequences)."""
     graph_steps = []
     decode_rows = StepArrays.decode_rows
 
@@ -105,11 +121,21 @@ def test_greedy_outputs_equal(tiny_llama_path, block_size, enforce_eager, oracle
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(StepArrays, "decode_rows", spy)
-        plain, result, llm = both(tiny_llama_path, prompts, params, oracle, **kwargs)
+        yield graph_steps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_verify_drafts(tiny_llama_path):
+    """On a GPU, decode CUDA graphs replay the steps with drafts, outputs unchanged."""
+    prompts = repetitive_prompts(5, 8)
+    params = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True) for _ in prompts]
+    engine = dict(device="cuda", dtype="float32", kv_cache_memory=0.01, log=lambda m: None)
+    with counting_graph_steps() as graph_steps:
+        plain, result, llm = both(tiny_llama_path, prompts, params, True, engine)
     assert result == plain
-    assert_drafts_checked(llm, 100 if oracle else 3)
-    # with graphs, the steps verifying drafts replay them, their drafts as decode rows
-    assert (sum(graph_steps) >= 5) != enforce_eager, sum(graph_steps)
+    assert_drafts_checked(llm, 50)
+    assert sum(graph_steps) >= 5, graph_steps
 
 
 @pytest.mark.parametrize("oracle", [False, True])
