@@ -97,6 +97,28 @@ def test_adapters_equal_their_merged_weights(adapters, device):
         assert output.outputs[0].token_ids == reference_greedy(models[kind], prompt, 12), kind
 
 
+def test_adapters_with_speculative_decoding(adapters):
+    """Drafting sequences of two adapters and the base model in one batch, their steps replayed
+    from the adapters' graph set: each still equals its merged weights."""
+    folder, models, requests = adapters
+    spec = {"num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    llm = LLM(
+        str(folder),
+        enable_lora=True,
+        max_loras=2,
+        kv_cache_memory=0.01,
+        speculative_config=spec,
+        log=lambda m: None,
+    )
+    jobs = [(prompt, kind) for prompt in PROMPTS for kind in (0, 1, 2)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    loras = [requests.get(kind) for _, kind in jobs]
+    outputs = llm.generate([prompt for prompt, _ in jobs], params, loras, use_tqdm=False)
+    for (prompt, kind), output in zip(jobs, outputs):
+        assert output.outputs[0].token_ids == reference_greedy(models[kind], prompt, 24), kind
+    assert llm.engine.stats.spec_decode.num_accepted_tokens > 0
+
+
 def test_a_failed_generate_leaves_the_engine_empty(adapters, tmp_path, monkeypatch):
     """A bad adapter fails the call before any request is queued; an error in the middle of a
     call aborts what it queued, so the next call's request ids are free."""

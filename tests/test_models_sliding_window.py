@@ -11,6 +11,7 @@ from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
 from tests.test_models import COMMON as TINY
 from tests.test_models import reference_greedy
+from tests.test_spec_decode_models import OracleProposer
 
 WINDOW = 16
 COMMON = dict(TINY, pad_token_id=0, sliding_window=WINDOW)
@@ -73,23 +74,48 @@ def test_greedy_matches_transformers_past_the_window(windowed_model, backend):
     assert (freed > 0) == (name == "mistral")  # Gemma's global layers keep every block
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_greedy_matches_transformers_under_preemption(windowed_model, mode):
-    name, folder, expected = windowed_model
+def pool_gib(folder, name: str) -> float:
+    """A pool of blocks of 8 too small for the 4 sequences at once, which grow to 9-11 blocks;
+    Mistral's hold 3 each past the window."""
     config = AutoConfig.from_pretrained(folder)
     head_dim = 16 if name == "mistral" else 32
     bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
-    # 4 sequences growing to 9-11 blocks of 8; Mistral's hold 3 each past the window
     num_blocks = 11 if name == "mistral" else 24
+    return num_blocks * 8 * bytes_per_token / 2**30
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_greedy_matches_transformers_under_preemption(windowed_model, mode):
+    name, folder, expected = windowed_model
     llm, token_ids = generate(
         folder,
         block_size=8,
         max_num_seqs=4,
         preemption_mode=mode,
-        kv_cache_memory=num_blocks * 8 * bytes_per_token / 2**30,
+        kv_cache_memory=pool_gib(folder, name),
     )
     assert llm.engine.stats.num_preemptions >= 1
     assert token_ids == expected
+
+
+@pytest.mark.parametrize("mode", [None, "recompute"])
+def test_speculative_decoding_past_the_window(windowed_model, mode):
+    """Drafts (the reference's own tokens, one in three proposals made wrong) verified past the
+    window, blocks freed behind it, with and without preemption: greedy ids equal transformers'."""
+    name, folder, expected = windowed_model
+    spec = {"num_speculative_tokens": 4, "prompt_lookup_min": 1}
+    memory = {"preemption_mode": mode, "kv_cache_memory": pool_gib(folder, name)} if mode else {}
+    llm = LLM(str(folder), log=lambda _: None, block_size=8, speculative_config=spec, **memory)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    plain = [(((ids,),)) for ids in expected]  # OracleProposer reads completion[0]
+    llm.engine.output_processor.proposer = OracleProposer(plain, PROMPTS, params, k=4)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    llm.engine.block_manager.check_integrity()
+    assert [output.outputs[0].token_ids for output in outputs] == expected
+    assert llm.engine.stats.spec_decode.num_accepted_tokens > 50
+    assert (llm.engine.stats.num_preemptions > 0) == (mode is not None)
+    if name == "mistral":
+        assert llm.engine.block_manager.num_sliding_window_freed_blocks > 0
 
 
 def test_used_blocks_stop_growing_past_the_window(windowed_model):

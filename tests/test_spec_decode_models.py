@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from pagedgen import LLM, SamplingParams
+from pagedgen import LLM, BeamSearchParams, SamplingParams
 from pagedgen.engine.step_inputs import StepArrays
 from pagedgen.sampling_params import StructuredOutputsParams
 from tests.cli_util import read_records, run_in_process, tiny, write_jsonl
@@ -154,6 +154,34 @@ def test_seeded_sampling_and_logit_edits_equal(tiny_llama_path, oracle):
     plain, result, llm = both(tiny_llama_path, prompts, params, oracle)
     assert result == plain
     assert_drafts_checked(llm, 100 if oracle else 3)
+
+
+def test_beam_search_and_prompt_logprobs_on_a_drafting_engine(tiny_llama_path):
+    """Beam search never drafts; a request with prompt logprobs drafts after its prompt."""
+    prompts = repetitive_prompts(6, 4)
+    beam = BeamSearchParams(beam_width=3, max_tokens=12)
+    plain = LLM(str(tiny_llama_path), **ENGINE)
+    llm = LLM(str(tiny_llama_path), **ENGINE, speculative_config=SPEC)
+    results = [
+        [
+            (c.token_ids, c.cumulative_logprob)
+            for o in engine.beam_search(prompts, beam, use_tqdm=False)
+            for c in o.outputs
+        ]
+        for engine in (plain, llm)
+    ]
+    assert results[1] == results[0]
+    assert llm.engine.stats.spec_decode.num_drafts == 0
+    params = SamplingParams(temperature=0, max_tokens=30, prompt_logprobs=2, logprobs=1)
+    first, second = (
+        [
+            (o.prompt_logprobs, o.outputs[0].token_ids, o.outputs[0].logprobs)
+            for o in engine.generate(prompts, params, use_tqdm=False)
+        ]
+        for engine in (plain, llm)
+    )
+    assert second == first
+    assert llm.engine.stats.spec_decode.num_drafts > 0
 
 
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
