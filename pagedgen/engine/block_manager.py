@@ -2,11 +2,12 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
-from pagedgen.engine.block_pool import Block, BlockPool, CpuBlockPool
+from pagedgen.engine.block_invariants import check_integrity
+from pagedgen.engine.block_pool import NULL_BLOCK, Block, BlockPool, CpuBlockPool
+from pagedgen.engine.prefix_hash import block_hashes
 from pagedgen.engine.sequence import Sequence
 
 BlockMapping = list[tuple[int, int]]  # (source block id, destination block id)
-NULL_BLOCK = -1  # a block table entry whose block was freed: before every layer's window
 
 
 class PromptPlan(NamedTuple):
@@ -117,7 +118,9 @@ class BlockManager:
             assert not seq.block_table and seq.seq_id not in self.seqs
             hits: list[Block | tuple[int, int]] = []
             if share and seq.sampling_params.prompt_logprobs is None:
-                for block_hash in self._block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
+                for block_hash in block_hashes(
+                    seq, self.block_size, (seq.num_tokens - 1) // self.block_size
+                ):
                     block = self.pool.lookup(block_hash) if self.enable_prefix_caching else None
                     if block is None and block_hash not in written:
                         break
@@ -132,7 +135,7 @@ class BlockManager:
             end = num_computed + n
             needed += self.num_blocks_for(end) - len(hits)
             if share:
-                new_hashes = self._block_hashes(seq, end // self.block_size)[len(hits) :]
+                new_hashes = block_hashes(seq, self.block_size, end // self.block_size)[len(hits) :]
                 for i, block_hash in enumerate(new_hashes, start=len(hits)):
                     written.setdefault(block_hash, (index, i))
             plans.append((seq, hits, n))
@@ -337,28 +340,10 @@ class BlockManager:
         return list(mapping.items()), copies
 
     # -- prefix hashing ----------------------------------------------------------------------------
-    def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[Hashable]:
-        """Extends seq.block_hashes to num_full_blocks: hash i is (hash of block i - 1, tokens),
-        block 0's parent None, or ("lora", id) for a LoRA adapter's sequence, whose K/V differ
-        from the base model's. Only blocks of known tokens are hashed: none holding a
-        placeholder, none holding draft tokens (not in token_ids yet)."""
-        size = self.block_size
-        num_full_blocks = min(
-            num_full_blocks, (seq.num_tokens - seq.num_output_placeholders) // size
-        )
-        hashes = seq.block_hashes
-        for i in range(len(hashes), num_full_blocks):
-            if hashes:
-                parent = hash(hashes[-1])
-            else:
-                parent = ("lora", seq.lora_int_id) if seq.lora_int_id else None
-            hashes.append((parent, tuple(seq.token_ids[i * size : (i + 1) * size])))
-        return hashes[:num_full_blocks]
-
     def _cache_full_blocks(self, seq: Sequence, num_full_blocks: int) -> None:
         if not self.enable_prefix_caching or seq.num_cached_blocks >= num_full_blocks:
             return
-        hashes = self._block_hashes(seq, num_full_blocks)
+        hashes = block_hashes(seq, self.block_size, num_full_blocks)
         num_full_blocks = len(hashes)  # fewer while a placeholder or drafts end the last one
         for i in range(seq.num_cached_blocks, num_full_blocks):
             if seq.block_table[i] != NULL_BLOCK:
@@ -368,26 +353,8 @@ class BlockManager:
     # -- invariants --------------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Raises AssertionError unless ref counts, the free queue, the hash index and the CPU
-        pool all agree with the block tables."""
-        for seq in [*self.seqs.values(), *self.swapped.values()]:
-            num_freed = seq.block_table.count(NULL_BLOCK)
-            assert NULL_BLOCK not in seq.block_table[num_freed:], (
-                f"{seq}: freed blocks not a prefix"
-            )
-            assert self.sliding_window is not None or not num_freed, seq
-        for seq in self.seqs.values():
-            assert not seq.is_finished, f"finished {seq} still holds blocks"
-            held = [b for b in seq.block_table if b != NULL_BLOCK]
-            assert len(set(held)) == len(held), f"{seq} repeats a block"
-            assert len(seq.block_table) <= self.num_blocks_for(seq.num_tokens), seq
-            assert seq.num_cached_blocks <= len(seq.block_table), seq
-        assert not set(self.seqs) & set(self.swapped), "a sequence is on both sides"
-        self.pool.check_integrity(
-            Counter(b for seq in self.seqs.values() for b in seq.block_table if b != NULL_BLOCK)
-        )
-        self.cpu_pool.check_integrity(
-            Counter(b for seq in self.swapped.values() for b in seq.block_table if b != NULL_BLOCK)
-        )
+        pool all agree with the block tables (engine/block_invariants.py)."""
+        check_integrity(self)
 
 
 def _set_block_table(seq: Sequence, block_table: list[int]) -> None:

@@ -1,6 +1,8 @@
 from collections import Counter
 from collections.abc import Hashable
 
+NULL_BLOCK = -1  # a block table entry whose block was freed: before every layer's window
+
 
 class Block:
     """One KV-cache block. prev/next link it into the free queue while its ref_count is 0."""
