@@ -104,16 +104,17 @@ def main() -> None:
     }
     tokenizer = engines["plain"].tokenizer
     sharegpt = sharegpt_workload(tokenizer, args.num_prompts)
+    first = sharegpt.prompts[:8]
     workloads = {
-        "sharegpt": sharegpt,
-        "sharegpt batch 1": Workload(
-            "sharegpt-8", sharegpt.prompts[:8], [128] * 8, "chat template"
+        "sharegpt": lambda: sharegpt,
+        "sharegpt batch 1": lambda: Workload(
+            f"sharegpt-{len(first)}", first, [128] * len(first), "chat template"
         ),
-        "copy": copy_workload(tokenizer, args.num_prompts),
+        "copy": lambda: copy_workload(tokenizer, args.num_prompts),
     }
     print(f"{args.dtype}, CPU {isa_name()}, speculative_config {spec}; output tok/s")
     for name in args.workloads.split(","):
-        workload, one_at_a_time = workloads[name], name.endswith("batch 1")
+        workload, one_at_a_time = workloads[name](), name.endswith("batch 1")
         save_workload(workload, tmp / "workload.json")
         figures = {}
         for label, llm in engines.items():
