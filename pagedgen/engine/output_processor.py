@@ -18,9 +18,9 @@ class OutputProcessor:
     A sequence an earlier step finished (or an abort) keeps no sample: under async scheduling
     it was scheduled again before the host knew it had finished.
 
-    With speculative_config, a sequence that drafted keeps its drafts up to the
-    first one its samples disagree with, then that sample, each token stopped like any other;
-    every sequence still running then proposes its drafts for the next step.
+    With speculative_config, a sequence that drafted keeps its drafts up to the first one its
+    samples disagree with, then that sample, each token stopped like any other; every sequence
+    still running then proposes its drafts for the next step.
     """
 
     def __init__(
