@@ -241,3 +241,26 @@ def test_large_batches_draft_nothing_under_a_schedule():
     batch_sizes = [n for n, drafted in drafted_at if drafted]
     assert batch_sizes and max(batch_sizes) <= 2, drafted_at
     assert engine.stats.spec_decode.num_accepted_tokens > 0
+
+
+def test_drafts_leave_each_later_decode_its_token():
+    """A tight token budget goes to every running decode's own token before any drafts."""
+    spec = {"num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    config = EngineConfig(
+        model="unused",
+        block_size=4,
+        speculative_config=spec,
+        max_num_batched_tokens=6,
+        max_num_seqs=3,
+    )
+    engine = LLMEngine(config, ShadowRunner(4, 32), None, 32, 0, 64, {EOS})
+    for i in range(3):
+        engine.add_request(str(i), [1 + i, 2 + i], SamplingParams(max_tokens=10, detokenize=False))
+    run_step(engine)  # the three prompts
+    seqs = [engine.requests[str(i)].group.seqs[0] for i in range(3)]
+    for seq in seqs:
+        seq.spec_token_ids = [7, 7, 7]
+    out = run_step(engine)
+    scheduled = {seq.seq_id: n for seq, n in zip(out.seqs, out.num_new_tokens)}
+    assert [scheduled.get(seq.seq_id) for seq in seqs] == [4, 1, 1]  # 2 tokens reserved
+    assert out.spec_token_ids == {seqs[0].seq_id: [7, 7, 7]}

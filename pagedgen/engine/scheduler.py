@@ -136,10 +136,12 @@ class Scheduler:
         bm = self.block_manager
         running = deque(self.running)
         self.running = []
+        num_later = len(bm.seqs)  # running sequences after this group (all hold blocks)
         while running:
             group = running.popleft()
             seqs = group.unfinished_seqs
-            num_new = self._num_new_tokens(seqs, step.budget)
+            num_later -= len(seqs)
+            num_new = self._num_new_tokens(seqs, step.budget, num_later)
             if not any(num_new):  # out of token budget: wait for the next step, holding blocks
                 self.running.append(group)
                 continue
@@ -234,12 +236,15 @@ class Scheduler:
             loras.add(group)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _num_new_tokens(self, seqs: list[Sequence], budget: int) -> list[int]:
+    def _num_new_tokens(self, seqs: list[Sequence], budget: int, num_later: int = 0) -> list[int]:
+        """What each of seqs computes this step; a decode's drafts leave a token of the budget
+        to each sequence after it (num_later more after seqs)."""
         num_new = []
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             n = seq.num_tokens - seq.num_computed_tokens
-            if n == 1 and seq.spec_token_ids and budget > 1:  # a decode and its drafts
-                n += min(len(seq.spec_token_ids), budget - 1)
+            if n == 1 and seq.spec_token_ids:  # a decode and its drafts
+                reserved = num_later + len(seqs) - i - 1
+                n += max(0, min(len(seq.spec_token_ids), budget - 1 - reserved))
             if n > budget:  # without chunked prefill a sequence's tokens go in one step
                 n = budget if self.enable_chunked_prefill else 0
             num_new.append(n)
