@@ -104,3 +104,14 @@ def test_eta_of_a_long_batch_converges(monkeypatch):
     for left, eta in shown:
         if left < 0.8 * total:  # past the first fifth of the run
             assert abs(eta - left) <= 0.4 * left + 5, shown
+
+
+def test_status_shows_the_drafts_accepted_once_any_were_verified():
+    display = RunProgress(Console(file=io.StringIO()), enabled=True)
+    stats, metrics = EngineStats(), RunMetrics(start=0.0)
+    engine = SimpleNamespace(stats=stats, num_unfinished_requests=1)
+    display.samples.append((1.0, 0, 0))
+    progress = JobProgress(0, 1, metrics, engine, 0, MAX_TOKENS)
+    assert "drafts" not in display.status_lines(progress)[1]
+    stats.spec_decode.record(4, 3)
+    assert display.status_lines(progress)[1].endswith("drafts accepted 75%")

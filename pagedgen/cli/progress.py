@@ -48,8 +48,9 @@ class LiveProgress:
 
 class RunProgress(LiveProgress):
     """Live progress on stderr: requests done of total with an ETA, prompt and generation
-    tokens/s, running / waiting / swapped sequences, a KV-cache usage gauge, preemptions and the
-    prefix-cache hit rate. Off a terminal, one plain line every few seconds instead."""
+    tokens/s, running / waiting / swapped sequences, a KV-cache usage gauge, preemptions, the
+    prefix-cache hit rate and, with speculative decoding, the drafts accepted. Off a terminal,
+    one plain line every few seconds instead."""
 
     def __init__(self, console: Console, enabled: bool = True) -> None:
         super().__init__(console, enabled)
@@ -110,6 +111,8 @@ class RunProgress(LiveProgress):
             f"KV cache {gauge} {usage:.0%} · preemptions {stats.num_preemptions} · "
             f"prefix cache hit rate {stats.prefix_cache_hit_rate:.0%}"
         )
+        if stats.spec_decode.num_draft_tokens:
+            cache += f" · drafts accepted {stats.spec_decode.draft_acceptance_rate:.0%}"
         return throughput, cache
 
     def _report_stop(self, progress: JobProgress) -> None:
