@@ -8,6 +8,8 @@
 #                                         first time), ratios and greedy agreement in the table
 #   latency-float32, latency-bfloat16     batch 1, 128 prompt tokens, 128 output tokens
 #   latency-float32-eager                 the same without CPU graphs (--enforce-eager)
+#   spec-decode                           benchmarks/spec_decode.py, ShareGPT prompts one at a
+#                                         time, with and without n-gram drafts, against vLLM's
 # Run it on a quiet machine: vLLM pins its threads to cores 0-1, and 2 cores are all there is.
 # The CPU's AVX-512 features (none: AVX2 only) go first in every log, since every figure depends
 # on them.
@@ -36,3 +38,8 @@ done
 # What the CPU graphs buy at batch 1: the same run with every step eager.
 run "latency-float32-eager" --workload latency --input-len 128 --output-len 128 --dtype float32 \
     --baselines '' --num-iters "$NUM_ITERS" --no-overhead --enforce-eager
+# Speculative decoding (n-gram prompt lookup) against vLLM's, one request at a time.
+echo "== spec-decode ($(date +%T))"
+{ echo "$isa"; python "$(dirname "$0")/spec_decode.py" --workloads "sharegpt batch 1"; echo "exit $?"; } \
+    > "$OUT/spec-decode.txt" 2>&1
+tail -n 8 "$OUT/spec-decode.txt"
