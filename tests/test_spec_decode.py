@@ -264,3 +264,17 @@ def test_drafts_leave_each_later_decode_its_token():
     scheduled = {seq.seq_id: n for seq, n in zip(out.seqs, out.num_new_tokens)}
     assert [scheduled.get(seq.seq_id) for seq in seqs] == [4, 1, 1]  # 2 tokens reserved
     assert out.spec_token_ids == {seqs[0].seq_id: [7, 7, 7]}
+
+
+def test_propose_for_keeps_each_sequences_bytes_in_step_with_its_tokens():
+    p = proposer(k=3, lo=1, hi=3)
+    rng = random.Random(2)
+    seq = Sequence(0, "r", [rng.randrange(5) for _ in range(6)], SamplingParams(max_tokens=None))
+    for step in range(200):
+        expected = p.propose(seq.token_ids, 3)
+        assert p.propose_for(seq, 10_000) == expected, step
+        if step == 100:  # a fork grows apart from its parent, each with its own bytes
+            child = seq.fork(1)
+            child.append_token_id(4)
+            assert p.propose_for(child, 10_000) == p.propose(child.token_ids, 3)
+        seq.append_token_id(rng.randrange(5))

@@ -1,4 +1,5 @@
 from array import array
+from weakref import WeakKeyDictionary
 
 from pagedgen.engine.sequence import Sequence
 from pagedgen.spec_decode.config import SpeculativeConfig
@@ -10,7 +11,9 @@ class NgramProposer:
     prompt_lookup_min, of the sequence's tokens (prompt and output). Plain Python, no torch.
 
     The search runs in C: the tokens as 32-bit integers are a byte string, and bytes.rfind finds
-    the n-gram's byte pattern; a hit counts only at a multiple of 4 bytes (a whole token).
+    the n-gram's byte pattern; a hit counts only at a multiple of 4 bytes (a whole token). Each
+    sequence's byte string is kept while the sequence lives and extended by its new tokens
+    (token_ids only ever grow: drafts never enter them, preemption keeps them).
     """
 
     def __init__(self, config: SpeculativeConfig) -> None:
@@ -18,6 +21,7 @@ class NgramProposer:
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
         self.num_drafts_at = config.num_drafts_at  # per sequence, after a step of a batch size
+        self._bytes: WeakKeyDictionary[Sequence, bytearray] = WeakKeyDictionary()
 
     def propose_for(self, seq: Sequence, max_model_len: int, k: int | None = None) -> list[int]:
         """At most k (default num_speculative_tokens) drafts for a sequence's next step: none
@@ -29,15 +33,26 @@ class NgramProposer:
         room = max_model_len - seq.num_tokens
         if params.max_tokens is not None:
             room = min(room, params.max_tokens - seq.num_output_tokens - 1)
-        return self.propose(seq.token_ids, room if k is None else min(k, room))
+        k = room if k is None else min(k, room)
+        if k <= 0:
+            return []
+        data = self._bytes.get(seq)
+        if data is None:
+            data = self._bytes[seq] = bytearray()
+        data += array("i", seq.token_ids[len(data) // 4 :]).tobytes()
+        return self.propose(seq.token_ids, k, data)
 
-    def propose(self, token_ids: list[int], max_num_drafts: int) -> list[int]:
-        """At most min(num_speculative_tokens, max_num_drafts) tokens to follow token_ids."""
+    def propose(
+        self, token_ids: list[int], max_num_drafts: int, data: bytes | bytearray | None = None
+    ) -> list[int]:
+        """At most min(num_speculative_tokens, max_num_drafts) tokens to follow token_ids (data:
+        them as int32 bytes, if at hand)."""
         k = min(self.num_speculative_tokens, max_num_drafts)
         num_tokens = len(token_ids)
         if k <= 0 or num_tokens <= self.min_n:
             return []
-        data = array("i", token_ids).tobytes()
+        if data is None:
+            data = array("i", token_ids).tobytes()
         haystack_end = 4 * (num_tokens - 1)  # a match must be followed by a token
         for n in range(min(self.max_n, num_tokens - 1), self.min_n - 1, -1):
             pattern = data[-4 * n :]
