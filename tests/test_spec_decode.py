@@ -76,6 +76,8 @@ def test_config_parses_vllm_dicts():
     config = SpeculativeConfig.parse({"num_speculative_tokens": 2, "prompt_lookup_max": 3})
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (3, 3)
     assert SpeculativeConfig.parse(None) is None
+    config = SpeculativeConfig.parse('{"num_speculative_tokens": 2, "prompt_lookup_min": null}')
+    assert (config.prompt_lookup_min, config.prompt_lookup_max) == (5, 5)
     engine_config = EngineConfig(speculative_config={"num_speculative_tokens": 2})
     assert engine_config.speculative_config == SpeculativeConfig(num_speculative_tokens=2)
     bad = [

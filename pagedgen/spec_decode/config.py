@@ -48,7 +48,7 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(
-        cls, value: "SpeculativeConfig | dict[str, Any] | None"
+        cls, value: "SpeculativeConfig | dict[str, Any] | str | None"
     ) -> "SpeculativeConfig | None":
         """The config from vLLM's dict form, or its JSON; None stays None. Unknown keys are an
         error. As in vLLM, num_speculative_tokens is required, and a lookup bound given alone is
@@ -66,6 +66,7 @@ class SpeculativeConfig:
         unknown = sorted(set(value) - names)
         if unknown:
             raise ValueError(f"unknown speculative_config keys {unknown}; known: {sorted(names)}")
+        value = {key: item for key, item in value.items() if item is not None}  # None: default
         for key, item in value.items():
             if key in ("method", "num_speculative_tokens_per_batch_size"):
                 continue
@@ -73,7 +74,6 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config {key} must be an integer, got {item!r}")
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config needs num_speculative_tokens")
-        value = dict(value)
         lookup_min, lookup_max = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
         if lookup_min is None and lookup_max is not None:
             value["prompt_lookup_min"] = lookup_max
