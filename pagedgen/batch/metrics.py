@@ -63,18 +63,9 @@ class RunMetrics:
 
 def spec_decode_summary(engine: LLMEngine) -> dict[str, Any]:
     """Draft tokens proposed and accepted, under vLLM's names, when speculative decoding ran."""
-    stats = engine.stats.spec_decode
     if engine.config.speculative_config is None:
         return {}
-    return {
-        "spec_decode": {
-            "num_drafts": stats.num_drafts,
-            "num_draft_tokens": stats.num_draft_tokens,
-            "num_accepted_tokens": stats.num_accepted_tokens,
-            "draft_acceptance_rate": round(stats.draft_acceptance_rate, 4),
-            "mean_acceptance_length": round(stats.mean_acceptance_length, 3),
-        }
-    }
+    return {"spec_decode": engine.stats.spec_decode.summary()}
 
 
 def structured_output_summary(engine: LLMEngine) -> dict[str, Any]:

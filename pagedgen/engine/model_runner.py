@@ -155,7 +155,7 @@ class ModelRunner:
         lora_ids = self.lora.begin_step(scheduled.seqs) if self.lora is not None else None
         graphs = self.decode_graphs if lora_ids is None else self.lora_decode_graphs
         num_seqs = len(scheduled.seqs)
-        num_tokens = sum(scheduled.num_new_tokens)
+        num_tokens = scheduled.num_batched_tokens if scheduled.spec_token_ids else num_seqs
         if (
             graphs is not None
             and scheduled.num_decode_seqs + len(scheduled.spec_token_ids) == num_seqs
@@ -241,8 +241,7 @@ class ModelRunner:
         """Samples the next token of every sequence in scheduled.sample_seqs, in that order (and
         one more for each draft: spec_decode.verify.sample_rows), from logits the grammar bitmask
         (if any) has masked first: greedy, temperature, top-k/p and penalties see only allowed
-        tokens. The samples stay on the device for the next
-        step's placeholders."""
+        tokens. The samples stay on the device for the next step's placeholders."""
         timer = self.timer
         with timer.section("model_forward"):
             if not scheduled.sample_seqs:

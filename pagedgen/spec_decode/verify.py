@@ -66,6 +66,15 @@ class SpecDecodeStats:
         """Tokens a verifying step yields per sequence: its accepted drafts, and one more."""
         return 1 + self.num_accepted_tokens / max(self.num_drafts, 1)
 
+    def summary(self) -> dict[str, int | float]:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "draft_acceptance_rate": round(self.draft_acceptance_rate, 4),
+            "mean_acceptance_length": round(self.mean_acceptance_length, 3),
+        }
+
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
