@@ -1,12 +1,13 @@
-"""The vLLM side of benchmarks/lora.py and benchmarks/spec_decode.py, run by the vLLM
+"""The vLLM side of benchmarks/lora.py, spec_decode.py and kv_cache_dtype.py, run by the vLLM
 virtualenv's python: a workload file through vLLM's LLM.generate; writes output tok/s (the best
 of two passes) and the token ids.
 
     python vllm_runner.py MODEL W.json OUT.json OPTIONS_JSON
 
 OPTIONS_JSON: {"dtype": "float32", "adapters": [folders], "max_lora_rank": 16,
-"speculative_config": {...} or null, "one_at_a_time": false}. With adapters, request i runs
-adapter i % N; one_at_a_time runs the requests one generate call each (batch-1 latency).
+"speculative_config": {...} or null, "kv_cache_dtype": "auto", "one_at_a_time": false}. With
+adapters, request i runs adapter i % N; one_at_a_time runs the requests one generate call each
+(batch-1 latency).
 """
 
 import json
@@ -34,6 +35,7 @@ def main() -> None:
         max_loras=max(len(loras), 1),
         max_lora_rank=options.get("max_lora_rank", 16),
         speculative_config=options.get("speculative_config"),
+        kv_cache_dtype=options.get("kv_cache_dtype", "auto"),
     )
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     inputs = [{"prompt_token_ids": p} for p in prompts]

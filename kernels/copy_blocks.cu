@@ -1,4 +1,5 @@
-// Copies whole KV blocks inside every layer's cache, for copy-on-write.
+// Copies whole KV blocks inside every layer's cache, for copy-on-write. T only sets the element
+// size: fp8 caches are copied as bytes (unsigned char).
 #include "common.cuh"
 
 namespace pagedgen {
@@ -31,3 +32,4 @@ __global__ void copy_blocks_kernel(
 PAGEDGEN_COPY_BLOCKS(float)
 PAGEDGEN_COPY_BLOCKS(__half)
 PAGEDGEN_COPY_BLOCKS(__nv_bfloat16)
+PAGEDGEN_COPY_BLOCKS(unsigned char)

@@ -14,7 +14,7 @@
 // reassociated (vectorized), so a norm may differ from torch's in the last bit.
 //
 // Cache layout: [num_blocks * block_size slots, num_kv_heads, head_dim]; kv_dtype codes as in
-// paged_attention_cpu.c: 0 float32, 1 bfloat16, 2 float16.
+// paged_attention_cpu.c: 0 float32, 1 bfloat16, 2 float16, 3 float8 E4M3, 4 float8 E5M2.
 
 #include <math.h>
 #include <stdint.h>
@@ -166,8 +166,14 @@ static inline void silu_mul_bf16(bf16_t *out, const bf16_t *gate, const bf16_t *
     } else if (kv_dtype == 1) {                                                                \
       bf16_t *dst = (bf16_t *)cache + offset;                                                  \
       for (int i = 0; i < n; i++) st_bf16(dst + i, ld_##T(src + i));                          \
-    } else {                                                                                   \
+    } else if (kv_dtype == 2) {                                                                \
       for (int i = 0; i < n; i++) STORE_F16(cache, offset + i, ld_##T(src + i));             \
+    } else {                                                                                   \
+      uint8_t *dst = (uint8_t *)cache + offset;                                                \
+      if (kv_dtype == 3)                                                                       \
+        for (int i = 0; i < n; i++) dst[i] = float_to_e4m3(ld_##T(src + i));                  \
+      else                                                                                     \
+        for (int i = 0; i < n; i++) dst[i] = float_to_e5m2(ld_##T(src + i));                  \
     }                                                                                          \
   }
 
@@ -187,7 +193,7 @@ int rotary_embedding_and_cache_has_float16(void) {
                                      int num_heads, int num_kv_heads, int head_dim,             \
                                      void *key_cache, void *value_cache,                        \
                                      const int64_t *slot_mapping) {                             \
-    if (kv_dtype < 0 || kv_dtype > 2 || head_dim % 2) return 1;                                 \
+    if (kv_dtype < 0 || kv_dtype > 4 || head_dim % 2) return 1;                                 \
     if (kv_dtype == 2 && !rotary_embedding_and_cache_has_float16()) return 2;                   \
     const int half = head_dim / 2, kv_width = num_kv_heads * head_dim;                          \
     _Pragma("omp parallel for if (num_tokens * qkv_row_stride >= PARALLEL_MIN_ELEMENTS) schedule(static)") \

@@ -11,9 +11,12 @@
 #include <immintrin.h>
 #endif
 
-// Cache element types. kv_dtype codes, as passed by pagedgen.kernels.cpu: 0 f32, 1 bf16, 2 f16.
+// Cache element types. kv_dtype codes, as passed by pagedgen.kernels.cpu: 0 f32, 1 bf16, 2 f16,
+// 3 e4m3, 4 e5m2 (cpu_math.h's 8-bit floats).
 typedef float f32_t;
 typedef uint16_t bf16_t;  // the upper half of a float32
+typedef uint8_t e4m3_t;
+typedef uint8_t e5m2_t;
 #ifdef __FLT16_MAX__
 #define HAVE_FLOAT16 1
 typedef _Float16 f16_t;
@@ -92,6 +95,48 @@ static inline float load_f1_f16(const f16_t *p) { return 0.0f; }
 
 static inline float load_f1_f32(const f32_t *p) { return *p; }
 static inline float load_f1_bf16(const bf16_t *p) { return bf16_to_float(*p); }
+static inline float load_f1_e4m3(const e4m3_t *p) { return e4m3_to_float(*p); }
+static inline float load_f1_e5m2(const e5m2_t *p) { return e5m2_to_float(*p); }
+
+// 8-bit float loads through the float16 conversion where the target has one (it takes float16
+// subnormals at full speed, where float32 arithmetic on subnormals stalls). An E5M2 byte is the
+// upper byte of a float16. An E4M3 byte sign-extended to 16 bits and shifted left by 7 holds its
+// exponent and mantissa where a float16's lie (its sign copied into bits 14-15): with bit 14
+// cleared it is the float16 of value / 256 (a float16 subnormal for an E4M3 subnormal), exact.
+// E4M3's NaN code loads as 480 there: a saturating write never stores it.
+#define E4M3_HALF_BITS 0xbfff  // all but bit 14
+#if VW == 16 && defined(__AVX512F__)
+static inline vf load_vf_e5m2(const e5m2_t *p) {
+  const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+  return (vf)_mm512_cvtph_ps(_mm256_slli_epi16(h, 8));
+}
+static inline vf load_vf_e4m3(const e4m3_t *p) {
+  const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(E4M3_HALF_BITS));
+  return (vf)_mm512_cvtph_ps(h) * 256.0f;
+}
+#elif VW == 8 && defined(__AVX2__) && defined(__F16C__)
+static inline vf load_vf_e5m2(const e5m2_t *p) {
+  const __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+  return (vf)_mm256_cvtph_ps(_mm_slli_epi16(h, 8));
+}
+static inline vf load_vf_e4m3(const e4m3_t *p) {
+  const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(E4M3_HALF_BITS));
+  return (vf)_mm256_cvtph_ps(h) * 256.0f;
+}
+#else
+static inline vf load_vf_e5m2(const e5m2_t *p) {
+  vf v;
+  for (int i = 0; i < VW; i++) v[i] = e5m2_to_float(p[i]);
+  return v;
+}
+static inline vf load_vf_e4m3(const e4m3_t *p) {
+  vf v;
+  for (int i = 0; i < VW; i++) v[i] = e4m3_to_float(p[i]);
+  return v;
+}
+#endif
 
 static inline void store_vf(float *p, vf v) { memcpy(p, &v, sizeof v); }
 

@@ -1,7 +1,8 @@
 // Decode attention over the paged KV cache: one query row per sequence.
 //
 // Cache layout, shared with the PyTorch backend so both read the same pool:
-//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE] of CACHE_T, which is
+//   the activation type T or an fp8 type of common.cuh (then 16-byte loads carry 16 elements)
 //   token t of a sequence sits in block block_table[t / BLOCK_SIZE], row t % BLOCK_SIZE
 //
 // v1: one thread block per (head, sequence) streams all of the sequence's KV blocks.
@@ -29,12 +30,14 @@ struct Stats {
 //           p + THREADS_PER_TOKEN, ... of the key; xor shuffles sum the parts.
 //   values: lane = row * V_LANES + col; col owns the vectors col, col + V_LANES, ... of the
 //           output, row the tokens row, row + V_ROWS, ...; rows are summed after the last block.
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, typename O>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          typename O>
 __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
-                        const T* __restrict__ key_cache, const T* __restrict__ value_cache,
+                        const CACHE_T* __restrict__ key_cache,
+                        const CACHE_T* __restrict__ value_cache,
                         const int* __restrict__ block_table, int kv_head, int num_kv_heads,
                         float scale, int start_token, int end_token) {
-  constexpr int VEC = 16 / sizeof(T);
+  constexpr int VEC = 16 / sizeof(CACHE_T);
   constexpr int NUM_VECS = HEAD_SIZE / VEC;
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
   constexpr int THREADS_PER_TOKEN = kWarpSize / BLOCK_SIZE;
@@ -45,7 +48,7 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
   static_assert(HEAD_SIZE % VEC == 0, "HEAD_SIZE must be a whole number of 16-byte vectors");
   static_assert(kWarpSize % BLOCK_SIZE == 0, "a warp scores a whole KV block at once");
   static_assert(NUM_THREADS % kWarpSize == 0, "NUM_THREADS must be whole warps");
-  using KV = Vec<T, VEC>;
+  using KV = Vec<CACHE_T, VEC>;
 
   __shared__ float s_q[HEAD_SIZE];
   __shared__ float s_p[NUM_WARPS][BLOCK_SIZE];
@@ -76,7 +79,7 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
 
     float score = 0.f;
     if (token_in_block < num_tokens) {
-      const T* k = key_cache + block_offset + (long long)token_in_block * token_stride;
+      const CACHE_T* k = key_cache + block_offset + (long long)token_in_block * token_stride;
 #pragma unroll 8
       for (int i = 0; i < K_VECS; ++i) {
         const int v = part + i * THREADS_PER_TOKEN;
@@ -108,7 +111,7 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
     }
     for (int t = v_row; t < num_tokens; t += V_ROWS) {
       const float pt = s_p[warp][t];
-      const T* v_token = value_cache + block_offset + (long long)t * token_stride;
+      const CACHE_T* v_token = value_cache + block_offset + (long long)t * token_stride;
 #pragma unroll
       for (int i = 0; i < V_VECS; ++i) {
         const int v = v_col + i * V_LANES;
@@ -171,20 +174,20 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
 }
 
 // grid (num_heads, num_seqs), block NUM_THREADS
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS>
 __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_v1_kernel(
-    T* __restrict__ out,                   // [num_seqs, num_heads, HEAD_SIZE]
-    const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], rows q_stride apart
-    const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-    const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-    const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
-    const int* __restrict__ context_lens,  // [num_seqs]
+    T* __restrict__ out,                      // [num_seqs, num_heads, HEAD_SIZE]
+    const T* __restrict__ query,              // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+    const CACHE_T* __restrict__ key_cache,    // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+    const CACHE_T* __restrict__ value_cache,  // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+    const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
+    const int* __restrict__ context_lens,     // [num_seqs]
     int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale) {
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int num_heads = gridDim.x;
   const int kv_head = head / (num_heads / num_kv_heads);
-  attend<T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS>(
+  attend<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS>(
       out + ((long long)seq * num_heads + head) * HEAD_SIZE,
       query + (long long)seq * q_stride + head * HEAD_SIZE, key_cache, value_cache,
       block_tables + (long long)seq * max_num_blocks_per_seq, kv_head, num_kv_heads, scale, 0,
@@ -192,16 +195,17 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
 }
 
 // grid (num_heads, num_seqs, max_num_partitions), block NUM_THREADS
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int PARTITION_SIZE>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          int PARTITION_SIZE>
 __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_v2_kernel(
-    float* __restrict__ exp_sums,          // [num_seqs, num_heads, max_num_partitions]
-    float* __restrict__ max_logits,        // [num_seqs, num_heads, max_num_partitions]
-    float* __restrict__ tmp_out,           // [num_seqs, num_heads, max_num_partitions, HEAD_SIZE]
-    const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], rows q_stride apart
-    const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-    const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-    const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
-    const int* __restrict__ context_lens,  // [num_seqs]
+    float* __restrict__ exp_sums,             // [num_seqs, num_heads, max_num_partitions]
+    float* __restrict__ max_logits,           // [num_seqs, num_heads, max_num_partitions]
+    float* __restrict__ tmp_out,              // [num_seqs, num_heads, max_num_partitions, HEAD]
+    const T* __restrict__ query,              // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+    const CACHE_T* __restrict__ key_cache,    // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+    const CACHE_T* __restrict__ value_cache,  // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+    const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
+    const int* __restrict__ context_lens,     // [num_seqs]
     int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale) {
   static_assert(PARTITION_SIZE % BLOCK_SIZE == 0, "partitions start on a block boundary");
   const int head = blockIdx.x;
@@ -214,7 +218,7 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
   const int end_token = min(start_token + PARTITION_SIZE, context_len);
   const int kv_head = head / (num_heads / num_kv_heads);
   const long long row = ((long long)seq * num_heads + head) * gridDim.z + partition;
-  const Stats stats = attend<T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS>(
+  const Stats stats = attend<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS>(
       tmp_out + row * HEAD_SIZE, query + (long long)seq * q_stride + head * HEAD_SIZE, key_cache,
       value_cache, block_tables + (long long)seq * max_num_blocks_per_seq, kv_head, num_kv_heads,
       scale, start_token, end_token);
@@ -258,21 +262,26 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
 }  // namespace pagedgen
 
 // Explicit instantiations, with the launch constants of pagedgen/kernels/paged_attention.py.
-// The runtime compiles one (scalar, head size, block size) per module and says which with -D;
-// offline builds (nvcc -cubin in the tests) get every supported combination.
-#define PAGEDGEN_PA_BLOCK(T, HEAD, BLOCK)                                                        \
-  template __global__ void pagedgen::paged_attention_v1_kernel<T, HEAD, BLOCK, 128>(            \
-      T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float);          \
-  template __global__ void pagedgen::paged_attention_v2_kernel<T, HEAD, BLOCK, 128, 512>(       \
-      float*, float*, float*, const T*, const T*, const T*, const int*, const int*, int, int,   \
+// The runtime compiles one (scalar, cache type, head size, block size) per module and says which
+// with -D; offline builds (nvcc -cubin in the tests) get every supported combination. The reduce
+// kernel reads float partials only: one per scalar and head size, whatever the cache.
+#define PAGEDGEN_PA_BLOCK(T, C, HEAD, BLOCK)                                                     \
+  template __global__ void pagedgen::paged_attention_v1_kernel<T, C, HEAD, BLOCK, 128>(         \
+      T*, const T*, const C*, const C*, const int*, const int*, int, int, int, float);          \
+  template __global__ void pagedgen::paged_attention_v2_kernel<T, C, HEAD, BLOCK, 128, 512>(    \
+      float*, float*, float*, const T*, const C*, const C*, const int*, const int*, int, int,   \
       int, float);
 #define PAGEDGEN_PA_REDUCE(T, HEAD)                                                              \
   template __global__ void pagedgen::paged_attention_v2_reduce_kernel<T, HEAD, 128, 512>(       \
       T*, const float*, const float*, const float*, const int*, int);
-#define PAGEDGEN_PA_HEAD(T, HEAD) \
-  PAGEDGEN_PA_BLOCK(T, HEAD, 8)   \
-  PAGEDGEN_PA_BLOCK(T, HEAD, 16)  \
-  PAGEDGEN_PA_BLOCK(T, HEAD, 32)  \
+#define PAGEDGEN_PA_CACHE(T, C, HEAD) \
+  PAGEDGEN_PA_BLOCK(T, C, HEAD, 8)    \
+  PAGEDGEN_PA_BLOCK(T, C, HEAD, 16)   \
+  PAGEDGEN_PA_BLOCK(T, C, HEAD, 32)
+#define PAGEDGEN_PA_HEAD(T, HEAD)                   \
+  PAGEDGEN_PA_CACHE(T, T, HEAD)                     \
+  PAGEDGEN_PA_CACHE(T, pagedgen::fp8_e4m3, HEAD)    \
+  PAGEDGEN_PA_CACHE(T, pagedgen::fp8_e5m2, HEAD)    \
   PAGEDGEN_PA_REDUCE(T, HEAD)
 #define PAGEDGEN_PA_SCALAR(T) \
   PAGEDGEN_PA_HEAD(T, 64)     \
@@ -282,7 +291,7 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
   PAGEDGEN_PA_HEAD(T, 256)
 
 #if defined(PAGEDGEN_SCALAR_T)
-PAGEDGEN_PA_BLOCK(PAGEDGEN_SCALAR_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE)
+PAGEDGEN_PA_BLOCK(PAGEDGEN_SCALAR_T, PAGEDGEN_CACHE_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE)
 PAGEDGEN_PA_REDUCE(PAGEDGEN_SCALAR_T, PAGEDGEN_HEAD_SIZE)
 #else
 PAGEDGEN_PA_SCALAR(float)

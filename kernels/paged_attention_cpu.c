@@ -3,10 +3,11 @@
 // (GQA). Two passes over the context: scores (q . k) for every token, VW keys at a time summed by
 // one transpose-and-add tree, then softmax, then the weighted sum of V rows, each row loaded once
 // for up to 4 query heads. q and the output are float32 or bfloat16 (widened, and rounded at
-// the end), the scores and sums float32; the cache is float32,
-// bfloat16 or float16, widened to float32 as it is loaded (bfloat16 exactly, by a shift; float16
-// by the F16C conversion where the target has it). With AVX512_BF16, bfloat16 keys take
-// dot-product instructions instead, over q rounded to bfloat16 (a bfloat16 model's q already is).
+// the end), the scores and sums float32; the cache is float32, bfloat16, float16 or an 8-bit
+// float (E4M3, E5M2), widened to float32 exactly as it is loaded (bfloat16 by a shift; float16
+// and the 8-bit floats by the F16C conversion where the target has it). With AVX512_BF16,
+// bfloat16 keys take dot-product instructions instead, over q rounded to bfloat16 (a bfloat16
+// model's q already is).
 // The blocks of a context lie anywhere in the pool, so the kernel prefetches them itself.
 //
 // Cache layout, shared with the CUDA kernels and the torch backend:
@@ -280,6 +281,10 @@ ATTEND_UNITS(bf16, DPBF16)
 ATTEND_UNITS(bf16, WIDEN)
 #endif
 ATTEND_UNITS(f16, WIDEN)
+QK_KEYS_ALL(e4m3)
+QK_KEYS_ALL(e5m2)
+ATTEND_UNITS(e4m3, WIDEN)
+ATTEND_UNITS(e5m2, WIDEN)
 
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
 
@@ -296,6 +301,8 @@ typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
 static AttendUnit attend_unit_for(int kv_dtype, int head_dim) {
   if (kv_dtype == 0) PICK_UNIT(f32)
   if (kv_dtype == 1) PICK_UNIT(bf16)
+  if (kv_dtype == 3) PICK_UNIT(e4m3)
+  if (kv_dtype == 4) PICK_UNIT(e5m2)
   PICK_UNIT(f16)
 }
 
@@ -336,7 +343,7 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
                            int sliding_window, float softcap, int num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP)
     return 1;
-  if (kv_dtype < 0 || kv_dtype > 2 || (kv_dtype == 2 && !paged_attention_has_float16())) return 1;
+  if (kv_dtype < 0 || kv_dtype > 4 || (kv_dtype == 2 && !paged_attention_has_float16())) return 1;
   const AttendUnit attend = attend_unit_for(kv_dtype, head_dim);
   if (num_threads < 1) num_threads = 1;
   if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;

@@ -4,7 +4,7 @@
 // semantics as kernels/paged_attention.cu, whose v2 reduce kernel combines our partitions (its
 // rows are per query head, as ours are).
 //
-//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE] of CACHE_T
 //   query heads of kv head k: k * group ... k * group + group - 1, group = num_heads / num_kv_heads
 //   grid.x = num_kv_heads * num_tiles, tile i of a group holds heads i * GROUP_TILE ... (at most
 //   GROUP_TILE; the missing heads of the last tile get zero queries and are not written)
@@ -27,14 +27,18 @@ constexpr int kGroupedMinBlocksPerSm = 4;
 //           ... of the output, slice the heads slice * SLICE_HEADS ... + SLICE_HEADS - 1, row the
 //           tokens row, row + V_ROWS, ...; slices of one col load the same address in the same
 //           instruction, so a value vector is fetched once for every head.
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int GROUP_TILE, typename O>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          int GROUP_TILE, typename O>
 __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
                              float* __restrict__ max_logits, float* __restrict__ exp_sums,
                              long long stats_head_stride, const T* __restrict__ q, int num_q_heads,
-                             const T* __restrict__ key_cache, const T* __restrict__ value_cache,
+                             const CACHE_T* __restrict__ key_cache,
+                             const CACHE_T* __restrict__ value_cache,
                              const int* __restrict__ block_table, int kv_head, int num_kv_heads,
                              float scale, int start_token, int end_token) {
-  constexpr int VEC = 16 / sizeof(T);
+  // 16-byte vectors of a 16-bit or float cache; an fp8 cache loads 8 bytes, as 16 elements a lane
+  // would spill the tile's scores.
+  constexpr int VEC = sizeof(CACHE_T) == 1 ? 8 : 16 / sizeof(CACHE_T);
   constexpr int NUM_VECS = HEAD_SIZE / VEC;
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
   constexpr int THREADS_PER_TOKEN = kWarpSize / BLOCK_SIZE;
@@ -44,11 +48,11 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
   constexpr int V_ROWS = kWarpSize / (V_LANES * V_SLICES);
   constexpr int SLICE_HEADS = GROUP_TILE / V_SLICES;
   constexpr int V_VECS = (NUM_VECS + V_LANES - 1) / V_LANES;
-  static_assert(HEAD_SIZE % VEC == 0 && VEC % 4 == 0, "whole 16-byte vectors of whole float4s");
+  static_assert(HEAD_SIZE % VEC == 0 && VEC % 4 == 0, "whole vectors of whole float4s");
   static_assert(kWarpSize % BLOCK_SIZE == 0, "a warp scores a whole KV block at once");
   static_assert(NUM_THREADS % kWarpSize == 0, "NUM_THREADS must be whole warps");
   static_assert(pow2_ceil(GROUP_TILE) == GROUP_TILE, "slices split the tile evenly");
-  using KV = Vec<T, VEC>;
+  using KV = Vec<CACHE_T, VEC>;
   using F4 = Vec<float, 4>;
 
   __shared__ F4 s_q[GROUP_TILE][HEAD_SIZE / 4];
@@ -99,7 +103,7 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
 
     float score[GROUP_TILE] = {};
     if (token_in_block < num_tokens) {
-      const T* k = key_cache + block_offset + (long long)token_in_block * token_stride;
+      const CACHE_T* k = key_cache + block_offset + (long long)token_in_block * token_stride;
 #pragma unroll 2
       for (int i = 0; i < K_VECS; ++i) {
         const int v = part + i * THREADS_PER_TOKEN;
@@ -156,7 +160,7 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
 #pragma unroll 4
     for (int t = v_row; t < BLOCK_SIZE; t += V_ROWS) {
       if (t < num_tokens) {
-        const T* v_token = value_cache + block_offset + (long long)t * token_stride;
+        const CACHE_T* v_token = value_cache + block_offset + (long long)t * token_stride;
 #pragma unroll
         for (int i = 0; i < V_VECS; ++i) {
           const int v = v_col + i * V_LANES;
@@ -252,19 +256,20 @@ __device__ __forceinline__ GroupTile group_tile(int num_heads, int num_kv_heads)
 }
 
 // grid (num_kv_heads * num_tiles, num_seqs), block NUM_THREADS
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int GROUP_TILE>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          int GROUP_TILE>
 __global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
     paged_attention_grouped_v1_kernel(
-        T* __restrict__ out,                   // [num_seqs, num_heads, HEAD_SIZE]
-        const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
-        const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-        const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-        const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
-        const int* __restrict__ context_lens,  // [num_seqs]
+        T* __restrict__ out,                      // [num_seqs, num_heads, HEAD_SIZE]
+        const T* __restrict__ query,              // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+        const CACHE_T* __restrict__ key_cache,    // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const CACHE_T* __restrict__ value_cache,  // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
+        const int* __restrict__ context_lens,     // [num_seqs]
         int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads) {
   const int seq = blockIdx.y;
   const GroupTile tile = group_tile<GROUP_TILE>(num_heads, num_kv_heads);
-  attend_group<T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, GROUP_TILE>(
+  attend_group<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, GROUP_TILE>(
       out + ((long long)seq * num_heads + tile.first_head) * HEAD_SIZE, HEAD_SIZE, nullptr,
       nullptr, 0, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
       tile.num_q_heads, key_cache, value_cache,
@@ -274,17 +279,18 @@ __global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
 
 // grid (num_kv_heads * num_tiles, num_seqs, max_num_partitions), block NUM_THREADS; the stats
 // and partial outputs are laid out per query head, as paged_attention_v2_reduce_kernel reads them.
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int GROUP_TILE>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
+          int GROUP_TILE>
 __global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
     paged_attention_grouped_v2_kernel(
-        float* __restrict__ exp_sums,          // [num_seqs, num_heads, max_num_partitions]
-        float* __restrict__ max_logits,        // [num_seqs, num_heads, max_num_partitions]
-        float* __restrict__ tmp_out,           // [num_seqs, num_heads, max_num_partitions, HEAD]
-        const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
-        const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-        const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-        const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
-        const int* __restrict__ context_lens,  // [num_seqs]
+        float* __restrict__ exp_sums,             // [num_seqs, num_heads, max_num_partitions]
+        float* __restrict__ max_logits,           // [num_seqs, num_heads, max_num_partitions]
+        float* __restrict__ tmp_out,              // [num_seqs, num_heads, max_num_partitions, HEAD]
+        const T* __restrict__ query,              // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+        const CACHE_T* __restrict__ key_cache,    // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const CACHE_T* __restrict__ value_cache,  // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
+        const int* __restrict__ context_lens,     // [num_seqs]
         int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads,
         int partition_size) {  // a multiple of BLOCK_SIZE: partitions start on a block boundary
   const int seq = blockIdx.y;
@@ -295,7 +301,7 @@ __global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
   const int end_token = min(start_token + partition_size, context_len);
   const GroupTile tile = group_tile<GROUP_TILE>(num_heads, num_kv_heads);
   const long long row = ((long long)seq * num_heads + tile.first_head) * gridDim.z + partition;
-  attend_group<T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, GROUP_TILE>(
+  attend_group<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, GROUP_TILE>(
       tmp_out + row * HEAD_SIZE, (long long)gridDim.z * HEAD_SIZE, max_logits + row,
       exp_sums + row, gridDim.z, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
       tile.num_q_heads, key_cache, value_cache,
@@ -306,32 +312,39 @@ __global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
 }  // namespace pagedgen
 
 // Explicit instantiations, with the launch constants of pagedgen/kernels/paged_attention_grouped.py
-// (group tiles 4 and 8, head size 256 only 4). The runtime compiles one (scalar, head size, block
-// size, group tile) per module and says which with -D; offline builds (nvcc -cubin in the tests)
-// get every supported combination.
-#define PAGEDGEN_PAG_TILE(T, HEAD, BLOCK, TILE)                                                  \
-  template __global__ void pagedgen::paged_attention_grouped_v1_kernel<T, HEAD, BLOCK, 128, TILE>( \
-      T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float, int);     \
-  template __global__ void pagedgen::paged_attention_grouped_v2_kernel<T, HEAD, BLOCK, 128, TILE>( \
-      float*, float*, float*, const T*, const T*, const T*, const int*, const int*, int, int,   \
+// (group tiles 4 and 8, head size 256 only 4). The runtime compiles one (scalar, cache type, head
+// size, block size, group tile) per module and says which with -D; offline builds (nvcc -cubin in
+// the tests) get every supported combination.
+#define PAGEDGEN_PAG_TILE(T, C, HEAD, BLOCK, TILE)                                                \
+  template __global__ void                                                                       \
+  pagedgen::paged_attention_grouped_v1_kernel<T, C, HEAD, BLOCK, 128, TILE>(                     \
+      T*, const T*, const C*, const C*, const int*, const int*, int, int, int, float, int);     \
+  template __global__ void                                                                       \
+  pagedgen::paged_attention_grouped_v2_kernel<T, C, HEAD, BLOCK, 128, TILE>(                     \
+      float*, float*, float*, const T*, const C*, const C*, const int*, const int*, int, int,   \
       int, float, int, int);
-#define PAGEDGEN_PAG_HEAD(T, HEAD, TILE) \
-  PAGEDGEN_PAG_TILE(T, HEAD, 8, TILE)    \
-  PAGEDGEN_PAG_TILE(T, HEAD, 16, TILE)   \
-  PAGEDGEN_PAG_TILE(T, HEAD, 32, TILE)
-#define PAGEDGEN_PAG_SCALAR(T)  \
-  PAGEDGEN_PAG_HEAD(T, 64, 4)   \
-  PAGEDGEN_PAG_HEAD(T, 64, 8)   \
-  PAGEDGEN_PAG_HEAD(T, 80, 4)   \
-  PAGEDGEN_PAG_HEAD(T, 80, 8)   \
-  PAGEDGEN_PAG_HEAD(T, 96, 4)   \
-  PAGEDGEN_PAG_HEAD(T, 96, 8)   \
-  PAGEDGEN_PAG_HEAD(T, 128, 4)  \
-  PAGEDGEN_PAG_HEAD(T, 128, 8)  \
-  PAGEDGEN_PAG_HEAD(T, 256, 4)
+#define PAGEDGEN_PAG_HEAD(T, C, HEAD, TILE) \
+  PAGEDGEN_PAG_TILE(T, C, HEAD, 8, TILE)    \
+  PAGEDGEN_PAG_TILE(T, C, HEAD, 16, TILE)   \
+  PAGEDGEN_PAG_TILE(T, C, HEAD, 32, TILE)
+#define PAGEDGEN_PAG_CACHE(T, C)  \
+  PAGEDGEN_PAG_HEAD(T, C, 64, 4)  \
+  PAGEDGEN_PAG_HEAD(T, C, 64, 8)  \
+  PAGEDGEN_PAG_HEAD(T, C, 80, 4)  \
+  PAGEDGEN_PAG_HEAD(T, C, 80, 8)  \
+  PAGEDGEN_PAG_HEAD(T, C, 96, 4)  \
+  PAGEDGEN_PAG_HEAD(T, C, 96, 8)  \
+  PAGEDGEN_PAG_HEAD(T, C, 128, 4) \
+  PAGEDGEN_PAG_HEAD(T, C, 128, 8) \
+  PAGEDGEN_PAG_HEAD(T, C, 256, 4)
+#define PAGEDGEN_PAG_SCALAR(T)                \
+  PAGEDGEN_PAG_CACHE(T, T)                    \
+  PAGEDGEN_PAG_CACHE(T, pagedgen::fp8_e4m3)   \
+  PAGEDGEN_PAG_CACHE(T, pagedgen::fp8_e5m2)
 
 #if defined(PAGEDGEN_SCALAR_T)
-PAGEDGEN_PAG_TILE(PAGEDGEN_SCALAR_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE, PAGEDGEN_GROUP_TILE)
+PAGEDGEN_PAG_TILE(PAGEDGEN_SCALAR_T, PAGEDGEN_CACHE_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE,
+                  PAGEDGEN_GROUP_TILE)
 #else
 PAGEDGEN_PAG_SCALAR(float)
 PAGEDGEN_PAG_SCALAR(__half)

@@ -2,7 +2,7 @@
 // of a step, FlashAttention-style, with the step's K/V already written to the cache.
 //
 // Cache layout, shared with the PyTorch backend and the decode kernel:
-//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE] of CACHE_T (T or fp8)
 //   position p of a sequence sits in block block_table[p / BLOCK_SIZE], row p % BLOCK_SIZE
 //
 // Sequence s owns query rows cu_seqlens_q[s]..cu_seqlens_q[s + 1], the last query_len of its
@@ -33,15 +33,15 @@ __host__ __device__ constexpr int prefill_tile_keys(int head_size) {
 }
 
 // grid (num_kv_heads, ceil(max_query_len * group / BLOCK_M), num_seqs), block kPrefillThreads
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE>
 __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefill_attention_kernel(
-    T* __restrict__ out,                   // [num_tokens, num_kv_heads * group, HEAD_SIZE]
-    const T* __restrict__ query,           // [num_tokens, num_kv_heads * group, HEAD_SIZE], strided
-    const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-    const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
-    const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
-    const int* __restrict__ cu_seqlens_q,  // [num_seqs + 1], rows of query and out
-    const int* __restrict__ context_lens,  // [num_seqs]
+    T* __restrict__ out,                      // [num_tokens, num_kv_heads * group, HEAD_SIZE]
+    const T* __restrict__ query,              // [num_tokens, num_kv_heads * group, HEAD], strided
+    const CACHE_T* __restrict__ key_cache,    // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+    const CACHE_T* __restrict__ value_cache,  // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
+    const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
+    const int* __restrict__ cu_seqlens_q,     // [num_seqs + 1], rows of query and out
+    const int* __restrict__ context_lens,     // [num_seqs]
     int max_num_blocks_per_seq, int q_stride, int group, float scale,
     int window,      // 0: none
     float softcap) {  // 0: none
@@ -52,11 +52,11 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
   // A row stride of HEAD_SIZE + LANES_PER_KEY floats puts the lanes scoring one tile in
   // distinct banks.
   constexpr int KV_STRIDE = HEAD_SIZE + LANES_PER_KEY;
-  constexpr int VEC = 16 / sizeof(T);
+  constexpr int VEC = 16 / sizeof(CACHE_T);
   constexpr int NUM_VECS = HEAD_SIZE / VEC;
   static_assert(HEAD_SIZE % VEC == 0, "HEAD_SIZE must be a whole number of 16-byte vectors");
   static_assert(HEAD_SIZE % LANES_PER_KEY == 0, "lanes of a key split its dims evenly");
-  using KV = Vec<T, VEC>;
+  using KV = Vec<CACHE_T, VEC>;
 
   __shared__ float s_q[kPrefillRows][HEAD_SIZE];
   __shared__ float s_k[TILE_KEYS][KV_STRIDE];
@@ -190,25 +190,29 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
 }  // namespace pagedgen
 
 // Explicit instantiations, with the launch constants of pagedgen/kernels/prefill_attention.py.
-// The runtime compiles one (scalar, head size, block size) per module and says which with -D;
-// offline builds (nvcc -cubin in the tests) get every supported combination.
-#define PAGEDGEN_PF_BLOCK(T, HEAD, BLOCK)                                                      \
-  template __global__ void pagedgen::prefill_attention_kernel<T, HEAD, BLOCK>(                \
-      T*, const T*, const T*, const T*, const int*, const int*, const int*, int, int, int,    \
+// The runtime compiles one (scalar, cache type, head size, block size) per module and says which
+// with -D; offline builds (nvcc -cubin in the tests) get every supported combination.
+#define PAGEDGEN_PF_BLOCK(T, C, HEAD, BLOCK)                                                   \
+  template __global__ void pagedgen::prefill_attention_kernel<T, C, HEAD, BLOCK>(             \
+      T*, const T*, const C*, const C*, const int*, const int*, const int*, int, int, int,    \
       float, int, float);
-#define PAGEDGEN_PF_HEAD(T, HEAD) \
-  PAGEDGEN_PF_BLOCK(T, HEAD, 8)   \
-  PAGEDGEN_PF_BLOCK(T, HEAD, 16)  \
-  PAGEDGEN_PF_BLOCK(T, HEAD, 32)
-#define PAGEDGEN_PF_SCALAR(T) \
-  PAGEDGEN_PF_HEAD(T, 64)     \
-  PAGEDGEN_PF_HEAD(T, 80)     \
-  PAGEDGEN_PF_HEAD(T, 96)     \
-  PAGEDGEN_PF_HEAD(T, 128)    \
-  PAGEDGEN_PF_HEAD(T, 256)
+#define PAGEDGEN_PF_HEAD(T, C, HEAD) \
+  PAGEDGEN_PF_BLOCK(T, C, HEAD, 8)   \
+  PAGEDGEN_PF_BLOCK(T, C, HEAD, 16)  \
+  PAGEDGEN_PF_BLOCK(T, C, HEAD, 32)
+#define PAGEDGEN_PF_CACHE(T, C) \
+  PAGEDGEN_PF_HEAD(T, C, 64)    \
+  PAGEDGEN_PF_HEAD(T, C, 80)    \
+  PAGEDGEN_PF_HEAD(T, C, 96)    \
+  PAGEDGEN_PF_HEAD(T, C, 128)   \
+  PAGEDGEN_PF_HEAD(T, C, 256)
+#define PAGEDGEN_PF_SCALAR(T)                \
+  PAGEDGEN_PF_CACHE(T, T)                    \
+  PAGEDGEN_PF_CACHE(T, pagedgen::fp8_e4m3)   \
+  PAGEDGEN_PF_CACHE(T, pagedgen::fp8_e5m2)
 
 #if defined(PAGEDGEN_SCALAR_T)
-PAGEDGEN_PF_BLOCK(PAGEDGEN_SCALAR_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE)
+PAGEDGEN_PF_BLOCK(PAGEDGEN_SCALAR_T, PAGEDGEN_CACHE_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE)
 #else
 PAGEDGEN_PF_SCALAR(float)
 PAGEDGEN_PF_SCALAR(__half)

@@ -6,6 +6,7 @@ from pagedgen.spec_decode.config import SpeculativeConfig
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's (attention/kv_cache_dtype.py)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -28,6 +29,8 @@ class EngineConfig:
     step to the next, so the host's work overlaps the device's (LLMEngine.step). enable_lora
     lets requests run with LoRA adapters (max_loras of them in one step, of rank up to
     max_lora_rank; at most max_cpu_loras of them kept read in host memory: vLLM's names).
+    kv_cache_dtype (vLLM's) stores K/V in the model's dtype ("auto") or in 8-bit floats ("fp8",
+    "fp8_e4m3", "fp8_e5m2"), which hold 2x (4x in float32) the tokens in the same memory.
     speculative_config (vLLM's dict, {"method": "ngram", "num_speculative_tokens": k, ...})
     verifies draft tokens found by n-gram prompt lookup (spec_decode/); not with async_scheduling.
     """
@@ -36,6 +39,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
+    kv_cache_dtype: str = "auto"
     kv_cache_memory: float | None = None
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
@@ -64,6 +68,10 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
             )
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(

@@ -113,6 +113,39 @@ def test_half_precision_backends_match_reference(backend_name, dtype):
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("backend_name", ["torch", "cpu"])
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_caches_match_the_reference_over_the_rounded_kv(backend_name, kv_cache_dtype, dtype):
+    """An fp8 cache under float32 or bfloat16 activations: every backend writes the same bytes
+    (saturated, rounded to nearest even) and attends over K/V as the cache holds them, this
+    step's prefill tokens included, as the reference does reading everything from the cache."""
+    if backend_name == "cpu" and cpu_kernel_error() is not None:
+        pytest.skip(f"no CPU kernel: {cpu_kernel_error()}")
+    torch.manual_seed(1)
+    num_blocks, block_size, num_heads, num_kv_heads, head_dim = 64, 16, 6, 2, 64
+    backend = get_attention_backend(backend_name, torch.device("cpu"), head_dim, block_size)
+    query_lens = [1, 1, 1, 7, 16, 5]
+    context_lens = [1, 17, 100, 7, 40, 33]  # prefills with and without cached context
+    md = make_batch(query_lens, context_lens, block_size, num_blocks, 0)
+    num_tokens = sum(query_lens)
+    query = torch.randn(num_tokens, num_heads, head_dim).to(dtype)
+    key = (torch.randn(num_tokens, num_kv_heads, head_dim) * 4).to(dtype)
+    key[0, 0, :2] = 1e6  # saturates, where a plain cast to E5M2 would store inf
+    value = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
+    cache = (torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim) * 4).to(kv_cache_dtype)
+    ref_cache = cache.clone()
+    backend.prepare(md)
+    out = backend.forward(query, key, value, cache[0], cache[1], md, head_dim**-0.5)
+    reference = ReferenceAttentionBackend()
+    ref = reference.forward(query, key, value, ref_cache[0], ref_cache[1], md, head_dim**-0.5)
+    assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
+    assert cache[0].float().isfinite().all()
+    assert out.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, ref, atol=tolerance, rtol=tolerance)
+
+
 @pytest.mark.skipif(cpu_kernel_error() is not None, reason="no CPU kernel")
 @pytest.mark.parametrize("long_len", [1024, 1025])  # the kernel's last length, SDPA's first
 def test_cpu_backend_prefills_long_float32_sequences_too(long_len):

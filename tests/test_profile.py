@@ -119,6 +119,15 @@ def test_profile_simulate_json(tiny_llama_path, tmp_path, capsys):
     utilization = [row["live_token_utilization"] for row in report["block_sizes"]]
     assert utilization == sorted(utilization, reverse=True)  # bigger blocks waste more
 
+    code, stdout, stderr = run_in_process(
+        capsys, "profile", str(src), "--simulate", "--model", str(tiny_llama_path),
+        "--kv-cache-memory", "0.001", "--kv-cache-dtype", "fp8_e5m2", "--json",
+    )  # fmt: skip
+    assert code == 0, stderr
+    fp8 = json.loads(stdout)["kv_cache"]  # a quarter of float32's bytes: 4x the pool's tokens
+    assert fp8["bytes_per_token"] == 128 and fp8["dtype"] == "float8_e5m2"
+    assert fp8["num_blocks"] == 0.001 * 2**30 // (16 * 128) == 4 * kv["num_blocks"]
+
 
 def test_profile_real_run_tables_and_plot(tiny_llama_path, tmp_path, capsys):
     pytest.importorskip("matplotlib")

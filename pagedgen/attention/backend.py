@@ -2,6 +2,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from pagedgen.attention.kv_cache_dtype import gather, writable
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.engine.transfer import to_device
 from pagedgen.layers.rotary import Rope
@@ -127,7 +128,7 @@ class AttentionBackend(ABC):
         """Copies whole blocks inside each layer's [2, num_blocks, ...] cache (copy-on-write)."""
         src, dst = (to_device(ids, torch.int64, kv_caches[0].device) for ids in zip(*src_to_dst))
         for kv_cache in kv_caches:
-            kv_cache[:, dst] = kv_cache[:, src]
+            writable(kv_cache)[:, dst] = writable(kv_cache)[:, src]
 
     def swap_blocks(
         self,
@@ -142,11 +143,11 @@ class AttentionBackend(ABC):
         src_index = to_device(src, torch.int64, src_caches[0].device)
         dst_index = to_device(dst, torch.int64, dst_caches[0].device)
         for src_cache, dst_cache in zip(src_caches, dst_caches):
-            blocks = src_cache.index_select(1, src_index)
+            blocks = gather(src_cache, src_index, dim=1)
             # Only toward a GPU may the copy be non-blocking: one toward the host returns before
             # its data has landed, and index_copy_ on the host would read it at once.
             blocks = blocks.to(dst_cache.device, non_blocking=dst_cache.device.type != "cpu")
-            dst_cache.index_copy_(1, dst_index, blocks)
+            writable(dst_cache).index_copy_(1, dst_index, writable(blocks))
 
 
 def split_qkv(

@@ -146,7 +146,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         context in the cache (this step's K/V are written already). Against one SDPA call per
         sequence (AVX-512, SmolLM2's heads): 1.6-2.5x faster up to 300 tokens, as fast at 1000;
         past that SDPA's matmuls win in float32 (1.4x at 4000 tokens), not in bfloat16."""
-        long_float32 = key_cache.dtype == torch.float32 and (
+        long_float32 = query.dtype == torch.float32 and (
             max(metadata.query_lens_cpu[metadata.num_decode_seqs :]) > MAX_KERNEL_PREFILL_FLOAT32
         )
         if key_cache.dtype not in kernel_dtypes() or long_float32:

@@ -23,9 +23,12 @@ class CupyAttentionBackend(TorchAttentionBackend):
     its tiles use no tensor cores yet), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA,
     one call per sequence. PAGEDGEN_CUDA_GROUPED_DECODE=1 decodes GQA layers with the grouped
     kernel, which reads each kv head's K/V once for its group. Reads the same cache layout as
-    the torch backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES. Layers
-    with a sliding window or soft-capped scores (Gemma 2/3, Mistral) decode through the torch
-    path: the decode kernels have neither yet (the prefill kernel has both)."""
+    the torch backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES, and fp8
+    caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside caches of the model's dtype: every
+    kernel rounds K/V into them as to_cache_dtype does, and attention reads this step's K/V
+    back from the cache, so it sees them as later steps will. Layers with a sliding window or
+    soft-capped scores (Gemma 2/3, Mistral) decode through the torch path, which reads fp8
+    caches too: the decode kernels have neither yet (the prefill kernel has both)."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"

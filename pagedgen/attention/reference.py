@@ -1,6 +1,7 @@
 import torch
 
 from pagedgen.attention.backend import AttentionBackend
+from pagedgen.attention.kv_cache_dtype import to_cache_dtype
 from pagedgen.attention.metadata import AttentionMetadata
 
 
@@ -12,6 +13,7 @@ def write_kv_reference(
     slot_mapping: torch.Tensor,  # [num_tokens], -1 = skip
 ) -> None:
     block_size = key_cache.shape[1]
+    key, value = to_cache_dtype(key, key_cache.dtype), to_cache_dtype(value, value_cache.dtype)
     for i, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:
             continue

@@ -2,6 +2,12 @@ import torch
 import torch.nn.functional as F
 
 from pagedgen.attention.backend import AttentionBackend
+from pagedgen.attention.kv_cache_dtype import (
+    gather,
+    round_through_cache,
+    to_cache_dtype,
+    writable,
+)
 from pagedgen.attention.metadata import AttentionMetadata
 
 
@@ -15,8 +21,9 @@ def write_kv(
     """Writes the step's K/V, rounded to the cache's dtype where it is narrower."""
     num_kv_heads, head_dim = key_cache.shape[2:]
     dtype = key_cache.dtype
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(dtype))
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(dtype))
+    for cache, x in ((key_cache, key), (value_cache, value)):
+        rows = writable(to_cache_dtype(x, dtype))
+        writable(cache).view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, rows)
 
 
 def attention(
@@ -73,11 +80,12 @@ def decode_attention(
     num_blocks = -(-max_context_len // block_size)
     blocks = block_tables[:, :num_blocks]
     # [num_seqs, num_kv_heads, num_blocks * block_size, head_dim]
-    keys = key_cache[blocks].flatten(1, 2).transpose(1, 2)
-    values = value_cache[blocks].flatten(1, 2).transpose(1, 2)
+    shape, index = (*blocks.shape, *key_cache.shape[1:]), blocks.flatten().clamp(min=0)
+    keys = gather(key_cache, index).view(shape).flatten(1, 2).transpose(1, 2)
+    values = gather(value_cache, index).view(shape).flatten(1, 2).transpose(1, 2)
     positions = torch.arange(num_blocks * block_size, device=query.device)
     mask = positions[None, :] < context_lens[:, None]
-    if window is not None:  # blocks out of the window may be freed (id -1): masked, never used
+    if window is not None:  # blocks out of the window may be freed (id -1, read as 0): masked
         mask &= positions[None, :] >= context_lens[:, None] - window
     out = attention(
         query.unsqueeze(2),
@@ -113,8 +121,8 @@ def decode_attention_per_seq(
         first_block = first // block_size
         blocks = blocks[first_block:]
         first, end = first - first_block * block_size, context_len - first_block * block_size
-        keys = key_cache.index_select(0, blocks).view(1, -1, num_kv_heads, head_dim)
-        values = value_cache.index_select(0, blocks).view(1, -1, num_kv_heads, head_dim)
+        keys = gather(key_cache, blocks).view(1, -1, num_kv_heads, head_dim)
+        values = gather(value_cache, blocks).view(1, -1, num_kv_heads, head_dim)
         outs.append(
             attention(
                 queries[i],
@@ -166,14 +174,17 @@ def prefill_attention(
         query_len, context_len = metadata.query_lens_cpu[i], metadata.context_lens_cpu[i]
         end = start + query_len
         first = window_start(context_len, query_len, window)
-        if context_len == query_len:
-            keys, values = key[start:end], value[start:end]
+        if context_len == query_len:  # as the cache holds them, as later steps will read them
+            keys = round_through_cache(key[start:end], key_cache.dtype)
+            values = round_through_cache(value[start:end], value_cache.dtype)
         else:
             first_block = first // block_size
             blocks = metadata.block_tables[i, first_block : -(-context_len // block_size)]
             offset = first_block * block_size
-            keys = key_cache[blocks].flatten(0, 1)[first - offset : context_len - offset]
-            values = value_cache[blocks].flatten(0, 1)[first - offset : context_len - offset]
+            keys = gather(key_cache, blocks).flatten(0, 1)[first - offset : context_len - offset]
+            values = gather(value_cache, blocks).flatten(0, 1)[
+                first - offset : context_len - offset
+            ]
             keys, values = keys.to(query.dtype), values.to(query.dtype)
         key_start = 0 if context_len == query_len else first
         mask = None

@@ -51,6 +51,7 @@ class BenchOptions:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     block_size: int = 16
+    kv_cache_dtype: str = "auto"  # pagedgen's (vLLM's names); the baselines keep the model's
     enforce_eager: bool = False  # False: pagedgen replays decode steps from CUDA graphs (cuda)
     async_scheduling: bool = False
     roofline: bool = True
@@ -98,12 +99,13 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
         block_size=options.block_size,
+        kv_cache_dtype=options.kv_cache_dtype,
         enforce_eager=options.enforce_eager,
         async_scheduling=options.async_scheduling,
         seed=options.seed,
     )
     engine = llm.engine
-    dtype = engine.runner.kv_cache_dtype  # the model's, as asked
+    dtype = getattr(torch, options.dtype)
     if from_file is not None:
         check_workload(from_file, vocab_size_of(engine), engine.max_model_len)
         workload = from_file
@@ -145,6 +147,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
             "block_size": engine.config.block_size,
             "num_blocks": engine.num_blocks,
             "dtype": str(dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(engine.runner.kv_cache_dtype).removeprefix("torch."),
             "gpu_memory_utilization": gpu_memory_utilization,
             "decode_graphs": graphs.describe() if (graphs := engine.runner.decode_graphs) else None,
         },

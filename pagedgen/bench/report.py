@@ -25,6 +25,7 @@ def render(report: dict, console: Console) -> None:
         f"pagedgen: {engine['dtype']}, max_num_seqs {engine['max_num_seqs']}, "
         f"max_num_batched_tokens {engine['max_num_batched_tokens']}, "
         f"{engine['num_blocks']} KV blocks of {engine['block_size']} tokens"
+        + (f" ({engine['kv_cache_dtype']})" if engine.get("kv_cache_dtype") else "")
         + (f"; decode steps from {engine['decode_graphs']}" if engine.get("decode_graphs") else ""),
         highlight=False,
     )

@@ -33,6 +33,9 @@ def bench(
         None, help="pagedgen's most tokens per step [default: the engine's]"
     ),
     block_size: int = typer.Option(16, help="pagedgen's tokens per KV-cache block"),
+    kv_cache_dtype: str = typer.Option(
+        "auto", help="pagedgen's KV-cache element type: auto (the model's), fp8 or fp8_e5m2"
+    ),
     enforce_eager: bool = typer.Option(
         False, help="--enforce-eager runs pagedgen's decode steps without CUDA or CPU graphs"
     ),
@@ -91,6 +94,7 @@ def bench(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             block_size=block_size,
+            kv_cache_dtype=kv_cache_dtype,
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
             roofline=roofline,

@@ -113,6 +113,15 @@ ENGINE = OptionGroup(
             int,
             _engine(16, help="tokens per KV-cache block: a power of two up to 128", metavar="N"),
         ),
+        "kv_cache_dtype": (
+            str,
+            _engine(
+                "auto",
+                help="KV-cache element type: auto (the model's dtype), fp8 (= fp8_e4m3) or "
+                "fp8_e5m2, 8-bit floats that hold 2x the tokens of 16-bit ones",
+                metavar="T",
+            ),
+        ),
         "kv_cache_memory": (
             float | None,
             _engine(

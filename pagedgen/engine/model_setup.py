@@ -9,6 +9,7 @@ import torch
 
 from pagedgen.allocator import keep_freed_memory
 from pagedgen.attention import get_attention_backend
+from pagedgen.attention.kv_cache_dtype import resolve_kv_cache_dtype
 from pagedgen.config import EngineConfig
 from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
 from pagedgen.engine.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
@@ -83,7 +84,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
     tokenizer = load_tokenizer(resolved)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
-    geometry = KVGeometry.of(hf_config, dtype)
+    kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+    geometry = KVGeometry.of(hf_config, kv_cache_dtype)
     backend = get_attention_backend(
         config.attention_backend, device, geometry.head_dim, config.block_size
     )
@@ -94,7 +96,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         geometry,
         config.block_size,
         device,
-        dtype,
+        kv_cache_dtype,
         config.seed,
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
@@ -132,12 +134,15 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         and not config.enforce_eager
         and model.supports_graphs
         and dtype in kernel_dtypes()
+        and kv_cache_dtype in kernel_dtypes()
     )
     runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs or cpu_graphs)
     where = str(device)
     if device.type == "cpu":
         where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"
     attention = f"{backend.name} attention"
+    if kv_cache_dtype != dtype:
+        attention += f", {config.kv_cache_dtype} KV cache"
     if backend.name == "cupy" and torch_decode:
         attention += ", torch for its sliding-window and soft-capped layers"
     log(
@@ -188,7 +193,7 @@ def describe_pool(
     asked = "" if asked_bytes is None else f" of {asked_bytes / GIB:.6g} GiB asked"
     return (
         f"KV cache: {pool.num_blocks} blocks x {block_size} tokens = {num_tokens} tokens, "
-        f"{gib:.3g} GiB{asked} ({geometry.bytes_per_token} bytes/token); "
+        f"{gib:.3g} GiB{asked} ({geometry.bytes_per_token} bytes/token of {geometry.dtype}); "
         f"CPU swap pool {pool.num_cpu_blocks} blocks"
     )
 

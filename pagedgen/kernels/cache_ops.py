@@ -3,15 +3,28 @@ import torch
 
 from pagedgen.kernels.launch import (
     C_TYPES,
+    FP8_C_TYPES,
     KernelLaunch,
+    KernelModule,
+    cache_module,
     check,
     check_dtype,
     check_tensor,
-    typed_module,
 )
 
-RESHAPE_AND_CACHE = typed_module("reshape_and_cache.cu", "reshape_and_cache_kernel")
-COPY_BLOCKS = typed_module("copy_blocks.cu", "copy_blocks_kernel")
+# Copies move elements of the cache's size: fp8 caches go as bytes.
+COPY_C_TYPES = {**C_TYPES, **dict.fromkeys(FP8_C_TYPES, "unsigned char")}
+COPY_BLOCKS = KernelModule(
+    "copy_blocks.cu",
+    (),
+    tuple(
+        f"pagedgen::copy_blocks_kernel<{c_type}>" for c_type in dict.fromkeys(COPY_C_TYPES.values())
+    ),
+)
+
+
+def reshape_and_cache_module(dtype: torch.dtype, cache_dtype: torch.dtype) -> KernelModule:
+    return cache_module("reshape_and_cache.cu", "reshape_and_cache_kernel", dtype, cache_dtype)
 
 
 def reshape_and_cache_launch(
@@ -21,11 +34,13 @@ def reshape_and_cache_launch(
     value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
     slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = write nothing
 ) -> KernelLaunch | None:
-    """Plans writing token i's key and value into cache slot slot_mapping[i]."""
-    dtype = key_cache.dtype
+    """Plans writing token i's key and value into cache slot slot_mapping[i], rounded as
+    to_cache_dtype rounds them where the cache is fp8."""
+    dtype, cache_dtype = key.dtype, key_cache.dtype
     check_dtype(dtype)
-    check_tensor("key_cache", key_cache, dtype, 4)
-    check_tensor("value_cache", value_cache, dtype, 4)
+    module = reshape_and_cache_module(dtype, cache_dtype)
+    check_tensor("key_cache", key_cache, cache_dtype, 4)
+    check_tensor("value_cache", value_cache, cache_dtype, 4)
     check(
         key_cache.shape == value_cache.shape,
         f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
@@ -51,8 +66,8 @@ def reshape_and_cache_launch(
         return None
     token_size = num_kv_heads * head_size
     return KernelLaunch(
-        RESHAPE_AND_CACHE,
-        f"pagedgen::reshape_and_cache_kernel<{C_TYPES[dtype]}>",
+        module,
+        module.name_expressions[0],
         (num_tokens, 1, 1),
         (min(512, -(-token_size // 32) * 32), 1, 1),
         (
@@ -79,7 +94,10 @@ def copy_blocks_launch(
     if not kv_caches or not src_to_dst:
         return None
     first = kv_caches[0]
-    check_dtype(first.dtype)
+    check(
+        first.dtype in COPY_C_TYPES,
+        f"kv_caches dtype must be one of {list(COPY_C_TYPES)}, got {first.dtype}",
+    )
     for i, kv_cache in enumerate(kv_caches):
         check_tensor(f"kv_caches[{i}]", kv_cache, first.dtype, 5)
         check(
@@ -106,7 +124,7 @@ def copy_blocks_launch(
 
     return KernelLaunch(
         COPY_BLOCKS,
-        f"pagedgen::copy_blocks_kernel<{C_TYPES[first.dtype]}>",
+        f"pagedgen::copy_blocks_kernel<{COPY_C_TYPES[first.dtype]}>",
         (len(kv_caches), len(src_to_dst), 1),
         (min(1024, -(-numel_per_block // 32) * 32), 1, 1),
         (

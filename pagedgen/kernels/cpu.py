@@ -11,7 +11,14 @@ from pagedgen.cpu_features import kernel_march
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 
 SOURCE = "paged_attention_cpu.c"
-KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+KV_DTYPE_CODES = {
+    torch.float32: 0,
+    torch.bfloat16: 1,
+    torch.float16: 2,
+    torch.float8_e4m3fn: 3,
+    torch.float8_e5m2: 4,
+}
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)  # of query and out
 
 
@@ -40,8 +47,8 @@ def kernel_dtypes(march: str | None = None) -> tuple[torch.dtype, ...]:
 @functools.cache
 def _kernel_dtypes(march: str) -> tuple[torch.dtype, ...]:
     if _library(march).paged_attention_has_float16():
-        return (torch.float32, torch.bfloat16, torch.float16)
-    return (torch.float32, torch.bfloat16)
+        return (torch.float32, torch.bfloat16, torch.float16, *FP8_DTYPES)
+    return (torch.float32, torch.bfloat16, *FP8_DTYPES)
 
 
 def paged_attention_decode(
@@ -60,7 +67,7 @@ def paged_attention_decode(
     """Decode attention of one query row per sequence over its context in the paged cache.
 
     query and out are float32, or both bfloat16 (computed in float32, out rounded once); the
-    caches float32, bfloat16 or float16 (see kernel_dtypes)."""
+    caches float32, bfloat16, float16 or float8 (E4M3 or E5M2; see kernel_dtypes)."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)

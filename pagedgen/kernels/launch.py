@@ -3,8 +3,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-# The kernels' scalar template argument for each cache dtype.
+# The kernels' scalar template argument for each activation dtype.
 C_TYPES = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+# The cache element types of kernels/common.cuh for fp8 KV caches (vLLM's kv_cache_dtype); a cache
+# of any other dtype holds the activation dtype itself.
+FP8_C_TYPES = {torch.float8_e4m3fn: "pagedgen::fp8_e4m3", torch.float8_e5m2: "pagedgen::fp8_e5m2"}
 
 # Passed to NVRTC for every module; CuPy adds its include paths, -ftz=true,
 # --device-as-default-execution-space and -arch=sm_XX of the device.
@@ -48,6 +51,38 @@ def typed_module(source: str, kernel: str) -> KernelModule:
 
 def check_dtype(dtype: torch.dtype) -> None:
     check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+
+
+def cache_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """The KV cache dtypes the kernels take beside activations of dtype."""
+    return (dtype, *FP8_C_TYPES)
+
+
+def check_cache_dtype(dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+    check(
+        cache_dtype in cache_dtypes(dtype),
+        f"a KV cache for {dtype} activations must be {dtype} or one of {list(FP8_C_TYPES)}, "
+        f"got {cache_dtype}",
+    )
+
+
+def cache_c_type(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
+    """The kernels' CACHE_T for a cache of cache_dtype with activations of dtype."""
+    check_cache_dtype(dtype, cache_dtype)
+    return C_TYPES[dtype] if cache_dtype == dtype else FP8_C_TYPES[cache_dtype]
+
+
+def cache_module(
+    source: str, kernel: str, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> KernelModule:
+    """A module exporting pagedgen::kernel<T, CACHE_T> for activations of dtype and a cache of
+    cache_dtype, compiling only that instantiation (the -D macros pick it)."""
+    c_type, cache_type = C_TYPES[dtype], cache_c_type(dtype, cache_dtype)
+    return KernelModule(
+        source,
+        (f"PAGEDGEN_SCALAR_T={c_type}", f"PAGEDGEN_CACHE_T={cache_type}"),
+        (f"pagedgen::{kernel}<{c_type}, {cache_type}>",),
+    )
 
 
 def check(ok: bool, message: str) -> None:

@@ -12,6 +12,7 @@ from pagedgen.kernels.launch import (
     C_TYPES,
     KernelLaunch,
     KernelModule,
+    cache_module,
     check,
     check_dtype,
     check_tensor,
@@ -28,8 +29,10 @@ RMS_NORM = KernelModule(
     ),
 )
 SILU_AND_MUL = typed_module("silu_and_mul.cu", "silu_and_mul_kernel")
-ROPE_AND_CACHE = typed_module("rope_and_cache.cu", "rope_and_cache_kernel")
-LAYER_OP_MODULES = (RMS_NORM, SILU_AND_MUL, ROPE_AND_CACHE)
+
+
+def rope_and_cache_module(dtype: torch.dtype, cache_dtype: torch.dtype) -> KernelModule:
+    return cache_module("rope_and_cache.cu", "rope_and_cache_kernel", dtype, cache_dtype)
 
 
 @functools.cache
@@ -119,14 +122,16 @@ def rope_and_cache_launch(
     sin: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = write nothing
 ) -> KernelLaunch | None:
-    """Plans RoPE on q (into query) and k (in place in qkv), and k and v into their cache slots."""
-    dtype = qkv.dtype
+    """Plans RoPE on q (into query) and k (in place in qkv), and k and v into their cache slots:
+    the roped k rounded to qkv's dtype, then to the cache's where that is fp8."""
+    dtype, cache_dtype = qkv.dtype, key_cache.dtype
     check_dtype(dtype)
+    module = rope_and_cache_module(dtype, cache_dtype)
     check_tensor("query", query, dtype, 3)
     check_tensor("qkv", qkv, dtype, 2, contiguous=False)
     check(qkv.stride(1) == 1, f"qkv rows must be contiguous, got strides {qkv.stride()}")
-    check_tensor("key_cache", key_cache, dtype, 4)
-    check_tensor("value_cache", value_cache, dtype, 4)
+    check_tensor("key_cache", key_cache, cache_dtype, 4)
+    check_tensor("value_cache", value_cache, cache_dtype, 4)
     check(
         key_cache.shape == value_cache.shape,
         f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
@@ -150,8 +155,8 @@ def rope_and_cache_launch(
     if num_tokens == 0:
         return None
     return KernelLaunch(
-        ROPE_AND_CACHE,
-        f"pagedgen::rope_and_cache_kernel<{C_TYPES[dtype]}>",
+        module,
+        module.name_expressions[0],
         (num_tokens, 1, 1),
         (_threads((num_heads + num_kv_heads) * head_size // 2, 512), 1, 1),
         (

@@ -5,7 +5,9 @@ from pagedgen.kernels.launch import (
     C_TYPES,
     KernelLaunch,
     KernelModule,
+    cache_c_type,
     check,
+    check_cache_dtype,
     check_dtype,
     check_tensor,
 )
@@ -32,21 +34,27 @@ def use_v1(max_context_len: int, num_seqs: int, num_heads: int, partition_size: 
 
 
 def paged_attention_module(
-    dtype: torch.dtype, head_size: int, block_size: int, partition_size: int = PARTITION_SIZE
+    dtype: torch.dtype,
+    head_size: int,
+    block_size: int,
+    partition_size: int = PARTITION_SIZE,
+    cache_dtype: torch.dtype | None = None,  # None: dtype
 ) -> KernelModule:
     c_type = C_TYPES[dtype]
+    cache_type = cache_c_type(dtype, cache_dtype or dtype)
     return KernelModule(
         source="paged_attention.cu",
         defines=(
             f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_CACHE_T={cache_type}",
             f"PAGEDGEN_HEAD_SIZE={head_size}",
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
         ),
         name_expressions=(
-            f"pagedgen::paged_attention_v1_kernel<{c_type}, {head_size}, {block_size}, "
-            f"{NUM_THREADS}>",
-            f"pagedgen::paged_attention_v2_kernel<{c_type}, {head_size}, {block_size}, "
-            f"{NUM_THREADS}, {partition_size}>",
+            f"pagedgen::paged_attention_v1_kernel<{c_type}, {cache_type}, {head_size}, "
+            f"{block_size}, {NUM_THREADS}>",
+            f"pagedgen::paged_attention_v2_kernel<{c_type}, {cache_type}, {head_size}, "
+            f"{block_size}, {NUM_THREADS}, {partition_size}>",
             f"pagedgen::paged_attention_v2_reduce_kernel<{c_type}, {head_size}, {NUM_THREADS}, "
             f"{partition_size}>",
         ),
@@ -56,8 +64,8 @@ def paged_attention_module(
 def check_attention_args(
     query: torch.Tensor, out: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
 ) -> tuple[int, int, int, int]:
-    """The checks every attention kernel makes of its query rows, output and paged caches;
-    returns (num_heads, head_size, block_size, num_kv_heads)."""
+    """The checks every attention kernel makes of its query rows, output and paged caches (of
+    the query's dtype or fp8); returns (num_heads, head_size, block_size, num_kv_heads)."""
     check_tensor("query", query, query.dtype, 3, contiguous=False)
     _, num_heads, head_size = query.shape
     dtype = query.dtype
@@ -69,8 +77,9 @@ def check_attention_args(
     )
     check_tensor("out", out, dtype, 3)
     check(out.shape == query.shape, f"out shape {tuple(out.shape)} != query {tuple(query.shape)}")
-    check_tensor("key_cache", key_cache, dtype, 4)
-    check_tensor("value_cache", value_cache, dtype, 4)
+    check_cache_dtype(dtype, key_cache.dtype)
+    check_tensor("key_cache", key_cache, key_cache.dtype, 4)
+    check_tensor("value_cache", value_cache, key_cache.dtype, 4)
     check(
         key_cache.shape == value_cache.shape,
         f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
@@ -103,7 +112,8 @@ def paged_attention_launches(
     grouped: bool = False,
 ) -> list[KernelLaunch]:
     """Checks the arguments and plans decode attention for one query row per sequence: a single
-    v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors).
+    v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors). The
+    caches hold the query's dtype or an fp8 one (float8_e4m3fn, float8_e5m2), read exactly.
 
     grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
     its GQA group (layers without GQA keep the per-head kernel, which is the same for them).
@@ -148,9 +158,12 @@ def paged_attention_launches(
         version = 1 if use_one_pass else 2
     partition_size = partition_size or PARTITION_SIZE
     check(partition_size % block_size == 0, f"partition_size {partition_size} % {block_size}")
-    module = paged_attention_module(dtype, head_size, block_size, partition_size)
+    cache_dtype = key_cache.dtype
+    module = paged_attention_module(dtype, head_size, block_size, partition_size, cache_dtype)
     # The grouped kernels' partial results have the per-head layout of the v2 reduce's.
-    main_module = grouped_module(dtype, head_size, block_size, tile) if grouped else module
+    main_module = module
+    if grouped:
+        main_module = grouped_module(dtype, head_size, block_size, tile, cache_dtype)
     v1_name, v2_name = main_module.name_expressions[:2]
     block = (NUM_THREADS, 1, 1)
     main_block = (GROUPED_NUM_THREADS, 1, 1) if grouped else block

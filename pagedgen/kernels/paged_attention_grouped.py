@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from pagedgen.kernels.launch import C_TYPES, KernelModule
+from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_c_type, cache_dtypes
 
 # Instantiated with these in kernels/paged_attention_grouped.cu.
 NUM_THREADS = 128
@@ -26,13 +26,21 @@ def group_tile(group_size: int, head_size: int) -> int:
     return 4 if group_size <= 4 or head_size > 128 else 8
 
 
-def grouped_module(dtype: torch.dtype, head_size: int, block_size: int, tile: int) -> KernelModule:
+def grouped_module(
+    dtype: torch.dtype,
+    head_size: int,
+    block_size: int,
+    tile: int,
+    cache_dtype: torch.dtype | None = None,  # None: dtype
+) -> KernelModule:
     c_type = C_TYPES[dtype]
-    args = f"{c_type}, {head_size}, {block_size}, {NUM_THREADS}, {tile}"
+    cache_type = cache_c_type(dtype, cache_dtype or dtype)
+    args = f"{c_type}, {cache_type}, {head_size}, {block_size}, {NUM_THREADS}, {tile}"
     return KernelModule(
         source="paged_attention_grouped.cu",
         defines=(
             f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_CACHE_T={cache_type}",
             f"PAGEDGEN_HEAD_SIZE={head_size}",
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
             f"PAGEDGEN_GROUP_TILE={tile}",
@@ -47,11 +55,12 @@ def grouped_module(dtype: torch.dtype, head_size: int, block_size: int, tile: in
 def grouped_modules(
     head_sizes: tuple[int, ...], block_sizes: tuple[int, ...]
 ) -> list[KernelModule]:
-    """Every module the planner may pick, for those head and block sizes."""
+    """Every module the planner may pick, for those head and block sizes and every cache dtype."""
     tiles = {(h, t) for h in head_sizes for t in GROUP_TILES if t == group_tile(t, h)}
     return [
-        grouped_module(dtype, head_size, block_size, tile)
+        grouped_module(dtype, head_size, block_size, tile, cache_dtype)
         for dtype in C_TYPES
+        for cache_dtype in cache_dtypes(dtype)
         for head_size, tile in sorted(tiles)
         for block_size in block_sizes
     ]

@@ -1,7 +1,14 @@
 import numpy as np
 import torch
 
-from pagedgen.kernels.launch import C_TYPES, KernelLaunch, KernelModule, check, check_tensor
+from pagedgen.kernels.launch import (
+    C_TYPES,
+    KernelLaunch,
+    KernelModule,
+    cache_c_type,
+    check,
+    check_tensor,
+)
 from pagedgen.kernels.paged_attention import check_attention_args
 
 # Instantiated with these in kernels/prefill_attention.cu.
@@ -10,17 +17,25 @@ BLOCK_M = 16  # query rows (token, head of the GQA group) per thread block
 MAX_GRID_Y = 65535
 
 
-def prefill_attention_module(dtype: torch.dtype, head_size: int, block_size: int) -> KernelModule:
+def prefill_attention_module(
+    dtype: torch.dtype,
+    head_size: int,
+    block_size: int,
+    cache_dtype: torch.dtype | None = None,  # None: dtype
+) -> KernelModule:
     c_type = C_TYPES[dtype]
+    cache_type = cache_c_type(dtype, cache_dtype or dtype)
     return KernelModule(
         source="prefill_attention.cu",
         defines=(
             f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_CACHE_T={cache_type}",
             f"PAGEDGEN_HEAD_SIZE={head_size}",
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
         ),
         name_expressions=(
-            f"pagedgen::prefill_attention_kernel<{c_type}, {head_size}, {block_size}>",
+            f"pagedgen::prefill_attention_kernel<{c_type}, {cache_type}, {head_size}, "
+            f"{block_size}>",
         ),
     )
 
@@ -40,7 +55,8 @@ def prefill_attention_launch(
 ) -> KernelLaunch | None:
     """Checks the arguments and plans causal attention for every query row of a varlen batch
     in one launch: sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] are the last tokens of
-    its context_lens[i], whose K/V (these rows' included) are in the cache already.
+    its context_lens[i], whose K/V (these rows' included) are in the cache already: attention
+    sees them as the cache holds them, rounded to fp8 in an fp8 cache.
 
     Rows outside every sequence's range are left untouched. None when there is nothing to do."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -67,7 +83,7 @@ def prefill_attention_launch(
     num_row_tiles = -(-max_query_len * group // BLOCK_M)
     check(num_row_tiles <= MAX_GRID_Y, f"max_query_len {max_query_len} is too long for one launch")
 
-    module = prefill_attention_module(dtype, head_size, block_size)
+    module = prefill_attention_module(dtype, head_size, block_size, key_cache.dtype)
     return KernelLaunch(
         module,
         module.name_expressions[0],

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from pagedgen.kernels.cache_ops import COPY_BLOCKS, RESHAPE_AND_CACHE
-from pagedgen.kernels.launch import C_TYPES
+from pagedgen.kernels.cache_ops import COPY_BLOCKS, reshape_and_cache_module
+from pagedgen.kernels.launch import C_TYPES, cache_dtypes
 from pagedgen.kernels.paged_attention import (
     BLOCK_SIZES,
     HEAD_SIZES,
@@ -21,28 +21,61 @@ def _require_gxx() -> None:
 
 @pytest.fixture(scope="session")
 def attention_emulator() -> Emulator:
-    """paged_attention.cu as the offline builds see it, plus the small-partition variants."""
+    """paged_attention.cu's kernels for caches of the query's dtype, every instantiation that the
+    runtime may compile plus the small-partition variants, in one library (the entry points
+    instantiate what the -D macros of one module leave out)."""
     _require_gxx()
-    names = {
-        name
+    modules = [
+        paged_attention_module(dtype, head_size, block_size, partition_size)
         for dtype in C_TYPES
         for head_size in HEAD_SIZES
         for block_size in BLOCK_SIZES
         for partition_size in (PARTITION_SIZE, SMALL_PARTITION_SIZE)
-        for name in paged_attention_module(
-            dtype, head_size, block_size, partition_size
-        ).name_expressions
-    }
-    return Emulator(kernel_source("paged_attention.cu"), sorted(names))
+    ]
+    names = {name for module in modules for name in module.name_expressions}
+    return Emulator(kernel_source("paged_attention.cu"), sorted(names), modules[0].defines)
 
 
 @pytest.fixture(scope="session")
 def cache_ops_emulators() -> dict[str, Emulator]:
+    """reshape_and_cache.cu for every (activation, cache) dtype pair, and copy_blocks.cu."""
     _require_gxx()
+    reshape = [reshape_and_cache_module(d, c) for d in C_TYPES for c in cache_dtypes(d)]
+    names = [module.name_expressions[0] for module in reshape]
     return {
-        module.source: Emulator(kernel_source(module.source), list(module.name_expressions))
-        for module in (RESHAPE_AND_CACHE, COPY_BLOCKS)
+        "reshape_and_cache.cu": Emulator(
+            kernel_source("reshape_and_cache.cu"), names, reshape[0].defines
+        ),
+        "copy_blocks.cu": Emulator(
+            kernel_source("copy_blocks.cu"), list(COPY_BLOCKS.name_expressions)
+        ),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_64(tmp_path_factory) -> str:
+    """A random 2-layer Llama whose head size (64) the kernels support."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from tests.conftest import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-llama-64")
+    config = LlamaConfig(
+        vocab_size=257,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.3,
+        eos_token_id=256,
+        bos_token_id=256,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    build_tokenizer(folder)
+    return str(folder)
 
 
 @pytest.fixture(autouse=True)

@@ -54,6 +54,7 @@ inline __half __float2half_rn(float x) {
   std::memcpy(&h.bits, &f, 2);
   return h;
 }
+inline __half __ushort_as_half(unsigned short bits) { return {bits}; }
 inline float __bfloat162float(__nv_bfloat16 b) {
   const uint32_t u = uint32_t(b.bits) << 16;
   float f;
@@ -66,6 +67,16 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fc0};
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return {uint16_t(u >> 16)};
+}
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
 }
 inline float __expf(float x) { return expf(x); }
 // g++ at -O1 for x86-64 contracts nothing into an FMA, so plain operators round each step.

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pagedgen.kernels.launch import KernelLaunch
+from pagedgen.kernels.launch import KernelLaunch, KernelModule
+from pagedgen.kernels.source import kernel_source
 
 HERE = Path(__file__).resolve().parent
 EMU_HEADER = HERE / "cuda_emu.h"
@@ -109,3 +110,15 @@ class Emulator:
             assert arg.device.type == "cpu", arg.device
             return ctypes.c_void_p(arg.data_ptr())
         return _C_TYPES[type(arg)](arg.item())
+
+
+@functools.cache
+def module_emulator(module: KernelModule) -> Emulator:
+    """The module as the runtime compiles it (its -D macros pick the instantiations), on the CPU."""
+    return Emulator(kernel_source(module.source), list(module.name_expressions), module.defines)
+
+
+def emulate(kernel_launch: KernelLaunch) -> None:
+    """Runs a launch on the CPU, building (once, cached on disk) the module it names, as the
+    runtime compiles one module per instantiation."""
+    module_emulator(kernel_launch.module).launch(kernel_launch)

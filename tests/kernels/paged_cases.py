@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from pagedgen.attention.kv_cache_dtype import is_fp8, to_cache_dtype
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.reference import paged_attention_reference
 from pagedgen.kernels.launch import KernelLaunch
@@ -16,8 +17,10 @@ CONTEXT_LENS = (1, 15, 16, 17, 100, 257)
 # Small enough that the longer contexts above span several partitions.
 SMALL_PARTITION_SIZE = 64
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Both sides read the same rounded inputs and accumulate in float; they differ in the order of
-# the sums and, for half types, by at most an output rounding step.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# Both sides read the same rounded inputs (an fp8 cache dequantized exactly) and accumulate in
+# float; they differ in the order of the sums and, for half types, by at most an output rounding
+# step.
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
@@ -44,18 +47,20 @@ def make_decode_case(
     context_lens: tuple[int, ...] = CONTEXT_LENS,
     seed: int = 0,
     device: str = "cpu",
+    cache_dtype: torch.dtype | None = None,  # None: dtype
 ) -> DecodeCase:
     """Each sequence gets randomly chosen blocks; every slot it does not own stays NaN.
 
     Block 0 is never handed out, and the block tables are padded with 0, so a kernel that reads
-    one token or one block too far reads NaN and the result shows it.
+    one token or one block too far reads NaN and the result shows it. The cache is filled in
+    float32, then rounded to cache_dtype as the backends write it.
     """
     g = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-n // block_size) for n in context_lens]
     num_blocks = sum(blocks_per_seq) + 4
     shape = (num_blocks, block_size, num_kv_heads, head_size)
-    key_cache = torch.full(shape, float("nan"), dtype=dtype)
-    value_cache = torch.full(shape, float("nan"), dtype=dtype)
+    key_cache = torch.full(shape, float("nan"))
+    value_cache = torch.full(shape, float("nan"))
     free_blocks = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     block_table_lists = []
     for context_len, num_seq_blocks in zip(context_lens, blocks_per_seq):
@@ -66,7 +71,10 @@ def make_decode_case(
         slots += positions % block_size
         for cache in (key_cache, value_cache):
             values = torch.randn(context_len, num_kv_heads, head_size, generator=g)
-            cache.view(-1, num_kv_heads, head_size)[slots] = values.to(dtype)
+            cache.view(-1, num_kv_heads, head_size)[slots] = values
+    key_cache, value_cache = (
+        to_cache_dtype(c, cache_dtype or dtype) for c in (key_cache, value_cache)
+    )
     max_blocks = max(blocks_per_seq)
     block_tables = torch.tensor(
         [table + [0] * (max_blocks - len(table)) for table in block_table_lists], dtype=torch.int32
@@ -84,11 +92,16 @@ def make_decode_case(
     )
 
 
+def dequantized(cache: torch.Tensor) -> torch.Tensor:
+    """The cache as attention must see it: an fp8 one widened (exactly) to float32."""
+    return cache.cpu().float() if is_fp8(cache.dtype) else cache.cpu()
+
+
 def reference(case: DecodeCase) -> torch.Tensor:
     return paged_attention_reference(
         case.query.cpu(),
-        case.key_cache.cpu(),
-        case.value_cache.cpu(),
+        dequantized(case.key_cache),
+        dequantized(case.value_cache),
         case.block_table_lists,
         case.context_lens.tolist(),
         [1] * case.query.shape[0],

@@ -1,37 +1,20 @@
 """Random prefill and chunked-prefill batches over a scattered, NaN-poisoned paged cache, and the
 check against the torch reference; shared by the emulation, mutation and GPU tests."""
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from pagedgen.attention.kv_cache_dtype import to_cache_dtype
 from pagedgen.attention.reference import paged_attention_reference
 from pagedgen.kernels.launch import KernelLaunch
-from pagedgen.kernels.prefill_attention import prefill_attention_launch, prefill_attention_module
-from pagedgen.kernels.source import kernel_source
-from tests.kernels.emulator import Emulator
-from tests.kernels.paged_cases import TOLERANCES
+from pagedgen.kernels.prefill_attention import prefill_attention_launch
+from tests.kernels.paged_cases import TOLERANCES, dequantized
 
 # (query_len, context_len): a whole prompt of one token, of a tile minus one, of several tiles
 # ending in a partial block, and chunks after a cached prefix (one of a single token).
 SEQS = ((1, 1), (15, 15), (37, 37), (20, 53), (1, 30), (9, 100))
-
-
-@functools.cache
-def _emulator(dtype: torch.dtype, head_size: int, block_size: int) -> Emulator:
-    module = prefill_attention_module(dtype, head_size, block_size)
-    return Emulator(kernel_source(module.source), list(module.name_expressions), module.defines)
-
-
-def emulate(kernel_launch: KernelLaunch) -> None:
-    """Runs a prefill launch on the CPU, building (once, cached on disk) the one instantiation it
-    asks for, as the runtime compiles one module per (dtype, head size, block size)."""
-    dtype = kernel_launch.args[0].dtype
-    defines = dict(define.split("=") for define in kernel_launch.module.defines)
-    head_size, block_size = int(defines["PAGEDGEN_HEAD_SIZE"]), int(defines["PAGEDGEN_BLOCK_SIZE"])
-    _emulator(dtype, head_size, block_size).launch(kernel_launch)
 
 
 class PrefillCase(NamedTuple):
@@ -59,12 +42,14 @@ def make_prefill_case(
     softcap: float | None = None,
     seed: int = 0,
     device: str = "cpu",
+    cache_dtype: torch.dtype | None = None,  # None: dtype
 ) -> PrefillCase:
     """Each sequence gets randomly chosen blocks; every slot it does not own stays NaN.
 
     Block 0 is never handed out, the block tables are padded with 0, and with a window the
     entries of blocks wholly before the first query's window point at block 0 too (the engine
-    frees them): a kernel reading a token it must not reads NaN and the result shows it.
+    frees them): a kernel reading a token it must not reads NaN and the result shows it. The
+    cache is filled in float32, then rounded to cache_dtype as the backends write it.
     """
     g = torch.Generator().manual_seed(seed)
     query_lens = [q for q, _ in seqs]
@@ -73,8 +58,8 @@ def make_prefill_case(
     blocks_per_seq = [-(-n // block_size) for n in context_lens]
     num_blocks = sum(blocks_per_seq) + 4
     shape = (num_blocks, block_size, num_kv_heads, head_size)
-    key_cache = torch.full(shape, float("nan"), dtype=dtype)
-    value_cache = torch.full(shape, float("nan"), dtype=dtype)
+    key_cache = torch.full(shape, float("nan"))
+    value_cache = torch.full(shape, float("nan"))
     free_blocks = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     tables, kernel_tables = [], []
     for query_len, context_len, num_seq_blocks in zip(query_lens, context_lens, blocks_per_seq):
@@ -88,7 +73,10 @@ def make_prefill_case(
         for cache in (key_cache, value_cache):
             values = torch.randn(context_len, num_kv_heads, head_size, generator=g)
             values[: first // block_size * block_size] = float("nan")
-            cache.view(-1, num_kv_heads, head_size)[slots] = values.to(dtype)
+            cache.view(-1, num_kv_heads, head_size)[slots] = values
+    key_cache, value_cache = (
+        to_cache_dtype(c, cache_dtype or dtype) for c in (key_cache, value_cache)
+    )
     max_blocks = max(blocks_per_seq)
     block_tables = torch.tensor(
         [table + [0] * (max_blocks - len(table)) for table in kernel_tables], dtype=torch.int32
@@ -114,8 +102,8 @@ def make_prefill_case(
 def prefill_reference(case: PrefillCase) -> torch.Tensor:
     return paged_attention_reference(
         case.query.cpu(),
-        case.key_cache.cpu(),
-        case.value_cache.cpu(),
+        dequantized(case.key_cache),
+        dequantized(case.value_cache),
         case.block_table_lists,
         case.context_lens.tolist(),
         case.query_lens,

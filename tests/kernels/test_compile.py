@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import pytest
 
-from pagedgen.kernels.cache_ops import COPY_BLOCKS, RESHAPE_AND_CACHE
-from pagedgen.kernels.launch import C_TYPES, KernelModule
-from pagedgen.kernels.layer_ops import LAYER_OP_MODULES
+from pagedgen.kernels.cache_ops import COPY_BLOCKS, reshape_and_cache_module
+from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_dtypes
+from pagedgen.kernels.layer_ops import RMS_NORM, SILU_AND_MUL, rope_and_cache_module
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention_module
 from pagedgen.kernels.paged_attention_grouped import grouped_modules
 from pagedgen.kernels.prefill_attention import prefill_attention_module
@@ -26,8 +26,9 @@ from pagedgen.kernels.source import kernel_names, kernel_source
 
 ARCHS = ("80", "90")
 SOURCES = [name for name in kernel_names() if name.endswith(".cu")]
-# The grouped decode kernel's 162 instantiations take nvcc ~50 s an arch: ptxas checks them for
-# the H100's sm_90 only (the other sources, for both archs, show the two agree on spills).
+# The grouped decode kernel's 486 instantiations (162 per cache kind: the activations' dtype,
+# E4M3, E5M2) take nvcc over a minute an arch: ptxas checks them for the H100's sm_90 only (the
+# other sources, for both archs, show the two agree on spills).
 OFFLINE_BUILDS = [
     (source, arch)
     for source in SOURCES
@@ -48,22 +49,40 @@ class PtxasInfo(NamedTuple):
 def runtime_modules(
     head_sizes: tuple[int, ...] = HEAD_SIZES, block_sizes: tuple[int, ...] = BLOCK_SIZES
 ) -> list[KernelModule]:
-    """Every module the runtime may compile, for those head and block sizes."""
+    """Every module the runtime may compile, for those head and block sizes and every cache
+    dtype."""
+    pairs = [(dtype, cache_dtype) for dtype in C_TYPES for cache_dtype in cache_dtypes(dtype)]
     attention = [
-        make_module(dtype, head_size, block_size)
-        for make_module in (paged_attention_module, prefill_attention_module)
-        for dtype in C_TYPES
+        paged_attention_module(dtype, head_size, block_size, cache_dtype=cache_dtype)
+        for dtype, cache_dtype in pairs
+        for head_size in head_sizes
+        for block_size in block_sizes
+    ]
+    attention += [
+        prefill_attention_module(dtype, head_size, block_size, cache_dtype)
+        for dtype, cache_dtype in pairs
         for head_size in head_sizes
         for block_size in block_sizes
     ]
     grouped = grouped_modules(head_sizes, block_sizes)
-    return [*attention, *grouped, RESHAPE_AND_CACHE, COPY_BLOCKS, *LAYER_OP_MODULES]
+    cache_writes = [
+        make_module(dtype, cache_dtype)
+        for make_module in (reshape_and_cache_module, rope_and_cache_module)
+        for dtype, cache_dtype in pairs
+    ]
+    return [*attention, *grouped, *cache_writes, COPY_BLOCKS, RMS_NORM, SILU_AND_MUL]
 
 
 def nvrtc_modules() -> list[KernelModule]:
-    """What NVRTC compiles in the tests: every source, dtype and group tile, at a few head and
-    block sizes (the offline build and the mangled names cover every instantiation)."""
-    return runtime_modules((64, 128, 256), (16,))
+    """What NVRTC compiles in the tests: every source, dtype and group tile at a few head and
+    block sizes, and with fp8 caches at head size 128 (the offline build and the demangled names
+    cover every instantiation)."""
+    auto = [m for m in runtime_modules((64, 128, 256), (16,)) if not has_fp8_cache(m)]
+    return auto + [m for m in runtime_modules((128,), (16,)) if has_fp8_cache(m)]
+
+
+def has_fp8_cache(module: KernelModule) -> bool:
+    return any(define.startswith("PAGEDGEN_CACHE_T=pagedgen::fp8") for define in module.defines)
 
 
 @functools.cache
@@ -160,35 +179,45 @@ def test_nvrtc_compiles_runtime_modules(arch: str) -> None:
         cubin, lowered = nvrtc_compile(module, arch)
         missing = [name for name in lowered.values() if name.encode() not in cubin]
         assert not missing, f"{module.source} {module.defines}: no code for {missing}"
-        wrong = [e for e, name in lowered.items() if not name.startswith(mangled(e))]
-        assert not wrong, f"mangled() disagrees with NVRTC on {wrong}"
+        names = demangled(list(lowered.values()))
+        wrong = [e for e in lowered if not is_kernel(names[lowered[e]], e)]
+        assert not wrong, f"the kernels NVRTC lowered {wrong} to are not theirs"
 
 
-# Itanium mangling of the kernels' template arguments.
-MANGLED_TYPES = {"float": "f", "__half": "6__half", "__nv_bfloat16": "13__nv_bfloat16"}
-MANGLED_VALUES = {"true": "Lb1E", "false": "Lb0E"}
+def demangled(names: list[str]) -> dict[str, str]:
+    """Each mangled name as c++filt reads it: void pagedgen::k<float, 64, true>(float*, ...)."""
+    output = subprocess.run(
+        ["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True
+    ).stdout
+    return dict(zip(names, output.splitlines(), strict=True))
 
 
-def mangled(name_expression: str) -> str:
-    """pagedgen::k<T, 1, true> -> _ZN8pagedgen1kI<T>Li1ELb1EEEv: a template kernel's mangled
-    name up to its parameter types (void return). NVRTC's lowered names check it."""
-    kernel, args = name_expression.removeprefix("pagedgen::").rstrip(">").split("<")
-    scalar, *rest = [arg.strip() for arg in args.split(",")]
-    values = "".join(MANGLED_VALUES.get(v, f"Li{v}E") for v in rest)
-    return f"_ZN8pagedgen{len(kernel)}{kernel}I{MANGLED_TYPES[scalar]}{values}EEv"
+def is_kernel(demangled_name: str, name_expression: str) -> bool:
+    return demangled_name.startswith(f"void {name_expression}(")
+
+
+requires_cxxfilt = pytest.mark.skipif(shutil.which("c++filt") is None, reason="no c++filt")
+
+
+@functools.cache
+def offline_kernels(source: str, arch: str) -> tuple[str, ...]:
+    """The demangled kernels of nvcc's build of source for sm_<arch> (sm_90 builds all sources)."""
+    builds = nvcc_builds()
+    return tuple(demangled(list(builds.get((source, arch), builds[source, "90"]))).values())
 
 
 @requires_nvcc
+@requires_cxxfilt
 @pytest.mark.parametrize("arch", ARCHS)
 def test_runtime_kernels_are_instantiated_in_source(arch: str) -> None:
     """nvcc sees no name expressions, so a kernel in its cubin was instantiated by the source:
-    every module the runtime may compile finds its kernels there (sm_90 builds all sources)."""
+    every module the runtime may compile finds its kernels there."""
     for module in runtime_modules():
-        offline = nvcc_builds().get((module.source, arch), nvcc_builds()[module.source, "90"])
+        kernels = offline_kernels(module.source, arch)
         missing = [
             name
             for name in module.name_expressions
-            if not any(kernel.startswith(mangled(name)) for kernel in offline)
+            if not any(is_kernel(kernel, name) for kernel in kernels)
         ]
         assert not missing, f"{module.source}: {missing} are not instantiated explicitly"
 

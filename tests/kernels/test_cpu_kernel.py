@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from pagedgen.attention.kv_cache_dtype import writable
 from pagedgen.attention.reference import paged_attention_reference
 from pagedgen.cpu_features import cpu_flags
 from pagedgen.kernels.cpu import cpu_kernel_error, kernel_dtypes, paged_attention_decode
@@ -21,6 +22,9 @@ pytestmark = pytest.mark.skipif(
 MARCHES = ["native"]
 if platform.machine() in ("x86_64", "AMD64"):
     MARCHES += ["x86-64-v3"] * ("avx2" in cpu_flags()) + ["x86-64"]
+
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 def scattered_tables(context_lens, block_size, num_blocks, seed):
@@ -42,13 +46,15 @@ def check_against_reference(
     tables, block_tables = scattered_tables(context_lens, block_size, num_blocks, seed)
     key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
-    # every slot no sequence owns holds NaN: reading past a context poisons the output
+    # every slot no sequence owns holds NaN (E4M3's NaN code, which the kernel's vector loads
+    # read as 480): reading past a context poisons the output
     owned = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     for table, n in zip(tables, context_lens):
         for p in range(n):
             owned[table[p // block_size] * block_size + p % block_size] = True
-    key_cache.view(-1, num_kv_heads, head_dim)[~owned] = float("nan")
-    value_cache.view(-1, num_kv_heads, head_dim)[~owned] = float("nan")
+    nan = torch.tensor(float("nan")).to(dtype)
+    for cache in (key_cache, value_cache):
+        writable(cache).view(-1, num_kv_heads, head_dim)[~owned] = writable(nan)
     # query rows inside a wider fused projection, as the model hands them over
     fused = torch.randn(len(context_lens), (num_heads + 2 * num_kv_heads) * head_dim)
     if dtype == torch.bfloat16:  # a bfloat16 model's query, which AVX512_BF16 dot products take
@@ -88,7 +94,7 @@ def test_matches_reference(head_dim, block_size, num_heads, num_kv_heads, num_th
 
 
 @pytest.mark.parametrize("march", MARCHES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, *FP8])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256, 80, 32])  # every unit the kernel has
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 1)])
 def test_every_build_reads_every_cache_dtype(march, dtype, head_dim, num_heads, num_kv_heads):
@@ -118,6 +124,26 @@ def test_bfloat16_query_and_output_are_the_float32_result_rounded(march, head_di
     assert out.dtype == torch.bfloat16 and torch.equal(out, wide.bfloat16())
     with pytest.raises(TypeError, match="both bfloat16"):
         paged_attention_decode(torch.empty(query.shape), query, *args)
+
+
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("head_dim", [256, 64, 80, 32])  # 16-, 8- and 4-wide loads; scalar ones
+def test_every_fp8_code_widens_exactly(march, dtype, head_dim):
+    """A context of one token returns its V row: each finite code of the 8-bit type, read by
+    every load the kernel has, comes out as torch widens it."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes = codes[codes.view(dtype).float().isfinite()].repeat(3)
+    codes = codes[: len(codes) // head_dim * head_dim]
+    num_seqs = len(codes) // head_dim
+    value_cache = codes.view(num_seqs, 1, 1, head_dim).view(dtype)
+    key_cache = torch.zeros_like(value_cache)
+    query = torch.randn(num_seqs, 2, head_dim)
+    tables = torch.arange(num_seqs, dtype=torch.int32).view(num_seqs, 1)
+    lens = torch.ones(num_seqs, dtype=torch.int32)
+    args = (key_cache, value_cache, tables, lens, 1.0, 2, march)
+    out = paged_attention_decode(torch.empty(query.shape), query, *args)
+    assert torch.equal(out, value_cache.float().view(num_seqs, 1, head_dim).expand_as(out))
 
 
 def test_rejects_what_it_cannot_read():

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(
     cpu_ops.cpu_ops_error() is not None, reason=f"no CPU ops: {cpu_ops.cpu_ops_error()}"
 )
 TINY = torch.finfo(torch.float32).tiny
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 ROWS = [1, 7, 300]
 ACTIVATION_DTYPES = [
     torch.float32,
@@ -82,7 +83,7 @@ def test_silu_and_mul(march, rows, dtype):
 
 
 @pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16, *FP8])
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
 def test_rotary_embedding_and_cache_equals_rope_then_write(
     march, dtype, kv_dtype, num_heads, num_kv_heads, head_dim
@@ -109,7 +110,45 @@ def test_rotary_embedding_and_cache_equals_rope_then_write(
     )
     assert torch.equal(qkv[:, : num_heads * head_dim].view_as(q_ref), q_ref)
     for ours, ref in zip(caches[2:], caches[:2]):  # the untouched slots are still NaN in both
-        assert torch.equal(ours.nan_to_num(7.0), ref.nan_to_num(7.0))
+        assert torch.equal(ours.float().nan_to_num(7.0), ref.float().nan_to_num(7.0))
+
+
+def written_values(values: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
+    """values (float32 or bfloat16, a multiple of 64 of them) written as V rows by
+    rotary_embedding_and_cache into a kv_dtype cache, one 64-wide row a token."""
+    rows = values.view(-1, 64)
+    num_tokens = rows.shape[0]
+    qkv = torch.zeros(num_tokens, 3 * 64, dtype=values.dtype)
+    qkv[:, 128:] = rows
+    key_cache, value_cache = (torch.zeros(num_tokens, 1, 1, 64, dtype=kv_dtype) for _ in "kv")
+    cos, sin = torch.ones(num_tokens, 32), torch.zeros(num_tokens, 32)
+    slots = torch.arange(num_tokens)
+    cpu_ops.rotary_embedding_and_cache(qkv, cos, sin, 1, 1, key_cache, value_cache, slots)
+    return value_cache.view(-1)
+
+
+@pytest.mark.parametrize("kv_dtype", FP8)
+def test_fp8_writes_round_as_torch_rounds_the_saturated_value(march, kv_dtype):
+    """Every finite bfloat16 value, and float32 ones around every rounding boundary, subnormals
+    and the largest finite value, narrow to the bits torch gives the value clamped to the fp8
+    type's range (as vLLM's kernels saturate); zeros may differ in sign."""
+    finite = torch.finfo(kv_dtype).max
+    every_bf16 = (
+        torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    )
+    every_bf16 = every_bf16[every_bf16.isfinite()][: (2**16 - 512) // 64 * 64]
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(kv_dtype).float()
+    codes = codes[codes.isfinite()]
+    near = torch.cat([codes, codes.nextafter(codes + 1), codes.nextafter(codes - 1)])
+    ties = (codes[:-1] + codes[1:]) / 2  # halfway between neighbours (sorted within each sign)
+    tiny = torch.finfo(kv_dtype).smallest_normal
+    specials = torch.tensor([finite, -finite, finite * 1.01, 1e30, -1e30, tiny, tiny / 3, 1e-30])
+    float32 = torch.cat([near, ties, ties.nextafter(ties + 1), specials, torch.randn(4096) * 100])
+    float32 = torch.cat([float32, torch.zeros(-len(float32) % 64)])
+    for values in (every_bf16, float32):
+        got = written_values(values, kv_dtype).float()
+        want = values.float().clamp(-finite, finite).to(kv_dtype).float()
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)

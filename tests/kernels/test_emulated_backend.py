@@ -9,13 +9,11 @@ from pagedgen.attention.cupy_backend import CupyAttentionBackend
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.launch import KernelLaunch
-from pagedgen.kernels.layer_ops import ROPE_AND_CACHE
 from pagedgen.kernels.paged_attention_grouped import grouped_module
 from pagedgen.kernels.source import kernel_source
 from pagedgen.layers.rotary import Rope
-from tests.kernels.emulator import Emulator
+from tests.kernels.emulator import Emulator, emulate
 from tests.kernels.paged_cases import TOLERANCES, make_metadata
-from tests.kernels.prefill_cases import emulate
 
 
 @pytest.fixture
@@ -26,9 +24,7 @@ def emulated_backend(monkeypatch, attention_emulator, cache_ops_emulators) -> Cu
         kernel_source(grouped.source), list(grouped.name_expressions), grouped.defines
     ).launch
     emulators |= {source: emulator.launch for source, emulator in cache_ops_emulators.items()}
-    emulators["rope_and_cache.cu"] = Emulator(
-        kernel_source(ROPE_AND_CACHE.source), list(ROPE_AND_CACHE.name_expressions)
-    ).launch
+    emulators["rope_and_cache.cu"] = emulate
 
     def launch(kernel_launch: KernelLaunch) -> None:
         emulators[kernel_launch.module.source](kernel_launch)

@@ -1,6 +1,6 @@
 """kernels/rms_norm.cu, silu_and_mul.cu and rope_and_cache.cu on the CPU against the torch ops
-they replace (RMSNorm's torch path, F.silu(gate) * up, Rope.apply + the cache write), and planted
-bugs in each that those checks must catch."""
+they replace (RMSNorm's torch path, F.silu(gate) * up, Rope.apply + the cache write, into caches
+of the activations' dtype or fp8), and planted bugs in each that those checks must catch."""
 
 import functools
 from collections.abc import Callable
@@ -11,20 +11,12 @@ import torch.nn.functional as F
 
 from pagedgen.attention.reference import write_kv_reference
 from pagedgen.kernels.launch import KernelLaunch, KernelModule
-from pagedgen.kernels.layer_ops import (
-    LAYER_OP_MODULES,
-    RMS_NORM,
-    ROPE_AND_CACHE,
-    SILU_AND_MUL,
-    rms_norm_launch,
-    rope_and_cache_launch,
-    silu_and_mul_launch,
-)
+from pagedgen.kernels.layer_ops import rms_norm_launch, rope_and_cache_launch, silu_and_mul_launch
 from pagedgen.kernels.source import kernel_source
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope
 from tests.kernels.emulator import Emulator, have_gxx
-from tests.kernels.paged_cases import DTYPES
+from tests.kernels.paged_cases import DTYPES, FP8_DTYPES
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 # bfloat16 and float16: one unit in the last place of values of magnitude ~4
@@ -33,7 +25,8 @@ ULP = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}
 
 @functools.cache
 def emulator(module: KernelModule, source: str | None = None) -> Emulator:
-    return Emulator(source or kernel_source(module.source), list(module.name_expressions))
+    source = source or kernel_source(module.source)
+    return Emulator(source, list(module.name_expressions), module.defines)
 
 
 Launcher = Callable[[KernelLaunch], None]
@@ -50,7 +43,7 @@ def run(launcher: Launcher, launch: KernelLaunch | None) -> None:
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def check_rms_norm(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") -> None:
@@ -79,16 +72,24 @@ def check_silu_and_mul(dtype: torch.dtype, launcher: Launcher, device: str = "cp
     torch.testing.assert_close(out, F.silu(gate) * up, atol=ULP[dtype], rtol=ULP[dtype])
 
 
-def check_rope_and_cache(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") -> None:
+def check_rope_and_cache(
+    dtype: torch.dtype,
+    launcher: Launcher,
+    device: str = "cpu",
+    cache_dtype: torch.dtype | None = None,  # None: dtype
+) -> None:
+    """Into an fp8 cache, the projection is scaled so that E4M3's keys and values saturate too."""
     num_tokens, num_heads, num_kv_heads, head_size, block_size, num_blocks = 11, 6, 2, 64, 16, 5
     width = (num_heads + 2 * num_kv_heads) * head_size
-    qkv = torch.randn(num_tokens, width + 32).to(device, dtype)[:, :width]  # rows strided
+    cache_dtype = cache_dtype or dtype
+    scale = 1 if cache_dtype == dtype else 300
+    qkv = (scale * torch.randn(num_tokens, width + 32)).to(device, dtype)[:, :width]  # strided
     angles = torch.rand(num_tokens, head_size // 2, device=device) * 6.3
     rope = Rope(angles.cos().unsqueeze(1), angles.sin().unsqueeze(1))
     shape = (num_blocks, block_size, num_kv_heads, head_size)
     key_cache, value_cache = (
-        torch.randn(shape).to(device, dtype),
-        torch.randn(shape).to(device, dtype),
+        torch.randn(shape).to(device, cache_dtype),
+        torch.randn(shape).to(device, cache_dtype),
     )
     slot_mapping = torch.randperm(num_blocks * block_size)[:num_tokens].to(device)
     slot_mapping[::4] = -1
@@ -97,9 +98,13 @@ def check_rope_and_cache(dtype: torch.dtype, launcher: Launcher, device: str = "
     expected_query = rope.apply(q.unflatten(1, (num_heads, head_size)))
     expected_key = rope.apply(k.unflatten(1, (num_kv_heads, head_size)))
     expected_value = v.unflatten(1, (num_kv_heads, head_size)).clone()
-    expected_key_cache, expected_value_cache = key_cache.clone(), value_cache.clone()
-    write_kv_reference(
-        expected_key, expected_value, expected_key_cache, expected_value_cache, slot_mapping
+    expected_key_cache, expected_value_cache = key_cache.cpu().clone(), value_cache.cpu().clone()
+    write_kv_reference(  # rounds the roped key, in dtype, to an fp8 cache's dtype
+        expected_key.cpu(),
+        expected_value.cpu(),
+        expected_key_cache,
+        expected_value_cache,
+        slot_mapping.cpu(),
     )
 
     query = torch.full((num_tokens, num_heads, head_size), float("nan"), dtype=dtype, device=device)
@@ -109,21 +114,27 @@ def check_rope_and_cache(dtype: torch.dtype, launcher: Launcher, device: str = "
     assert torch.equal(bits(query), bits(expected_query))
     assert torch.equal(bits(qkv[:, num_heads * head_size :][:, : num_kv_heads * head_size]),
                        bits(expected_key.flatten(1)))  # fmt: skip
-    assert torch.equal(bits(key_cache), bits(expected_key_cache))
-    assert torch.equal(bits(value_cache), bits(expected_value_cache))
+    assert torch.equal(bits(key_cache.cpu()), bits(expected_key_cache))
+    assert torch.equal(bits(value_cache.cpu()), bits(expected_value_cache))
 
 
 CHECKS = {
-    RMS_NORM: check_rms_norm,
-    SILU_AND_MUL: check_silu_and_mul,
-    ROPE_AND_CACHE: check_rope_and_cache,
+    "rms_norm.cu": check_rms_norm,
+    "silu_and_mul.cu": check_silu_and_mul,
+    "rope_and_cache.cu": check_rope_and_cache,
 }
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("module", LAYER_OP_MODULES, ids=lambda m: m.source)
-def test_layer_op_matches_torch(module: KernelModule, dtype: torch.dtype) -> None:
-    CHECKS[module](dtype, emulated())
+@pytest.mark.parametrize("source", CHECKS)
+def test_layer_op_matches_torch(source: str, dtype: torch.dtype) -> None:
+    CHECKS[source](dtype, emulated())
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope_and_cache_into_fp8(dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+    check_rope_and_cache(dtype, emulated(), cache_dtype=cache_dtype)
 
 
 def test_empty_batches_launch_nothing() -> None:
@@ -144,53 +155,75 @@ def test_launch_plans_reject_mismatched_shapes() -> None:
                               torch.zeros(3, dtype=torch.int64))  # fmt: skip
 
 
-# name: (module, original text, planted bug)
+# name: (source, original text, planted bug)
 MUTATIONS = {
     "norm_mean_over_block_not_hidden": (
-        RMS_NORM,
+        "rms_norm.cu",
         "rsqrtf(block_sum(sum) / hidden + eps)",
         "rsqrtf(block_sum(sum) / blockDim.x + eps)",
     ),
-    "norm_missing_syncthreads": (RMS_NORM, "  __syncthreads();\n", "\n"),
+    "norm_missing_syncthreads": ("rms_norm.cu", "  __syncthreads();\n", "\n"),
     "norm_only_first_warp": (
-        RMS_NORM,
+        "rms_norm.cu",
         "x = lane < static_cast<int>(blockDim.x / kWarpSize) ? partials[lane] : 0.f;",
         "x = lane < 1 ? partials[lane] : 0.f;",
     ),
-    "norm_residual_not_stored": (RMS_NORM, "      residual_row[i] = added;\n", "\n"),
+    "norm_residual_not_stored": ("rms_norm.cu", "      residual_row[i] = added;\n", "\n"),
     "silu_gate_up_swapped": (
-        SILU_AND_MUL,
+        "silu_and_mul.cu",
         "const float g = to_float(gate[i]);",
         "const float g = to_float(up[i]);",
     ),
     "rope_sign": (
-        ROPE_AND_CACHE,
+        "rope_and_cache.cu",
         "__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))",
         "__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))",
     ),
-    "rope_key_not_cached": (ROPE_AND_CACHE, "        k[i + half] = y2;\n", "\n"),
+    "rope_key_not_cached": (
+        "rope_and_cache.cu",
+        "        k[i + half] = to_cache<CACHE_T>(y2);\n",
+        "\n",
+    ),
     "rope_value_from_key": (
-        ROPE_AND_CACHE,
+        "rope_and_cache.cu",
         "row + (num_heads + num_kv_heads) * head_size;",
         "row + num_heads * head_size;",
     ),
     "rope_value_row": (
-        ROPE_AND_CACHE,
-        "value_cache[slot * token_size + i] = value[i];",
-        "value_cache[slot * token_size + i] = row[i];",
+        "rope_and_cache.cu",
+        "value_cache[slot * token_size + i] = to_cache<CACHE_T>(value[i]);",
+        "value_cache[slot * token_size + i] = to_cache<CACHE_T>(row[i]);",
+    ),
+    # Into an fp8 cache the roped key must round to T first, then to fp8 (the torch path's
+    # to_cache_dtype(rope(k))): rounding the float result straight to fp8 differs on ~1/64 of them.
+    "rope_key_rounded_once": (
+        "rope_and_cache.cu",
+        "k[i] = to_cache<CACHE_T>(y1);",
+        "k[i] = to_cache<CACHE_T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));",
     ),
 }
 
 
+def checked_with(name: str) -> list[tuple[torch.dtype, torch.dtype | None]]:
+    """The (dtype, cache dtype) checks that a planted bug must fail, each of them: float32 and
+    bfloat16 into caches of their dtype and, for rope_and_cache, into E4M3 ones too; the fp8
+    rounding bug, invisible where T is float32, in the 16-bit types into E4M3."""
+    if name == "rope_key_rounded_once":
+        return [(dtype, torch.float8_e4m3fn) for dtype in (torch.float16, torch.bfloat16)]
+    caches = [None, torch.float8_e4m3fn] if MUTATIONS[name][0] == "rope_and_cache.cu" else [None]
+    return [(dtype, cache) for dtype in (torch.float32, torch.bfloat16) for cache in caches]
+
+
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_planted_bug_is_caught(name: str) -> None:
-    module, original, planted = MUTATIONS[name]
-    source = kernel_source(module.source)
-    assert source.count(original) == 1, f"{name}: the text to mutate is gone from {module.source}"
-    mutated = source.replace(original, planted)
-    for dtype in (torch.float32, torch.bfloat16):
+    source, original, planted = MUTATIONS[name]
+    text = kernel_source(source)
+    assert text.count(original) == 1, f"{name}: the text to mutate is gone from {source}"
+    mutated = text.replace(original, planted)
+    for dtype, cache_dtype in checked_with(name):
+        kwargs = {} if cache_dtype is None else {"cache_dtype": cache_dtype}
         try:
-            CHECKS[module](dtype, emulated(mutated))
+            CHECKS[source](dtype, emulated(mutated), **kwargs)
         except (AssertionError, RuntimeError):
             continue
-        pytest.fail(f"{name} went unnoticed in {dtype}")
+        pytest.fail(f"{name} went unnoticed in {dtype} into a {cache_dtype or dtype} cache")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from pagedgen.kernels.prefill_attention import prefill_attention_launch
-from tests.kernels.emulator import have_gxx
+from tests.kernels.emulator import emulate, have_gxx
 from tests.kernels.paged_cases import DTYPES
-from tests.kernels.prefill_cases import check_prefill, emulate, make_prefill_case, run_prefill
+from tests.kernels.prefill_cases import check_prefill, make_prefill_case, run_prefill
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 

@@ -11,8 +11,8 @@ from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.launch import KernelLaunch
+from tests.kernels.emulator import emulate
 from tests.kernels.paged_cases import TOLERANCES, make_metadata
-from tests.kernels.prefill_cases import emulate
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 64, 16, 40
 

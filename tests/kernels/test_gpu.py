@@ -121,36 +121,19 @@ def test_backend_matches_reference(dtype: torch.dtype) -> None:
     assert torch.equal(bits(cache.cpu()), bits(ref_cache))
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_64(tmp_path_factory) -> str:
-    """A random 2-layer Llama whose head size (64) the kernels support."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from tests.conftest import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-llama-64")
-    config = LlamaConfig(
-        vocab_size=257,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.3,
-        eos_token_id=256,
-        bos_token_id=256,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    build_tokenizer(folder)
-    return str(folder)
-
-
-def greedy_token_ids(model: str, backend: str, prompts: list[str]) -> list[list[int]]:
+def greedy_token_ids(
+    model: str, backend: str, prompts: list[str], **engine_options: str
+) -> list[list[int]]:
     from pagedgen import LLM, SamplingParams
 
-    llm = LLM(model, attention_backend=backend, device="cuda", dtype="float32", kv_cache_memory=1)
+    llm = LLM(
+        model,
+        attention_backend=backend,
+        device="cuda",
+        dtype="float32",
+        kv_cache_memory=1,
+        **engine_options,
+    )
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     outputs = llm.generate(prompts, params)
     del llm

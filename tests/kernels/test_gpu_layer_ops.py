@@ -8,8 +8,8 @@ import torch
 from pagedgen.kernels import layer_ops, loader
 from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.norm import RMSNorm
-from tests.kernels.paged_cases import DTYPES
-from tests.kernels.test_emulated_layer_ops import CHECKS, ULP
+from tests.kernels.paged_cases import DTYPES, FP8_DTYPES
+from tests.kernels.test_emulated_layer_ops import CHECKS, ULP, check_rope_and_cache
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,9 +21,15 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("module", layer_ops.LAYER_OP_MODULES, ids=lambda m: m.source)
-def test_layer_op_matches_torch_on_a_gpu(module, dtype: torch.dtype) -> None:
-    CHECKS[module](dtype, loader.launch, "cuda")
+@pytest.mark.parametrize("source", CHECKS)
+def test_layer_op_matches_torch_on_a_gpu(source: str, dtype: torch.dtype) -> None:
+    CHECKS[source](dtype, loader.launch, "cuda")
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope_and_cache_into_fp8_on_a_gpu(dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+    check_rope_and_cache(dtype, loader.launch, "cuda", cache_dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -5,7 +5,7 @@ test_emulated_attention.py / test_emulated_cache_ops.py must fail on it."""
 import pytest
 import torch
 
-from pagedgen.kernels.cache_ops import RESHAPE_AND_CACHE, reshape_and_cache_launch
+from pagedgen.kernels.cache_ops import reshape_and_cache_launch, reshape_and_cache_module
 from pagedgen.kernels.paged_attention import paged_attention_module
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import EmulationError, Emulator, have_gxx
@@ -94,7 +94,8 @@ def test_attention_mutation_is_caught(name: str) -> None:
 
 
 def reshape_and_cache_checks_pass(source: str) -> bool:
-    emulator = Emulator(source, list(RESHAPE_AND_CACHE.name_expressions))
+    module = reshape_and_cache_module(torch.float32, torch.float32)
+    emulator = Emulator(source, list(module.name_expressions), module.defines)
     key_cache, value_cache = torch.randn(4, 8, 2, 64), torch.randn(4, 8, 2, 64)
     key, value = torch.randn(9, 2, 64), torch.randn(9, 2, 64)
     slot_mapping = torch.tensor([0, 5, -1, 31, 8, -1, 9, 17, 30])
@@ -108,7 +109,7 @@ def reshape_and_cache_checks_pass(source: str) -> bool:
     "original, bug",
     [
         ("if (slot < 0) return;", "if (slot <= 0) return;"),
-        ("key_cache[slot * token_size + i] = key[", "key_cache[slot * token_size + i] = value["),
+        ("] = to_cache<CACHE_T>(key[", "] = to_cache<CACHE_T>(value["),
     ],
     ids=["skips_slot_0", "writes_value_as_key"],
 )
