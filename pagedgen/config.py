@@ -1,3 +1,4 @@
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,10 @@ class EngineConfig:
     max_cpu_loras: int | None = None  # adapters kept read in host memory; None: max_loras
     # vLLM's {"method": "ngram", "num_speculative_tokens": k, ...}; a SpeculativeConfig after init
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
+    # Where requests that set no sampling field get their defaults (vLLM's names): "auto", the
+    # model's generation_config.json; "vllm", SamplingParams' own; or a folder holding one.
+    generation_config: str = "auto"
+    override_generation_config: dict[str, Any] | str | None = None  # fields over those; JSON ok
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -102,6 +107,9 @@ class EngineConfig:
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
             )
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.override_generation_config = _json_object(
+            "override_generation_config", self.override_generation_config
+        )
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding")
         if self.max_lora_rank < 1:
@@ -110,3 +118,17 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
+
+
+def _json_object(name: str, value: dict[str, Any] | str | None) -> dict[str, Any]:
+    """A dict field given as a dict, its JSON, or None (an empty dict)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} is not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {value!r}")
+    return value

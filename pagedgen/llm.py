@@ -7,7 +7,8 @@ from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams
 from pagedgen.engine.llm_engine import LLMEngine, Params, Prompt, log_to_stderr
 from pagedgen.llm_progress import PromptProgress
-from pagedgen.loader.resolve import DEFAULT_MODEL
+from pagedgen.loader.generation_config import model_sampling_defaults
+from pagedgen.loader.resolve import DEFAULT_MODEL, resolve_model
 from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import RequestOutput
 from pagedgen.sampling_params import SamplingParams
@@ -18,7 +19,8 @@ class LLM:
 
     Keyword arguments are EngineConfig fields (dtype, block_size, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed,
-    enable_lora, max_loras, max_lora_rank, max_cpu_loras, speculative_config).
+    enable_lora, max_loras, max_lora_rank, max_cpu_loras, speculative_config, kv_cache_dtype,
+    generation_config, override_generation_config).
     """
 
     def __init__(
@@ -28,8 +30,22 @@ class LLM:
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unknown engine arguments {unknown}; known: {sorted(names)}")
-        self.engine = LLMEngine.from_config(EngineConfig(model=model, **kwargs), log=log)
+        config = EngineConfig(model=model, **kwargs)
+        self.engine = LLMEngine.from_config(config, log=log)
         self.tokenizer = self.engine.tokenizer
+        # As vLLM's: what a request without SamplingParams runs with (generation_config)
+        self.default_sampling_fields = model_sampling_defaults(
+            resolve_model(config.model).path,
+            config.generation_config,
+            config.override_generation_config,
+        )
+        self.get_default_sampling_params()  # a bad default fails here, not on the first call
+        self._log, self._said_defaults = log, False
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's recommended fields (vLLM's name): what generate()
+        and chat() run without sampling_params."""
+        return SamplingParams(**self.default_sampling_fields)
 
     def generate(
         self,
@@ -46,7 +62,15 @@ class LLM:
         terminal only: where stderr is a file or a pipe, nothing is written. False draws none.
         """
         prompts = _prompt_list(prompts)
-        params = _per_prompt(sampling_params or SamplingParams(), prompts, "sampling params")
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+            if self.default_sampling_fields and not self._said_defaults:
+                self._log(
+                    "default sampling parameters from the model's generation config: "
+                    f"{self.default_sampling_fields} (generation_config='vllm' ignores it)"
+                )
+                self._said_defaults = True
+        params = _per_prompt(sampling_params, prompts, "sampling params")
         loras = _per_prompt(lora_request, prompts, "LoRA requests")
         for lora in {lora for lora in loras if lora is not None}:  # bad adapters fail first
             self.engine.add_lora(lora)

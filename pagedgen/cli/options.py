@@ -200,6 +200,24 @@ ENGINE = OptionGroup(
                 help="GPU: schedule the next step while the device runs this one [default: off]",
             ),
         ),
+        "generation_config": (
+            str,
+            _engine(
+                "auto",
+                help="sampling defaults: auto (the model's generation_config.json, as vLLM), "
+                "vllm (SamplingParams' own) or a folder holding a generation_config.json; a "
+                "sampling option given here or on an input line wins over them",
+                metavar="SRC",
+            ),
+        ),
+        "override_generation_config": (
+            str | None,
+            _engine(
+                None,
+                help='fields over the generation config, JSON: {"temperature": 0.5}',
+                metavar="JSON",
+            ),
+        ),
         "speculative_config": (
             str | None,
             _engine(

@@ -8,6 +8,12 @@ from pagedgen.io.spec import InputSpec
 _output = opt.output_option
 
 
+def _source(ctx: typer.Context, name: str) -> str | None:
+    """Where the option's value came from: "DEFAULT" where the command line left it."""
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
+
+
 def _sampling(default: object, help: str, metavar: str) -> object:
     return opt.sampling_option(default, help=help, metavar=metavar)
 
@@ -117,11 +123,13 @@ def run(
         engine, loras = lora_engine(engine, lora_modules or [], **limits)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
+    given = {name for name in sampling if _source(ctx, name) != "DEFAULT"}
     options = RunOptions(
         input=spec,
         output=output,
         engine=engine,
         sampling=sampling,
+        sampling_given=frozenset(given),
         resume=resume,
         overwrite=overwrite,
         order=order,

@@ -4,6 +4,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +27,7 @@ from pagedgen.io import (
     resume_source,
 )
 from pagedgen.loader import ModelNotFoundError, resolve_model
+from pagedgen.loader.generation_config import model_sampling_defaults
 from pagedgen.lora.modules import max_rank_of, parse_lora_modules
 from pagedgen.lora.request import LoRARequest
 
@@ -48,6 +50,30 @@ class RunOptions:
     progress: bool = True
     argv: list[str] = field(default_factory=list)  # the command line, for the resume hint
     loras: dict[str, LoRARequest] = field(default_factory=dict)  # --lora-modules, by name
+    sampling_given: frozenset[str] = frozenset()  # fields set on the command line
+    model_sampling: dict[str, Any] = field(default_factory=dict)  # taken from the model
+
+
+def take_model_sampling_defaults(options: RunOptions, model_dir: Path) -> None:
+    """The model's recommended sampling fields (vLLM's generation_config) into options.sampling,
+    each where the command line set none; options.model_sampling says which."""
+    engine = options.engine
+    defaults = model_sampling_defaults(
+        model_dir, engine.generation_config, engine.override_generation_config
+    )
+    options.model_sampling = {
+        name: value for name, value in defaults.items() if name not in options.sampling_given
+    }
+    options.sampling.update(options.model_sampling)
+    sampling_defaults(options.sampling)
+
+
+def print_model_sampling(console: Console, options: RunOptions) -> None:
+    if options.model_sampling:
+        console.print(
+            f"sampling defaults from the model's generation config: {options.model_sampling} "
+            "(--generation-config vllm ignores it)"
+        )
 
 
 def lora_engine(
@@ -91,6 +117,7 @@ def run_job(options: RunOptions) -> int:
         except Interrupted as e:
             console.print(f"interrupted ({e}) before the run started")
             return signals.exit_code
+        print_model_sampling(console, options)
         code = EXIT_USAGE
         try:
             code = _run(options, console, signals, source, output)
@@ -110,7 +137,7 @@ def run_job(options: RunOptions) -> int:
 def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
     check_options(options)
     check_engine_fits(options.engine)
-    resolve_model(options.engine.model)
+    take_model_sampling_defaults(options, resolve_model(options.engine.model).path)
     source = open_input(options.input)
     output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)
     return source, output

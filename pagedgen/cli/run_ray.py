@@ -22,6 +22,8 @@ from pagedgen.cli.run_job import (
     _report,
     _usage_error,
     check_options,
+    print_model_sampling,
+    take_model_sampling_defaults,
 )
 from pagedgen.cli.signals import Interrupted, StopSignals
 from pagedgen.io import InputSource, OutputFile, OutputWriteError, open_input, resume_source
@@ -47,6 +49,7 @@ def run_ray_job(options: RunOptions, scale: RayOptions) -> int:
         except Interrupted as e:
             console.print(f"interrupted ({e}) before the run started")
             return signals.exit_code
+        print_model_sampling(console, options)
         code, started = EXIT_USAGE, False
         try:
             started = start_ray(ray, scale.address)
@@ -115,7 +118,7 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
 
 def _claim(options: RunOptions, scale: RayOptions) -> tuple[InputSource, OutputFile | PartsOutput]:
     check_options(options)
-    resolve_model(options.engine.model)
+    take_model_sampling_defaults(options, resolve_model(options.engine.model).path)
     source = open_input(options.input)
     if scale.output_format == "parts":
         if options.output == "-":
