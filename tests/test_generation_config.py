@@ -114,3 +114,13 @@ def test_cli_takes_the_models_defaults_where_nothing_else_is_set(model_with_defa
         stdin=lines,
     )  # fmt: skip
     assert code == 2 and "override_generation_config is not JSON" in stderr and stdout == ""
+
+
+def test_profile_takes_them_too(model_with_defaults, capsys):
+    model = ("-m", str(model_with_defaults), "--simulate", "--json")
+    for flags, expected in (((), 7.0), (("--max-tokens", "9"), 9.0)):
+        code, stdout, stderr = run_in_process(
+            capsys, "profile", "-", *model, *flags, stdin=b'{"prompt": "hello"}\n'
+        )
+        assert code == 0, stderr
+        assert json.loads(stdout)["workload"]["mean_output_tokens"] == expected

@@ -11,6 +11,7 @@ REPORT_PANEL = "Report"
 
 @opt.with_options(opt.INPUT, opt.ENGINE)
 def profile(
+    ctx: typer.Context,
     spec: InputSpec,
     engine: EngineConfig,
     simulate: bool = opt.option(
@@ -51,13 +52,16 @@ def profile(
     table over block sizes at the same memory. --simulate runs the scheduler without a model.
     """
     from pagedgen.cli.profile_job import ProfileOptions, profile_job
+    from pagedgen.cli.run import _source
 
+    sampling = dict(
+        n=n, max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
+    )
     options = ProfileOptions(
         input=replace(spec, reference_column=reference_column),
         engine=engine,
-        sampling=dict(
-            n=n, max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
-        ),
+        sampling=sampling,
+        sampling_given=frozenset(n for n in sampling if _source(ctx, n) != "DEFAULT"),
         simulate=simulate,
         block_sizes=block_sizes,
         json_output=json_output,

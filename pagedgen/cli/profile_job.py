@@ -16,6 +16,7 @@ class ProfileOptions:
     input: InputSpec
     engine: EngineConfig
     sampling: dict[str, Any]  # SamplingParams fields
+    sampling_given: frozenset[str] = frozenset()  # fields set on the command line
     simulate: bool = False
     block_sizes: str = "8,16,32,64,128"
     json_output: bool = False
@@ -26,9 +27,10 @@ def profile_job(options: ProfileOptions) -> int:
     """The `pagedgen profile` command; returns its exit code."""
     errors = Console(stderr=True, soft_wrap=True)
     from pagedgen.batch.requests import RequestBuilder
+    from pagedgen.cli.run_job import describe_model_sampling, model_sampling
     from pagedgen.io.readers import open_input
     from pagedgen.io.spec import InputError
-    from pagedgen.loader import ModelNotFoundError
+    from pagedgen.loader import ModelNotFoundError, resolve_model
     from pagedgen.profile.profiler import build_workload
 
     def log(message: str) -> None:
@@ -48,6 +50,11 @@ def profile_job(options: ProfileOptions) -> int:
         return EXIT_USAGE
     try:
         llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
+        taken = model_sampling(
+            options.sampling, options.sampling_given, config, resolve_model(config.model).path
+        )
+        if taken:
+            log(describe_model_sampling(taken))
         vocab_size = getattr(hf_config, "vocab_size", None) or len(tokenizer)
         builder = RequestBuilder(
             tokenizer, options.sampling, vocab_size, config.max_num_seqs, max_model_len

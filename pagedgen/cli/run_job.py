@@ -55,25 +55,36 @@ class RunOptions:
 
 
 def take_model_sampling_defaults(options: RunOptions, model_dir: Path) -> None:
-    """The model's recommended sampling fields (vLLM's generation_config) into options.sampling,
-    each where the command line set none; options.model_sampling says which."""
-    engine = options.engine
+    """The model's recommended sampling fields into options.sampling (see model_sampling)."""
+    options.model_sampling = model_sampling(
+        options.sampling, options.sampling_given, options.engine, model_dir
+    )
+
+
+def model_sampling(
+    sampling: dict[str, Any], given: frozenset[str], engine: EngineConfig, model_dir: Path
+) -> dict[str, Any]:
+    """The model's recommended sampling fields (vLLM's generation_config) put into sampling,
+    each where the command line set none; returns those put."""
     defaults = model_sampling_defaults(
         model_dir, engine.generation_config, engine.override_generation_config
     )
-    options.model_sampling = {
-        name: value for name, value in defaults.items() if name not in options.sampling_given
-    }
-    options.sampling.update(options.model_sampling)
-    sampling_defaults(options.sampling)
+    taken = {name: value for name, value in defaults.items() if name not in given}
+    sampling.update(taken)
+    sampling_defaults(sampling)
+    return taken
 
 
 def print_model_sampling(console: Console, options: RunOptions) -> None:
     if options.model_sampling:
-        console.print(
-            f"sampling defaults from the model's generation config: {options.model_sampling} "
-            "(--generation-config vllm ignores it)"
-        )
+        console.print(describe_model_sampling(options.model_sampling))
+
+
+def describe_model_sampling(taken: dict[str, Any]) -> str:
+    return (
+        f"sampling defaults from the model's generation config: {taken} "
+        "(--generation-config vllm ignores it)"
+    )
 
 
 def lora_engine(
