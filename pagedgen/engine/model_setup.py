@@ -27,6 +27,7 @@ from pagedgen.engine.sequence import Sequence
 from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.loader import load_model, resolve_model
+from pagedgen.loader.fp8_weights import check_quantization
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.lora.manager import LoRAManager
 from pagedgen.models.registry import get_model_class
@@ -82,6 +83,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     resolved = resolve_model(config.model)
     hf_config = load_config(resolved)
     get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
+    check_quantization(hf_config)  # as does an unsupported quantization
     tokenizer = load_tokenizer(resolved)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)

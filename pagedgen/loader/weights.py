@@ -9,6 +9,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import pack_linear_weights
+from pagedgen.loader.fp8_weights import dequantized, quantization_config
 from pagedgen.loader.model_files import load_config, load_tokenizer  # noqa: F401 (re-exported)
 from pagedgen.loader.resolve import ResolvedModel
 from pagedgen.models.registry import get_model_class
@@ -56,6 +57,9 @@ def load_model(
         weights = iter(read_gguf(resolved.path / resolved.gguf_file)[1].items())
     else:
         weights = iterate_safetensors(resolved.path)
+        quant = quantization_config(config)
+        if quant is not None:
+            weights = dequantized(weights, quant)
     model.load_weights(weights)
     pack_linear_weights(model, compute_dtype)  # before the widening: panels stay bfloat16
     if compute_dtype is not None and compute_dtype != dtype:

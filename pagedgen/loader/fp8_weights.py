@@ -1,0 +1,113 @@
+"""FP8 checkpoints (compressed-tensors "float-quantized", transformers' "fp8" and "fbgemm_fp8"),
+dequantized as they load: each float8 weight times its scale (one per tensor, per output
+channel, or per block of weight_block_size), in float32, then the model's dtype. They run as a
+checkpoint of those dense weights would: the memory of the model's dtype, none of FP8's speed.
+Activation scales (input_scale) and KV-cache scales (k_scale, v_scale) are dropped: activations
+run unquantized, and kv_cache_dtype stores K/V unscaled. Other quantized formats are refused."""
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+FP8_METHODS = ("compressed-tensors", "fp8", "fbgemm_fp8")
+SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")  # the latter multiplies too (DeepSeek's)
+DROPPED_SUFFIXES = (".input_scale", ".input_scale_ub", ".output_scale", ".k_scale", ".v_scale")
+
+
+def quantization_config(config: Any) -> dict[str, Any] | None:
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return None
+    return quant if isinstance(quant, dict) else quant.to_dict()
+
+
+def check_quantization(config: Any) -> None:
+    """Raises ValueError for a quantized checkpoint pagedgen cannot load."""
+    quant = quantization_config(config)
+    if quant is None:
+        return
+    method = quant.get("quant_method")
+    if method not in FP8_METHODS:
+        raise ValueError(
+            f"{method!r} checkpoints are not supported: pagedgen loads unquantized, GGUF and "
+            f"FP8 ({', '.join(FP8_METHODS)}) checkpoints"
+        )
+    if method == "compressed-tensors":
+        for name, group in (quant.get("config_groups") or {}).items():
+            weights = group.get("weights") or {}
+            if weights.get("type") != "float" or weights.get("num_bits") != 8:
+                raise ValueError(
+                    f"compressed-tensors group {name!r} quantizes weights to {weights}: "
+                    "pagedgen loads 8-bit float weights only"
+                )
+
+
+def block_size_of(quant: dict[str, Any]) -> tuple[int, int] | None:
+    """The [rows, columns] a block scale covers, where the checkpoint says."""
+    if quant.get("weight_block_size"):
+        return tuple(quant["weight_block_size"])
+    for group in (quant.get("config_groups") or {}).values():
+        block = (group.get("weights") or {}).get("block_structure")
+        if block:
+            return tuple(block)
+    return None
+
+
+def dequantize(
+    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """A float8 weight [out, in] times its scale: one number, [out] or [out, 1] per channel, or
+    [ceil(out / rows), ceil(in / columns)] per block (the block from the checkpoint, else as the
+    scale's shape implies)."""
+    out_features, in_features = weight.shape
+    scale = scale.float()
+    if scale.numel() == 1:
+        return weight.float() * scale.reshape(())
+    if tuple(scale.shape) in ((out_features,), (out_features, 1)):
+        return weight.float() * scale.reshape(out_features, 1)
+    if scale.dim() != 2:
+        raise ValueError(
+            f"a scale of shape {tuple(scale.shape)} for a weight {tuple(weight.shape)}"
+        )
+    rows, columns = block or (-(-out_features // scale.shape[0]), -(-in_features // scale.shape[1]))
+    if scale.shape != (-(-out_features // rows), -(-in_features // columns)):
+        raise ValueError(
+            f"a block scale of shape {tuple(scale.shape)} does not cover a weight of shape "
+            f"{tuple(weight.shape)} in blocks of {rows}x{columns}"
+        )
+    expanded = scale.repeat_interleave(rows, 0).repeat_interleave(columns, 1)
+    return weight.float() * expanded[:out_features, :in_features]
+
+
+def dequantized(
+    weights: Iterable[tuple[str, torch.Tensor]], quant: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors with every float8 weight dequantized; a weight waits for its
+    scale (and a scale for its weight), wherever in the shards each comes."""
+    block = block_size_of(quant)
+    waiting_weights: dict[str, torch.Tensor] = {}
+    waiting_scales: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        if name.endswith(DROPPED_SUFFIXES):
+            continue
+        scale_of = next((name.removesuffix(s) for s in SCALE_SUFFIXES if name.endswith(s)), None)
+        if scale_of is not None:
+            weight = waiting_weights.pop(scale_of + ".weight", None)
+            if weight is None:
+                waiting_scales[scale_of] = tensor
+            else:
+                yield scale_of + ".weight", dequantize(weight, tensor, block)
+        elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            scale = waiting_scales.pop(name.removesuffix(".weight"), None)
+            if scale is None:
+                waiting_weights[name] = tensor
+            else:
+                yield name, dequantize(tensor, scale, block)
+        else:
+            yield name, tensor
+    if waiting_weights or waiting_scales:
+        names = sorted(waiting_weights) + sorted(waiting_scales)
+        raise ValueError(
+            f"float8 weights without their scales, or scales without weights: {names[:5]}"
+        )
