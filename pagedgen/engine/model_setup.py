@@ -27,8 +27,8 @@ from pagedgen.engine.sequence import Sequence
 from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.loader import load_model, resolve_model
-from pagedgen.loader.fp8_weights import check_quantization
 from pagedgen.loader.model_files import load_config, load_tokenizer
+from pagedgen.loader.quantized import check_quantization
 from pagedgen.lora.manager import LoRAManager
 from pagedgen.models.registry import get_model_class
 from pagedgen.sampling_params import SamplingParams

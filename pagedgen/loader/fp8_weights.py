@@ -3,7 +3,7 @@ dequantized as they load: each float8 weight times its scale (one per tensor, pe
 channel, or per block of weight_block_size), in float32, then the model's dtype. They run as a
 checkpoint of those dense weights would: the memory of the model's dtype, none of FP8's speed.
 Activation scales (input_scale) and KV-cache scales (k_scale, v_scale) are dropped: activations
-run unquantized, and kv_cache_dtype stores K/V unscaled. Other quantized formats are refused."""
+run unquantized, and kv_cache_dtype stores K/V unscaled."""
 
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -15,32 +15,15 @@ SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")  # the latter multiplies
 DROPPED_SUFFIXES = (".input_scale", ".input_scale_ub", ".output_scale", ".k_scale", ".v_scale")
 
 
-def quantization_config(config: Any) -> dict[str, Any] | None:
-    quant = getattr(config, "quantization_config", None)
-    if quant is None:
-        return None
-    return quant if isinstance(quant, dict) else quant.to_dict()
-
-
-def check_quantization(config: Any) -> None:
-    """Raises ValueError for a quantized checkpoint pagedgen cannot load."""
-    quant = quantization_config(config)
-    if quant is None:
-        return
-    method = quant.get("quant_method")
-    if method not in FP8_METHODS:
-        raise ValueError(
-            f"{method!r} checkpoints are not supported: pagedgen loads unquantized, GGUF and "
-            f"FP8 ({', '.join(FP8_METHODS)}) checkpoints"
-        )
-    if method == "compressed-tensors":
-        for name, group in (quant.get("config_groups") or {}).items():
-            weights = group.get("weights") or {}
-            if weights.get("type") != "float" or weights.get("num_bits") != 8:
-                raise ValueError(
-                    f"compressed-tensors group {name!r} quantizes weights to {weights}: "
-                    "pagedgen loads 8-bit float weights only"
-                )
+def check_fp8(quant: dict[str, Any]) -> None:
+    """Raises ValueError for a compressed-tensors checkpoint of other than 8-bit float weights."""
+    for name, group in (quant.get("config_groups") or {}).items():
+        weights = group.get("weights") or {}
+        if weights.get("type") != "float" or weights.get("num_bits") != 8:
+            raise ValueError(
+                f"compressed-tensors group {name!r} quantizes weights to {weights}: "
+                "pagedgen loads 8-bit float weights of it only"
+            )
 
 
 def block_size_of(quant: dict[str, Any]) -> tuple[int, int] | None:

@@ -9,8 +9,8 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import pack_linear_weights
-from pagedgen.loader.fp8_weights import dequantized, quantization_config
 from pagedgen.loader.model_files import load_config, load_tokenizer  # noqa: F401 (re-exported)
+from pagedgen.loader.quantized import dequantized, quantization_config
 from pagedgen.loader.resolve import ResolvedModel
 from pagedgen.models.registry import get_model_class
 

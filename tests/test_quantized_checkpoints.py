@@ -1,0 +1,232 @@
+"""Quantized checkpoints load dequantized: FP8 per-tensor, per-channel and block scales (the
+layouts of compressed-tensors, transformers' "fp8" and "fbgemm_fp8") and GPTQ / AWQ packed
+integers give exactly the engine a checkpoint of the dequantized weights gives; what cannot be
+unpacked is refused before anything loads."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pagedgen import LLM, SamplingParams
+from pagedgen.loader.fp8_weights import dequantize
+
+QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BLOCK = (32, 32)
+SCHEMES = {
+    "compressed-tensors, per tensor": (
+        "weight_scale",
+        "tensor",
+        {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
+                    "input_activations": {"num_bits": 8, "type": "float", "dynamic": True},
+                }
+            },
+            "ignore": ["lm_head"],
+        },
+    ),
+    "fbgemm_fp8, per channel": (
+        "weight_scale",
+        "channel",
+        {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0},
+    ),
+    "fp8, blocks": (
+        "weight_scale_inv",
+        "block",
+        {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)},
+    ),
+}
+
+
+def quantize(weight: torch.Tensor, strategy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8 weight, scale) with the scale's layout for the strategy."""
+    finite = torch.finfo(torch.float8_e4m3fn).max
+    w = weight.float()
+    if strategy == "tensor":
+        scale = w.abs().max().reshape(1) / finite
+        return (w / scale).to(torch.float8_e4m3fn), scale
+    if strategy == "channel":
+        scale = w.abs().amax(dim=1, keepdim=True) / finite
+        return (w / scale).to(torch.float8_e4m3fn), scale
+    rows, columns = BLOCK
+    blocks = w.unflatten(0, (-1, rows)).unflatten(2, (-1, columns))  # [R, rows, C, columns]
+    scale = blocks.abs().amax(dim=(1, 3)) / finite  # [R, C]
+    expanded = scale.repeat_interleave(rows, 0).repeat_interleave(columns, 1)
+    return (w / expanded).to(torch.float8_e4m3fn), scale
+
+
+def assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, quantization_config):
+    """Writes the quantized tensors (over two shards, in an order that puts some parts of a
+    layer before others) with quantization_config, and the dense ones as a plain checkpoint;
+    both engines must give the same greedy tokens and prompt logprobs."""
+    folders = {}
+    for kind, weights in (("quantized", quantized), ("dense", dense)):
+        folder = folders[kind] = tmp_path / kind
+        shutil.copytree(tiny_llama_path, folder)
+        (folder / "model.safetensors").unlink()
+        names = sorted(weights, reverse=kind == "quantized")
+        half = len(names) // 2  # two shards: a weight and its scale may lie in either
+        for i, part in enumerate((names[:half], names[half:])):
+            save_file({n: weights[n].contiguous() for n in part}, folder / f"part-{i}.safetensors")
+    config_path = folders["quantized"] / "config.json"
+    config_json = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config_json, "quantization_config": quantization_config}))
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    scoring = SamplingParams(max_tokens=1, prompt_logprobs=5)
+    prompts = ["hello", "the quick brown fox", "1 2 3"]
+    outputs = {}
+    for kind, folder in folders.items():
+        llm = LLM(str(folder), kv_cache_memory=0.01, log=lambda m: None)
+        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        scores = [o.prompt_logprobs for o in llm.generate(prompts, scoring, use_tqdm=False)]
+        outputs[kind] = tokens, scores
+    assert outputs["quantized"] == outputs["dense"]
+
+
+def quantized_layers(tiny_llama_path, quantize_layer):
+    """(quantized tensors, dense tensors): quantize_layer(name, weight) gives a layer's parts by
+    name suffix and its dense weight; every other tensor is kept as it is."""
+    quantized, dense = {}, {}
+    for name, tensor in load_file(tiny_llama_path / "model.safetensors").items():
+        if name.endswith(".weight") and name.split(".")[-2] in QUANTIZED:
+            parts, dense[name] = quantize_layer(tensor)
+            prefix = name.removesuffix("weight")
+            quantized.update({prefix + suffix: part for suffix, part in parts.items()})
+        else:
+            quantized[name] = dense[name] = tensor
+    return quantized, dense
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_fp8_checkpoint_runs_as_its_dequantized_weights(tiny_llama_path, tmp_path, scheme):
+    scale_name, strategy, config = SCHEMES[scheme]
+    block = BLOCK if strategy == "block" else None
+
+    def quantize_layer(tensor):
+        weight, scale = quantize(tensor, strategy)
+        parts = {"weight": weight, scale_name: scale, "input_scale": torch.ones(1)}  # dropped
+        return parts, dequantize(weight, scale, block)
+
+    quantized, dense = quantized_layers(tiny_llama_path, quantize_layer)
+    assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
+
+
+def int_quantize(weight: torch.Tensor, bits: int, group_size: int, g_idx: torch.Tensor):
+    """Asymmetric integer quantization of weight [out, in] per group of input rows (g_idx: each
+    row's group): q [in, out], zeros and float16 scales [groups, out], and the dense weight."""
+    w = weight.float().t()  # [in, out]
+    groups = int(g_idx.max()) + 1
+    low = torch.stack([w[g_idx == g].amin(0) for g in range(groups)])
+    high = torch.stack([w[g_idx == g].amax(0) for g in range(groups)])
+    scales = ((high - low) / (2**bits - 1)).clamp(min=1e-6).half()
+    zeros = (-low / scales.float()).round().clamp(0, 2**bits - 1).int()
+    q = (w / scales.float()[g_idx]).round().int() + zeros[g_idx]
+    q = q.clamp(0, 2**bits - 1)
+    dense = ((q - zeros[g_idx]).float() * scales.float()[g_idx]).t()
+    return q, zeros, scales, dense
+
+
+def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """GPTQ's qweight: 32 // bits consecutive rows in a word, the first in the low bits."""
+    pack = 32 // bits
+    words = torch.zeros(values.shape[0] // pack, values.shape[1], dtype=torch.int32)
+    for row in range(words.shape[0]):
+        for j in range(pack):
+            words[row] |= values[row * pack + j].int() << (bits * j)
+    return words
+
+
+def pack_columns(values: torch.Tensor, bits: int, order: list[int] | None = None) -> torch.Tensor:
+    """Consecutive columns in a word: word bits [bits * i, ...) hold column order[i] of its run
+    (AutoAWQ's pack with order [0, 2, 4, 6, 1, 3, 5, 7]; GPTQ's qzeros in plain order)."""
+    pack = 32 // bits
+    order = order or list(range(pack))
+    words = torch.zeros(values.shape[0], values.shape[1] // pack, dtype=torch.int32)
+    for column in range(words.shape[1]):
+        for i in range(pack):
+            words[:, column] |= values[:, column * pack + order[i]].int() << (bits * i)
+    return words
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("checkpoint_format", ["gptq", "gptq_v2"])
+def test_gptq_checkpoint_runs_as_its_dequantized_weights(
+    tiny_llama_path, tmp_path, bits, checkpoint_format
+):
+    """Groups of 32 input rows, listed out of order in g_idx (desc_act), zero points stored less
+    one in the "gptq" format and as they are in "gptq_v2"."""
+    generator = torch.Generator().manual_seed(bits)
+
+    def quantize_layer(tensor):
+        in_features = tensor.shape[1]
+        g_idx = (torch.arange(in_features) // 32)[torch.randperm(in_features, generator=generator)]
+        q, zeros, scales, dense = int_quantize(tensor, bits, 32, g_idx)
+        stored = zeros - 1 if checkpoint_format == "gptq" else zeros
+        parts = {
+            "qweight": pack_rows(q, bits),
+            "qzeros": pack_columns(stored & (2**bits - 1), bits),
+            "scales": scales,
+            "g_idx": g_idx.int(),
+        }
+        return parts, dense
+
+    quantized, dense = quantized_layers(tiny_llama_path, quantize_layer)
+    config = {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": 32,
+        "desc_act": True,
+        "sym": False,
+        "checkpoint_format": checkpoint_format,
+    }
+    assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
+
+
+def test_awq_checkpoint_runs_as_its_dequantized_weights(tiny_llama_path, tmp_path):
+    def quantize_layer(tensor):
+        g_idx = torch.arange(tensor.shape[1]) // 32
+        q, zeros, scales, dense = int_quantize(tensor, 4, 32, g_idx)
+        order = [0, 2, 4, 6, 1, 3, 5, 7]
+        parts = {
+            "qweight": pack_columns(q, 4, order),
+            "qzeros": pack_columns(zeros, 4, order),
+            "scales": scales,
+        }
+        return parts, dense
+
+    quantized, dense = quantized_layers(tiny_llama_path, quantize_layer)
+    config = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
+    assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
+
+
+def test_dequantize_layouts():
+    weight = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).to(torch.float8_e4m3fn)
+    assert torch.equal(dequantize(weight, torch.tensor([2.0])), weight.float() * 2)
+    per_row = dequantize(weight, torch.tensor([[2.0], [3.0]]))
+    assert torch.equal(per_row, weight.float() * torch.tensor([[2.0], [3.0]]))
+    blocks = dequantize(weight, torch.tensor([[2.0, 3.0]]), (2, 2))  # columns 0-1, then 2
+    assert torch.equal(blocks, weight.float() * torch.tensor([[2.0, 2.0, 3.0]]))
+    with pytest.raises(ValueError, match="does not cover"):
+        dequantize(weight, torch.ones(3, 3), (2, 2))
+
+
+def test_what_cannot_be_unpacked_is_refused(tiny_llama_path, tmp_path):
+    folder = tmp_path / "gptq"
+    shutil.copytree(tiny_llama_path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    for quant, match in (
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes' checkpoints"),
+        ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "unpacks 2, 4 and 8 bits"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "GEMM layout only"),
+    ):
+        config["quantization_config"] = quant
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=match):
+            LLM(str(folder), log=lambda m: None)
