@@ -2,7 +2,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from typing import Any
 
-from pagedgen.chat_template import Messages, apply_chat_template
+from pagedgen.chat_template import ChatTemplate, Messages, apply_chat_template
 from pagedgen.config import EngineConfig
 from pagedgen.engine.beam_search import BeamSearchParams
 from pagedgen.engine.llm_engine import LLMEngine, Params, Prompt, log_to_stderr
@@ -108,11 +108,24 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Applies the tokenizer's chat template to each conversation, then generates (use_tqdm:
-        the progress bar of generate)."""
+        """Applies the chat template (the tokenizer's, or chat_template's Jinja text) to each
+        conversation, then generates (use_tqdm: the progress bar of generate). As vLLM's:
+        add_generation_prompt opens the assistant's turn; continue_final_message instead leaves
+        the last message open for the model to continue; chat_template_kwargs are the
+        template's variables (enable_thinking, ...)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(m) for m in conversations]
+        template = ChatTemplate(chat_template, chat_template_kwargs or {})
+        prompts = [
+            apply_chat_template(
+                self.tokenizer, m, template, add_generation_prompt, continue_final_message
+            )
+            for m in conversations
+        ]
         return self.generate(prompts, sampling_params, lora_request, use_tqdm)
 
     def apply_chat_template(self, messages: Messages) -> list[int]:

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 from pagedgen.batch.metrics import RunMetrics
 from pagedgen.batch.requests import RequestBuilder, RequestError, sampling_defaults, vocab_size_of
+from pagedgen.chat_template import ChatTemplate
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.io.output import RecordFormatter
 from pagedgen.io.output_file import OutputFile
@@ -61,6 +62,8 @@ class BatchJob:
         sampling: dict[str, Any] | None = None,
         order: str = "input",
         loras: dict[str, LoRARequest] | None = None,  # by name: what input lines may ask for
+        chat_template: ChatTemplate = ChatTemplate(),  # how messages become prompts
+        reasoning_parser: str | None = None,  # splits chat answers (io/reasoning.py)
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -73,11 +76,14 @@ class BatchJob:
             llm.engine.config.max_num_seqs,
             llm.engine.max_model_len,
             loras,
+            chat_template,
         )
         self.source = resume_source(source, output.state, output.path)
         self.output = output
         self.writer = RecordWriter(output.stream, ordered=order == "input")
-        self.formatter = RecordFormatter(source.is_openai, llm.engine.config.model, llm.tokenizer)
+        self.formatter = RecordFormatter(
+            source.is_openai, llm.engine.config.model, llm.tokenizer, reasoning_parser
+        )
         defaults = sampling_defaults(self.builder.defaults)
         self.max_output_tokens = defaults.n * (defaults.max_tokens or llm.engine.max_model_len)
         self.metrics = RunMetrics()

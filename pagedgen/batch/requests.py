@@ -1,7 +1,7 @@
 import math
 from typing import Any, NamedTuple
 
-from pagedgen.chat_template import apply_chat_template
+from pagedgen.chat_template import ChatTemplate, apply_chat_template
 from pagedgen.io.records import InputRecord
 from pagedgen.lora.request import LoRARequest
 from pagedgen.sampling_params import SamplingParams
@@ -45,8 +45,10 @@ class RequestBuilder:
         max_num_seqs: int,
         max_model_len: int | None = None,
         loras: dict[str, LoRARequest] | None = None,
+        chat_template: ChatTemplate = ChatTemplate(),
     ) -> None:
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
         self.loras = loras or {}
         self.defaults = dict(defaults)
         sampling_defaults(self.defaults)
@@ -70,7 +72,9 @@ class RequestBuilder:
             self._check_length(record)
         if record.messages is not None:
             try:
-                prompt = apply_chat_template(self.tokenizer, record.messages)
+                prompt = apply_chat_template(
+                    self.tokenizer, record.messages, self.chat_template, **record.chat
+                )
             except Exception as e:  # a template can reject any conversation it dislikes
                 raise RequestError(f"chat template failed: {e}") from e
             return PreparedRequest(params.truncated(prompt), params)

@@ -2,6 +2,7 @@ from dataclasses import replace
 
 import typer
 
+from pagedgen.cli import chat_options as chat_opt
 from pagedgen.cli import options as opt
 from pagedgen.config import EngineConfig
 from pagedgen.io.spec import InputSpec
@@ -43,6 +44,8 @@ def profile(
     temperature: float = opt.TEMPERATURE,
     seed: int | None = opt.SEED,
     ignore_eos: bool = opt.sampling_option(False, help="real run: generate max_tokens every time"),
+    chat_template: str | None = chat_opt.CHAT_TEMPLATE,
+    default_chat_template_kwargs: str | None = chat_opt.DEFAULT_CHAT_TEMPLATE_KWARGS,
 ) -> None:
     """Report how well the paged KV cache is used for INPUT and a model.
 
@@ -57,11 +60,16 @@ def profile(
     sampling = dict(
         n=n, max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
     )
+    try:
+        template = chat_opt.chat_template(chat_template, default_chat_template_kwargs)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
     options = ProfileOptions(
         input=replace(spec, reference_column=reference_column),
         engine=engine,
         sampling=sampling,
         sampling_given=frozenset(n for n in sampling if _source(ctx, n) != "DEFAULT"),
+        chat_template=template,
         simulate=simulate,
         block_sizes=block_sizes,
         json_output=json_output,

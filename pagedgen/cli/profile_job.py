@@ -5,6 +5,7 @@ from typing import Any
 
 from rich.console import Console
 
+from pagedgen.chat_template import ChatTemplate
 from pagedgen.config import EngineConfig
 from pagedgen.io.spec import InputSpec
 
@@ -17,6 +18,7 @@ class ProfileOptions:
     engine: EngineConfig
     sampling: dict[str, Any]  # SamplingParams fields
     sampling_given: frozenset[str] = frozenset()  # fields set on the command line
+    chat_template: ChatTemplate = ChatTemplate()
     simulate: bool = False
     block_sizes: str = "8,16,32,64,128"
     json_output: bool = False
@@ -57,7 +59,12 @@ def profile_job(options: ProfileOptions) -> int:
             log(describe_model_sampling(taken))
         vocab_size = getattr(hf_config, "vocab_size", None) or len(tokenizer)
         builder = RequestBuilder(
-            tokenizer, options.sampling, vocab_size, config.max_num_seqs, max_model_len
+            tokenizer,
+            options.sampling,
+            vocab_size,
+            config.max_num_seqs,
+            max_model_len,
+            chat_template=options.chat_template,
         )
         log("reading and tokenizing the input")
         requests, workload = build_workload(source.records, builder, max_model_len)

@@ -1,5 +1,6 @@
 import typer
 
+from pagedgen.cli import chat_options as chat_opt
 from pagedgen.cli import options as opt
 from pagedgen.cli.ray_options import RAY, RayOptions
 from pagedgen.config import EngineConfig
@@ -83,6 +84,9 @@ def run(
     max_cpu_loras: int | None = opt.lora_option(
         None, help="adapters kept read in memory [default: --max-loras]", metavar="N"
     ),
+    chat_template: str | None = chat_opt.CHAT_TEMPLATE,
+    default_chat_template_kwargs: str | None = chat_opt.DEFAULT_CHAT_TEMPLATE_KWARGS,
+    reasoning_parser: str | None = chat_opt.REASONING_PARSER,
 ) -> None:
     """Generate a completion for every request of INPUT and write one JSON line each to OUTPUT.
 
@@ -97,6 +101,8 @@ def run(
 
     try:
         structured_outputs = structured_outputs_option(json_schema, regex, choice)
+        template = chat_opt.chat_template(chat_template, default_chat_template_kwargs)
+        chat_opt.check_reasoning_parser(reasoning_parser)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
 
@@ -130,6 +136,8 @@ def run(
         engine=engine,
         sampling=sampling,
         sampling_given=frozenset(given),
+        chat_template=template,
+        reasoning_parser=reasoning_parser,
         resume=resume,
         overwrite=overwrite,
         order=order,

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from pagedgen.batch.job import ORDERS, BatchJob, JobResult
 from pagedgen.batch.requests import sampling_defaults
+from pagedgen.chat_template import ChatTemplate
 from pagedgen.cli.checks import check_engine_fits, check_writable_folder, fill_closed_std_fds
 from pagedgen.cli.progress import RunProgress
 from pagedgen.cli.signals import Interrupted, StopSignals
@@ -51,6 +52,8 @@ class RunOptions:
     argv: list[str] = field(default_factory=list)  # the command line, for the resume hint
     loras: dict[str, LoRARequest] = field(default_factory=dict)  # --lora-modules, by name
     sampling_given: frozenset[str] = frozenset()  # fields set on the command line
+    chat_template: ChatTemplate = ChatTemplate()  # --chat-template, --default-chat-template-kwargs
+    reasoning_parser: str | None = None  # --reasoning-parser
     model_sampling: dict[str, Any] = field(default_factory=dict)  # taken from the model
 
 
@@ -181,7 +184,16 @@ def _run(
         llm = LLM(log=console.print, **asdict(options.engine))
         if signals.signum is not None:  # library code the signal struck swallowed Interrupted
             raise Interrupted(signals.signum)
-        job = BatchJob(llm, source, output, options.sampling, options.order, options.loras)
+        job = BatchJob(
+            llm,
+            source,
+            output,
+            options.sampling,
+            options.order,
+            options.loras,
+            options.chat_template,
+            options.reasoning_parser,
+        )
     except (*USAGE_ERRORS, OSError, RuntimeError, MemoryError) as e:  # no model, no memory
         return _usage_error(console, e)
     except Interrupted as e:

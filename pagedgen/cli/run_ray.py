@@ -113,6 +113,9 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
         num_gpus=1 if options.engine.device == "cuda" else 0,
         openai=openai,
         lora_modules={name: lora.lora_path for name, lora in options.loras.items()},
+        chat_template=options.chat_template.chat_template,
+        chat_template_kwargs=options.chat_template.chat_template_kwargs,
+        reasoning_parser=options.reasoning_parser,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from pagedgen.io.records import (
     SAMPLING_FIELDS,
     InputRecord,
+    chat_options,
     check_messages,
     check_prompt,
     json_type,
@@ -81,6 +82,9 @@ def parse_openai(obj: object, line: int) -> InputRecord:
     if error is None:
         sampling, error = _sampling(body, record.endpoint)
         record = record._replace(sampling=sampling)
+    if error is None:
+        chat, error = chat_options(body, record.endpoint == "chat")
+        record = record._replace(chat=chat)
     return record._replace(error=error) if error else record
 
 
@@ -146,12 +150,19 @@ def _response_format(value: object) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def openai_response(
-    record: InputRecord, output: RequestOutput, top_logprobs: int, model: str, tokenizer: Any
+    record: InputRecord,
+    output: RequestOutput,
+    top_logprobs: int,
+    model: str,
+    tokenizer: Any,
+    reasoning: list[tuple[str | None, str | None]] | None = None,
 ) -> dict[str, Any]:
-    """The response line for a request that ran (output.error is None)."""
+    """The response line for a request that ran (output.error is None); with reasoning (each
+    completion's (reasoning, content) split), a chat message's content is the content and its
+    reasoning_content the reasoning, as vLLM's --reasoning-parser writes them."""
     chat = record.endpoint == "chat"
     choices = []
-    for completion in output.outputs:
+    for i, completion in enumerate(output.outputs):
         logprobs = None
         if completion.logprobs:
             steps = list(zip(completion.token_ids, completion.logprobs))
@@ -159,7 +170,14 @@ def openai_response(
                 steps, top_logprobs, tokenizer
             )
         choice: dict[str, Any] = {"index": completion.index}
-        if chat:
+        if chat and reasoning:
+            content, thought = reasoning[i][1], reasoning[i][0]
+            choice["message"] = {
+                "role": "assistant",
+                "content": content,
+                "reasoning_content": thought,
+            }
+        elif chat:
             choice["message"] = {"role": "assistant", "content": completion.text}
         else:
             choice["text"] = completion.text

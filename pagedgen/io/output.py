@@ -1,26 +1,33 @@
 from typing import Any
 
 from pagedgen.io.openai_batch import openai_error, openai_response
+from pagedgen.io.reasoning import split_reasoning
 from pagedgen.io.records import InputRecord, request_hash
 from pagedgen.outputs import RequestOutput
 
 
-def output_record(record: InputRecord, output: RequestOutput) -> dict[str, Any]:
+def output_record(
+    record: InputRecord, output: RequestOutput, reasoning: list[tuple[str | None, str | None]]
+) -> dict[str, Any]:
     """The JSON line of a finished request: text (a list when n > 1), finish_reason, token counts,
     seconds to the first token and in all, logprobs and prompt logprobs when asked for, and the
-    LoRA adapter's name if it ran with one."""
+    LoRA adapter's name if it ran with one. With reasoning, each completion's (reasoning,
+    content) split: text is the content, and "reasoning" the rest."""
     completions = output.outputs
     single = len(completions) == 1
+    texts = [c.text for c in completions] if not reasoning else [r[1] for r in reasoning]
     result: dict[str, Any] = {
         "id": record.id,
         "line": record.line,
-        "text": completions[0].text if single else [c.text for c in completions],
+        "text": texts[0] if single else texts,
         "finish_reason": completions[0].finish_reason
         if single
         else [c.finish_reason for c in completions],
         "prompt_tokens": output.num_prompt_tokens,
         "completion_tokens": output.num_output_tokens,
     }
+    if reasoning:
+        result["reasoning"] = reasoning[0][0] if single else [r[0] for r in reasoning]
     if any(c.logprobs for c in completions):
         result["logprobs"] = [
             [{str(t): lp for t, lp in step.items()} for step in c.logprobs or []]
@@ -58,20 +65,30 @@ class RecordFormatter:
     """Turns finished requests and failures into output lines, pagedgen's or OpenAI's; each line
     ends with its request's hash, which --resume checks."""
 
-    def __init__(self, openai: bool, model: str = "", tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        openai: bool,
+        model: str = "",
+        tokenizer: Any = None,
+        reasoning_parser: str | None = None,  # splits chat answers (see io/reasoning.py)
+    ) -> None:
         self.openai = openai
         self.model = model
         self.tokenizer = tokenizer
+        self.reasoning_parser = reasoning_parser
 
     def output(self, record: InputRecord, output: RequestOutput, num_logprobs: int) -> dict:
         if output.error is not None:
             return self.error(record, output.error, output.num_prompt_tokens)
+        reasoning = []
+        if self.reasoning_parser is not None and record.messages is not None:
+            reasoning = [split_reasoning(self.reasoning_parser, c.text) for c in output.outputs]
         if self.openai:  # as vLLM, the model of a response is the adapter's name if it ran one
             lora = output.lora_request
             model = self.model if lora is None else lora.lora_name
-            line = openai_response(record, output, num_logprobs, model, self.tokenizer)
+            line = openai_response(record, output, num_logprobs, model, self.tokenizer, reasoning)
         else:
-            line = output_record(record, output)
+            line = output_record(record, output, reasoning)
         return {**line, "request_hash": request_hash(record)}
 
     def error(self, record: InputRecord, reason: str, num_prompt_tokens: int = 0) -> dict:

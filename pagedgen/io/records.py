@@ -63,6 +63,7 @@ class InputRecord(NamedTuple):
     unit: str = "line"  # "line" counts from 1; "row" and "conversation" count from 0
     lora: str | None = None  # the LoRA adapter (a --lora-modules name) the line asks for
     model: str | None = None  # an OpenAI body's model: a LoRA adapter where it names one
+    chat: dict[str, Any] = {}  # CHAT_FIELDS the line sets, for its messages
 
     @property
     def where(self) -> str:
@@ -79,6 +80,8 @@ def request_hash(record: InputRecord) -> str:
     asked = [record.id, record.prompt, record.messages, record.sampling, record.endpoint]
     if record.lora is not None:  # only then: the digests of earlier outputs stay valid
         asked.append({"lora": record.lora})
+    if record.chat:
+        asked.append({"chat": record.chat})
     text = json.dumps([*asked, record.error], ensure_ascii=False, sort_keys=True)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
@@ -133,6 +136,27 @@ def check_prompt(prompt: object) -> str | None:
     return f"'prompt' must be a string or a list of token ids, got {json_type(prompt)}"
 
 
+# How a line's messages become its prompt (vLLM's request fields), and the JSON type of each.
+CHAT_FIELDS = {
+    "add_generation_prompt": _BOOL,
+    "continue_final_message": _BOOL,
+    "chat_template_kwargs": _OPTIONAL_OBJECT,
+}
+
+
+def chat_options(obj: dict[str, Any], has_messages: bool) -> tuple[dict[str, Any], str | None]:
+    """The CHAT_FIELDS obj sets; or the first wrongly typed one, or one beside a plain prompt."""
+    options = {name: obj[name] for name in CHAT_FIELDS if obj.get(name) is not None}
+    for name, value in options.items():
+        if not _is_type(value, CHAT_FIELDS[name]):
+            return {}, f"{name!r} must be a {CHAT_FIELDS[name]}, got {json_type(value)}"
+        if not has_messages:
+            return {}, f"{name!r} applies to 'messages', not to a plain prompt"
+    if options.get("continue_final_message") and options.get("add_generation_prompt", True):
+        return {}, "'continue_final_message' needs 'add_generation_prompt': false"
+    return options, None
+
+
 def check_messages(messages: object) -> str | None:
     if not isinstance(messages, list) or not messages:
         return f"'messages' must be a non-empty list, got {json_type(messages)}"
@@ -163,12 +187,16 @@ def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
     error = check_prompt(prompt) if prompt is not None else check_messages(messages)
     if error is None:
         overrides, error = sampling_overrides(obj)
+    if error is None:
+        chat, error = chat_options(obj, messages is not None)
     lora = obj.get("lora")
     if error is None and lora is not None and not (isinstance(lora, str) and lora):
         error = f"'lora' must be the name of a LoRA adapter, got {json_type(lora)}"
     if error is not None:
         return record._replace(error=error)
-    return record._replace(prompt=prompt, messages=messages, sampling=overrides, lora=lora)
+    return record._replace(
+        prompt=prompt, messages=messages, sampling=overrides, lora=lora, chat=chat
+    )
 
 
 def json_type(value: object) -> str:

@@ -28,6 +28,9 @@ class ProcessorConfig:
     # LoRA adapters rows may name ("lora"; an OpenAI body's "model"): name -> PEFT folder, on
     # every node. They need engine_kwargs' enable_lora.
     lora_modules: dict[str, str] = field(default_factory=dict)
+    chat_template: str | None = None  # Jinja text in place of the tokenizer's
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # every row's defaults
+    reasoning_parser: str | None = None  # splits chat answers (pagedgen/io/reasoning.py)
 
     def __post_init__(self) -> None:
         names = {f.name for f in fields(EngineConfig)} - {"model"}

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from pagedgen.batch.requests import RequestBuilder, RequestError, vocab_size_of
+from pagedgen.chat_template import ChatTemplate
 from pagedgen.io.output import RecordFormatter
 from pagedgen.io.records import InputRecord
 from pagedgen.lora.modules import lora_requests
@@ -50,8 +51,11 @@ class LLMReplica:
             engine.max_num_seqs,
             self.llm.engine.max_model_len,
             lora_requests(config.lora_modules),
+            ChatTemplate(config.chat_template, config.chat_template_kwargs),
         )
-        self.formatter = RecordFormatter(config.openai, engine.model, self.llm.tokenizer)
+        self.formatter = RecordFormatter(
+            config.openai, engine.model, self.llm.tokenizer, config.reasoning_parser
+        )
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -1,0 +1,60 @@
+"""The chat options of `run` and `profile`: vLLM's --chat-template and
+--default-chat-template-kwargs, built into a ChatTemplate, and `run`'s --reasoning-parser."""
+
+import json
+from pathlib import Path
+
+from pagedgen.chat_template import ChatTemplate
+from pagedgen.cli.options import option
+from pagedgen.io.reasoning import REASONING_PARSERS
+
+CHAT_PANEL = "Chat template (how input messages become prompts; vLLM's names)"
+CHAT_TEMPLATE = option(
+    CHAT_PANEL,
+    None,
+    "--chat-template",
+    help="a Jinja chat template, or a file holding one, in place of the tokenizer's",
+    metavar="FILE|TEMPLATE",
+)
+DEFAULT_CHAT_TEMPLATE_KWARGS = option(
+    CHAT_PANEL,
+    None,
+    "--default-chat-template-kwargs",
+    help='the template\'s variables for every conversation, JSON: {"enable_thinking": false}; '
+    'a line\'s own "chat_template_kwargs" go over them',
+    metavar="JSON",
+)
+
+
+REASONING_PARSER = option(
+    CHAT_PANEL,
+    None,
+    "--reasoning-parser",
+    help="split chat answers into reasoning (<think>...</think>) and content: deepseek_r1 "
+    "(no </think>: all reasoning) or qwen3 (no </think>: all content)",
+    metavar="NAME",
+)
+
+
+def check_reasoning_parser(name: str | None) -> None:
+    if name is not None and name not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser must be one of {REASONING_PARSERS}, got {name!r}")
+
+
+def chat_template(template: str | None, kwargs_json: str | None) -> ChatTemplate:
+    """The ChatTemplate of --chat-template (a file's text, or the template itself) and
+    --default-chat-template-kwargs; raises ValueError for a bad one."""
+    if template is not None and "{" not in template:
+        path = Path(template)
+        if not path.is_file():
+            raise ValueError(f"--chat-template: no such file {template!r}, nor a Jinja template")
+        template = path.read_text()
+    kwargs = {}
+    if kwargs_json is not None:
+        try:
+            kwargs = json.loads(kwargs_json)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--default-chat-template-kwargs is not JSON: {e}") from e
+        if not isinstance(kwargs, dict):
+            raise ValueError("--default-chat-template-kwargs must be a JSON object")
+    return ChatTemplate(template, kwargs)
