@@ -112,24 +112,35 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """Applies the chat template (the tokenizer's, or chat_template's Jinja text) to each
         conversation, then generates (use_tqdm: the progress bar of generate). As vLLM's:
         add_generation_prompt opens the assistant's turn; continue_final_message instead leaves
         the last message open for the model to continue; chat_template_kwargs are the
-        template's variables (enable_thinking, ...)."""
+        template's variables (enable_thinking, ...); tools, OpenAI's function definitions, go
+        to the template (reading calls from the answers is pagedgen.io.tools')."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         template = ChatTemplate(chat_template, chat_template_kwargs or {})
         prompts = [
             apply_chat_template(
-                self.tokenizer, m, template, add_generation_prompt, continue_final_message
+                self.tokenizer,
+                m,
+                template,
+                add_generation_prompt,
+                continue_final_message,
+                tools=tools,
             )
             for m in conversations
         ]
         return self.generate(prompts, sampling_params, lora_request, use_tqdm)
 
-    def apply_chat_template(self, messages: Messages) -> list[int]:
-        return apply_chat_template(self.tokenizer, messages)
+    def apply_chat_template(
+        self, messages: Messages, template: ChatTemplate = ChatTemplate(), **options: Any
+    ) -> list[int]:
+        """The prompt ids of a conversation; options: those of chat_template.apply_chat_template
+        (add_generation_prompt, continue_final_message, chat_template_kwargs, tools)."""
+        return apply_chat_template(self.tokenizer, messages, template, **options)
 
     def reset_prefix_cache(self) -> bool:
         """Forgets the cached prompt blocks (vLLM's name), so the next prompts are computed

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from pagedgen import LLM, SamplingParams
+from pagedgen.chat_template import ChatTemplate
 from pagedgen.io.reasoning import split_reasoning
+from pagedgen.io.tools import parse_tool_calls
 from tests.cli_util import run_in_process
 
 TEMPLATE = (
@@ -75,7 +77,7 @@ def test_cli_chat_template_options(tiny_llama_path, tmp_path, capsys):
             "add_generation_prompt": False,
             "continue_final_message": True,
         },
-        {"prompt": "x", "chat_template_kwargs": {}},
+        {"prompt": "x", "chat_template_kwargs": {"enable_thinking": False}},
         {"messages": HI, "continue_final_message": True},
         {"messages": HI, "add_generation_prompt": "no"},
     ]
@@ -158,3 +160,102 @@ def test_cli_reasoning_parser(tiny_llama_path, capsys):
         capsys, "run", "-", "-o", "-", *common, "--reasoning-parser", "nope", stdin=lines
     )
     assert code == 2 and "--reasoning-parser must be one of" in stderr
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object"}},
+}
+
+
+@pytest.mark.parametrize(
+    "parser, text, content, calls",
+    [
+        ("hermes", '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', None,
+         [("f", {"x": 1})]),
+        ("hermes", 'Let me look.\n<tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
+         '<tool_call>{"name": "g", "arguments": {"y": "z"}}', "Let me look.",
+         [("f", {}), ("g", {"y": "z"})]),  # the last one unterminated, as a stop cuts it
+        ("hermes", "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+        ("hermes", "no call here", "no call here", []),
+        ("llama3_json", '{"name": "f", "parameters": {"x": 1}}', None, [("f", {"x": 1})]),
+        ("llama3_json", '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", '
+         '"parameters": {"a": [1]}}', None, [("f", {}), ("g", {"a": [1]})]),
+        ("llama3_json", "The answer is 4.", "The answer is 4.", []),
+    ],
+)  # fmt: skip
+def test_tool_call_parsers_as_vllms(parser, text, content, calls):
+    got_content, got_calls = parse_tool_calls(parser, text)
+    assert got_content == content
+    assert [(c["name"], json.loads(c["arguments"])) for c in got_calls] == calls
+
+
+def test_tools_reach_the_template_with_object_arguments(tiny_llama_path):
+    """The template sees the tools, and an earlier call's arguments as an object (OpenAI's
+    format holds them as a JSON string), as vLLM hands them over."""
+    template = (
+        "{% for t in tools or [] %}[{{ t['function']['name'] }}]{% endfor %}"
+        "{% for m in messages %}{% for c in m.get('tool_calls') or [] %}"
+        "({{ c['function']['arguments']['city'] }}){% endfor %}{% endfor %}"
+    )
+    llm = LLM(str(tiny_llama_path), **QUIET)
+    messages = [
+        *HI,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "paris"}'},
+                }
+            ],
+        },  # fmt: skip
+        {"role": "tool", "tool_call_id": "1", "content": "sunny"},
+    ]
+    prompt = llm.apply_chat_template(messages, ChatTemplate(template), tools=[WEATHER])
+    assert llm.tokenizer.decode(prompt) == "[get_weather](paris)"
+
+
+def test_cli_tool_calls(tiny_llama_path, capsys):
+    """A regex makes the random model call get_weather; hermes reads the call into the
+    response's tool_calls, finish_reason tool_calls. Without a parser a request with tools and
+    tool_choice auto fails alone; with tool_choice none its answer stays text."""
+    call = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "[a-z]{5}"\}\}</tool_call>'
+    common = ("-m", str(tiny_llama_path), "--kv-cache-memory", "0.01", "--no-progress")
+    constrained = ("--temperature", "0", "--regex", call, "--max-tokens", "96")
+
+    def request(**body) -> bytes:
+        body = {"messages": HI, "tools": [WEATHER], **body}
+        line = {"custom_id": "a", "url": "/v1/chat/completions", "body": body}
+        return (json.dumps(line) + "\n").encode()
+
+    code, stdout, stderr = run_in_process(
+        capsys, "run", "-", "-o", "-", *common, *constrained, "--tool-call-parser", "hermes",
+        stdin=request(),
+    )  # fmt: skip
+    assert code == 0, stderr
+    choice = json.loads(stdout)["response"]["body"]["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (tool_call,) = choice["message"]["tool_calls"]
+    assert tool_call["type"] == "function" and tool_call["function"]["name"] == "get_weather"
+    assert len(json.loads(tool_call["function"]["arguments"])["city"]) == 5
+
+    code, stdout, stderr = run_in_process(
+        capsys, "run", "-", "-o", "-", *common, *constrained, stdin=request()
+    )
+    assert code == 1 and "need --tool-call-parser" in json.loads(stdout)["error"]["message"]
+
+    code, stdout, stderr = run_in_process(
+        capsys, "run", "-", "-o", "-", *common, *constrained, "--tool-call-parser", "hermes",
+        stdin=request(tool_choice="none"),
+    )  # fmt: skip
+    assert code == 0, stderr
+    message = json.loads(stdout)["response"]["body"]["choices"][0]["message"]
+    assert message["content"].startswith("<tool_call>") and "tool_calls" not in message
+
+    code, stdout, _ = run_in_process(
+        capsys, "run", "-", "-o", "-", *common, stdin=request(tool_choice="required")
+    )
+    assert "'tool_choice' must be one of" in json.loads(stdout)["error"]["message"]

@@ -113,7 +113,7 @@ def test_openai_requests_map_body_parameters():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("tools", [{"type": "function"}]), ("tool_choice", "required"), ("stream", True),
+    [("functions", [{"name": "f"}]), ("function_call", "f"), ("stream", True),
      ("echo", True), ("suffix", "end"), ("best_of", 3), ("modalities", ["text", "audio"])],
 )  # fmt: skip
 def test_openai_parameters_that_change_the_answer_fail_the_request(field, value):

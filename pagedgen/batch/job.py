@@ -64,6 +64,7 @@ class BatchJob:
         loras: dict[str, LoRARequest] | None = None,  # by name: what input lines may ask for
         chat_template: ChatTemplate = ChatTemplate(),  # how messages become prompts
         reasoning_parser: str | None = None,  # splits chat answers (io/reasoning.py)
+        tool_call_parser: str | None = None,  # reads tool calls from them (io/tools.py)
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -77,12 +78,17 @@ class BatchJob:
             llm.engine.max_model_len,
             loras,
             chat_template,
+            tool_call_parser,
         )
         self.source = resume_source(source, output.state, output.path)
         self.output = output
         self.writer = RecordWriter(output.stream, ordered=order == "input")
         self.formatter = RecordFormatter(
-            source.is_openai, llm.engine.config.model, llm.tokenizer, reasoning_parser
+            source.is_openai,
+            llm.engine.config.model,
+            llm.tokenizer,
+            reasoning_parser,
+            tool_call_parser,
         )
         defaults = sampling_defaults(self.builder.defaults)
         self.max_output_tokens = defaults.n * (defaults.max_tokens or llm.engine.max_model_len)

@@ -3,6 +3,7 @@ from typing import Any, NamedTuple
 
 from pagedgen.chat_template import ChatTemplate, apply_chat_template
 from pagedgen.io.records import InputRecord
+from pagedgen.io.tools import parses_tool_calls
 from pagedgen.lora.request import LoRARequest
 from pagedgen.sampling_params import SamplingParams
 
@@ -46,9 +47,11 @@ class RequestBuilder:
         max_model_len: int | None = None,
         loras: dict[str, LoRARequest] | None = None,
         chat_template: ChatTemplate = ChatTemplate(),
+        tool_call_parser: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.tool_call_parser = tool_call_parser
         self.loras = loras or {}
         self.defaults = dict(defaults)
         sampling_defaults(self.defaults)
@@ -71,6 +74,8 @@ class RequestBuilder:
         if params.truncate_prompt_tokens is None:  # else a prompt of any length is cut down
             self._check_length(record)
         if record.messages is not None:
+            if parses_tool_calls(record.chat) and self.tool_call_parser is None:
+                raise RequestError("tools with tool_choice 'auto' need --tool-call-parser")
             try:
                 prompt = apply_chat_template(
                     self.tokenizer, record.messages, self.chat_template, **record.chat

@@ -7,6 +7,7 @@ from pathlib import Path
 from pagedgen.chat_template import ChatTemplate
 from pagedgen.cli.options import option
 from pagedgen.io.reasoning import REASONING_PARSERS
+from pagedgen.io.tools import TOOL_CALL_PARSERS
 
 CHAT_PANEL = "Chat template (how input messages become prompts; vLLM's names)"
 CHAT_TEMPLATE = option(
@@ -36,9 +37,25 @@ REASONING_PARSER = option(
 )
 
 
-def check_reasoning_parser(name: str | None) -> None:
-    if name is not None and name not in REASONING_PARSERS:
-        raise ValueError(f"--reasoning-parser must be one of {REASONING_PARSERS}, got {name!r}")
+TOOL_CALL_PARSER = option(
+    CHAT_PANEL,
+    None,
+    "--tool-call-parser",
+    help="read the tool calls of answers to requests with tools (tool_choice auto): hermes "
+    "(<tool_call> tags: Qwen, Hermes) or llama3_json",
+    metavar="NAME",
+)
+
+
+def check_parsers(reasoning_parser: str | None, tool_call_parser: str | None) -> None:
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"--reasoning-parser must be one of {REASONING_PARSERS}, got {reasoning_parser!r}"
+        )
+    if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(
+            f"--tool-call-parser must be one of {TOOL_CALL_PARSERS}, got {tool_call_parser!r}"
+        )
 
 
 def chat_template(template: str | None, kwargs_json: str | None) -> ChatTemplate:

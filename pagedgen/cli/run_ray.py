@@ -116,6 +116,7 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
         chat_template=options.chat_template.chat_template,
         chat_template_kwargs=options.chat_template.chat_template_kwargs,
         reasoning_parser=options.reasoning_parser,
+        tool_call_parser=options.tool_call_parser,
     )
 
 

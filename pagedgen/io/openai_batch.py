@@ -20,6 +20,7 @@ from pagedgen.io.records import (
     json_type,
     sampling_overrides,
 )
+from pagedgen.io.tools import Answer
 from pagedgen.outputs import RequestOutput
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
@@ -28,8 +29,6 @@ _RENAMED = ("max_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 # (its defaults): any other value fails the request rather than being dropped unseen. Fields
 # that only label a request (model, user, metadata, store, service_tier) are ignored.
 _UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "audio": (None,),
@@ -155,11 +154,12 @@ def openai_response(
     top_logprobs: int,
     model: str,
     tokenizer: Any,
-    reasoning: list[tuple[str | None, str | None]] | None = None,
+    answers: list[Answer] | None = None,
 ) -> dict[str, Any]:
-    """The response line for a request that ran (output.error is None); with reasoning (each
-    completion's (reasoning, content) split), a chat message's content is the content and its
-    reasoning_content the reasoning, as vLLM's --reasoning-parser writes them."""
+    """The response line for a request that ran (output.error is None); with answers (chat
+    answers as the parsers read them), a message holds the content, the reasoning_content and
+    the tool_calls (finish_reason "tool_calls" where there are some), as vLLM's server writes
+    them."""
     chat = record.endpoint == "chat"
     choices = []
     for i, completion in enumerate(output.outputs):
@@ -170,18 +170,27 @@ def openai_response(
                 steps, top_logprobs, tokenizer
             )
         choice: dict[str, Any] = {"index": completion.index}
-        if chat and reasoning:
-            content, thought = reasoning[i][1], reasoning[i][0]
-            choice["message"] = {
-                "role": "assistant",
-                "content": content,
-                "reasoning_content": thought,
-            }
+        finish_reason = completion.finish_reason
+        if chat and answers:
+            answer = answers[i]
+            message = {"role": "assistant", "content": answer.content}
+            message["reasoning_content"] = answer.reasoning
+            if answer.tool_calls:
+                message["tool_calls"] = [
+                    {
+                        "id": f"chatcmpl-tool-{record.line}-{i}-{k}",  # deterministic
+                        "type": "function",
+                        "function": call,
+                    }
+                    for k, call in enumerate(answer.tool_calls)
+                ]
+                finish_reason = "tool_calls"
+            choice["message"] = message
         elif chat:
             choice["message"] = {"role": "assistant", "content": completion.text}
         else:
             choice["text"] = completion.text
-        choice.update(logprobs=logprobs, finish_reason=completion.finish_reason)
+        choice.update(logprobs=logprobs, finish_reason=finish_reason)
         choices.append(choice)
     usage = {
         "prompt_tokens": output.num_prompt_tokens,

@@ -1,21 +1,22 @@
 from typing import Any
 
 from pagedgen.io.openai_batch import openai_error, openai_response
-from pagedgen.io.reasoning import split_reasoning
 from pagedgen.io.records import InputRecord, request_hash
+from pagedgen.io.tools import Answer, read_answer
 from pagedgen.outputs import RequestOutput
 
 
 def output_record(
-    record: InputRecord, output: RequestOutput, reasoning: list[tuple[str | None, str | None]]
+    record: InputRecord, output: RequestOutput, answers: list[Answer] | None = None
 ) -> dict[str, Any]:
     """The JSON line of a finished request: text (a list when n > 1), finish_reason, token counts,
     seconds to the first token and in all, logprobs and prompt logprobs when asked for, and the
-    LoRA adapter's name if it ran with one. With reasoning, each completion's (reasoning,
-    content) split: text is the content, and "reasoning" the rest."""
+    LoRA adapter's name if it ran with one. With answers (chat answers read by the reasoning
+    and tool call parsers), text is each one's content, beside its "reasoning" and
+    "tool_calls"."""
     completions = output.outputs
     single = len(completions) == 1
-    texts = [c.text for c in completions] if not reasoning else [r[1] for r in reasoning]
+    texts = [c.text for c in completions] if not answers else [a.content for a in answers]
     result: dict[str, Any] = {
         "id": record.id,
         "line": record.line,
@@ -26,8 +27,10 @@ def output_record(
         "prompt_tokens": output.num_prompt_tokens,
         "completion_tokens": output.num_output_tokens,
     }
-    if reasoning:
-        result["reasoning"] = reasoning[0][0] if single else [r[0] for r in reasoning]
+    if answers:
+        for field in ("reasoning", "tool_calls"):
+            values = [getattr(a, field) for a in answers]
+            result[field] = values[0] if single else values
     if any(c.logprobs for c in completions):
         result["logprobs"] = [
             [{str(t): lp for t, lp in step.items()} for step in c.logprobs or []]
@@ -71,24 +74,25 @@ class RecordFormatter:
         model: str = "",
         tokenizer: Any = None,
         reasoning_parser: str | None = None,  # splits chat answers (see io/reasoning.py)
+        tool_call_parser: str | None = None,  # reads their tool calls (see io/tools.py)
     ) -> None:
         self.openai = openai
         self.model = model
         self.tokenizer = tokenizer
-        self.reasoning_parser = reasoning_parser
+        self.parsers = (reasoning_parser, tool_call_parser)
 
     def output(self, record: InputRecord, output: RequestOutput, num_logprobs: int) -> dict:
         if output.error is not None:
             return self.error(record, output.error, output.num_prompt_tokens)
-        reasoning = []
-        if self.reasoning_parser is not None and record.messages is not None:
-            reasoning = [split_reasoning(self.reasoning_parser, c.text) for c in output.outputs]
+        answers = []
+        if self.parsers != (None, None) and record.messages is not None:
+            answers = [read_answer(c.text, *self.parsers, record.chat) for c in output.outputs]
         if self.openai:  # as vLLM, the model of a response is the adapter's name if it ran one
             lora = output.lora_request
             model = self.model if lora is None else lora.lora_name
-            line = openai_response(record, output, num_logprobs, model, self.tokenizer, reasoning)
+            line = openai_response(record, output, num_logprobs, model, self.tokenizer, answers)
         else:
-            line = output_record(record, output, reasoning)
+            line = output_record(record, output, answers)
         return {**line, "request_hash": request_hash(record)}
 
     def error(self, record: InputRecord, reason: str, num_prompt_tokens: int = 0) -> dict:

@@ -3,6 +3,8 @@ import json
 import math
 from typing import Any, NamedTuple
 
+from pagedgen.io.tools import check_tools
+
 Prompt = str | list[int]
 Messages = list[dict[str, str]]
 
@@ -14,6 +16,7 @@ _STRINGS = "string or list of strings"
 _TOKEN_IDS = "list of token ids"
 _OPTIONAL_TOKEN_IDS = "list of token ids or null"
 _OPTIONAL_OBJECT = "JSON object or null"
+_TOOLS = "tools"
 
 # The SamplingParams fields an input line may set for itself, and the JSON type each takes.
 SAMPLING_FIELDS = {
@@ -141,6 +144,15 @@ CHAT_FIELDS = {
     "add_generation_prompt": _BOOL,
     "continue_final_message": _BOOL,
     "chat_template_kwargs": _OPTIONAL_OBJECT,
+    "tools": _TOOLS,  # checked by io/tools.py
+    "tool_choice": _TOOLS,
+}
+CHAT_DEFAULTS = {  # values that change nothing: a plain prompt may carry them
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "chat_template_kwargs": ({},),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
 }
 
 
@@ -148,10 +160,14 @@ def chat_options(obj: dict[str, Any], has_messages: bool) -> tuple[dict[str, Any
     """The CHAT_FIELDS obj sets; or the first wrongly typed one, or one beside a plain prompt."""
     options = {name: obj[name] for name in CHAT_FIELDS if obj.get(name) is not None}
     for name, value in options.items():
-        if not _is_type(value, CHAT_FIELDS[name]):
-            return {}, f"{name!r} must be a {CHAT_FIELDS[name]}, got {json_type(value)}"
-        if not has_messages:
+        kind = CHAT_FIELDS[name]
+        if kind != _TOOLS and not _is_type(value, kind):
+            return {}, f"{name!r} must be a {kind}, got {json_type(value)}"
+        if not has_messages and value not in CHAT_DEFAULTS[name]:
             return {}, f"{name!r} applies to 'messages', not to a plain prompt"
+    error = check_tools(options.get("tools"), options.get("tool_choice"))
+    if error is not None:
+        return {}, error
     if options.get("continue_final_message") and options.get("add_generation_prompt", True):
         return {}, "'continue_final_message' needs 'add_generation_prompt': false"
     return options, None
@@ -161,11 +177,13 @@ def check_messages(messages: object) -> str | None:
     if not isinstance(messages, list) or not messages:
         return f"'messages' must be a non-empty list, got {json_type(messages)}"
     for i, message in enumerate(messages):
-        if not (
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
-        ):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+            return f"messages[{i}] must be an object with string 'role' and 'content'"
+        calls = message.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and message["role"] == "assistant"):
+            return f"messages[{i}]: 'tool_calls' must be a list, in an assistant message"
+        content = message.get("content")
+        if not (isinstance(content, str) or (content is None and calls)):
             return f"messages[{i}] must be an object with string 'role' and 'content'"
     return None
 

@@ -31,6 +31,7 @@ class ProcessorConfig:
     chat_template: str | None = None  # Jinja text in place of the tokenizer's
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # every row's defaults
     reasoning_parser: str | None = None  # splits chat answers (pagedgen/io/reasoning.py)
+    tool_call_parser: str | None = None  # reads tool calls from them (pagedgen/io/tools.py)
 
     def __post_init__(self) -> None:
         names = {f.name for f in fields(EngineConfig)} - {"model"}

@@ -52,9 +52,14 @@ class LLMReplica:
             self.llm.engine.max_model_len,
             lora_requests(config.lora_modules),
             ChatTemplate(config.chat_template, config.chat_template_kwargs),
+            config.tool_call_parser,
         )
         self.formatter = RecordFormatter(
-            config.openai, engine.model, self.llm.tokenizer, config.reasoning_parser
+            config.openai,
+            engine.model,
+            self.llm.tokenizer,
+            config.reasoning_parser,
+            config.tool_call_parser,
         )
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 

@@ -1,0 +1,120 @@
+"""Tools in chat requests, as vLLM's OpenAI server takes them: the request's tools go to the
+chat template, and with tool_choice "auto" (the default where there are tools) the answer is
+parsed for tool calls by a --tool-call-parser, vLLM's names:
+
+  hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call>, any number of them
+               (Qwen 2.5 / 3, Hermes); the text before the first is the content
+  llama3_json  the whole answer one JSON call {"name": ..., "parameters": {...}}, or several
+               joined by ";" (Llama 3.1+), after an optional <|python_tag|>
+
+An answer that does not parse as calls stays content, as vLLM's parsers leave it.
+"""
+
+import json
+import re
+from typing import Any, NamedTuple
+
+from pagedgen.io.reasoning import split_reasoning
+
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+TOOL_CHOICES = ("none", "auto")
+_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+class Answer(NamedTuple):
+    """A chat answer as the parsers read it: reasoning, content and tool calls."""
+
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+
+
+def read_answer(
+    text: str, reasoning_parser: str | None, tool_call_parser: str | None, chat: dict[str, Any]
+) -> Answer:
+    """The reasoning split off first (io/reasoning.py), then the content read for tool calls
+    where the request asks for them, as vLLM's server reads an answer."""
+    reasoning, content = None, text
+    if reasoning_parser is not None:
+        reasoning, content = split_reasoning(reasoning_parser, text)
+    calls: list[dict[str, Any]] = []
+    if tool_call_parser is not None and parses_tool_calls(chat) and content:
+        content, calls = parse_tool_calls(tool_call_parser, content)
+    return Answer(reasoning, content, calls)
+
+
+def parses_tool_calls(chat: dict[str, Any]) -> bool:
+    """Whether a request's answer is read for tool calls: it has tools, tool_choice "auto"."""
+    return bool(chat.get("tools")) and chat.get("tool_choice", "auto") == "auto"
+
+
+def check_tools(tools: object, tool_choice: object) -> str | None:
+    """Why a request's tools or tool_choice cannot run, or None."""
+    if tool_choice is not None and tool_choice not in TOOL_CHOICES:
+        return f"'tool_choice' must be one of {TOOL_CHOICES}, got {tool_choice!r}"
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        return "'tools' must be a list of {'type': 'function', 'function': {...}}"
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            tool.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            return f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
+    return None
+
+
+def parse_tool_calls(parser: str, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, calls): each call {"name", "arguments"} with arguments a JSON string."""
+    if parser == "hermes":
+        found = _HERMES.findall(text)
+        calls = [_call(body.strip(), "arguments") for body in found]
+        if not found or None in calls:
+            return text, []
+        content = text[: text.index("<tool_call>")].strip()
+        return content or None, calls
+    if parser == "llama3_json":
+        body = text.strip().removeprefix("<|python_tag|>").strip()
+        calls = [_call(part.strip(), "parameters") for part in body.split(";") if part.strip()]
+        if not calls or None in calls:
+            return text, []
+        return None, calls
+    raise ValueError(f"tool call parser must be one of {TOOL_CALL_PARSERS}, got {parser!r}")
+
+
+def _call(body: str, arguments_key: str) -> dict[str, Any] | None:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = call.get(arguments_key, call.get("arguments", {}))
+    return {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as chat templates take them: an assistant's tool call arguments as objects, not
+    the JSON strings of OpenAI's format (vLLM converts them too)."""
+    converted = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [_with_object_arguments(call) for call in calls]
+            message = {**message, "tool_calls": calls}
+        converted.append(message)
+    return converted
+
+
+def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+        try:
+            arguments = json.loads(function["arguments"])
+        except json.JSONDecodeError:
+            return call
+        return {**call, "function": {**function, "arguments": arguments}}
+    return call
