@@ -1,4 +1,5 @@
-"""pagedgen as a library: batch generation from Python, greedy and sampled, and scoring.
+"""pagedgen as a library: batch generation from Python, greedy and sampled, scoring, and a
+chat turn continued over an 8-bit KV cache.
 
 python examples/python_api.py
 """
@@ -30,3 +31,14 @@ for output in scored:
     total = sum(logprobs[token] for token, logprobs in steps)
     perplexity = math.exp(-total / (len(output.prompt_token_ids) - 1))
     print(f"{output.prompt!r}: log-probability {total:.2f}, perplexity {perplexity:.1f}")
+
+# An assistant turn left open for the model to go on (vLLM's continue_final_message), and
+# K/V stored as 8-bit floats: 4x the tokens of a float32 cache in the same memory.
+compact = LLM(kv_cache_dtype="fp8")
+started = [
+    {"role": "user", "content": "List three colors."},
+    {"role": "assistant", "content": "Sure: red,"},
+]
+greedy = SamplingParams(temperature=0, max_tokens=16)
+continued = compact.chat(started, greedy, add_generation_prompt=False, continue_final_message=True)
+print(f"fp8 KV cache: 'Sure: red,' + {continued[0].outputs[0].text!r}")

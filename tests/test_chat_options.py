@@ -9,7 +9,7 @@ import pytest
 from pagedgen import LLM, SamplingParams
 from pagedgen.chat_template import ChatTemplate
 from pagedgen.io.reasoning import split_reasoning
-from pagedgen.io.tools import parse_tool_calls
+from pagedgen.io.tools import check_tools, parse_tool_calls
 from tests.cli_util import run_in_process
 
 TEMPLATE = (
@@ -259,3 +259,18 @@ def test_cli_tool_calls(tiny_llama_path, capsys):
         capsys, "run", "-", "-o", "-", *common, stdin=request(tool_choice="required")
     )
     assert "'tool_choice' must be one of" in json.loads(stdout)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "tools, tool_choice, error",
+    [
+        ("f", None, "'tools' must be a list"),
+        (["f"], None, "tools[0] must be"),
+        ([{"type": "function"}], None, "tools[0] must be"),
+        ([WEATHER], "required", "'tool_choice' must be one of"),
+        ([WEATHER], "auto", None),
+    ],
+)
+def test_tool_fields_are_checked(tools, tool_choice, error):
+    found = check_tools(tools, tool_choice)
+    assert found is None if error is None else error in found

@@ -31,7 +31,7 @@ REASONING_PARSER = option(
     CHAT_PANEL,
     None,
     "--reasoning-parser",
-    help="split chat answers into reasoning (<think>...</think>) and content: deepseek_r1 "
+    help="split chat answers at </think> into reasoning and content: deepseek_r1 "
     "(no </think>: all reasoning) or qwen3 (no </think>: all content)",
     metavar="NAME",
 )

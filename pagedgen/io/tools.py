@@ -58,10 +58,10 @@ def check_tools(tools: object, tool_choice: object) -> str | None:
         return "'tools' must be a list of {'type': 'function', 'function': {...}}"
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if (
-            tool.get("type") != "function"
-            or not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
+        if not (
+            isinstance(function, dict)
+            and tool.get("type") == "function"
+            and isinstance(function.get("name"), str)
         ):
             return f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
     return None
