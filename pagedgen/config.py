@@ -1,7 +1,7 @@
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from pagedgen.json_args import json_object
 from pagedgen.spec_decode.config import SpeculativeConfig
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -107,8 +107,8 @@ class EngineConfig:
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
             )
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
-        self.override_generation_config = _json_object(
-            "override_generation_config", self.override_generation_config
+        self.override_generation_config = (
+            json_object("override_generation_config", self.override_generation_config) or {}
         )
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding")
@@ -118,17 +118,3 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
-
-
-def _json_object(name: str, value: dict[str, Any] | str | None) -> dict[str, Any]:
-    """A dict field given as a dict, its JSON, or None (an empty dict)."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name} is not JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object, got {value!r}")
-    return value

@@ -113,7 +113,7 @@ def test_cli_takes_the_models_defaults_where_nothing_else_is_set(model_with_defa
         capsys, "run", "-", "-o", "-", *model, "--override-generation-config", "{oops",
         stdin=lines,
     )  # fmt: skip
-    assert code == 2 and "override_generation_config is not JSON" in stderr and stdout == ""
+    assert code == 2 and "override_generation_config is not valid JSON" in stderr and stdout == ""
 
 
 def test_profile_takes_them_too(model_with_defaults, capsys):

@@ -1,13 +1,13 @@
 """The chat options of `run` and `profile`: vLLM's --chat-template and
 --default-chat-template-kwargs, built into a ChatTemplate, and `run`'s --reasoning-parser."""
 
-import json
 from pathlib import Path
 
 from pagedgen.chat_template import ChatTemplate
 from pagedgen.cli.options import option
 from pagedgen.io.reasoning import REASONING_PARSERS
 from pagedgen.io.tools import TOOL_CALL_PARSERS
+from pagedgen.json_args import json_object
 
 CHAT_PANEL = "Chat template (how input messages become prompts; vLLM's names)"
 CHAT_TEMPLATE = option(
@@ -66,12 +66,5 @@ def chat_template(template: str | None, kwargs_json: str | None) -> ChatTemplate
         if not path.is_file():
             raise ValueError(f"--chat-template: no such file {template!r}, nor a Jinja template")
         template = path.read_text()
-    kwargs = {}
-    if kwargs_json is not None:
-        try:
-            kwargs = json.loads(kwargs_json)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--default-chat-template-kwargs is not JSON: {e}") from e
-        if not isinstance(kwargs, dict):
-            raise ValueError("--default-chat-template-kwargs must be a JSON object")
+    kwargs = json_object("--default-chat-template-kwargs", kwargs_json) or {}
     return ChatTemplate(template, kwargs)

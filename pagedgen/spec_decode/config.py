@@ -1,6 +1,7 @@
-import json
 from dataclasses import dataclass, fields
 from typing import Any
+
+from pagedgen.json_args import json_object
 
 METHODS = ("ngram",)
 
@@ -55,13 +56,7 @@ class SpeculativeConfig:
         both."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):  # the command line's JSON
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a dict, got {type(value).__name__}")
+        value = json_object("speculative_config", value)  # the command line's JSON
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - names)
         if unknown:
