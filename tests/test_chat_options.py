@@ -256,7 +256,7 @@ def test_cli_tool_calls(tiny_llama_path, capsys):
     assert message["content"].startswith("<tool_call>") and "tool_calls" not in message
 
     code, stdout, _ = run_in_process(
-        capsys, "run", "-", "-o", "-", *common, stdin=request(tool_choice="required")
+        capsys, "run", "-", "-o", "-", *common, stdin=request(tool_choice="any")
     )
     assert "'tool_choice' must be one of" in json.loads(stdout)["error"]["message"]
 
@@ -267,10 +267,58 @@ def test_cli_tool_calls(tiny_llama_path, capsys):
         ("f", None, "'tools' must be a list"),
         (["f"], None, "tools[0] must be"),
         ([{"type": "function"}], None, "tools[0] must be"),
-        ([WEATHER], "required", "'tool_choice' must be one of"),
+        ([WEATHER], "any", "'tool_choice' must be one of"),
         ([WEATHER], "auto", None),
+        ([WEATHER], "required", None),
+        (None, "required", "needs 'tools'"),
+        ([WEATHER], {"type": "function", "function": {"name": "f"}}, "none of the tools"),
+        ([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None),
+        ([WEATHER], {"function": "get_weather"}, "'tool_choice' must be {"),
     ],
 )
 def test_tool_fields_are_checked(tools, tool_choice, error):
     found = check_tools(tools, tool_choice)
     assert found is None if error is None else error in found
+
+
+def test_forced_tool_choice_constrains_the_answer_to_calls(tiny_llama_path, capsys):
+    """tool_choice "required" and a named function need no parser: structured output makes the
+    random model answer with calls (an array of {name, parameters}, or the function's
+    arguments), and they come back as tool_calls."""
+    lookup = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "string", "maxLength": 3}},
+                "required": ["q"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    echo = {"type": "function", "function": {**lookup["function"], "name": "echo"}}
+    tools = [lookup, echo]  # short arguments: the answer closes well within max_tokens
+    common = ("-m", str(tiny_llama_path), "--kv-cache-memory", "0.01", "--no-progress")
+
+    def run(tool_choice) -> dict:
+        body = {"messages": HI, "tools": tools, "tool_choice": tool_choice, "max_tokens": 200}
+        line = {"custom_id": "a", "url": "/v1/chat/completions", "body": body}
+        code, stdout, stderr = run_in_process(
+            capsys, "run", "-", "-o", "-", *common, "--temperature", "0",
+            stdin=(json.dumps(line) + "\n").encode(),
+        )  # fmt: skip
+        assert code == 0, stderr
+        return json.loads(stdout)["response"]["body"]["choices"][0]
+
+    named = run({"type": "function", "function": {"name": "lookup"}})
+    (call,) = named["message"]["tool_calls"]
+    assert call["function"]["name"] == "lookup" and named["message"]["content"] is None
+    assert set(json.loads(call["function"]["arguments"])) == {"q"}
+
+    required = run("required")
+    calls = required["message"]["tool_calls"]
+    assert calls and required["finish_reason"] == "tool_calls"
+    assert {c["function"]["name"] for c in calls} <= {"echo", "lookup"}
+    for c in calls:
+        assert isinstance(json.loads(c["function"]["arguments"]), dict)

@@ -3,7 +3,7 @@ from typing import Any, NamedTuple
 
 from pagedgen.chat_template import ChatTemplate, apply_chat_template
 from pagedgen.io.records import InputRecord
-from pagedgen.io.tools import parses_tool_calls
+from pagedgen.io.tools import parses_tool_calls, tool_schema
 from pagedgen.lora.request import LoRARequest
 from pagedgen.sampling_params import SamplingParams
 
@@ -66,8 +66,14 @@ class RequestBuilder:
         """The request for record; raises RequestError if it cannot run."""
         if record.error is not None:
             raise RequestError(record.error)
+        sampling = {**self.defaults, **record.sampling}
+        schema = tool_schema(record.chat) if record.messages is not None else None
+        if schema is not None:  # tool_choice required or a function: vLLM constrains the answer
+            if sampling.get("structured_outputs") is not None:
+                raise RequestError("give one of a forced 'tool_choice' and structured output")
+            sampling["structured_outputs"] = {"json": schema}
         try:
-            params = SamplingParams(**{**self.defaults, **record.sampling})
+            params = SamplingParams(**sampling)
         except (TypeError, ValueError) as e:
             raise RequestError(f"invalid sampling parameters: {e}") from e
         self._check_limits(params)

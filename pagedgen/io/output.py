@@ -2,7 +2,7 @@ from typing import Any
 
 from pagedgen.io.openai_batch import openai_error, openai_response
 from pagedgen.io.records import InputRecord, request_hash
-from pagedgen.io.tools import Answer, read_answer
+from pagedgen.io.tools import Answer, read_answer, tool_schema
 from pagedgen.outputs import RequestOutput
 
 
@@ -85,7 +85,8 @@ class RecordFormatter:
         if output.error is not None:
             return self.error(record, output.error, output.num_prompt_tokens)
         answers = []
-        if self.parsers != (None, None) and record.messages is not None:
+        forced = tool_schema(record.chat) is not None  # tool_choice required or a function
+        if record.messages is not None and (forced or self.parsers != (None, None)):
             answers = [read_answer(c.text, *self.parsers, record.chat) for c in output.outputs]
         if self.openai:  # as vLLM, the model of a response is the adapter's name if it ran one
             lora = output.lora_request

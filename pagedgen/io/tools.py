@@ -8,6 +8,11 @@ parsed for tool calls by a --tool-call-parser, vLLM's names:
                joined by ";" (Llama 3.1+), after an optional <|python_tag|>
 
 An answer that does not parse as calls stays content, as vLLM's parsers leave it.
+
+tool_choice "required" and a named function ({"type": "function", "function": {"name": f}})
+need no parser: as vLLM, the answer is constrained by structured output to a JSON array of
+calls {"name", "parameters"} (tool_schema), or to the named function's parameters, and read as
+those calls.
 """
 
 import json
@@ -17,7 +22,7 @@ from typing import Any, NamedTuple
 from pagedgen.io.reasoning import split_reasoning
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
-TOOL_CHOICES = ("none", "auto")
+TOOL_CHOICES = ("none", "auto", "required")  # or {"type": "function", "function": {"name"}}
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -38,9 +43,46 @@ def read_answer(
     if reasoning_parser is not None:
         reasoning, content = split_reasoning(reasoning_parser, text)
     calls: list[dict[str, Any]] = []
+    choice = chat.get("tool_choice")
+    if isinstance(choice, dict) and content is not None:  # the named function's arguments
+        return Answer(reasoning, None, [{"name": choice["function"]["name"], "arguments": content}])
+    if choice == "required" and content is not None:
+        try:
+            called = json.loads(content)
+        except json.JSONDecodeError:  # cut short by max_tokens
+            return Answer(reasoning, content, [])
+        calls = [_call(json.dumps(c), "parameters") for c in called if isinstance(c, dict)]
+        return Answer(reasoning, None, [c for c in calls if c is not None])
     if tool_call_parser is not None and parses_tool_calls(chat) and content:
         content, calls = parse_tool_calls(tool_call_parser, content)
     return Answer(reasoning, content, calls)
+
+
+def tool_schema(chat: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema an answer must follow for tool_choice "required" or a named function
+    (vLLM's), or None."""
+    choice, tools = chat.get("tool_choice"), chat.get("tools") or []
+
+    def parameters(tool: dict[str, Any]) -> dict[str, Any]:
+        return tool["function"].get("parameters") or {"type": "object"}
+
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        return parameters(next(t for t in tools if t["function"]["name"] == name))
+    if choice != "required":
+        return None
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [tool["function"]["name"]]},
+                "parameters": parameters(tool),
+            },
+            "required": ["name", "parameters"],
+        }
+        for tool in tools
+    ]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
 
 
 def parses_tool_calls(chat: dict[str, Any]) -> bool:
@@ -50,10 +92,15 @@ def parses_tool_calls(chat: dict[str, Any]) -> bool:
 
 def check_tools(tools: object, tool_choice: object) -> str | None:
     """Why a request's tools or tool_choice cannot run, or None."""
-    if tool_choice is not None and tool_choice not in TOOL_CHOICES:
-        return f"'tool_choice' must be one of {TOOL_CHOICES}, got {tool_choice!r}"
+    named = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    if isinstance(tool_choice, dict):
+        if not (tool_choice.get("type") == "function" and isinstance(named, dict)):
+            return "'tool_choice' must be {'type': 'function', 'function': {'name': ...}}"
+    elif tool_choice is not None and tool_choice not in TOOL_CHOICES:
+        return f"'tool_choice' must be one of {TOOL_CHOICES} or a function, got {tool_choice!r}"
     if tools is None:
-        return None
+        forced = tool_choice == "required" or named is not None
+        return "'tool_choice' required or a function needs 'tools'" if forced else None
     if not isinstance(tools, list):
         return "'tools' must be a list of {'type': 'function', 'function': {...}}"
     for i, tool in enumerate(tools):
@@ -64,6 +111,8 @@ def check_tools(tools: object, tool_choice: object) -> str | None:
             and isinstance(function.get("name"), str)
         ):
             return f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
+    if named is not None and named.get("name") not in [t["function"]["name"] for t in tools]:
+        return f"'tool_choice' names {named.get('name')!r}, which is none of the tools"
     return None
 
 
