@@ -8,6 +8,7 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's (attention/kv_cache_dtype.py)
+REASONING_PARSERS = ("deepseek_r1", "qwen3")  # vLLM's (io/reasoning.py)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -63,6 +64,9 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
     # Where requests that set no sampling field get their defaults (vLLM's names): "auto", the
     # model's generation_config.json; "vllm", SamplingParams' own; or a folder holding one.
+    # vLLM's: the model reasons in <think>...</think> first; structured output holds what comes
+    # after, and chat answers are split there (io/reasoning.py)
+    reasoning_parser: str | None = None
     generation_config: str = "auto"
     override_generation_config: dict[str, Any] | str | None = None  # fields over those; JSON ok
 
@@ -77,6 +81,11 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser must be one of {REASONING_PARSERS}, "
+                f"got {self.reasoning_parser!r}"
             )
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(

@@ -3,13 +3,17 @@
 continue_final_message, and --reasoning-parser splitting <think> reasoning from the content."""
 
 import json
+import re
 
 import pytest
 
 from pagedgen import LLM, SamplingParams
 from pagedgen.chat_template import ChatTemplate
+from pagedgen.io.output import RecordFormatter
 from pagedgen.io.reasoning import split_reasoning
+from pagedgen.io.records import InputRecord
 from pagedgen.io.tools import check_tools, parse_tool_calls
+from pagedgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tests.cli_util import run_in_process
 
 TEMPLATE = (
@@ -126,40 +130,62 @@ def test_cli_chat_template_options(tiny_llama_path, tmp_path, capsys):
     assert code == 2 and "no such file" in stderr
 
 
-def test_cli_reasoning_parser(tiny_llama_path, capsys):
-    """A regex makes the random model answer <think>abc</think>de; the parser splits it, in
-    pagedgen's records and in OpenAI chat responses (reasoning_content), and leaves plain prompts
-    alone."""
+def answered(text: str) -> RequestOutput:
+    completion = CompletionOutput(0, text, [1] * len(text), finish_reason="stop")
+    return RequestOutput("0", None, [1, 2], [completion], RequestMetrics(0.0, 1.0, 2.0))
+
+
+def test_records_carry_the_split_answer():
+    """pagedgen's records: text is the content beside "reasoning"; OpenAI chat responses: the
+    message's content and reasoning_content; a plain prompt's answer is left whole."""
+    chat = InputRecord(1, "a", messages=HI)
+    plain = InputRecord(2, "b", prompt="hi")
+    output = answered("<think>abc</think>de")
+    native = RecordFormatter(False, "m", None, "qwen3")
+    record = native.output(chat, output, 0)
+    assert (record["reasoning"], record["text"]) == ("abc", "de")
+    assert native.output(plain, output, 0)["text"] == "<think>abc</think>de"
+    openai = RecordFormatter(True, "m", None, "deepseek_r1")
+    message = openai.output(chat._replace(endpoint="chat"), output, 0)["response"]["body"]
+    message = message["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("abc", "de")
+
+
+THINKING = (  # a template that opens the reasoning, or with thinking off closes it (Qwen3's way)
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant><think>"
+    "{% if enable_thinking is defined and not enable_thinking %}</think>{% endif %}"
+)
+
+
+def test_structured_output_holds_the_answer_after_the_reasoning(tiny_llama_path, capsys):
+    """With a reasoning parser, a constraint holds only what follows </think>, as in vLLM: where
+    the prompt closes the reasoning the whole answer is held; where it leaves it open, the
+    random model reasons freely and never closes it, so nothing holds its answer."""
     common = ("-m", str(tiny_llama_path), "--kv-cache-memory", "0.01", "--no-progress")
-    constrained = ("--temperature", "0", "--regex", "<think>[a-z]{3}</think>[a-z]{2}")
-    lines = b'{"messages": [{"role": "user", "content": "hi"}]}\n{"prompt": "hi"}\n'
+    constrained = ("--temperature", "0", "--regex", "[a-z]{4}", "--max-tokens", "12")
+    closed = {"messages": HI, "chat_template_kwargs": {"enable_thinking": False}}
+    lines = (json.dumps(closed) + "\n" + json.dumps({"messages": HI}) + "\n").encode()
     code, stdout, stderr = run_in_process(
-        capsys, "run", "-", "-o", "-", *common, *constrained, "--reasoning-parser", "qwen3",
+        capsys, "run", "-", "-o", "-", *common, *constrained, "--chat-template", THINKING,
+        "--reasoning-parser", "qwen3", stdin=lines,
+    )  # fmt: skip
+    assert code == 0, stderr
+    held, free = (json.loads(line) for line in stdout.splitlines())
+    assert re.fullmatch("[a-z]{4}", held["text"]) and held["finish_reason"] == "stop"
+    assert held["reasoning"] is None  # qwen3: no </think> in the answer, all content
+    assert free["completion_tokens"] == 12 and not re.fullmatch("[a-z]{4}", free["text"])
+
+    code, stdout, stderr = run_in_process(
+        capsys, "run", "-", "-o", "-", *common, *constrained, "--chat-template", THINKING,
         stdin=lines,
     )  # fmt: skip
-    assert code == 0, stderr
-    chat, plain = (json.loads(line) for line in stdout.splitlines())
-    assert len(chat["reasoning"]) == 3 and len(chat["text"]) == 2
-    assert "reasoning" not in plain and plain["text"].startswith("<think>")
-
-    request = {
-        "custom_id": "a",
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 32},
-    }
-    code, stdout, stderr = run_in_process(
-        capsys, "run", "-", "-o", "-", *common, *constrained, "--reasoning-parser", "deepseek_r1",
-        stdin=(json.dumps(request) + "\n").encode(),
-    )  # fmt: skip
-    assert code == 0, stderr
-    message = json.loads(stdout)["response"]["body"]["choices"][0]["message"]
-    assert len(message["reasoning_content"]) == 3 and len(message["content"]) == 2
+    assert code == 0, stderr  # without a parser the constraint holds from the first token
+    assert all(len(json.loads(line)["text"]) == 4 for line in stdout.splitlines())
 
     code, _, stderr = run_in_process(
         capsys, "run", "-", "-o", "-", *common, "--reasoning-parser", "nope", stdin=lines
     )
-    assert code == 2 and "--reasoning-parser must be one of" in stderr
+    assert code == 2 and "reasoning_parser must be one of" in stderr
 
 
 WEATHER = {
@@ -322,3 +348,36 @@ def test_forced_tool_choice_constrains_the_answer_to_calls(tiny_llama_path, caps
     assert {c["function"]["name"] for c in calls} <= {"echo", "lookup"}
     for c in calls:
         assert isinstance(json.loads(c["function"]["arguments"]), dict)
+
+
+def test_the_gate_opens_past_the_first_think_end_of_the_output(tiny_llama_path):
+    """Scripted outputs through a request's grammars: none while the sequence reasons, then the
+    grammar over the tokens after </think> only, however the prompt ended."""
+    from transformers import AutoTokenizer
+
+    from pagedgen.engine.sequence import Sequence
+    from pagedgen.sampling_params import StructuredOutputsParams
+    from pagedgen.structured_output.backend import GuidanceBackend
+    from pagedgen.structured_output.manager import RequestGrammars
+    from pagedgen.structured_output.reasoning_gate import ReasoningGate
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
+    compiled = GuidanceBackend(tokenizer, 257, {256}).compile(StructuredOutputsParams(regex="ab"))
+    encode = tokenizer.encode
+    for seq_id, prompt in enumerate(("<think>", "q", "<think>x</think>y<think>")):
+        grammars = RequestGrammars(compiled, ReasoningGate(tokenizer))
+        seq = Sequence(seq_id, "r", encode(prompt), SamplingParams())
+        for token in encode("hm </think"):
+            seq.append_token_id(token)
+            assert grammars.grammar_of(seq) is None  # reasoning: nothing holds the answer
+        seq.append_token_id(encode(">")[0])
+        grammar = grammars.grammar_of(seq)
+        assert grammar is not None and grammar.token_ids == [] and not grammar.is_terminated
+        for token in encode("ab"):
+            seq.append_token_id(token)
+        assert grammars.grammar_of(seq).is_terminated
+
+    closed = Sequence(9, "r", encode("<think>x</think>"), SamplingParams())
+    closed.append_token_id(encode("a")[0])
+    grammar = RequestGrammars(compiled, ReasoningGate(tokenizer)).grammar_of(closed)
+    assert grammar is not None and grammar.token_ids == encode("a")

@@ -63,7 +63,6 @@ class BatchJob:
         order: str = "input",
         loras: dict[str, LoRARequest] | None = None,  # by name: what input lines may ask for
         chat_template: ChatTemplate = ChatTemplate(),  # how messages become prompts
-        reasoning_parser: str | None = None,  # splits chat answers (io/reasoning.py)
         tool_call_parser: str | None = None,  # reads tool calls from them (io/tools.py)
     ) -> None:
         if order not in ORDERS:
@@ -87,7 +86,7 @@ class BatchJob:
             source.is_openai,
             llm.engine.config.model,
             llm.tokenizer,
-            reasoning_parser,
+            llm.engine.config.reasoning_parser,
             tool_call_parser,
         )
         defaults = sampling_defaults(self.builder.defaults)

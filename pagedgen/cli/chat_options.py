@@ -1,11 +1,10 @@
 """The chat options of `run` and `profile`: vLLM's --chat-template and
---default-chat-template-kwargs, built into a ChatTemplate, and `run`'s --reasoning-parser."""
+--default-chat-template-kwargs, built into a ChatTemplate, and `run`'s --tool-call-parser."""
 
 from pathlib import Path
 
 from pagedgen.chat_template import ChatTemplate
 from pagedgen.cli.options import option
-from pagedgen.io.reasoning import REASONING_PARSERS
 from pagedgen.io.tools import TOOL_CALL_PARSERS
 from pagedgen.json_args import json_object
 
@@ -27,16 +26,6 @@ DEFAULT_CHAT_TEMPLATE_KWARGS = option(
 )
 
 
-REASONING_PARSER = option(
-    CHAT_PANEL,
-    None,
-    "--reasoning-parser",
-    help="split chat answers at </think> into reasoning and content: deepseek_r1 "
-    "(no </think>: all reasoning) or qwen3 (no </think>: all content)",
-    metavar="NAME",
-)
-
-
 TOOL_CALL_PARSER = option(
     CHAT_PANEL,
     None,
@@ -47,11 +36,7 @@ TOOL_CALL_PARSER = option(
 )
 
 
-def check_parsers(reasoning_parser: str | None, tool_call_parser: str | None) -> None:
-    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
-        raise ValueError(
-            f"--reasoning-parser must be one of {REASONING_PARSERS}, got {reasoning_parser!r}"
-        )
+def check_tool_call_parser(tool_call_parser: str | None) -> None:
     if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
         raise ValueError(
             f"--tool-call-parser must be one of {TOOL_CALL_PARSERS}, got {tool_call_parser!r}"

@@ -200,6 +200,16 @@ ENGINE = OptionGroup(
                 help="GPU: schedule the next step while the device runs this one [default: off]",
             ),
         ),
+        "reasoning_parser": (
+            str | None,
+            _engine(
+                None,
+                help="the model reasons first: deepseek_r1 or qwen3 (vLLM's); chat answers are "
+                "split at </think> into reasoning and content, structured output holds the part "
+                "after it",
+                metavar="NAME",
+            ),
+        ),
         "generation_config": (
             str,
             _engine(

@@ -86,7 +86,6 @@ def run(
     ),
     chat_template: str | None = chat_opt.CHAT_TEMPLATE,
     default_chat_template_kwargs: str | None = chat_opt.DEFAULT_CHAT_TEMPLATE_KWARGS,
-    reasoning_parser: str | None = chat_opt.REASONING_PARSER,
     tool_call_parser: str | None = chat_opt.TOOL_CALL_PARSER,
 ) -> None:
     """Generate a completion for every request of INPUT and write one JSON line each to OUTPUT.
@@ -103,7 +102,7 @@ def run(
     try:
         structured_outputs = structured_outputs_option(json_schema, regex, choice)
         template = chat_opt.chat_template(chat_template, default_chat_template_kwargs)
-        chat_opt.check_parsers(reasoning_parser, tool_call_parser)
+        chat_opt.check_tool_call_parser(tool_call_parser)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
 
@@ -138,7 +137,6 @@ def run(
         sampling=sampling,
         sampling_given=frozenset(given),
         chat_template=template,
-        reasoning_parser=reasoning_parser,
         tool_call_parser=tool_call_parser,
         resume=resume,
         overwrite=overwrite,

@@ -53,7 +53,6 @@ class RunOptions:
     loras: dict[str, LoRARequest] = field(default_factory=dict)  # --lora-modules, by name
     sampling_given: frozenset[str] = frozenset()  # fields set on the command line
     chat_template: ChatTemplate = ChatTemplate()  # --chat-template, --default-chat-template-kwargs
-    reasoning_parser: str | None = None  # --reasoning-parser
     tool_call_parser: str | None = None  # --tool-call-parser
     model_sampling: dict[str, Any] = field(default_factory=dict)  # taken from the model
 
@@ -193,7 +192,6 @@ def _run(
             options.order,
             options.loras,
             options.chat_template,
-            options.reasoning_parser,
             options.tool_call_parser,
         )
     except (*USAGE_ERRORS, OSError, RuntimeError, MemoryError) as e:  # no model, no memory

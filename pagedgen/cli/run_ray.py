@@ -115,7 +115,6 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
         lora_modules={name: lora.lora_path for name, lora in options.loras.items()},
         chat_template=options.chat_template.chat_template,
         chat_template_kwargs=options.chat_template.chat_template_kwargs,
-        reasoning_parser=options.reasoning_parser,
         tool_call_parser=options.tool_call_parser,
     )
 

@@ -6,7 +6,8 @@ may open <think> in the prompt, so the output need not hold it.
   qwen3        no </think>: it did not reason (enable_thinking false), all content
 """
 
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+from pagedgen.config import REASONING_PARSERS
+
 START, END = "<think>", "</think>"
 
 

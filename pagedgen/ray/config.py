@@ -30,7 +30,6 @@ class ProcessorConfig:
     lora_modules: dict[str, str] = field(default_factory=dict)
     chat_template: str | None = None  # Jinja text in place of the tokenizer's
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # every row's defaults
-    reasoning_parser: str | None = None  # splits chat answers (pagedgen/io/reasoning.py)
     tool_call_parser: str | None = None  # reads tool calls from them (pagedgen/io/tools.py)
 
     def __post_init__(self) -> None:

@@ -58,7 +58,7 @@ class LLMReplica:
             config.openai,
             engine.model,
             self.llm.tokenizer,
-            config.reasoning_parser,
+            engine.reasoning_parser,
             config.tool_call_parser,
         )
         self.name = f"{socket.gethostname()}:{os.getpid()}"

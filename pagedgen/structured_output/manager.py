@@ -8,6 +8,7 @@ from pagedgen.engine.sequence import Sequence
 from pagedgen.sampling_params import StructuredOutputsParams
 from pagedgen.structured_output import INSTALL_HINT, is_backend_installed
 from pagedgen.structured_output.grammar import Matcher, SequenceGrammar, common_prefix_len
+from pagedgen.structured_output.reasoning_gate import ReasoningGate
 
 MAX_CACHED_GRAMMARS = 256
 
@@ -68,19 +69,25 @@ class RequestGrammars:
     the live grammar sharing the longest prefix of its outputs (a fork's parent), else of the
     compiled one."""
 
-    def __init__(self, compiled: Matcher) -> None:
+    def __init__(self, compiled: Matcher, gate: ReasoningGate | None = None) -> None:
         self.compiled = compiled
+        self.gate = gate
         self.grammars: dict[int, tuple[Sequence, SequenceGrammar]] = {}
 
-    def grammar_of(self, seq: Sequence) -> SequenceGrammar:
+    def grammar_of(self, seq: Sequence) -> SequenceGrammar | None:
+        """The sequence's grammar, in step with its output; None while it reasons (gate)."""
+        start = 0 if self.gate is None else self.gate.content_start(seq)
+        if start is None:
+            return None
+        output_token_ids = seq.output_token_ids[start:]
         entry = self.grammars.get(seq.seq_id)
         if entry is None:
-            grammar = self._fork_for(seq.output_token_ids)
+            grammar = self._fork_for(output_token_ids)
             self.grammars = {i: e for i, e in self.grammars.items() if not e[0].is_finished}
             self.grammars[seq.seq_id] = (seq, grammar)
         else:
             grammar = entry[1]
-        grammar.sync(seq.output_token_ids)
+        grammar.sync(output_token_ids)
         return grammar
 
     def _fork_for(self, output_token_ids: list[int]) -> SequenceGrammar:
@@ -101,8 +108,15 @@ class StructuredOutputManager:
     pop_ready()), so compiling never holds up the requests that are decoding.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: set[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: set[int],
+        reasoning: bool = False,  # constraints hold only after the reasoning (reasoning_gate.py)
+    ) -> None:
         self.tokenizer = tokenizer
+        self.reasoning = reasoning
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.backend: Any = None  # GuidanceBackend, built by the first compile
@@ -147,7 +161,8 @@ class StructuredOutputManager:
             del self._pending[request_id]
             error = future.exception()
             if error is None:
-                self._requests[request_id] = RequestGrammars(future.result())
+                gate = ReasoningGate(self.tokenizer) if self.reasoning else None
+                self._requests[request_id] = RequestGrammars(future.result(), gate)
             ready.append((request_id, None if error is None else str(error)))
         return ready
 
@@ -158,9 +173,10 @@ class StructuredOutputManager:
         rows, grammars = [], []
         for row, seq in enumerate(seqs):
             request = self._requests.get(seq.request_id)
-            if request is not None:
+            grammar = None if request is None else request.grammar_of(seq)
+            if grammar is not None:
                 rows.append(row)
-                grammars.append(request.grammar_of(seq))
+                grammars.append(grammar)
         if not rows:
             return None
         start = time.perf_counter()
@@ -179,6 +195,8 @@ class StructuredOutputManager:
     def advance(self, seq: Sequence) -> GrammarState:
         """Feeds the sequence's new output tokens to its grammar."""
         grammar = self._requests[seq.request_id].grammar_of(seq)
+        if grammar is None:  # still reasoning: nothing holds it yet
+            return GrammarState(False, None)
         return GrammarState(grammar.is_terminated, grammar.error)
 
     def free(self, request_id: str) -> None:

@@ -1,0 +1,51 @@
+"""Structured output after the reasoning: with a reasoning parser (EngineConfig's
+reasoning_parser, vLLM's), a request's constraint holds the answer only once the model has
+closed its reasoning, as vLLM's structured output does; the reasoning itself runs free."""
+
+from typing import Any
+
+from pagedgen.engine.sequence import Sequence
+
+
+def find_last(tokens: list[int], pattern: list[int]) -> int:
+    """The index just past the last occurrence of pattern in tokens, or -1."""
+    n = len(pattern)
+    for end in range(len(tokens), n - 1, -1):
+        if tokens[end - n : end] == pattern:
+            return end
+    return -1
+
+
+def find_first(tokens: list[int], pattern: list[int], start: int = 0) -> int:
+    """The index just past the first occurrence of pattern in tokens[start:], or -1."""
+    n = len(pattern)
+    for end in range(start + n, len(tokens) + 1):
+        if tokens[end - n : end] == pattern:
+            return end
+    return -1
+
+
+class ReasoningGate:
+    """Where each sequence's constrained output begins: just past the first </think> of its
+    output, or at its first token where the prompt has closed the reasoning already (a </think>
+    after the last <think>, as Qwen3's template writes with thinking off)."""
+
+    def __init__(self, tokenizer: Any, start: str = "<think>", end: str = "</think>") -> None:
+        self.start_ids = tokenizer.encode(start, add_special_tokens=False)
+        self.end_ids = tokenizer.encode(end, add_special_tokens=False)
+        self._found: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens searched, start or -1)
+
+    def content_start(self, seq: Sequence) -> int | None:
+        """The index in seq's output where its constrained part begins, or None while it
+        reasons."""
+        searched, start = self._found.get(seq.seq_id, (0, -1))
+        if start < 0 and searched == 0:
+            prompt = seq.prompt_token_ids
+            if find_last(prompt, self.end_ids) > find_last(prompt, self.start_ids):
+                start = 0
+        outputs = seq.output_token_ids
+        if start < 0:
+            from_index = max(0, searched - len(self.end_ids) + 1)
+            start = find_first(outputs, self.end_ids, from_index)
+        self._found[seq.seq_id] = (len(outputs), start)
+        return None if start < 0 else start
