@@ -20,7 +20,7 @@ class LLM:
     Keyword arguments are EngineConfig fields (dtype, block_size, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed,
     enable_lora, max_loras, max_lora_rank, max_cpu_loras, speculative_config, kv_cache_dtype,
-    generation_config, override_generation_config).
+    reasoning_parser, generation_config, override_generation_config).
     """
 
     def __init__(

@@ -63,7 +63,7 @@ class BatchJob:
         order: str = "input",
         loras: dict[str, LoRARequest] | None = None,  # by name: what input lines may ask for
         chat_template: ChatTemplate = ChatTemplate(),  # how messages become prompts
-        tool_call_parser: str | None = None,  # reads tool calls from them (io/tools.py)
+        tool_call_parser: str | None = None,  # reads tool calls from chat answers (io/tools.py)
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")

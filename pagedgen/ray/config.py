@@ -30,7 +30,7 @@ class ProcessorConfig:
     lora_modules: dict[str, str] = field(default_factory=dict)
     chat_template: str | None = None  # Jinja text in place of the tokenizer's
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # every row's defaults
-    tool_call_parser: str | None = None  # reads tool calls from them (pagedgen/io/tools.py)
+    tool_call_parser: str | None = None  # reads chat answers' tool calls (pagedgen/io/tools.py)
 
     def __post_init__(self) -> None:
         names = {f.name for f in fields(EngineConfig)} - {"model"}
