@@ -359,13 +359,13 @@ def test_the_gate_opens_past_the_first_think_end_of_the_output(tiny_llama_path):
     from pagedgen.sampling_params import StructuredOutputsParams
     from pagedgen.structured_output.backend import GuidanceBackend
     from pagedgen.structured_output.manager import RequestGrammars
-    from pagedgen.structured_output.reasoning_gate import ReasoningGate
+    from pagedgen.structured_output.reasoning_gate import ReasoningGate, reasoning_markers
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
     compiled = GuidanceBackend(tokenizer, 257, {256}).compile(StructuredOutputsParams(regex="ab"))
-    encode = tokenizer.encode
+    encode, markers = tokenizer.encode, reasoning_markers(tokenizer)
     for seq_id, prompt in enumerate(("<think>", "q", "<think>x</think>y<think>")):
-        grammars = RequestGrammars(compiled, ReasoningGate(tokenizer))
+        grammars = RequestGrammars(compiled, ReasoningGate(markers))
         seq = Sequence(seq_id, "r", encode(prompt), SamplingParams())
         for token in encode("hm </think"):
             seq.append_token_id(token)
@@ -379,5 +379,5 @@ def test_the_gate_opens_past_the_first_think_end_of_the_output(tiny_llama_path):
 
     closed = Sequence(9, "r", encode("<think>x</think>"), SamplingParams())
     closed.append_token_id(encode("a")[0])
-    grammar = RequestGrammars(compiled, ReasoningGate(tokenizer)).grammar_of(closed)
+    grammar = RequestGrammars(compiled, ReasoningGate(markers)).grammar_of(closed)
     assert grammar is not None and grammar.token_ids == encode("a")

@@ -73,10 +73,9 @@ class LLMEngine:
             config, num_blocks, num_cpu_blocks, max_model_len, sliding_window
         )
         self.stop_checker = StopChecker(tokenizer, max_model_len)
-        vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else 0)
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else 0)
         self.structured_output = StructuredOutputManager(
-            tokenizer, vocab_size, eos_token_ids, reasoning=config.reasoning_parser is not None
+            tokenizer, self.vocab_size, eos_token_ids, config.reasoning_parser is not None
         )
         self.output_processor = OutputProcessor(
             self.scheduler, self.stop_checker, self.structured_output, config.speculative_config

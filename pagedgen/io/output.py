@@ -2,7 +2,7 @@ from typing import Any
 
 from pagedgen.io.openai_batch import openai_error, openai_response
 from pagedgen.io.records import InputRecord, request_hash
-from pagedgen.io.tools import Answer, read_answer, tool_schema
+from pagedgen.io.tools import Answer, forces_tool_calls, read_answer
 from pagedgen.outputs import RequestOutput
 
 
@@ -85,8 +85,8 @@ class RecordFormatter:
         if output.error is not None:
             return self.error(record, output.error, output.num_prompt_tokens)
         answers = []
-        forced = tool_schema(record.chat) is not None  # tool_choice required or a function
-        if record.messages is not None and (forced or self.parsers != (None, None)):
+        parsed = forces_tool_calls(record.chat) or self.parsers != (None, None)
+        if record.messages is not None and parsed:
             answers = [read_answer(c.text, *self.parsers, record.chat) for c in output.outputs]
         if self.openai:  # as vLLM, the model of a response is the adapter's name if it ran one
             lora = output.lora_request

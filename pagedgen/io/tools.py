@@ -58,6 +58,12 @@ def read_answer(
     return Answer(reasoning, content, calls)
 
 
+def forces_tool_calls(chat: dict[str, Any]) -> bool:
+    """tool_choice "required" or a named function: the answer is held to calls (tool_schema)."""
+    choice = chat.get("tool_choice")
+    return choice == "required" or isinstance(choice, dict)
+
+
 def tool_schema(chat: dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema an answer must follow for tool_choice "required" or a named function
     (vLLM's), or None."""

@@ -5,12 +5,14 @@ checkpoint of those dense weights would: the memory of the model's dtype, none o
 Activation scales (input_scale) and KV-cache scales (k_scale, v_scale) are dropped: activations
 run unquantized, and kv_cache_dtype stores K/V unscaled."""
 
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
+from pagedgen.attention.kv_cache_dtype import is_fp8
+
 FP8_METHODS = ("compressed-tensors", "fp8", "fbgemm_fp8")
+PARTS = ("weight", "scale")
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")  # the latter multiplies too (DeepSeek's)
 DROPPED_SUFFIXES = (".input_scale", ".input_scale_ub", ".output_scale", ".k_scale", ".v_scale")
 
@@ -63,34 +65,18 @@ def dequantize(
     return weight.float() * expanded[:out_features, :in_features]
 
 
-def dequantized(
-    weights: Iterable[tuple[str, torch.Tensor]], quant: dict[str, Any]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors with every float8 weight dequantized; a weight waits for its
-    scale (and a scale for its weight), wherever in the shards each comes."""
-    block = block_size_of(quant)
-    waiting_weights: dict[str, torch.Tensor] = {}
-    waiting_scales: dict[str, torch.Tensor] = {}
-    for name, tensor in weights:
-        if name.endswith(DROPPED_SUFFIXES):
-            continue
-        scale_of = next((name.removesuffix(s) for s in SCALE_SUFFIXES if name.endswith(s)), None)
-        if scale_of is not None:
-            weight = waiting_weights.pop(scale_of + ".weight", None)
-            if weight is None:
-                waiting_scales[scale_of] = tensor
-            else:
-                yield scale_of + ".weight", dequantize(weight, tensor, block)
-        elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            scale = waiting_scales.pop(name.removesuffix(".weight"), None)
-            if scale is None:
-                waiting_weights[name] = tensor
-            else:
-                yield name, dequantize(tensor, scale, block)
-        else:
-            yield name, tensor
-    if waiting_weights or waiting_scales:
-        names = sorted(waiting_weights) + sorted(waiting_scales)
-        raise ValueError(
-            f"float8 weights without their scales, or scales without weights: {names[:5]}"
-        )
+def part_of(name: str, tensor: torch.Tensor) -> tuple[str, str | None] | None:
+    """(layer, "weight" or "scale") of a quantized layer's tensor; a None part for an activation
+    or KV scale, dropped; None for any other tensor, which loads as it is."""
+    if name.endswith(DROPPED_SUFFIXES):
+        return name.rpartition(".")[0], None
+    for suffix in SCALE_SUFFIXES:
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), "scale"
+    if name.endswith(".weight") and is_fp8(tensor.dtype):
+        return name.removesuffix(".weight"), "weight"
+    return None
+
+
+def dequantize_parts(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> torch.Tensor:
+    return dequantize(parts["weight"], parts["scale"], block_size_of(quant))

@@ -1,7 +1,7 @@
 """Quantized checkpoints, dequantized as their tensors stream in (fp8_weights.py, int_weights.py):
 which ones pagedgen takes, and the stream of dense weights a model's load_weights reads."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -38,29 +38,48 @@ def check_quantization(config: Any) -> None:
 def dequantized(
     weights: Iterable[tuple[str, torch.Tensor]], quant: dict[str, Any]
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    if quant["quant_method"] in int_weights.PACKED_METHODS:
-        return _packed(weights, quant)
-    return fp8_weights.dequantized(weights, quant)
-
-
-def _packed(
-    weights: Iterable[tuple[str, torch.Tensor]], quant: dict[str, Any]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each layer's parts gathered wherever in the shards they lie, then its dense weight."""
+    """The checkpoint's tensors with each quantized layer's parts replaced by its dense weight."""
     method = quant["quant_method"]
-    names, dequantize = int_weights.PARTS[method], int_weights.DEQUANTIZE[method]
+    if method in int_weights.PACKED_METHODS:
+        names = int_weights.PARTS[method]
+
+        def part_of(name: str, tensor: torch.Tensor) -> tuple[str, str | None] | None:
+            prefix, _, part = name.rpartition(".")
+            return (prefix, part) if part in names else None
+
+        return _gathered(weights, part_of, names, names[:3], int_weights.DEQUANTIZE[method], quant)
+    parts = fp8_weights.PARTS
+    return _gathered(
+        weights, fp8_weights.part_of, parts, parts, fp8_weights.dequantize_parts, quant
+    )
+
+
+def _gathered(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    part_of: Callable[[str, torch.Tensor], tuple[str, str | None] | None],
+    names: tuple[str, ...],  # a layer's parts
+    required: tuple[str, ...],  # those it cannot do without (GPTQ's g_idx may be absent)
+    dequantize: Callable[[dict[str, torch.Tensor], dict[str, Any]], torch.Tensor],
+    quant: dict[str, Any],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each layer's parts (part_of: its layer and part name, a None part dropped; None for a
+    tensor that passes as it is) gathered wherever in the shards they lie, then its dense
+    weight."""
     layers: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
-        prefix, _, part = name.rpartition(".")
-        if part not in names:
+        where = part_of(name, tensor)
+        if where is None:
             yield name, tensor
             continue
-        parts = layers.setdefault(prefix, {})
-        parts[part] = tensor
-        if len(parts) == len(names):
+        prefix, part = where
+        if part is None:
+            continue
+        found = layers.setdefault(prefix, {})
+        found[part] = tensor
+        if len(found) == len(names):
             yield f"{prefix}.weight", dequantize(layers.pop(prefix), quant)
-    for prefix, parts in layers.items():  # GPTQ without g_idx: groups in order
-        missing = set(names[:3]) - set(parts)
+    for prefix, found in layers.items():
+        missing = set(required) - set(found)
         if missing:
             raise ValueError(f"{prefix} lacks its {sorted(missing)}")
-        yield f"{prefix}.weight", dequantize(parts, quant)
+        yield f"{prefix}.weight", dequantize(found, quant)

@@ -8,7 +8,7 @@ from pagedgen.engine.sequence import Sequence
 from pagedgen.sampling_params import StructuredOutputsParams
 from pagedgen.structured_output import INSTALL_HINT, is_backend_installed
 from pagedgen.structured_output.grammar import Matcher, SequenceGrammar, common_prefix_len
-from pagedgen.structured_output.reasoning_gate import ReasoningGate
+from pagedgen.structured_output.reasoning_gate import ReasoningGate, reasoning_markers
 
 MAX_CACHED_GRAMMARS = 256
 
@@ -116,7 +116,8 @@ class StructuredOutputManager:
         reasoning: bool = False,  # constraints hold only after the reasoning (reasoning_gate.py)
     ) -> None:
         self.tokenizer = tokenizer
-        self.reasoning = reasoning
+        # <think> and </think>'s token ids, where constraints wait for the reasoning to end
+        self.reasoning = reasoning_markers(tokenizer) if reasoning else None
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.backend: Any = None  # GuidanceBackend, built by the first compile
@@ -161,7 +162,7 @@ class StructuredOutputManager:
             del self._pending[request_id]
             error = future.exception()
             if error is None:
-                gate = ReasoningGate(self.tokenizer) if self.reasoning else None
+                gate = None if self.reasoning is None else ReasoningGate(self.reasoning)
                 self._requests[request_id] = RequestGrammars(future.result(), gate)
             ready.append((request_id, None if error is None else str(error)))
         return ready

@@ -7,6 +7,11 @@ from typing import Any
 from pagedgen.engine.sequence import Sequence
 
 
+def reasoning_markers(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The token ids of <think> and </think> (one special token each in Qwen3 and DeepSeek-R1)."""
+    return tuple(tokenizer.encode(t, add_special_tokens=False) for t in ("<think>", "</think>"))
+
+
 def find_last(tokens: list[int], pattern: list[int]) -> int:
     """The index just past the last occurrence of pattern in tokens, or -1."""
     n = len(pattern)
@@ -30,9 +35,8 @@ class ReasoningGate:
     output, or at its first token where the prompt has closed the reasoning already (a </think>
     after the last <think>, as Qwen3's template writes with thinking off)."""
 
-    def __init__(self, tokenizer: Any, start: str = "<think>", end: str = "</think>") -> None:
-        self.start_ids = tokenizer.encode(start, add_special_tokens=False)
-        self.end_ids = tokenizer.encode(end, add_special_tokens=False)
+    def __init__(self, markers: tuple[list[int], list[int]]) -> None:
+        self.start_ids, self.end_ids = markers  # <think>'s and </think>'s token ids
         self._found: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens searched, start or -1)
 
     def content_start(self, seq: Sequence) -> int | None:
