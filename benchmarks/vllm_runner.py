@@ -5,9 +5,11 @@ of two passes) and the token ids.
     python vllm_runner.py MODEL W.json OUT.json OPTIONS_JSON
 
 OPTIONS_JSON: {"dtype": "float32", "adapters": [folders], "max_lora_rank": 16,
-"speculative_config": {...} or null, "kv_cache_dtype": "auto", "one_at_a_time": false}. With
-adapters, request i runs adapter i % N; one_at_a_time runs the requests one generate call each
-(batch-1 latency).
+"speculative_config": {...} or null, "kv_cache_dtype": "auto", "one_at_a_time": false,
+"pooler_config": null}. With adapters, request i runs adapter i % N; one_at_a_time runs the
+requests one generate call each (batch-1 latency). With pooler_config ({"pooling_type": ...}),
+benchmarks/embeddings.py's, the prompts are embedded instead (runner "pooling"): it writes
+prompt tok/s and the embeddings.
 """
 
 import json
@@ -24,6 +26,9 @@ def main() -> None:
     options = json.loads(options)
     data = json.loads(Path(workload).read_text())
     prompts, max_tokens = data["prompts"], data["max_tokens"]
+    if options.get("pooler_config") is not None:
+        Path(out).write_text(json.dumps(embed(model, prompts, options)))
+        return
     folders = options.get("adapters", [])
     loras = [LoRARequest(f"a{i}", i + 1, f) for i, f in enumerate(folders)]
     per_prompt = [loras[i % len(loras)] for i in range(len(prompts))] if loras else None
@@ -57,6 +62,32 @@ def main() -> None:
     ids = [list(o.outputs[0].token_ids) for o in outputs]
     result = {"output_tokens_per_s": max(rates), "output_token_ids": ids}
     Path(out).write_text(json.dumps(result))
+
+
+def embed(model: str, prompts: list[list[int]], options: dict) -> dict:
+    """vLLM's pooling runner over the prompts: prompt tok/s (the best of two passes, the prefix
+    cache emptied before each) and the embeddings."""
+    from vllm import LLM
+    from vllm.config.pooler import PoolerConfig
+
+    llm = LLM(
+        model=model,
+        dtype=options.get("dtype", "float32"),
+        seed=0,
+        runner="pooling",
+        pooler_config=PoolerConfig(**options["pooler_config"]),
+    )
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    rates = []
+    for _ in range(2):
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        outputs = llm.embed(inputs, use_tqdm=False)
+        rates.append(sum(map(len, prompts)) / (time.perf_counter() - start))
+    return {
+        "prompt_tokens_per_s": max(rates),
+        "embeddings": [list(o.outputs.embedding) for o in outputs],
+    }
 
 
 if __name__ == "__main__":  # vLLM's engine core starts by spawn, which imports this file again

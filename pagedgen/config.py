@@ -2,6 +2,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedgen.json_args import json_object
+from pagedgen.pooling.config import RUNNERS, resolve_pooler_config
 from pagedgen.spec_decode.config import SpeculativeConfig
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -35,6 +36,10 @@ class EngineConfig:
     "fp8_e4m3", "fp8_e5m2"), which hold 2x (4x in float32) the tokens in the same memory.
     speculative_config (vLLM's dict, {"method": "ngram", "num_speculative_tokens": k, ...})
     verifies draft tokens found by n-gram prompt lookup (spec_decode/); not with async_scheduling.
+    runner (vLLM's) "generate" samples completions, "pooling" embeds prompts (LLM.embed) as
+    pooler_config says ({"pooling_type": "LAST" | "MEAN" | "CLS", "use_activation": bool}, over the
+    model's sentence-transformers files); "auto" embeds with a checkpoint that has no LM head
+    (an architecture named *Model, as LlamaModel), else generates.
     """
 
     model: str = DEFAULT_MODEL
@@ -69,6 +74,8 @@ class EngineConfig:
     reasoning_parser: str | None = None
     generation_config: str = "auto"
     override_generation_config: dict[str, Any] | str | None = None  # fields over those; JSON ok
+    runner: str = "auto"
+    pooler_config: dict[str, Any] | str | None = None  # JSON ok
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -121,6 +128,19 @@ class EngineConfig:
         )
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        self.pooler_config = json_object("pooler_config", self.pooler_config)
+        resolve_pooler_config(None, self.pooler_config)  # bad keys or values fail here
+        if self.runner == "pooling":
+            self.check_pooling()
+
+    def check_pooling(self) -> None:
+        """What a pooling runner cannot do: it never samples, so never drafts or overlaps."""
+        if self.speculative_config is not None:
+            raise ValueError("the pooling runner (embeddings) does not run speculative decoding")
+        if self.async_scheduling:
+            raise ValueError("the pooling runner (embeddings) does not run async_scheduling")
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

@@ -10,7 +10,8 @@ from pagedgen.llm_progress import PromptProgress
 from pagedgen.loader.generation_config import model_sampling_defaults
 from pagedgen.loader.resolve import DEFAULT_MODEL, resolve_model
 from pagedgen.lora.request import LoRARequest
-from pagedgen.outputs import RequestOutput
+from pagedgen.outputs import EmbeddingRequestOutput, RequestOutput
+from pagedgen.pooling import PoolingParams
 from pagedgen.sampling_params import SamplingParams
 
 
@@ -20,7 +21,8 @@ class LLM:
     Keyword arguments are EngineConfig fields (dtype, block_size, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed,
     enable_lora, max_loras, max_lora_rank, max_cpu_loras, speculative_config, kv_cache_dtype,
-    reasoning_parser, generation_config, override_generation_config).
+    reasoning_parser, generation_config, override_generation_config, runner, pooler_config).
+    With runner="pooling" (or a checkpoint without an LM head) it embeds prompts: embed().
     """
 
     def __init__(
@@ -61,6 +63,8 @@ class LLM:
         elapsed time, estimated input and output tokens/s), drawn with rich on an interactive
         terminal only: where stderr is a file or a pipe, nothing is written. False draws none.
         """
+        if self.engine.pooler_config is not None:
+            raise ValueError("this LLM was built with runner='pooling': it embeds (LLM.embed)")
         prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -70,7 +74,31 @@ class LLM:
                     f"{self.default_sampling_fields} (generation_config='vllm' ignores it)"
                 )
                 self._said_defaults = True
-        params = _per_prompt(sampling_params, prompts, "sampling params")
+        return self._run(prompts, sampling_params, lora_request, use_tqdm)
+
+    def embed(
+        self,
+        prompts: Prompt | Iterable[Prompt],
+        pooling_params: PoolingParams | list[PoolingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """Each prompt's embedding (vLLM's LLM.embed), in prompt order, on an LLM built with
+        runner="pooling": its hidden states pooled as the pooler config says (outputs.embedding,
+        float32 values). pooling_params: for every prompt, or a list of one per prompt."""
+        if self.engine.pooler_config is None:
+            raise ValueError("LLM.embed needs an LLM built with runner='pooling'")
+        prompts = _prompt_list(prompts)
+        return self._run(prompts, pooling_params or PoolingParams(), lora_request, use_tqdm)
+
+    def _run(
+        self,
+        prompts: list[Prompt],
+        params: Params | list[Params],
+        lora_request: LoRARequest | list[LoRARequest | None] | None,
+        use_tqdm: bool,
+    ) -> list[Any]:
+        params = _per_prompt(params, prompts, "sampling params")
         loras = _per_prompt(lora_request, prompts, "LoRA requests")
         for lora in {lora for lora in loras if lora is not None}:  # bad adapters fail first
             self.engine.add_lora(lora)
@@ -81,7 +109,7 @@ class LLM:
         try:
             with PromptProgress(len(prompts), use_tqdm) as progress:
                 on_step = progress.on_step if progress.enabled else None
-                outputs: dict[str, RequestOutput] = {}
+                outputs: dict[str, Any] = {}
                 for out in self.stream(requests, on_step=on_step):
                     outputs[out.request_id] = out
                     progress.update(out)

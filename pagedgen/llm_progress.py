@@ -16,7 +16,7 @@ from rich.table import Column
 from rich.text import Text
 
 from pagedgen.engine.llm_engine import LLMEngine
-from pagedgen.outputs import RequestOutput
+from pagedgen.outputs import EmbeddingRequestOutput, RequestOutput
 
 REFRESH_S = 0.1  # tqdm's mininterval
 
@@ -69,11 +69,12 @@ class PromptProgress:
         self.speed = Text()
         self.live = Live(Group(self.progress, self.speed), console=console, auto_refresh=False)
 
-    def update(self, output: RequestOutput) -> None:
+    def update(self, output: RequestOutput | EmbeddingRequestOutput) -> None:
         """Counts a finished request; a rejected one (output.error) adds no tokens."""
         self.num_done += 1
         if output.error is None:
-            self.num_prompt_tokens += output.num_prompt_tokens * len(output.outputs)
+            num_samples = len(output.outputs) if isinstance(output, RequestOutput) else 1
+            self.num_prompt_tokens += output.num_prompt_tokens * num_samples
             self.num_output_tokens += output.num_output_tokens
         if self.enabled:
             self.refresh(force=self.num_done == self.num_prompts)

@@ -59,3 +59,37 @@ class RequestOutput:
     @property
     def num_output_tokens(self) -> int:
         return sum(len(out.token_ids) for out in self.outputs)
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    """vLLM's EmbeddingOutput: the pooled vector."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """A finished embedding request (vLLM's EmbeddingRequestOutput), or the error that kept it
+    from running (then an empty embedding)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    metrics: RequestMetrics
+    error: str | None = None
+    finished: bool = True
+    num_cached_tokens: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return 0

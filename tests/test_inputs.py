@@ -99,7 +99,7 @@ def test_openai_requests_map_body_parameters():
     assert completion.endpoint == "completions" and completion.sampling == {"logprobs": 3}
     bad = {
         "custom_id": None,
-        "url": "/v1/embeddings",
+        "url": "/v1/moderations",
     }
     assert "custom_id" in parse_openai(bad, 3).error
     assert "'url' must be one of" in parse_openai({**bad, "custom_id": "x"}, 3).error

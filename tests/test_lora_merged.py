@@ -171,3 +171,23 @@ def test_preempted_requests_keep_their_adapter(adapters, preemption_mode):
     for prompt, kind, output in zip(prompts, kinds, outputs):
         expected = reference_greedy(models[kind], prompt, 24)
         assert [c.token_ids for c in output.outputs] == [expected] * n, kind
+
+
+def test_embeddings_with_adapters_equal_their_merged_weights(adapters):
+    """The pooling runner (LLM.embed) runs each prompt's adapter, mixed in one batch, with
+    prefix-cache hits kept within an adapter."""
+    import torch.nn.functional as F
+
+    folder, models, requests = adapters
+    llm = LLM(str(folder), runner="pooling", enable_lora=True, max_loras=2, kv_cache_memory=0.01)
+    jobs = [(prompt, kind) for prompt in PROMPTS for kind in (0, 1, 2)]
+    loras = [requests.get(kind) for _, kind in jobs]
+    for _ in range(2):  # the second time from the prefix cache
+        outputs = llm.embed([prompt for prompt, _ in jobs], lora_request=loras, use_tqdm=False)
+        for (prompt, kind), output in zip(jobs, outputs):
+            with torch.no_grad():
+                hidden = models[kind].model(torch.tensor([prompt])).last_hidden_state[0, -1]
+            expected = F.normalize(hidden, dim=0)
+            got = torch.tensor(output.outputs.embedding)
+            torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    assert llm.engine.stats.num_prefix_cache_hits > 0

@@ -16,6 +16,7 @@ from pagedgen.io.resume import resume_source
 from pagedgen.io.writer import MAX_FAILED_LINES, OutputWriteError, RecordWriter
 from pagedgen.llm import LLM
 from pagedgen.lora.request import LoRARequest
+from pagedgen.pooling.params import PoolingParams
 from pagedgen.sampling_params import SamplingParams
 
 ORDERS = ("input", "completion")
@@ -69,6 +70,7 @@ class BatchJob:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.llm = llm
         self.engine = llm.engine
+        pooling = llm.engine.pooler_config is not None  # an embedding job
         self.builder = RequestBuilder(
             llm.tokenizer,
             sampling or {},
@@ -78,6 +80,7 @@ class BatchJob:
             loras,
             chat_template,
             tool_call_parser,
+            pooling,
         )
         self.source = resume_source(source, output.state, output.path)
         self.output = output
@@ -88,6 +91,7 @@ class BatchJob:
             llm.tokenizer,
             llm.engine.config.reasoning_parser,
             tool_call_parser,
+            pooling,
         )
         defaults = sampling_defaults(self.builder.defaults)
         self.max_output_tokens = defaults.n * (defaults.max_tokens or llm.engine.max_model_len)
@@ -96,7 +100,7 @@ class BatchJob:
         self.num_aborted = 0
         self.input_exhausted = False
         self._handled_stops = 0
-        self._pending: dict[int, tuple[InputRecord, SamplingParams]] = {}
+        self._pending: dict[int, tuple[InputRecord, SamplingParams | PoolingParams]] = {}
         self._on_progress: Callable[[JobProgress], None] | None = None
 
     def stop(self) -> None:
@@ -114,7 +118,8 @@ class BatchJob:
             for result in self.llm.stream(self._requests(), on_step=self._on_step):
                 record, params = self._pending.pop(int(result.request_id))
                 self.metrics.observe_output(result)
-                line = self.formatter.output(record, result, params.logprobs or 0)
+                num_logprobs = getattr(params, "logprobs", None) or 0  # PoolingParams: none
+                line = self.formatter.output(record, result, num_logprobs)
                 self.writer.put(int(result.request_id), line, record.line, result.error is not None)
         except OutputWriteError as e:
             write_error = e
@@ -147,7 +152,7 @@ class BatchJob:
 
     def _requests(
         self,
-    ) -> Iterator[tuple[str, list[int], SamplingParams, LoRARequest | None]]:
+    ) -> Iterator[tuple[str, list[int], SamplingParams | PoolingParams, LoRARequest | None]]:
         done = self.output.state.done
         first_line: dict[str, int] = {}
         indices = count()

@@ -2,9 +2,10 @@ import math
 from typing import Any, NamedTuple
 
 from pagedgen.chat_template import ChatTemplate, apply_chat_template
-from pagedgen.io.records import InputRecord
+from pagedgen.io.records import POOLING_FIELDS, InputRecord
 from pagedgen.io.tools import parses_tool_calls, tool_schema
 from pagedgen.lora.request import LoRARequest
+from pagedgen.pooling.params import PoolingParams
 from pagedgen.sampling_params import SamplingParams
 
 MAX_INT64 = 2**63 - 1
@@ -17,7 +18,7 @@ class RequestError(Exception):
 
 class PreparedRequest(NamedTuple):
     prompt: list[int]  # token ids
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
 
 
 def sampling_defaults(defaults: dict[str, Any]) -> SamplingParams:
@@ -36,6 +37,9 @@ class RequestBuilder:
     alone instead of stopping the batch. A text longer than max_model_len tokens could ever
     spell is rejected from its length without being tokenized: the cost of a prompt is bounded
     by what the model can take, not by the size of the line.
+
+    For an embedding job (pooling), a record's fields are PoolingParams' (dimensions, normalize,
+    truncate_prompt_tokens) and the defaults, sampling fields, do not apply.
     """
 
     def __init__(
@@ -48,7 +52,9 @@ class RequestBuilder:
         loras: dict[str, LoRARequest] | None = None,
         chat_template: ChatTemplate = ChatTemplate(),
         tool_call_parser: str | None = None,
+        pooling: bool = False,
     ) -> None:
+        self.pooling = pooling
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
@@ -66,17 +72,9 @@ class RequestBuilder:
         """The request for record; raises RequestError if it cannot run."""
         if record.error is not None:
             raise RequestError(record.error)
-        sampling = {**self.defaults, **record.sampling}
-        schema = tool_schema(record.chat) if record.messages is not None else None
-        if schema is not None:  # tool_choice required or a function: vLLM constrains the answer
-            if sampling.get("structured_outputs") is not None:
-                raise RequestError("give one of a forced 'tool_choice' and structured output")
-            sampling["structured_outputs"] = {"json": schema}
-        try:
-            params = SamplingParams(**sampling)
-        except (TypeError, ValueError) as e:
-            raise RequestError(f"invalid sampling parameters: {e}") from e
-        self._check_limits(params)
+        params = self._pooling_params(record) if self.pooling else self._sampling_params(record)
+        if isinstance(params, SamplingParams):
+            self._check_limits(params)
         if params.truncate_prompt_tokens is None:  # else a prompt of any length is cut down
             self._check_length(record)
         if record.messages is not None:
@@ -104,6 +102,36 @@ class RequestBuilder:
             )
         self._check_vocab(prompt, "token id")
         return PreparedRequest(prompt, params)
+
+    def _sampling_params(self, record: InputRecord) -> SamplingParams:
+        if record.endpoint == "embeddings":
+            raise RequestError("/v1/embeddings needs an embedding job: --runner pooling")
+        embedding_only = sorted(set(record.sampling) & set(POOLING_FIELDS))
+        if embedding_only:
+            raise RequestError(f"{embedding_only[0]!r} is for embeddings (--runner pooling)")
+        sampling = {**self.defaults, **record.sampling}
+        schema = tool_schema(record.chat) if record.messages is not None else None
+        if schema is not None:  # tool_choice required or a function: vLLM constrains the answer
+            if sampling.get("structured_outputs") is not None:
+                raise RequestError("give one of a forced 'tool_choice' and structured output")
+            sampling["structured_outputs"] = {"json": schema}
+        try:
+            return SamplingParams(**sampling)
+        except (TypeError, ValueError) as e:
+            raise RequestError(f"invalid sampling parameters: {e}") from e
+
+    def _pooling_params(self, record: InputRecord) -> PoolingParams:
+        if record.endpoint not in (None, "embeddings"):
+            raise RequestError("an embedding job (--runner pooling) takes /v1/embeddings requests")
+        sampling_only = sorted(set(record.sampling) - {*POOLING_FIELDS, "truncate_prompt_tokens"})
+        if sampling_only:
+            raise RequestError(f"{sampling_only[0]!r} is a sampling field; this job embeds")
+        if record.chat.get("tools"):
+            raise RequestError("'tools' are for generation; this job embeds")
+        try:
+            return PoolingParams(**record.sampling)
+        except ValueError as e:
+            raise RequestError(f"invalid pooling parameters: {e}") from e
 
     def lora_of(self, record: InputRecord) -> LoRARequest | None:
         """The adapter a record runs with: its "lora" (which must be one of loras), or an

@@ -237,6 +237,25 @@ ENGINE = OptionGroup(
                 metavar="JSON",
             ),
         ),
+        "runner": (
+            str,
+            _engine(
+                "auto",
+                help="generate (completions) or pooling (an embedding per prompt); auto: pooling "
+                "for a checkpoint without an LM head, such as LlamaModel or Qwen3Model",
+                metavar="R",
+            ),
+        ),
+        "pooler_config": (
+            str | None,
+            _engine(
+                None,
+                help='how --runner pooling pools, JSON: {"pooling_type": "LAST" | "MEAN" | '
+                '"CLS", "use_activation": true (L2-normalize)} [default: the model\'s '
+                "sentence-transformers files, else LAST, normalized]",
+                metavar="JSON",
+            ),
+        ),
     },
 )
 

@@ -31,6 +31,7 @@ from pagedgen.loader import ModelNotFoundError, resolve_model
 from pagedgen.loader.generation_config import model_sampling_defaults
 from pagedgen.lora.modules import max_rank_of, parse_lora_modules
 from pagedgen.lora.request import LoRARequest
+from pagedgen.pooling.config import checkpoint_architectures, pools
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_IO_ERROR = 74  # EX_IOERR of sysexits.h: the output (or --stats-json) could not be written
@@ -55,6 +56,22 @@ class RunOptions:
     chat_template: ChatTemplate = ChatTemplate()  # --chat-template, --default-chat-template-kwargs
     tool_call_parser: str | None = None  # --tool-call-parser
     model_sampling: dict[str, Any] = field(default_factory=dict)  # taken from the model
+
+
+def embeds(options: RunOptions, model_dir: Path) -> bool:
+    """Whether the job embeds (its engine is a pooling runner), checked before the model loads:
+    then no sampling option applies."""
+    if not pools(options.engine.runner, checkpoint_architectures(model_dir)):
+        return False
+    options.engine.check_pooling()
+    given = sorted(options.sampling_given - {"structured_outputs"})
+    if options.sampling.get("structured_outputs") is not None:
+        given.append("json_schema")
+    if given:
+        raise ValueError(f"--{given[0].replace('_', '-')} is a sampling option; this job embeds")
+    if options.tool_call_parser is not None:
+        raise ValueError("--tool-call-parser reads generated answers; this job embeds")
+    return True
 
 
 def take_model_sampling_defaults(options: RunOptions, model_dir: Path) -> None:
@@ -151,7 +168,9 @@ def run_job(options: RunOptions) -> int:
 def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
     check_options(options)
     check_engine_fits(options.engine)
-    take_model_sampling_defaults(options, resolve_model(options.engine.model).path)
+    model_dir = resolve_model(options.engine.model).path
+    if not embeds(options, model_dir):
+        take_model_sampling_defaults(options, model_dir)
     source = open_input(options.input)
     output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)
     return source, output

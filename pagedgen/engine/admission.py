@@ -11,18 +11,19 @@ def refusal(
     max_prefill_tokens: int | None,  # without chunked prefill, the most one step computes
 ) -> str | None:
     """The reason group can never run to its max_tokens, or None. (Drafts of speculative
-    decoding never reach past max_tokens, so they need no room of their own.)"""
+    decoding never reach past max_tokens, so they need no room of their own; an embedding
+    request computes its prompt only.)"""
     seq = group.seqs[0]
-    max_tokens = group.sampling_params.max_tokens or 1
+    max_tokens = 0 if seq.pooling_params is not None else group.sampling_params.max_tokens or 1
     total = seq.num_prompt_tokens + max_tokens
     bm = block_manager
     if seq.num_prompt_tokens == 0:
         return "the prompt is empty"
     if total > max_model_len:
-        return (
-            f"prompt ({seq.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
-            f"exceeds max_model_len ({max_model_len})"
-        )
+        length = f"prompt ({seq.num_prompt_tokens} tokens)"
+        if max_tokens:
+            length += f" + max_tokens ({max_tokens}) = {total}"
+        return f"{length} exceeds max_model_len ({max_model_len})"
     if max_prefill_tokens is not None and total > max_prefill_tokens:
         return (
             f"prompt + max_tokens = {total} tokens exceeds max_num_batched_tokens "

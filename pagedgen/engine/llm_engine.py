@@ -15,12 +15,15 @@ from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
 from pagedgen.lora.request import LoRARequest
-from pagedgen.outputs import RequestOutput
+from pagedgen.outputs import EmbeddingRequestOutput, RequestOutput
+from pagedgen.pooling import PoolerConfig, PoolingParams
+from pagedgen.pooling.params import runner_mismatch
 from pagedgen.sampling_params import SamplingParams
 from pagedgen.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int]
-Params = SamplingParams | BeamSearchParams
+Params = SamplingParams | BeamSearchParams | PoolingParams
+Output = RequestOutput | EmbeddingRequestOutput
 
 
 def log_to_stderr(message: str) -> None:
@@ -48,6 +51,9 @@ class LLMEngine:
     overlaps the device's; a sequence that step N finishes has computed one token in vain in
     step N + 1. Steps run one at a time while any unfinished request needs its tokens on the
     host before its next step (beam search, structured outputs, penalties).
+
+    With a pooler_config (vLLM's pooling runner), requests are PoolingParams: the step that
+    completes a prompt pools its hidden states into its embedding and ends it.
     """
 
     def __init__(
@@ -62,8 +68,10 @@ class LLMEngine:
         *,
         sliding_window: int | None = None,  # blocks past it are freed (freeable_window)
         vocab_size: int | None = None,  # the logits' width; default: the tokenizer's
+        pooler_config: PoolerConfig | None = None,  # a pooling runner's: it embeds prompts
     ) -> None:
         self.config = config
+        self.pooler_config = pooler_config
         self.hf_config: Any = None  # the model's config, when from_config loaded one
         self.runner = runner
         self.tokenizer = tokenizer
@@ -119,9 +127,11 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         """Queues a prompt (text, or token ids) for sampling, parallel sampling or beam search,
-        with a LoRA adapter if given (loaded at its first request)."""
+        or for its embedding, with a LoRA adapter if given (loaded at its first request)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
+        if (mismatch := runner_mismatch(params, self.pooler_config is not None)) is not None:
+            raise ValueError(mismatch)
         if lora_request is not None:
             self.add_lora(lora_request)
         request = build_request(
@@ -136,9 +146,9 @@ class LLMEngine:
         )
         sampling_params = request.group.sampling_params
         self.num_sync_requests += request.needs_sync_steps
-        outside = sampling_params.token_outside(self.vocab_size)
-        if outside is not None:
-            self._schedule(request, f"token {outside} is outside the vocabulary")
+        error = request.refusal(self.vocab_size, self.hf_config)
+        if error is not None:
+            self._schedule(request, error)
             return
         if sampling_params.structured_outputs is None:
             self._schedule(request, self.scheduler.add(request.group))
@@ -210,7 +220,7 @@ class LLMEngine:
     def num_unfinished_requests(self) -> int:
         return len(self.requests) + len(self.rejected)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[Output]:
         if self.structured_output.num_pending:
             self._admit_compiled()
         finished = [request.output(self.tokenizer) for request in self.rejected]
@@ -244,7 +254,7 @@ class LLMEngine:
         self.in_flight = InFlightStep(scheduled, pending, queued)
         return finished
 
-    def _finish_in_flight(self) -> list[RequestOutput]:
+    def _finish_in_flight(self) -> list[Output]:
         """Waits for the step in flight and processes its samples."""
         step, self.in_flight = self.in_flight, None
         start = time.perf_counter()
@@ -253,7 +263,7 @@ class LLMEngine:
 
     def _process(
         self, scheduled: SchedulerOutput, samples: SamplerOutput, model_time: float
-    ) -> list[RequestOutput]:
+    ) -> list[Output]:
         """Applies a step's samples; returns the outputs of the requests that finished."""
         with self.timer.section("detokenize_stop"):
             num_sampled, done = self.output_processor.process(scheduled, samples, self.requests)
@@ -271,15 +281,12 @@ class LLMEngine:
         requests: Iterable[tuple[str, Prompt, Params] | tuple[str, Prompt, Params, LoRARequest]],
         max_pending: int | None = None,
         on_step: Callable[["LLMEngine"], None] | None = None,
-    ) -> Iterator[RequestOutput]:
+    ) -> Iterator[Output]:
         """Yields each request's output as soon as it finishes; a request is (id, prompt,
-        params) or (id, prompt, params, lora_request).
-
-        Requests are pulled from the iterable only while fewer than max_pending are unfinished
-        (default: twice max_num_seqs), so an input of any length streams through in bounded
-        memory while the batch stays full. on_step(engine) runs after every step, where the
-        engine is consistent: it may read the gauges or abort requests.
-        """
+        params) or (id, prompt, params, lora_request). Requests are pulled only while fewer than
+        max_pending (default: twice max_num_seqs) are unfinished: any input streams through in
+        bounded memory while the batch stays full. on_step(engine) runs after every step, where
+        the engine is consistent: it may read the gauges or abort requests."""
         max_pending = max_pending or 2 * self.config.max_num_seqs
         requests = iter(requests)
         exhausted = False

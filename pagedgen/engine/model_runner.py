@@ -18,6 +18,7 @@ from pagedgen.layers.sampler import Sampler
 from pagedgen.layers.sampling_metadata import SamplingMetadata
 from pagedgen.lora.manager import LoRAManager
 from pagedgen.lora.request import LoRARequest
+from pagedgen.pooling.pooler import Pooler
 from pagedgen.spec_decode.verify import sample_rows
 
 
@@ -67,6 +68,7 @@ class ModelRunner:
         # The last step's sampled token ids, on the device, and the sequences that sampled them.
         self.last_sampled: LastSamples | None = None
         self.lora: LoRAManager | None = None  # set by model_setup where LoRA is enabled
+        self.pooler: Pooler | None = None  # a pooling runner's (embeddings): it samples nothing
         self.num_blocks, self.has_pad_block = 0, False
         self.kv_cache = torch.empty(0)
         self.cpu_cache = torch.empty(0)
@@ -225,9 +227,14 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_async(self, scheduled: SchedulerOutput) -> PendingOutput:
         """Runs one step and samples it (sample); with the prompt logprobs its prefill rows
-        computed for sequences that ask for them, brought to the host at once."""
+        computed for sequences that ask for them, brought to the host at once. A pooling
+        runner pools the prompts the step completes instead."""
         self.move_blocks(scheduled)
         hidden, last_rows = self.forward(scheduled)
+        if self.pooler is not None:
+            with self.timer.section("sampler"):
+                embeddings = self.pooler.pool(hidden, scheduled, last_rows)
+            return ReadyOutput(SamplerOutput([], None, pooler_output=embeddings))
         with self.timer.section("sampler"):
             prompt_logprobs = compute_prompt_logprobs(
                 self.model.compute_logits, hidden, scheduled, last_rows

@@ -3,6 +3,8 @@
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -31,6 +33,8 @@ from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.loader.quantized import check_quantization
 from pagedgen.lora.manager import LoRAManager
 from pagedgen.models.registry import get_model_class
+from pagedgen.pooling.config import PoolerConfig, pools, resolve_pooler_config
+from pagedgen.pooling.pooler import Pooler
 from pagedgen.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ class ModelSetup(NamedTuple):
     num_blocks: int
     num_cpu_blocks: int
     eos_token_ids: set[int]
+    pooler_config: PoolerConfig | None  # a pooling runner's
 
 
 def build_engine(
@@ -52,6 +57,8 @@ def build_engine(
 ) -> "LLMEngine":
     """LLMEngine.from_config: the engine over the model config names, loaded."""
     model = setup_model(config, log)
+    if model.pooler_config is not None and model.pooler_config.reads_every_prompt_token:
+        config = replace(config, enable_prefix_caching=False)  # a hit skips rows it pools
     engine = engine_cls(
         config,
         model.runner,
@@ -62,6 +69,7 @@ def build_engine(
         model.eos_token_ids,
         sliding_window=freeable_window(model.hf_config),
         vocab_size=getattr(model.hf_config, "vocab_size", None),
+        pooler_config=model.pooler_config,
     )
     engine.hf_config = model.hf_config
     # As vLLM's engine core does: what loading made lives as long as the engine, so the
@@ -84,6 +92,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     hf_config = load_config(resolved)
     get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
     check_quantization(hf_config)  # as does an unsupported quantization
+    pooler_config = pick_pooler_config(config, resolved.path, hf_config)
     tokenizer = load_tokenizer(resolved)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
@@ -103,6 +112,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
     )
+    if pooler_config is not None:
+        runner.pooler = Pooler(pooler_config)
     if config.enable_lora:
         max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
         runner.lora = LoRAManager(
@@ -124,7 +135,9 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     torch_decode = backend.name != "cupy" or any(
         layer.sliding_window or layer.softcap for layer in model.attention_layers
     )
-    graphs = device.type == "cuda" and not config.enforce_eager and model.supports_graphs
+    # A pooling runner's steps are prompts: it never decodes.
+    eager = config.enforce_eager or pooler_config is not None
+    graphs = device.type == "cuda" and not eager and model.supports_graphs
     if graphs and torch_decode:
         # A graph fixes max_context_len at max_model_len: torch's decode would then gather
         # every row's whole table, where the cupy kernel reads each row's own context only.
@@ -133,7 +146,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     cpu_graphs = (
         device.type == "cpu"
         and backend.name == "cpu"
-        and not config.enforce_eager
+        and not eager
         and model.supports_graphs
         and dtype in kernel_dtypes()
         and kv_cache_dtype in kernel_dtypes()
@@ -152,9 +165,14 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         f"{attention}), max_model_len {max_model_len}"
     )
     log(describe_pool(pool, geometry, config.block_size, kv_cache_bytes))
+    if pooler_config is not None:
+        log(
+            f"runner pooling (embeddings): {pooler_config.pooling_type} pooling, "
+            f"use_activation={pooler_config.use_activation}"
+        )
     if graphs or cpu_graphs:
         capture_graphs(runner, config.max_num_seqs, log)
-    elif not model.supports_graphs and not config.enforce_eager:
+    elif not model.supports_graphs and not eager:
         log(f"decode steps run eagerly: {type(model).__name__} routes tokens on the host")
     return ModelSetup(
         runner,
@@ -164,7 +182,19 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         pool.num_blocks,
         pool.num_cpu_blocks,
         eos_token_ids(hf_config, tokenizer),
+        pooler_config,
     )
+
+
+def pick_pooler_config(
+    config: EngineConfig, model_dir: Path, hf_config: Any
+) -> PoolerConfig | None:
+    """How a pooling runner pools, or None for a generating one (runner "auto": pooling for a
+    checkpoint without an LM head)."""
+    if not pools(config.runner, getattr(hf_config, "architectures", None) or []):
+        return None
+    config.check_pooling()
+    return resolve_pooler_config(model_dir, config.pooler_config)
 
 
 def capture_graphs(runner: ModelRunner, max_num_seqs: int, log: Callable[[str], None]) -> None:

@@ -1,3 +1,5 @@
+import time
+
 from pagedgen.engine.request import Request
 from pagedgen.engine.runner import SamplerOutput
 from pagedgen.engine.scheduler import Scheduler
@@ -40,6 +42,8 @@ class OutputProcessor:
         self, scheduled: SchedulerOutput, samples: SamplerOutput, requests: dict[str, Request]
     ) -> tuple[int, list[Request]]:
         """Returns how many samples were kept, and the requests that finished, in order."""
+        if samples.pooler_output is not None:
+            return 0, self._finish_pooled(scheduled, samples.pooler_output, requests)
         for item in samples.prompt_logprobs or ():
             request = requests.get(scheduled.seqs[item.seq_index].request_id)
             if request is not None:
@@ -94,6 +98,23 @@ class OutputProcessor:
             if request is not None and request.is_finished:
                 finished.append(request)
         return num_sampled, finished
+
+    def _finish_pooled(
+        self, scheduled: SchedulerOutput, embeddings: list, requests: dict[str, Request]
+    ) -> list[Request]:
+        """A pooling step's prompts that completed are done: each keeps its embedding."""
+        finished = []
+        for seq, embedding in zip(scheduled.sample_seqs, embeddings):
+            request = requests.get(seq.request_id)
+            if seq.is_finished or request is None:  # aborted meanwhile
+                continue
+            request.embedding = embedding
+            seq.first_token_time = time.monotonic()
+            seq.finish(SequenceStatus.FINISHED_STOPPED)
+            self.scheduler.finish(seq)
+            finished.append(request)
+        self.scheduler.remove_finished_groups()
+        return finished
 
     def _accept(self, seq: Sequence, drafts: list[int], samples: SamplerOutput, first: int) -> int:
         """Appends the drafts seq's samples (rows first, first + 1, ...) agree with and the next

@@ -1,7 +1,7 @@
 """What the engine asks of whatever runs the model, and a runner that runs none."""
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
@@ -19,6 +19,8 @@ class SamplerOutput(NamedTuple):
     logprobs: list[dict[int, float] | None] | None
     # The prompt logprobs the step's prefill rows computed, for sequences that ask for them.
     prompt_logprobs: "list[PromptLogprobs] | None" = None
+    # A pooling runner's step samples nothing: each sample_seqs entry's embedding, in order.
+    pooler_output: list[Any] | None = None
 
 
 class PendingOutput(Protocol):

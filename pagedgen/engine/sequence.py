@@ -4,6 +4,7 @@ from collections.abc import Hashable, Iterator
 from dataclasses import replace
 from enum import Enum, auto
 
+from pagedgen.pooling.params import PoolingParams
 from pagedgen.sampling_params import SamplingParams
 
 PLACEHOLDER = -1  # a token id the device has sampled and the host does not know yet
@@ -69,6 +70,8 @@ class Sequence:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.sampling_params = sampling_params
+        # An embedding request's (vLLM's pooling runner): its prompt is pooled, never sampled.
+        self.pooling_params: PoolingParams | None = None
         self.lora_int_id = lora_int_id  # the LoRA adapter it runs with; 0: none
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []

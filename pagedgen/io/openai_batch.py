@@ -1,7 +1,8 @@
 """The OpenAI batch format: request lines in, response lines out.
 
 A request line is {"custom_id", "method": "POST", "url", "body"} where url is /v1/chat/completions
-(body.messages) or /v1/completions (body.prompt); body.response_format ({"type": "json_schema",
+(body.messages), /v1/completions (body.prompt) or, for an embedding job, /v1/embeddings
+(body.input: io/embeddings.py); body.response_format ({"type": "json_schema",
 "json_schema": {"schema"}} or {"type": "json_object"}) becomes structured_outputs. A response
 line is {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}; a
 request that fails has response null and error {"code", "message"}. The id, batch_req_<line>, is
@@ -11,6 +12,7 @@ what --resume matches lines by.
 import time
 from typing import Any
 
+from pagedgen.io.embeddings import parse_embedding_body
 from pagedgen.io.records import (
     SAMPLING_FIELDS,
     InputRecord,
@@ -23,7 +25,11 @@ from pagedgen.io.records import (
 from pagedgen.io.tools import Answer
 from pagedgen.outputs import RequestOutput
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",  # io/embeddings.py: for --runner pooling
+}
 _RENAMED = ("max_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 # Body parameters that would change what the answer means, and the values of each that do not
 # (its defaults): any other value fails the request rather than being dropped unseen. Fields
@@ -65,6 +71,8 @@ def parse_openai(obj: object, line: int) -> InputRecord:
         return record._replace(error=f"'body' must be an object, got {json_type(body)}")
     if isinstance(body.get("model"), str):
         record = record._replace(model=body["model"])
+    if record.endpoint == "embeddings":
+        return parse_embedding_body(record, body)
     if record.endpoint == "chat":
         messages = _text_messages(body.get("messages"))
         error = check_messages(messages)
@@ -206,6 +214,11 @@ def openai_response(
         "choices": choices,
         "usage": usage,
     }
+    return openai_success(record, body)
+
+
+def openai_success(record: InputRecord, body: dict[str, Any]) -> dict[str, Any]:
+    """The response line of a request that ran, around its response body."""
     response = {"status_code": 200, "request_id": f"req_{record.line}", "body": body}
     return {
         "id": batch_id(record.line),

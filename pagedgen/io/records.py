@@ -12,6 +12,7 @@ _FLOAT = "float"
 _INT = "int"
 _OPTIONAL_INT = "int or null"
 _BOOL = "bool"
+_OPTIONAL_BOOL = "bool or null"
 _STRINGS = "string or list of strings"
 _TOKEN_IDS = "list of token ids"
 _OPTIONAL_TOKEN_IDS = "list of token ids or null"
@@ -45,6 +46,8 @@ SAMPLING_FIELDS = {
     # StructuredOutputsParams' fields (json, regex, choice, grammar, json_object); null: none
     "structured_outputs": _OPTIONAL_OBJECT,
 }
+# The PoolingParams fields an embedding request may set (truncate_prompt_tokens is shared).
+POOLING_FIELDS = {"dimensions": _OPTIONAL_INT, "use_activation": _OPTIONAL_BOOL}
 
 
 class InputRecord(NamedTuple):
@@ -105,6 +108,8 @@ def _is_type(value: object, kind: str) -> bool:
         return value is None or is_int
     if kind == _BOOL:
         return isinstance(value, bool)
+    if kind == _OPTIONAL_BOOL:
+        return value is None or isinstance(value, bool)
     if kind == _OPTIONAL_OBJECT:
         return value is None or isinstance(value, dict)
     if kind == _STRINGS:
@@ -117,9 +122,10 @@ def _is_type(value: object, kind: str) -> bool:
 
 
 def sampling_overrides(obj: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Picks the sampling fields out of obj; returns them, or the first wrongly typed one."""
+    """Picks the sampling (and pooling) fields out of obj; returns them, or the first wrongly
+    typed one."""
     overrides = {}
-    for name, kind in SAMPLING_FIELDS.items():
+    for name, kind in (SAMPLING_FIELDS | POOLING_FIELDS).items():
         if name not in obj:
             continue
         value = obj[name]

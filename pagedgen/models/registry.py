@@ -26,6 +26,20 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
 }
 
+# Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
+# with them): the same modules, whose checkpoint names lack the "model." prefix.
+BASE_MODELS = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+    "Gemma2Model": "Gemma2ForCausalLM",
+    "Gemma3TextModel": "Gemma3ForCausalLM",
+    "Phi3Model": "Phi3ForCausalLM",
+    "GraniteModel": "GraniteForCausalLM",
+    "Olmo2Model": "Olmo2ForCausalLM",
+}
+
 MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -47,6 +61,7 @@ def get_model_class(config: PretrainedConfig) -> type[nn.Module]:
     if not architectures and config.model_type in MODEL_TYPES:
         architectures = [MODEL_TYPES[config.model_type]]
     for arch in architectures:
+        arch = BASE_MODELS.get(arch, arch)
         if arch in MODELS:
             return MODELS[arch]
     raise ValueError(

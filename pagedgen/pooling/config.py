@@ -1,0 +1,107 @@
+"""How a model's hidden states become an embedding (vLLM's PoolerConfig), and where it comes
+from: the engine's pooler_config over the model's sentence-transformers files over LAST with
+normalization, vLLM's default for decoder models."""
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from pagedgen.json_args import json_object
+
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+RUNNERS = ("auto", "generate", "pooling")
+# sentence-transformers' 1_Pooling/config.json flags, as vLLM reads them
+SENTENCE_TRANSFORMERS_MODES = {
+    "pooling_mode_lasttoken": "LAST",
+    "pooling_mode_mean_tokens": "MEAN",
+    "pooling_mode_cls_token": "CLS",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolerConfig:
+    """LAST: the prompt's last token's hidden state; MEAN: the mean over its tokens; CLS: its
+    first token's. use_activation (vLLM's name, once normalize): scaled to unit length (L2), an
+    embedding pooler's activation. Hidden states are the model's last layer's, after its final
+    norm, as transformers' last_hidden_state."""
+
+    pooling_type: str = "LAST"
+    use_activation: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(
+                f"pooling_type must be one of {POOLING_TYPES}, got {self.pooling_type!r}"
+            )
+        if not isinstance(self.use_activation, bool):
+            raise ValueError(f"use_activation must be true or false, got {self.use_activation!r}")
+
+    @property
+    def reads_every_prompt_token(self) -> bool:
+        """Whether it needs hidden states a prefix-cache hit would skip."""
+        return self.pooling_type != "LAST"
+
+
+def resolve_pooler_config(
+    model_dir: Path | None, overrides: dict[str, Any] | str | None
+) -> PoolerConfig:
+    """overrides (a dict or its JSON) over the model's sentence-transformers pooling over the
+    defaults."""
+    overrides = json_object("pooler_config", overrides) or {}
+    known = {f.name for f in fields(PoolerConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown pooler_config keys {unknown}; known: {sorted(known)}")
+    found = sentence_transformers_pooling(model_dir) if model_dir is not None else {}
+    if isinstance(overrides.get("pooling_type"), str):
+        overrides = {**overrides, "pooling_type": overrides["pooling_type"].upper()}
+    return replace(PoolerConfig(), **{**found, **overrides})
+
+
+def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any]:
+    """The pooling a sentence-transformers model folder names (modules.json and its Pooling
+    module's config.json), as PoolerConfig fields; {} where it names none."""
+    modules = _read_json(model_dir / "modules.json")
+    if not isinstance(modules, list):
+        return {}
+    found: dict[str, Any] = {}
+    types = [str(module.get("type", "")) for module in modules if isinstance(module, dict)]
+    for module in modules:
+        if not isinstance(module, dict) or not str(module.get("type", "")).endswith("Pooling"):
+            continue
+        pooling = _read_json(model_dir / str(module.get("path", "")) / "config.json") or {}
+        flags = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True]
+        if len(flags) != 1 or flags[0] not in SENTENCE_TRANSFORMERS_MODES:
+            raise ValueError(
+                f"{model_dir}: pagedgen pools by one of {sorted(SENTENCE_TRANSFORMERS_MODES)}, "
+                f"the model's Pooling module by {flags}"
+            )
+        found["pooling_type"] = SENTENCE_TRANSFORMERS_MODES[flags[0]]
+    if types:
+        found["use_activation"] = any(t.endswith("Normalize") for t in types)
+    return found
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_base_model(architectures: list[str]) -> bool:
+    """A checkpoint of a decoder without its LM head (LlamaModel, Qwen3Model, ...): vLLM's
+    runner "auto" embeds with these."""
+    return any(arch.endswith("Model") for arch in architectures)
+
+
+def pools(runner: str, architectures: list[str]) -> bool:
+    """Whether an engine of this runner embeds with a checkpoint of these architectures."""
+    return runner == "pooling" or (runner == "auto" and is_base_model(architectures))
+
+
+def checkpoint_architectures(model_dir: Path) -> list[str]:
+    """config.json's architectures, read without loading anything else."""
+    data = _read_json(model_dir / "config.json")
+    return [str(a) for a in data.get("architectures") or []] if isinstance(data, dict) else []
