@@ -27,5 +27,9 @@ def run_vllm(model: Path, workload: Path, out: Path, options: dict[str, Any]) ->
     }
     runner = Path(__file__).with_name("vllm_runner.py")
     command = [str(VENV / "bin/python"), str(runner), str(model), str(workload), str(out)]
-    subprocess.run([*command, json.dumps(options)], env=env, check=True, capture_output=True)
+    done = subprocess.run([*command, json.dumps(options)], env=env, capture_output=True, text=True)
+    if done.returncode != 0 and not out.is_file():
+        raise RuntimeError(f"vLLM exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    if done.returncode != 0:  # its figures were written: a crash on the way out
+        print(f"(vLLM wrote its results, then exited with {done.returncode})")
     return json.loads(out.read_text())

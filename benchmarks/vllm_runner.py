@@ -8,8 +8,8 @@ OPTIONS_JSON: {"dtype": "float32", "adapters": [folders], "max_lora_rank": 16,
 "speculative_config": {...} or null, "kv_cache_dtype": "auto", "one_at_a_time": false,
 "pooler_config": null}. With adapters, request i runs adapter i % N; one_at_a_time runs the
 requests one generate call each (batch-1 latency). With pooler_config ({"pooling_type": ...}),
-benchmarks/embeddings.py's, the prompts are embedded instead (runner "pooling"): it writes
-prompt tok/s and the embeddings.
+benchmarks/pooling.py's, the prompts are pooled instead (runner "pooling"; "task": "embed" or
+"classify"): it writes prompt tok/s and the vectors (embeddings or class scores).
 """
 
 import json
@@ -27,7 +27,7 @@ def main() -> None:
     data = json.loads(Path(workload).read_text())
     prompts, max_tokens = data["prompts"], data["max_tokens"]
     if options.get("pooler_config") is not None:
-        Path(out).write_text(json.dumps(embed(model, prompts, options)))
+        Path(out).write_text(json.dumps(pool(model, prompts, options)))
         return
     folders = options.get("adapters", [])
     loras = [LoRARequest(f"a{i}", i + 1, f) for i, f in enumerate(folders)]
@@ -64,9 +64,9 @@ def main() -> None:
     Path(out).write_text(json.dumps(result))
 
 
-def embed(model: str, prompts: list[list[int]], options: dict) -> dict:
+def pool(model: str, prompts: list[list[int]], options: dict) -> dict:
     """vLLM's pooling runner over the prompts: prompt tok/s (the best of two passes, the prefix
-    cache emptied before each) and the embeddings."""
+    cache emptied before each) and the embeddings or class scores."""
     from vllm import LLM
     from vllm.config.pooler import PoolerConfig
 
@@ -82,12 +82,16 @@ def embed(model: str, prompts: list[list[int]], options: dict) -> dict:
     for _ in range(2):
         llm.reset_prefix_cache()
         start = time.perf_counter()
-        outputs = llm.embed(inputs, use_tqdm=False)
+        if options.get("task") == "classify":
+            outputs = llm.classify(inputs, use_tqdm=False)
+        else:
+            outputs = llm.embed(inputs, use_tqdm=False)
         rates.append(sum(map(len, prompts)) / (time.perf_counter() - start))
-    return {
-        "prompt_tokens_per_s": max(rates),
-        "embeddings": [list(o.outputs.embedding) for o in outputs],
-    }
+    vectors = [
+        o.outputs.probs if options.get("task") == "classify" else o.outputs.embedding
+        for o in outputs
+    ]
+    return {"prompt_tokens_per_s": max(rates), "vectors": [list(v) for v in vectors]}
 
 
 if __name__ == "__main__":  # vLLM's engine core starts by spawn, which imports this file again

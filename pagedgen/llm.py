@@ -1,5 +1,5 @@
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from pagedgen.chat_template import ChatTemplate, Messages, apply_chat_template
@@ -10,7 +10,7 @@ from pagedgen.llm_progress import PromptProgress
 from pagedgen.loader.generation_config import model_sampling_defaults
 from pagedgen.loader.resolve import DEFAULT_MODEL, resolve_model
 from pagedgen.lora.request import LoRARequest
-from pagedgen.outputs import EmbeddingRequestOutput, RequestOutput
+from pagedgen.outputs import ClassificationRequestOutput, EmbeddingRequestOutput, RequestOutput
 from pagedgen.pooling import PoolingParams
 from pagedgen.sampling_params import SamplingParams
 
@@ -86,10 +86,40 @@ class LLM:
         """Each prompt's embedding (vLLM's LLM.embed), in prompt order, on an LLM built with
         runner="pooling": its hidden states pooled as the pooler config says (outputs.embedding,
         float32 values). pooling_params: for every prompt, or a list of one per prompt."""
-        if self.engine.pooler_config is None:
-            raise ValueError("LLM.embed needs an LLM built with runner='pooling'")
+        return self._pool("embed", prompts, pooling_params, lora_request, use_tqdm)
+
+    def classify(
+        self,
+        prompts: Prompt | Iterable[Prompt],
+        pooling_params: PoolingParams | list[PoolingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ClassificationRequestOutput]:
+        """Each prompt's class scores (vLLM's LLM.classify), in prompt order, from a sequence
+        classifier or reward model (*ForSequenceClassification): its score head over the
+        pooled last token, softmax (one label: sigmoid) as models/classifier.py says
+        (outputs.probs; the raw logits with use_activation=False)."""
+        return self._pool("classify", prompts, pooling_params, lora_request, use_tqdm)
+
+    def _pool(
+        self,
+        task: str,
+        prompts: Prompt | Iterable[Prompt],
+        pooling_params: PoolingParams | list[PoolingParams] | None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None,
+        use_tqdm: bool,
+    ) -> list[Any]:
+        pooler_config = self.engine.pooler_config
+        if pooler_config is None:
+            raise ValueError(f"LLM.{task} needs an LLM built with runner='pooling'")
+        if pooler_config.task != task:
+            raise ValueError(
+                f"this model's pooling task is {pooler_config.task}: use LLM.{pooler_config.task}"
+            )
         prompts = _prompt_list(prompts)
-        return self._run(prompts, pooling_params or PoolingParams(), lora_request, use_tqdm)
+        params = _per_prompt(pooling_params or PoolingParams(), prompts, "pooling params")
+        params = [replace(p, task=task) for p in params]
+        return self._run(prompts, params, lora_request, use_tqdm)
 
     def _run(
         self,

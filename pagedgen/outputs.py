@@ -73,14 +73,26 @@ class EmbeddingOutput:
 
 
 @dataclass(slots=True)
-class EmbeddingRequestOutput:
-    """A finished embedding request (vLLM's EmbeddingRequestOutput), or the error that kept it
-    from running (then an empty embedding)."""
+class ClassificationOutput:
+    """vLLM's ClassificationOutput: a classifier's scores, one per label (its raw logits with
+    use_activation=False)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """A finished pooling request (vLLM's names), or the error that kept it from running (then
+    an empty vector)."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    outputs: EmbeddingOutput
+    outputs: EmbeddingOutput | ClassificationOutput
     metrics: RequestMetrics
     error: str | None = None
     finished: bool = True
@@ -93,3 +105,13 @@ class EmbeddingRequestOutput:
     @property
     def num_output_tokens(self) -> int:
         return 0
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """LLM.embed's: outputs is an EmbeddingOutput."""
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """LLM.classify's: outputs is a ClassificationOutput."""

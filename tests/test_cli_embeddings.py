@@ -46,7 +46,7 @@ def test_a_run_writes_one_embedding_per_line(base_model, tmp_path, capsys):
     args = ["run", str(src), "-o", str(out), "-m", str(base_model), "--stats-json", str(stats)]
     code, _, err = run_in_process(capsys, *args, *QUIET)
     assert code == 1, err  # some lines failed
-    assert "runner pooling (embeddings): LAST pooling, use_activation=True" in err
+    assert "runner pooling, task embed: LAST pooling, use_activation=True" in err
     assert "output tokens/s" not in err
     records = read_records(out)
     assert [r["id"] for r in records] == ["a", "line-2", "line-3", "line-4", "line-5", "line-6"]
@@ -61,7 +61,9 @@ def test_a_run_writes_one_embedding_per_line(base_model, tmp_path, capsys):
     assert records[2]["prompt_tokens"] == 8
     assert records[0]["error"] is None and len(records[0]["embedding"]) == 64
     assert "chat template" in records[3]["error"]
-    assert records[4]["error"] == "line 5: 'temperature' is a sampling field; this job embeds"
+    assert (
+        records[4]["error"] == "line 5: 'temperature' is a sampling field; this job pools (embed)"
+    )
     assert records[4]["embedding"] is None
     assert "does not support Matryoshka" in records[5]["error"]
     summary = json.loads(stats.read_text())
@@ -133,7 +135,7 @@ def test_embedding_lines_need_a_pooling_runner(tiny_llama_path, tmp_path, capsys
 @pytest.mark.parametrize(
     "option, message",
     [
-        (["--temperature", "0"], "--temperature is a sampling option; this job embeds"),
+        (["--temperature", "0"], "--temperature is a sampling option; this job pools"),
         (["--max-tokens", "3"], "--max-tokens is a sampling option"),
         (["--regex", "a+"], "--json-schema is a sampling option"),
         (["--tool-call-parser", "hermes"], "--tool-call-parser reads generated answers"),

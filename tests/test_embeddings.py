@@ -198,7 +198,7 @@ def test_a_causal_lm_embeds_with_runner_pooling(tiny_llama_path):
     assert generator.engine.pooler_config is None
     with pytest.raises(ValueError, match="runner='pooling'"):
         generator.embed(PROMPTS[:1])
-    with pytest.raises(ValueError, match="embeddings need"):
+    with pytest.raises(ValueError, match="need an engine built with runner=.pooling."):
         generator.engine.add_request("0", [1, 2], PoolingParams())
 
 

@@ -70,7 +70,8 @@ class BatchJob:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.llm = llm
         self.engine = llm.engine
-        pooling = llm.engine.pooler_config is not None  # an embedding job
+        pooler_config = llm.engine.pooler_config
+        pooling = pooler_config.task if pooler_config is not None else None  # embed, classify
         self.builder = RequestBuilder(
             llm.tokenizer,
             sampling or {},

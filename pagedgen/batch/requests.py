@@ -52,7 +52,7 @@ class RequestBuilder:
         loras: dict[str, LoRARequest] | None = None,
         chat_template: ChatTemplate = ChatTemplate(),
         tool_call_parser: str | None = None,
-        pooling: bool = False,
+        pooling: str | None = None,  # a pooling job's task: embed or classify
     ) -> None:
         self.pooling = pooling
         self.tokenizer = tokenizer
@@ -72,7 +72,10 @@ class RequestBuilder:
         """The request for record; raises RequestError if it cannot run."""
         if record.error is not None:
             raise RequestError(record.error)
-        params = self._pooling_params(record) if self.pooling else self._sampling_params(record)
+        if self.pooling is not None:
+            params = self._pooling_params(record, self.pooling)
+        else:
+            params = self._sampling_params(record)
         if isinstance(params, SamplingParams):
             self._check_limits(params)
         if params.truncate_prompt_tokens is None:  # else a prompt of any length is cut down
@@ -120,16 +123,18 @@ class RequestBuilder:
         except (TypeError, ValueError) as e:
             raise RequestError(f"invalid sampling parameters: {e}") from e
 
-    def _pooling_params(self, record: InputRecord) -> PoolingParams:
+    def _pooling_params(self, record: InputRecord, task: str) -> PoolingParams:
+        if task == "classify" and record.endpoint is not None:
+            raise RequestError("a classification job takes pagedgen's lines, not OpenAI's")
         if record.endpoint not in (None, "embeddings"):
             raise RequestError("an embedding job (--runner pooling) takes /v1/embeddings requests")
         sampling_only = sorted(set(record.sampling) - {*POOLING_FIELDS, "truncate_prompt_tokens"})
         if sampling_only:
-            raise RequestError(f"{sampling_only[0]!r} is a sampling field; this job embeds")
+            raise RequestError(f"{sampling_only[0]!r} is a sampling field; this job pools ({task})")
         if record.chat.get("tools"):
-            raise RequestError("'tools' are for generation; this job embeds")
+            raise RequestError(f"'tools' are for generation; this job pools ({task})")
         try:
-            return PoolingParams(**record.sampling)
+            return PoolingParams(**record.sampling, task=task)
         except ValueError as e:
             raise RequestError(f"invalid pooling parameters: {e}") from e
 

@@ -58,9 +58,9 @@ class RunOptions:
     model_sampling: dict[str, Any] = field(default_factory=dict)  # taken from the model
 
 
-def embeds(options: RunOptions, model_dir: Path) -> bool:
-    """Whether the job embeds (its engine is a pooling runner), checked before the model loads:
-    then no sampling option applies."""
+def pools_prompts(options: RunOptions, model_dir: Path) -> bool:
+    """Whether the job pools (embeds or classifies: its engine is a pooling runner), checked
+    before the model loads: then no sampling option applies."""
     if not pools(options.engine.runner, checkpoint_architectures(model_dir)):
         return False
     options.engine.check_pooling()
@@ -68,9 +68,9 @@ def embeds(options: RunOptions, model_dir: Path) -> bool:
     if options.sampling.get("structured_outputs") is not None:
         given.append("json_schema")
     if given:
-        raise ValueError(f"--{given[0].replace('_', '-')} is a sampling option; this job embeds")
+        raise ValueError(f"--{given[0].replace('_', '-')} is a sampling option; this job pools")
     if options.tool_call_parser is not None:
-        raise ValueError("--tool-call-parser reads generated answers; this job embeds")
+        raise ValueError("--tool-call-parser reads generated answers; this job pools")
     return True
 
 
@@ -169,7 +169,7 @@ def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
     check_options(options)
     check_engine_fits(options.engine)
     model_dir = resolve_model(options.engine.model).path
-    if not embeds(options, model_dir):
+    if not pools_prompts(options, model_dir):
         take_model_sampling_defaults(options, model_dir)
     source = open_input(options.input)
     output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)

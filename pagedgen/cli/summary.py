@@ -16,14 +16,14 @@ def print_summary(console: Console, result: JobResult, output: str) -> None:
         table.add_row("kept from before (--resume)", str(result.num_resumed))
     table.add_row("elapsed", f"{s['elapsed_s']:.1f} s")
     table.add_row("requests/s", f"{s['requests_per_s']:.2f}")
-    embeds = s.get("runner") == "pooling"  # no output tokens
-    if not embeds:
+    pools = s.get("runner") == "pooling"  # no output tokens
+    if not pools:
         table.add_row("output tokens/s", f"{s['output_tokens_per_s']:,.1f}")
     table.add_row("prompt tokens/s", f"{s['prompt_tokens_per_s']:,.1f}")
     table.add_row(
         "latency mean / p90", f"{_seconds(s['mean_latency_s'])} / {_seconds(s['p90_latency_s'])}"
     )
-    if not embeds:
+    if not pools:
         table.add_row("time to first token, mean", _seconds(s["mean_time_to_first_token_s"]))
     table.add_row(
         "KV cache usage peak / mean",

@@ -15,15 +15,15 @@ from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
 from pagedgen.lora.request import LoRARequest
-from pagedgen.outputs import EmbeddingRequestOutput, RequestOutput
+from pagedgen.outputs import PoolingRequestOutput, RequestOutput
 from pagedgen.pooling import PoolerConfig, PoolingParams
-from pagedgen.pooling.params import runner_mismatch
+from pagedgen.pooling.params import for_runner
 from pagedgen.sampling_params import SamplingParams
 from pagedgen.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int]
 Params = SamplingParams | BeamSearchParams | PoolingParams
-Output = RequestOutput | EmbeddingRequestOutput
+Output = RequestOutput | PoolingRequestOutput
 
 
 def log_to_stderr(message: str) -> None:
@@ -130,8 +130,7 @@ class LLMEngine:
         or for its embedding, with a LoRA adapter if given (loaded at its first request)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
-        if (mismatch := runner_mismatch(params, self.pooler_config is not None)) is not None:
-            raise ValueError(mismatch)
+        params = for_runner(params, self.pooler_config and self.pooler_config.task)
         if lora_request is not None:
             self.add_lora(lora_request)
         request = build_request(

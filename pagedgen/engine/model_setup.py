@@ -4,7 +4,6 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -33,7 +32,7 @@ from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.loader.quantized import check_quantization
 from pagedgen.lora.manager import LoRAManager
 from pagedgen.models.registry import get_model_class
-from pagedgen.pooling.config import PoolerConfig, pools, resolve_pooler_config
+from pagedgen.pooling.config import PoolerConfig, pick_pooler_config
 from pagedgen.pooling.pooler import Pooler
 from pagedgen.sampling_params import SamplingParams
 
@@ -92,7 +91,12 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     hf_config = load_config(resolved)
     get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
     check_quantization(hf_config)  # as does an unsupported quantization
-    pooler_config = pick_pooler_config(config, resolved.path, hf_config)
+    architectures = getattr(hf_config, "architectures", None) or []
+    pooler_config = pick_pooler_config(
+        config.runner, config.pooler_config, resolved.path, architectures
+    )
+    if pooler_config is not None:
+        config.check_pooling()
     tokenizer = load_tokenizer(resolved)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
@@ -113,7 +117,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         max_num_seqs=config.max_num_seqs,
     )
     if pooler_config is not None:
-        runner.pooler = Pooler(pooler_config)
+        runner.pooler = Pooler.for_model(pooler_config, model, hf_config)
     if config.enable_lora:
         max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
         runner.lora = LoRAManager(
@@ -167,7 +171,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     log(describe_pool(pool, geometry, config.block_size, kv_cache_bytes))
     if pooler_config is not None:
         log(
-            f"runner pooling (embeddings): {pooler_config.pooling_type} pooling, "
+            f"runner pooling, task {pooler_config.task}: {pooler_config.pooling_type} pooling, "
             f"use_activation={pooler_config.use_activation}"
         )
     if graphs or cpu_graphs:
@@ -184,17 +188,6 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         eos_token_ids(hf_config, tokenizer),
         pooler_config,
     )
-
-
-def pick_pooler_config(
-    config: EngineConfig, model_dir: Path, hf_config: Any
-) -> PoolerConfig | None:
-    """How a pooling runner pools, or None for a generating one (runner "auto": pooling for a
-    checkpoint without an LM head)."""
-    if not pools(config.runner, getattr(hf_config, "architectures", None) or []):
-        return None
-    config.check_pooling()
-    return resolve_pooler_config(model_dir, config.pooler_config)
 
 
 def capture_graphs(runner: ModelRunner, max_num_seqs: int, log: Callable[[str], None]) -> None:

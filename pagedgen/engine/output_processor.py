@@ -100,15 +100,15 @@ class OutputProcessor:
         return num_sampled, finished
 
     def _finish_pooled(
-        self, scheduled: SchedulerOutput, embeddings: list, requests: dict[str, Request]
+        self, scheduled: SchedulerOutput, pooled: list, requests: dict[str, Request]
     ) -> list[Request]:
-        """A pooling step's prompts that completed are done: each keeps its embedding."""
+        """A pooling step's prompts that completed are done: each keeps its pooled vector."""
         finished = []
-        for seq, embedding in zip(scheduled.sample_seqs, embeddings):
+        for seq, vector in zip(scheduled.sample_seqs, pooled):
             request = requests.get(seq.request_id)
             if seq.is_finished or request is None:  # aborted meanwhile
                 continue
-            request.embedding = embedding
+            request.pooled = vector
             seq.first_token_time = time.monotonic()
             seq.finish(SequenceStatus.FINISHED_STOPPED)
             self.scheduler.finish(seq)

@@ -6,9 +6,12 @@ from pagedgen.engine.beam_search import BeamSearchParams, BeamSearchState
 from pagedgen.engine.sequence import Sequence, SequenceGroup
 from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
+    PoolingRequestOutput,
     RequestMetrics,
     RequestOutput,
 )
@@ -29,7 +32,7 @@ class Request:
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=lambda: [None])
     lora_request: LoRARequest | None = None
     pooling_params: PoolingParams | None = None  # an embedding request's
-    embedding: Any = None  # its pooled vector (a float32 tensor), once computed
+    pooled: Any = None  # a pooling request's vector (a float32 tensor), once computed
 
     @property
     def is_finished(self) -> bool:
@@ -68,9 +71,9 @@ class Request:
         """Whether any of its tokens was ever computed (a recompute preemption keeps outputs)."""
         return any(seq.num_computed_tokens or seq.output_token_ids for seq in self.group.seqs)
 
-    def output(self, tokenizer) -> RequestOutput | EmbeddingRequestOutput:
+    def output(self, tokenizer) -> RequestOutput | PoolingRequestOutput:
         if self.pooling_params is not None:
-            return self._embedding_output()
+            return self._pooling_output()
         if self.beam is not None:
             completions = self._beam_completions(tokenizer)
         else:
@@ -100,14 +103,16 @@ class Request:
             finished_time=max(done) if done else None,
         )
 
-    def _embedding_output(self) -> EmbeddingRequestOutput:
+    def _pooling_output(self) -> PoolingRequestOutput:
         seq = self.group.seqs[0]
-        vector = [] if self.embedding is None else self.embedding.tolist()
-        return EmbeddingRequestOutput(
+        vector = [] if self.pooled is None else self.pooled.tolist()
+        classify = self.pooling_params.task == "classify"
+        output_cls = ClassificationRequestOutput if classify else EmbeddingRequestOutput
+        return output_cls(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=EmbeddingOutput(vector),
+            outputs=ClassificationOutput(vector) if classify else EmbeddingOutput(vector),
             metrics=self._metrics(),
             error=seq.error,
             num_cached_tokens=self.group.num_cached_tokens or 0,

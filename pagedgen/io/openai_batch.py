@@ -2,7 +2,7 @@
 
 A request line is {"custom_id", "method": "POST", "url", "body"} where url is /v1/chat/completions
 (body.messages), /v1/completions (body.prompt) or, for an embedding job, /v1/embeddings
-(body.input: io/embeddings.py); body.response_format ({"type": "json_schema",
+(body.input: io/pooling.py); body.response_format ({"type": "json_schema",
 "json_schema": {"schema"}} or {"type": "json_object"}) becomes structured_outputs. A response
 line is {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}; a
 request that fails has response null and error {"code", "message"}. The id, batch_req_<line>, is
@@ -12,7 +12,7 @@ what --resume matches lines by.
 import time
 from typing import Any
 
-from pagedgen.io.embeddings import parse_embedding_body
+from pagedgen.io.pooling import parse_embedding_body
 from pagedgen.io.records import (
     SAMPLING_FIELDS,
     InputRecord,
@@ -28,7 +28,7 @@ from pagedgen.outputs import RequestOutput
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",  # io/embeddings.py: for --runner pooling
+    "/v1/embeddings": "embeddings",  # io/pooling.py: for --runner pooling
 }
 _RENAMED = ("max_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 # Body parameters that would change what the answer means, and the values of each that do not

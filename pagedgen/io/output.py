@@ -1,10 +1,10 @@
 from typing import Any
 
-from pagedgen.io.embeddings import embedding_error_record, embedding_record, openai_embedding_body
 from pagedgen.io.openai_batch import openai_error, openai_response, openai_success
+from pagedgen.io.pooling import openai_embedding_body, pooling_error_record, pooling_record
 from pagedgen.io.records import InputRecord, request_hash
 from pagedgen.io.tools import Answer, forces_tool_calls, read_answer
-from pagedgen.outputs import EmbeddingRequestOutput, RequestOutput
+from pagedgen.outputs import PoolingRequestOutput, RequestOutput
 
 
 def output_record(
@@ -67,8 +67,8 @@ def error_record(record: InputRecord, reason: str, num_prompt_tokens: int = 0) -
 
 class RecordFormatter:
     """Turns finished requests and failures into output lines, pagedgen's or OpenAI's; each line
-    ends with its request's hash, which --resume checks. An embedding job's (pooling) lines hold
-    embeddings (io/embeddings.py)."""
+    ends with its request's hash, which --resume checks. A pooling job's lines hold embeddings or
+    class scores (io/pooling.py)."""
 
     def __init__(
         self,
@@ -77,7 +77,7 @@ class RecordFormatter:
         tokenizer: Any = None,
         reasoning_parser: str | None = None,  # splits chat answers (see io/reasoning.py)
         tool_call_parser: str | None = None,  # reads their tool calls (see io/tools.py)
-        pooling: bool = False,  # an embedding job
+        pooling: str | None = None,  # a pooling job's task: embed or classify
     ) -> None:
         self.openai = openai
         self.pooling = pooling
@@ -86,12 +86,12 @@ class RecordFormatter:
         self.parsers = (reasoning_parser, tool_call_parser)
 
     def output(
-        self, record: InputRecord, output: RequestOutput | EmbeddingRequestOutput, num_logprobs: int
+        self, record: InputRecord, output: RequestOutput | PoolingRequestOutput, num_logprobs: int
     ) -> dict:
         if output.error is not None:
             return self.error(record, output.error, output.num_prompt_tokens)
-        if isinstance(output, EmbeddingRequestOutput):
-            return {**self._embedding(record, output), "request_hash": request_hash(record)}
+        if isinstance(output, PoolingRequestOutput):
+            return {**self._pooling(record, output), "request_hash": request_hash(record)}
         answers = []
         parsed = forces_tool_calls(record.chat) or self.parsers != (None, None)
         if record.messages is not None and parsed:
@@ -107,13 +107,13 @@ class RecordFormatter:
     def error(self, record: InputRecord, reason: str, num_prompt_tokens: int = 0) -> dict:
         if self.openai:
             line = openai_error(record, f"{record.where}: {reason}")
-        elif self.pooling:
-            line = embedding_error_record(record, reason, num_prompt_tokens)
+        elif self.pooling is not None:
+            line = pooling_error_record(record, self.pooling, reason, num_prompt_tokens)
         else:
             line = error_record(record, reason, num_prompt_tokens)
         return {**line, "request_hash": request_hash(record)}
 
-    def _embedding(self, record: InputRecord, output: EmbeddingRequestOutput) -> dict:
+    def _pooling(self, record: InputRecord, output: PoolingRequestOutput) -> dict:
         if not self.openai:
-            return embedding_record(record, output)
+            return pooling_record(record, output)
         return openai_success(record, openai_embedding_body(output, self.model, record.line))

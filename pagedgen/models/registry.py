@@ -1,6 +1,7 @@
 from torch import nn
 from transformers import PretrainedConfig
 
+from pagedgen.models.classifier import for_sequence_classification
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
@@ -40,6 +41,12 @@ BASE_MODELS = {
     "Olmo2Model": "Olmo2ForCausalLM",
 }
 
+# Classifiers and reward models: the decoder and a score head, for the pooling runner.
+SEQUENCE_CLASSIFIERS = {
+    f"{name}ForSequenceClassification": for_sequence_classification(MODELS[f"{name}ForCausalLM"])
+    for name in ("Llama", "Mistral", "Qwen2", "Qwen3", "Phi3")
+}
+
 MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -62,9 +69,9 @@ def get_model_class(config: PretrainedConfig) -> type[nn.Module]:
         architectures = [MODEL_TYPES[config.model_type]]
     for arch in architectures:
         arch = BASE_MODELS.get(arch, arch)
-        if arch in MODELS:
-            return MODELS[arch]
+        if arch in MODELS or arch in SEQUENCE_CLASSIFIERS:
+            return MODELS.get(arch) or SEQUENCE_CLASSIFIERS[arch]
     raise ValueError(
         f"unsupported architecture {architectures or config.model_type!r}; "
-        f"pagedgen supports {', '.join(MODELS)}"
+        f"pagedgen supports {', '.join([*MODELS, *BASE_MODELS, *SEQUENCE_CLASSIFIERS])}"
     )

@@ -10,6 +10,7 @@ from typing import Any
 from pagedgen.json_args import json_object
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
+TASKS = ("embed", "classify")  # vLLM's pooling tasks: LLM.embed, LLM.classify
 RUNNERS = ("auto", "generate", "pooling")
 # sentence-transformers' 1_Pooling/config.json flags, as vLLM reads them
 SENTENCE_TRANSFORMERS_MODES = {
@@ -22,14 +23,19 @@ SENTENCE_TRANSFORMERS_MODES = {
 @dataclass(frozen=True, slots=True)
 class PoolerConfig:
     """LAST: the prompt's last token's hidden state; MEAN: the mean over its tokens; CLS: its
-    first token's. use_activation (vLLM's name, once normalize): scaled to unit length (L2), an
-    embedding pooler's activation. Hidden states are the model's last layer's, after its final
-    norm, as transformers' last_hidden_state."""
+    first token's. Hidden states are the model's last layer's, after its final norm, as
+    transformers' last_hidden_state. A classifier (task "classify") then takes its score
+    head's logits. use_activation (vLLM's name, once normalize): an embedding is scaled to unit
+    length (L2), a classifier's logits become its scores (softmax, sigmoid: see
+    models/classifier.py)."""
 
     pooling_type: str = "LAST"
     use_activation: bool = True
+    task: str = "embed"  # "classify": a classifier's score head, from its architecture
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.pooling_type not in POOLING_TYPES:
             raise ValueError(
                 f"pooling_type must be one of {POOLING_TYPES}, got {self.pooling_type!r}"
@@ -44,19 +50,19 @@ class PoolerConfig:
 
 
 def resolve_pooler_config(
-    model_dir: Path | None, overrides: dict[str, Any] | str | None
+    model_dir: Path | None, overrides: dict[str, Any] | str | None, task: str = "embed"
 ) -> PoolerConfig:
     """overrides (a dict or its JSON) over the model's sentence-transformers pooling over the
-    defaults."""
+    defaults, for the task its architecture does."""
     overrides = json_object("pooler_config", overrides) or {}
-    known = {f.name for f in fields(PoolerConfig)}
+    known = {f.name for f in fields(PoolerConfig)} - {"task"}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown pooler_config keys {unknown}; known: {sorted(known)}")
     found = sentence_transformers_pooling(model_dir) if model_dir is not None else {}
     if isinstance(overrides.get("pooling_type"), str):
         overrides = {**overrides, "pooling_type": overrides["pooling_type"].upper()}
-    return replace(PoolerConfig(), **{**found, **overrides})
+    return replace(PoolerConfig(task=task), **{**found, **overrides})
 
 
 def sentence_transformers_pooling(model_dir: Path) -> dict[str, Any]:
@@ -90,18 +96,32 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def is_base_model(architectures: list[str]) -> bool:
-    """A checkpoint of a decoder without its LM head (LlamaModel, Qwen3Model, ...): vLLM's
-    runner "auto" embeds with these."""
-    return any(arch.endswith("Model") for arch in architectures)
+def pooling_task(architectures: list[str]) -> str | None:
+    """The pooling task a checkpoint is made for: "embed" for a decoder without its LM head
+    (LlamaModel, Qwen3Model, ...), "classify" for a sequence classifier; None for an LM."""
+    if any(arch.endswith("ForSequenceClassification") for arch in architectures):
+        return "classify"
+    return "embed" if any(arch.endswith("Model") for arch in architectures) else None
 
 
 def pools(runner: str, architectures: list[str]) -> bool:
-    """Whether an engine of this runner embeds with a checkpoint of these architectures."""
-    return runner == "pooling" or (runner == "auto" and is_base_model(architectures))
+    """Whether an engine of this runner pools with a checkpoint of these architectures (vLLM's
+    runner "auto" does for embedding models and classifiers)."""
+    if runner == "auto":
+        return pooling_task(architectures) is not None
+    return runner == "pooling"
 
 
 def checkpoint_architectures(model_dir: Path) -> list[str]:
     """config.json's architectures, read without loading anything else."""
     data = _read_json(model_dir / "config.json")
     return [str(a) for a in data.get("architectures") or []] if isinstance(data, dict) else []
+
+
+def pick_pooler_config(
+    runner: str, overrides: dict[str, Any] | str | None, model_dir: Path, architectures: list[str]
+) -> PoolerConfig | None:
+    """How an engine of this runner pools with this checkpoint, or None where it generates."""
+    if not pools(runner, architectures):
+        return None
+    return resolve_pooler_config(model_dir, overrides, pooling_task(architectures) or "embed")

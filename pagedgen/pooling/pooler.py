@@ -1,20 +1,25 @@
-"""The torch side of embeddings: a step's hidden states pooled into each finished prompt's
-vector."""
+"""The torch side of the pooling runner: a step's hidden states pooled into each finished
+prompt's embedding, or a classifier's scores."""
 
+from collections.abc import Callable
+from typing import Any
 from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pagedgen.engine.scheduler_output import SchedulerOutput
 from pagedgen.engine.sequence import Sequence
+from pagedgen.models.classifier import classifier_activation
 from pagedgen.pooling.config import PoolerConfig
 
 
 class Pooler:
     """Pools, for each sequence of a step's sample_seqs (those whose prompt the step completes),
     the hidden states of its prompt: one float32 vector on the host per sequence, cut to its
-    PoolingParams.dimensions and then normalized if asked.
+    PoolingParams.dimensions and then normalized if asked. A classifier's (classifier: its
+    score head) are the head's logits, turned into scores by activation if asked.
 
     A prompt computed in several chunks (chunked prefill) is pooled across them: MEAN keeps each
     unfinished prompt's running sum, CLS its first row, until its last chunk. A chunk that starts
@@ -22,9 +27,23 @@ class Pooler:
     prompt keeps what it had. The sums die with their sequences (an abort leaves none behind).
     """
 
-    def __init__(self, config: PoolerConfig) -> None:
+    def __init__(
+        self,
+        config: PoolerConfig,
+        classifier: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.config = config
+        self.classifier = classifier
+        self.activation = activation or (lambda vector: F.normalize(vector, dim=-1))
         self._partial: WeakKeyDictionary[Sequence, torch.Tensor] = WeakKeyDictionary()
+
+    @classmethod
+    def for_model(cls, config: PoolerConfig, model: nn.Module, hf_config: Any) -> "Pooler":
+        """The pooler of a model: a classifier's pools into its score head."""
+        if config.task != "classify":
+            return cls(config)
+        return cls(config, model.score, classifier_activation(hf_config))
 
     def pool(
         self, hidden: torch.Tensor, scheduled: SchedulerOutput, last_rows: list[int]
@@ -43,6 +62,8 @@ class Pooler:
             if pooling_type == "MEAN":
                 lengths = [seq.num_prompt_tokens for seq in seqs]
                 pooled /= torch.tensor(lengths, dtype=pooled.dtype, device=pooled.device)[:, None]
+        if self.classifier is not None:
+            pooled = self.classifier(pooled.to(hidden.dtype)).float()
         pooled = pooled.cpu()
         vectors = []
         for seq, vector in zip(seqs, pooled):
@@ -51,7 +72,7 @@ class Pooler:
                 vector = vector[: params.dimensions]
             use_activation = params.use_activation if params is not None else None
             if self.config.use_activation if use_activation is None else use_activation:
-                vector = F.normalize(vector, dim=0)
+                vector = self.activation(vector)
             vectors.append(vector)
         return vectors
 

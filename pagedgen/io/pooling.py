@@ -1,16 +1,18 @@
-"""Embedding requests and results as lines: pagedgen's own and OpenAI's /v1/embeddings batch
-format (vLLM's run_batch takes both endpoints in one format).
+"""Pooling results as lines (embeddings and classifications), and OpenAI's /v1/embeddings batch
+requests (vLLM's run_batch takes them in the chat endpoints' format).
 
-A native result line is {"id", "line", "embedding": [floats], "prompt_tokens", "latency",
-"error": null}; an OpenAI response body is {"object": "list", "data": [{"object": "embedding",
-"index": 0, "embedding"}], "model", "usage"}.
+A native result line is {"id", "line", "embedding" | "probs": [floats], "prompt_tokens",
+"latency", "error": null}; an OpenAI response body is {"object": "list", "data": [{"object":
+"embedding", "index": 0, "embedding"}], "model", "usage"}.
 """
 
 import time
 from typing import Any
 
 from pagedgen.io.records import InputRecord, check_prompt, json_type, sampling_overrides
-from pagedgen.outputs import EmbeddingRequestOutput
+from pagedgen.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+
+RESULT_KEYS = {"embed": "embedding", "classify": "probs"}  # by pooling task
 
 
 def parse_embedding_body(record: InputRecord, body: dict[str, Any]) -> InputRecord:
@@ -35,25 +37,28 @@ def parse_embedding_body(record: InputRecord, body: dict[str, Any]) -> InputReco
     return record._replace(error=error or field_error)
 
 
-def embedding_record(record: InputRecord, output: EmbeddingRequestOutput) -> dict[str, Any]:
+def pooling_record(record: InputRecord, output: PoolingRequestOutput) -> dict[str, Any]:
     latency = output.metrics.latency
+    embeds = isinstance(output, EmbeddingRequestOutput)
     return {
         "id": record.id,
         "line": record.line,
-        "embedding": output.outputs.embedding,
+        RESULT_KEYS["embed" if embeds else "classify"]: output.outputs.embedding
+        if embeds
+        else output.outputs.probs,
         "prompt_tokens": output.num_prompt_tokens,
         "latency": round(latency, 4) if latency is not None else None,
         "error": None,
     }
 
 
-def embedding_error_record(
-    record: InputRecord, reason: str, num_prompt_tokens: int = 0
+def pooling_error_record(
+    record: InputRecord, task: str, reason: str, num_prompt_tokens: int = 0
 ) -> dict[str, Any]:
     return {
         "id": record.id,
         "line": record.line,
-        "embedding": None,
+        RESULT_KEYS[task]: None,
         "prompt_tokens": num_prompt_tokens,
         "error": f"{record.where}: {reason}",
     }
