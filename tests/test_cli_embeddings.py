@@ -155,3 +155,11 @@ def test_options_that_do_not_apply_to_embeddings_are_usage_errors(
     assert code == 2, err
     assert message in err
     assert not out.exists()
+
+
+def test_profile_refuses_a_pooling_model(base_model, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hi"}])
+    for simulate in ([], ["--simulate"]):
+        code, _, err = run_in_process(capsys, "profile", str(src), "-m", str(base_model), *simulate)
+        assert code == 2, err
+        assert "profile measures generation; this model pools" in err

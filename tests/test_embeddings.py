@@ -44,13 +44,13 @@ def reference(model, prompt: list[int], pooling_type: str, use_activation: bool)
     return F.normalize(pooled, dim=0) if use_activation else pooled
 
 
-def assert_embeds(model, outputs, prompts, pooling_type="LAST", use_activation=True):
+def assert_embeds(model, outputs, prompts, pooling_type="LAST", use_activation=True, atol=2e-5):
     for prompt, output in zip(prompts, outputs):
         assert output.error is None
         assert output.prompt_token_ids == prompt
         got = torch.tensor(output.outputs.embedding)
         torch.testing.assert_close(
-            got, reference(model, prompt, pooling_type, use_activation), atol=2e-5, rtol=1e-4
+            got, reference(model, prompt, pooling_type, use_activation), atol=atol, rtol=1e-4
         )
 
 
@@ -245,3 +245,23 @@ def test_bad_pooling_arguments_fail_before_loading():
         LLM("no-such-model", runner="pooling", speculative_config=spec)
     with pytest.raises(ValueError, match="dimensions must be >= 1"):
         PoolingParams(dimensions=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN", "CLS"])
+def test_pooling_on_a_gpu(llama_base, pooling_type):
+    """The CUDA kernels' prefill and the pooler on the device, chunked: transformers' states."""
+    folder, model = llama_base
+    llm = LLM(
+        str(folder),
+        device="cuda",
+        dtype="float32",
+        kv_cache_memory=0.01,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        pooler_config={"pooling_type": pooling_type},
+        log=quiet,
+    )
+    outputs = llm.embed(PROMPTS, use_tqdm=False)
+    assert_embeds(model, outputs, PROMPTS, pooling_type, atol=1e-4)

@@ -33,6 +33,7 @@ def profile_job(options: ProfileOptions) -> int:
     from pagedgen.io.readers import open_input
     from pagedgen.io.spec import InputError
     from pagedgen.loader import ModelNotFoundError, resolve_model
+    from pagedgen.pooling.config import checkpoint_architectures, pools
     from pagedgen.profile.profiler import build_workload
 
     def log(message: str) -> None:
@@ -51,6 +52,9 @@ def profile_job(options: ProfileOptions) -> int:
         errors.print(f"[red]error:[/] {e}", highlight=False)
         return EXIT_USAGE
     try:
+        model_dir = resolve_model(config.model).path
+        if pools(config.runner, checkpoint_architectures(model_dir)):
+            raise ValueError("profile measures generation; this model pools (--runner generate?)")
         llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
         taken = model_sampling(
             options.sampling, options.sampling_given, config, resolve_model(config.model).path
