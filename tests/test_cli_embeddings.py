@@ -141,7 +141,6 @@ def test_embedding_lines_need_a_pooling_runner(tiny_llama_path, tmp_path, capsys
         (["--tool-call-parser", "hermes"], "--tool-call-parser reads generated answers"),
         (["--pooler-config", '{"pooling_type": "MAX"}'], "pooling_type must be one of"),
         (["--async-scheduling"], "does not run async_scheduling"),
-        (["--ray"], "run on one machine"),
     ],
 )
 def test_options_that_do_not_apply_to_embeddings_are_usage_errors(

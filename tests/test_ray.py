@@ -130,6 +130,32 @@ def test_two_replicas_write_what_one_process_writes(
 
 
 @needs_ray
+def test_replicas_embed_what_one_process_embeds(
+    capsys, cluster, tiny_llama_path, rows_file, tmp_path
+):
+    """--runner pooling on Ray: each replica's pooling runner, the same records as BatchJob's
+    (error lines in the embedding job's shape, the driver's and the replicas' alike)."""
+    from pagedgen import LLM
+    from pagedgen.batch import BatchJob
+
+    single = OutputFile(str(tmp_path / "single.jsonl"))
+    llm = LLM(str(tiny_llama_path), runner="pooling", log=lambda _: None, **engine_kwargs())
+    BatchJob(llm, open_input(InputSpec(str(rows_file))), single).run()
+    single.close()
+    out = tmp_path / "out.jsonl"
+    args = [
+        "run", str(rows_file), "-o", str(out), "--model", str(tiny_llama_path), "--runner",
+        "pooling", "--kv-cache-memory", "0.01", "--max-num-seqs", "8", "--no-progress", "--ray",
+        "--replicas", "2", "--batch-size", "16",
+    ]  # fmt: skip
+    code, _, err = run_in_process(capsys, *args)
+    assert code == 1, err  # the bad rows
+    records = without_timing(read_records(out))
+    assert records == without_timing(read_records(single.path))
+    assert len(records[0]["embedding"]) == 64 and records[10]["embedding"] is None
+
+
+@needs_ray
 def test_a_killed_replica_loses_and_repeats_nothing(cluster, tiny_llama_path, rows_file, reference):
     from pagedgen.ray.job import RayJob
 

@@ -31,7 +31,7 @@ from pagedgen.loader import ModelNotFoundError, resolve_model
 from pagedgen.loader.generation_config import model_sampling_defaults
 from pagedgen.lora.modules import max_rank_of, parse_lora_modules
 from pagedgen.lora.request import LoRARequest
-from pagedgen.pooling.config import checkpoint_architectures, pools
+from pagedgen.pooling.config import job_task
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_IO_ERROR = 74  # EX_IOERR of sysexits.h: the output (or --stats-json) could not be written
@@ -61,7 +61,7 @@ class RunOptions:
 def pools_prompts(options: RunOptions, model_dir: Path) -> bool:
     """Whether the job pools (embeds or classifies: its engine is a pooling runner), checked
     before the model loads: then no sampling option applies."""
-    if not pools(options.engine.runner, checkpoint_architectures(model_dir)):
+    if job_task(options.engine.runner, model_dir) is None:
         return False
     options.engine.check_pooling()
     given = sorted(options.sampling_given - {"structured_outputs"})

@@ -123,9 +123,8 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
 def _claim(options: RunOptions, scale: RayOptions) -> tuple[InputSource, OutputFile | PartsOutput]:
     check_options(options)
     model_dir = resolve_model(options.engine.model).path
-    if pools_prompts(options, model_dir):
-        raise ValueError("pooling jobs (--runner pooling) run on one machine: drop the Ray options")
-    take_model_sampling_defaults(options, model_dir)
+    if not pools_prompts(options, model_dir):
+        take_model_sampling_defaults(options, model_dir)
     source = open_input(options.input)
     if scale.output_format == "parts":
         if options.output == "-":

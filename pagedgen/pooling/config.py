@@ -125,3 +125,10 @@ def pick_pooler_config(
     if not pools(runner, architectures):
         return None
     return resolve_pooler_config(model_dir, overrides, pooling_task(architectures) or "embed")
+
+
+def job_task(runner: str, model_dir: Path) -> str | None:
+    """The pooling task of an engine of this runner over the model folder, known before the
+    model loads (from its config.json); None where it generates."""
+    architectures = checkpoint_architectures(model_dir)
+    return (pooling_task(architectures) or "embed") if pools(runner, architectures) else None

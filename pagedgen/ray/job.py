@@ -19,6 +19,8 @@ from pagedgen.io.readers import InputSource
 from pagedgen.io.records import InputRecord
 from pagedgen.io.resume import ResumeState, record_line, resume_source
 from pagedgen.io.writer import MAX_FAILED_LINES, OutputWriteError, RecordWriter
+from pagedgen.loader import ModelNotFoundError, resolve_model
+from pagedgen.pooling.config import job_task
 from pagedgen.ray.config import ProcessorConfig, require_ray
 from pagedgen.ray.processor import map_replicas
 from pagedgen.ray.replica import BUSY_S, INDEX, RECORD, REPLICA, LLMReplica, encode_record
@@ -57,7 +59,9 @@ class RayJob:
         self.source = resume_source(source, output.state, output.path)
         self.output = output
         self.writer = RecordWriter(output.stream, ordered=order == "input")
-        self.formatter = RecordFormatter(source.is_openai, config.model)
+        self.formatter = RecordFormatter(
+            source.is_openai, config.model, pooling=_pooling_task(config)
+        )
         self.metrics = RayMetrics()
         self.num_stop_requests = 0
 
@@ -169,3 +173,12 @@ def _line_of(line: dict[str, Any]) -> int:
     number = record_line(line)
     assert number is not None, line
     return number
+
+
+def _pooling_task(config: ProcessorConfig) -> str | None:
+    """The replicas' pooling task, for the error lines the driver writes (a model only the
+    replicas can find: theirs say)."""
+    try:
+        return job_task(config.engine_config.runner, resolve_model(config.model).path)
+    except ModelNotFoundError:
+        return None

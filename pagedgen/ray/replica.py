@@ -44,6 +44,8 @@ class LLMReplica:
         config = self.config
         engine = config.engine_config  # num_threads: the CPUs Ray gave the replica
         self.llm = LLM(log=lambda message: None, **asdict(engine))
+        pooler_config = self.llm.engine.pooler_config
+        task = pooler_config.task if pooler_config is not None else None  # a pooling job's
         self.builder = RequestBuilder(
             self.llm.tokenizer,
             config.sampling,
@@ -53,6 +55,7 @@ class LLMReplica:
             lora_requests(config.lora_modules),
             ChatTemplate(config.chat_template, config.chat_template_kwargs),
             config.tool_call_parser,
+            task,
         )
         self.formatter = RecordFormatter(
             config.openai,
@@ -60,6 +63,7 @@ class LLMReplica:
             self.llm.tokenizer,
             engine.reasoning_parser,
             config.tool_call_parser,
+            task,
         )
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -89,7 +93,7 @@ class LLMReplica:
             except RequestError as e:
                 lines[i] = self.formatter.error(record, str(e))
                 continue
-            logprobs[i] = params.logprobs or 0
+            logprobs[i] = getattr(params, "logprobs", None) or 0  # PoolingParams: none
             requests.append((str(i), prompt, params, lora))
         try:
             for output in self.llm.stream(requests):
