@@ -162,3 +162,21 @@ def test_profile_refuses_a_pooling_model(base_model, tmp_path, capsys):
         code, _, err = run_in_process(capsys, "profile", str(src), "-m", str(base_model), *simulate)
         assert code == 2, err
         assert "profile measures generation; this model pools" in err
+
+
+def test_an_embedding_job_resumes(base_model, tmp_path, capsys):
+    rows = [{"id": f"r{i}", "prompt": f"text {i}"} for i in range(5)]
+    out = tmp_path / "out.jsonl"
+    first = write_jsonl(tmp_path / "first.jsonl", rows[:3])
+    args = ["-o", str(out), "-m", str(base_model), *QUIET]
+    code, _, err = run_in_process(capsys, "run", str(first), *args)
+    assert code == 0, err
+    kept = read_records(out)
+    src = write_jsonl(tmp_path / "all.jsonl", rows)
+    code, _, err = run_in_process(capsys, "run", str(src), *args, "--resume")
+    assert code == 0, err
+    assert "3 records kept" in err
+    records = read_records(out)
+    assert records[:3] == kept and [r["id"] for r in records] == [f"r{i}" for i in range(5)]
+    (expected,) = embed(base_model, ["text 4"])
+    assert_close(records[4]["embedding"], expected)
