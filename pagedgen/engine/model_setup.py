@@ -10,7 +10,7 @@ import torch
 
 from pagedgen.allocator import keep_freed_memory
 from pagedgen.attention import get_attention_backend
-from pagedgen.attention.kv_cache_dtype import resolve_kv_cache_dtype
+from pagedgen.attention.kv_cache_dtype import is_fp8, resolve_kv_cache_dtype
 from pagedgen.config import EngineConfig
 from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
 from pagedgen.engine.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
@@ -162,6 +162,9 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     attention = f"{backend.name} attention"
     if kv_cache_dtype != dtype:
         attention += f", {config.kv_cache_dtype} KV cache"
+    scaled = [layer.use_kv_scales(is_fp8(kv_cache_dtype)) for layer in model.attention_layers]
+    if any(scaled):
+        attention += f" scaled by the checkpoint's k_scale and v_scale in {sum(scaled)} layers"
     if backend.name == "cupy" and torch_decode:
         attention += ", torch for its sliding-window and soft-capped layers"
     log(

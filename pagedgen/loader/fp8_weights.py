@@ -2,19 +2,20 @@
 dequantized as they load: each float8 weight times its scale (one per tensor, per output
 channel, or per block of weight_block_size), in float32, then the model's dtype. They run as a
 checkpoint of those dense weights would: the memory of the model's dtype, none of FP8's speed.
-Activation scales (input_scale) and KV-cache scales (k_scale, v_scale) are dropped: activations
-run unquantized, and kv_cache_dtype stores K/V unscaled."""
+Activation scales (input_scale) are dropped: activations run unquantized. KV-cache scales
+(k_scale, v_scale) pass to the model (models/kv_scales.py)."""
 
 from typing import Any
 
 import torch
 
 from pagedgen.attention.kv_cache_dtype import is_fp8
+from pagedgen.models.kv_scales import kv_scale_of
 
 FP8_METHODS = ("compressed-tensors", "fp8", "fbgemm_fp8")
 PARTS = ("weight", "scale")
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")  # the latter multiplies too (DeepSeek's)
-DROPPED_SUFFIXES = (".input_scale", ".input_scale_ub", ".output_scale", ".k_scale", ".v_scale")
+DROPPED_SUFFIXES = (".input_scale", ".input_scale_ub", ".output_scale")
 
 
 def check_fp8(quant: dict[str, Any]) -> None:
@@ -67,7 +68,9 @@ def dequantize(
 
 def part_of(name: str, tensor: torch.Tensor) -> tuple[str, str | None] | None:
     """(layer, "weight" or "scale") of a quantized layer's tensor; a None part for an activation
-    or KV scale, dropped; None for any other tensor, which loads as it is."""
+    scale, dropped; None for any other tensor, which loads as it is (KV scales included)."""
+    if kv_scale_of(name) is not None:
+        return None
     if name.endswith(DROPPED_SUFFIXES):
         return name.rpartition(".")[0], None
     for suffix in SCALE_SUFFIXES:

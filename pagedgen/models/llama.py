@@ -11,6 +11,7 @@ from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.linear import Linear, load_param
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
+from pagedgen.models.kv_scales import kv_scale_of, scale_value
 
 # checkpoint projection -> (our fused module, shard index)
 STACKED_PARAMS = {
@@ -51,12 +52,17 @@ class LlamaAttention(nn.Module):
         # Bound by the model runner to its pool: [num_blocks, block_size, num_kv_heads, head_dim].
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
+        self.k_scale = self.v_scale = 1.0  # the checkpoint's KV scales (models/kv_scales.py)
+        self.qkv_scale: torch.Tensor | None = None  # set by use_kv_scales
 
     def forward(
         self, rope: Rope, hidden: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
+        scaled = self.qkv_scale is not None
+        if scaled and not self.has_qk_norm:  # RoPE is linear: scaled before it or after, alike
+            qkv = qkv.mul_(self.qkv_scale)  # in qkv's dtype
         if self.use_rope and not self.has_qk_norm and rope.rotary_dim == self.head_dim:
             # RoPE and the cache write may be one fused op
             out = self.backend.forward_qkv(
@@ -71,12 +77,14 @@ class LlamaAttention(nn.Module):
                 self.sliding_window,
                 self.softcap,
             )
-            return self.o_proj(out.reshape(num_tokens, -1))
+            return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
         q, k, v = qkv.split(self.qkv_proj.output_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.normalize_qk(q, k)
+        if scaled and self.has_qk_norm:  # after the norms, which would undo it
+            q, k, v = q * self.k_scale, k / self.k_scale, v / self.v_scale
         if self.use_rope:
             q, k = rope.apply(q), rope.apply(k)
         out = self.backend.forward(
@@ -90,7 +98,25 @@ class LlamaAttention(nn.Module):
             window=self.sliding_window,
             softcap=self.softcap,
         )
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
+
+    def use_kv_scales(self, enabled: bool) -> bool:
+        """With enabled (an 8-bit cache), K and V go to the cache as k / k_scale and
+        v / v_scale, as vLLM stores them; the query is scaled by k_scale and the output by
+        v_scale instead of each cached value, so attention computes what it would unscaled, in
+        every backend. Returns whether any scale is not 1."""
+        weight = self.qkv_proj.weight
+        self.qkv_scale = None
+        if not enabled or (self.k_scale, self.v_scale) == (1.0, 1.0):
+            return False
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        scales = [self.k_scale] * q_size + [1 / self.k_scale] * kv_size
+        scales += [1 / self.v_scale] * kv_size
+        self.qkv_scale = torch.tensor(scales, dtype=torch.float32).to(weight.device)
+        return True
+
+    def _unscaled(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.qkv_scale is None else out * self.v_scale
 
     has_qk_norm = False  # Qwen3: normalize_qk runs between the projection and RoPE
     use_rope = True  # SmolLM3: every fourth layer has no positional encoding
@@ -215,6 +241,9 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             name = name.removeprefix("model.")
             if "rotary_emb" in name:
+                continue
+            if (kv_scale := kv_scale_of(name)) is not None:  # set, not a parameter
+                setattr(modules[kv_scale[0]], kv_scale[1], scale_value(name, tensor))
                 continue
             if name == "embed_tokens.weight":
                 embed = tensor
