@@ -115,3 +115,32 @@ def test_status_shows_the_drafts_accepted_once_any_were_verified():
     assert "drafts" not in display.status_lines(progress)[1]
     stats.spec_decode.record(4, 3)
     assert display.status_lines(progress)[1].endswith("drafts accepted 75%")
+
+
+def test_a_pooling_jobs_eta_is_its_requests_left_at_the_recent_pace(monkeypatch):
+    """An embedding job makes no output tokens: 3 requests end every 0.5 s step, and the ETA
+    shown is the time actually left; its status line shows no generation rate."""
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock.now)
+    stream, total, shown = io.StringIO(), 300, []
+    stats, metrics = EngineStats(), RunMetrics(start=0.0)
+    engine = SimpleNamespace(stats=stats, num_unfinished_requests=0, pooler_config=object())
+    with RunProgress(Console(file=stream, width=300), enabled=True) as display:
+        display.last_log = 0.0
+        while metrics.num_completed < total:
+            clock.now += 0.5
+            stats.num_steps += 1
+            stats.num_prompt_tokens += 300
+            metrics.num_completed += 3
+            num_lines = stream.getvalue().count("\n")
+            display.update(JobProgress(metrics.num_completed, total, metrics, engine, 0, None))
+            if stream.getvalue().count("\n") > num_lines:
+                line = stream.getvalue().splitlines()[-1]
+                assert "gen " not in line and "prompt 600 tok/s" in line
+                eta = re.search(r"ETA (\d+):(\d\d):(\d\d)", line)
+                if eta is not None:
+                    hours, minutes, seconds = map(int, eta.groups())
+                    left = (total - metrics.num_completed) / 3 * 0.5
+                    shown.append((left, hours * 3600 + minutes * 60 + seconds))
+    assert len(shown) > 5
+    assert all(abs(eta - left) <= 1 for left, eta in shown), shown

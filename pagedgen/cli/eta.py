@@ -19,7 +19,8 @@ class EtaEstimator:
       max_tokens once the running ones outlive every finished one), times the recent step time.
 
     Under continuous batching requests finish in bursts while tokens and steps flow steadily,
-    so this converges where requests/s since the start swings.
+    so this converges where requests/s since the start swings. A pooling job (embeddings,
+    classification) makes no output tokens: its pace is its recent requests/s.
     """
 
     def __init__(self, window_s: float = WINDOW_S) -> None:
@@ -29,7 +30,9 @@ class EtaEstimator:
     def update(self, now: float, progress: JobProgress) -> float | None:
         """None until there is a pace, and a finished request or max_tokens to size by."""
         stats, metrics = progress.engine.stats, progress.metrics
-        self.samples.append((now, stats.num_generation_tokens, stats.num_steps))
+        pooling = getattr(progress.engine, "pooler_config", None) is not None
+        made = metrics.num_completed if pooling else stats.num_generation_tokens
+        self.samples.append((now, made, stats.num_steps))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
             self.samples.popleft()
         if progress.total is None:
@@ -39,6 +42,8 @@ class EtaEstimator:
             return 0.0
         max_tokens = progress.max_output_tokens
         (t0, tokens0, steps0), (t1, tokens1, steps1) = self.samples[0], self.samples[-1]
+        if pooling:  # tokens: requests completed
+            return num_left * (t1 - t0) / (tokens1 - tokens0) if tokens1 > tokens0 else None
         if t1 <= t0 or tokens1 <= tokens0 or (metrics.num_completed == 0 and max_tokens is None):
             return None
         running_tokens = max(stats.num_generation_tokens - metrics.num_output_tokens, 0)

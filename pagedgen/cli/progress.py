@@ -102,8 +102,11 @@ class RunProgress(LiveProgress):
         filled = round(usage * 10)
         color = "green" if usage < 0.8 else "yellow" if usage < 0.95 else "red"
         gauge = f"[{color}]{'█' * filled}[/][dim]{'░' * (10 - filled)}[/]"
+        generated = f"gen {gen_rate:,.0f} tok/s · "
+        if getattr(progress.engine, "pooler_config", None) is not None:  # a pooling job
+            generated = ""
         throughput = (
-            f"prompt {prompt_rate:,.0f} tok/s · gen {gen_rate:,.0f} tok/s · "
+            f"prompt {prompt_rate:,.0f} tok/s · {generated}"
             f"running {stats.num_running} · waiting {stats.num_waiting} · "
             f"swapped {stats.num_swapped}"
         )
