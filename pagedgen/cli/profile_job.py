@@ -33,7 +33,7 @@ def profile_job(options: ProfileOptions) -> int:
     from pagedgen.io.readers import open_input
     from pagedgen.io.spec import InputError
     from pagedgen.loader import ModelNotFoundError, resolve_model
-    from pagedgen.pooling.config import checkpoint_architectures, pools
+    from pagedgen.pooling.config import job_task
     from pagedgen.profile.profiler import build_workload
 
     def log(message: str) -> None:
@@ -53,7 +53,7 @@ def profile_job(options: ProfileOptions) -> int:
         return EXIT_USAGE
     try:
         model_dir = resolve_model(config.model).path
-        if pools(config.runner, checkpoint_architectures(model_dir)):
+        if job_task(config.runner, model_dir) is not None:
             raise ValueError("profile measures generation; this model pools (--runner generate?)")
         llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
         taken = model_sampling(

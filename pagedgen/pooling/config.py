@@ -1,6 +1,7 @@
-"""How a model's hidden states become an embedding (vLLM's PoolerConfig), and where it comes
-from: the engine's pooler_config over the model's sentence-transformers files over LAST with
-normalization, vLLM's default for decoder models."""
+"""Whether an engine pools (vLLM's runner "pooling": embeddings, or a classifier's scores) and
+how its hidden states are pooled (vLLM's PoolerConfig): the engine's pooler_config over the
+model's sentence-transformers files over LAST with normalization, vLLM's default for decoder
+models; the task (embed, classify) from the checkpoint's architecture."""
 
 import json
 from dataclasses import dataclass, fields, replace
@@ -122,13 +123,17 @@ def pick_pooler_config(
     runner: str, overrides: dict[str, Any] | str | None, model_dir: Path, architectures: list[str]
 ) -> PoolerConfig | None:
     """How an engine of this runner pools with this checkpoint, or None where it generates."""
-    if not pools(runner, architectures):
-        return None
-    return resolve_pooler_config(model_dir, overrides, pooling_task(architectures) or "embed")
+    task = task_of(runner, architectures)
+    return None if task is None else resolve_pooler_config(model_dir, overrides, task)
 
 
 def job_task(runner: str, model_dir: Path) -> str | None:
     """The pooling task of an engine of this runner over the model folder, known before the
     model loads (from its config.json); None where it generates."""
-    architectures = checkpoint_architectures(model_dir)
+    return task_of(runner, checkpoint_architectures(model_dir))
+
+
+def task_of(runner: str, architectures: list[str]) -> str | None:
+    """The pooling task of an engine of this runner over these architectures (runner pooling
+    over an LM: embed); None where it generates."""
     return (pooling_task(architectures) or "embed") if pools(runner, architectures) else None

@@ -4,12 +4,12 @@ from typing import Any
 
 @dataclass(slots=True)
 class PoolingParams:
-    """vLLM's PoolingParams for LLM.embed: dimensions keeps the first k of the pooled vector
-    (Matryoshka embeddings: only for a model trained so, as vLLM checks), before normalizing;
-    use_activation (None: the pooler config's) scales it to unit length, as embedding poolers
-    do, and a classifier's logits into scores; truncate_prompt_tokens=k pools only the prompt's
-    last k tokens. task ("embed", "classify"; None: the engine's) is set by LLM.embed and
-    LLM.classify."""
+    """vLLM's PoolingParams, for LLM.embed and LLM.classify: dimensions keeps the first k of
+    the pooled vector (Matryoshka embeddings: only for a model trained so, as vLLM checks),
+    before normalizing; use_activation (None: the pooler config's) scales it to unit length, as
+    embedding poolers do, and a classifier's logits into scores; truncate_prompt_tokens=k pools
+    only the prompt's last k tokens. task ("embed", "classify"; None: the engine's) is set by
+    LLM.embed and LLM.classify."""
 
     dimensions: int | None = None
     use_activation: bool | None = None
