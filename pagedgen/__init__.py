@@ -22,6 +22,8 @@ _EXPORTS = {
     "EngineConfig": "pagedgen.config",
     "RequestOutput": "pagedgen.outputs",
     "SamplingParams": "pagedgen.sampling_params",
+    "ScoringOutput": "pagedgen.outputs",
+    "ScoringRequestOutput": "pagedgen.outputs",
     "StructuredOutputsParams": "pagedgen.sampling_params",
 }
 __all__ = sorted(_EXPORTS)

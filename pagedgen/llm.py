@@ -1,5 +1,6 @@
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
+from functools import partial
 from typing import Any
 
 from pagedgen.chat_template import ChatTemplate, Messages, apply_chat_template
@@ -10,8 +11,14 @@ from pagedgen.llm_progress import PromptProgress
 from pagedgen.loader.generation_config import model_sampling_defaults
 from pagedgen.loader.resolve import DEFAULT_MODEL, resolve_model
 from pagedgen.lora.request import LoRARequest
-from pagedgen.outputs import ClassificationRequestOutput, EmbeddingRequestOutput, RequestOutput
+from pagedgen.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
 from pagedgen.pooling import PoolingParams
+from pagedgen.pooling.score import score_by_cross_encoder, score_by_embeddings, score_pairs
 from pagedgen.sampling_params import SamplingParams
 
 
@@ -100,6 +107,28 @@ class LLM:
         pooled last token, softmax (one label: sigmoid) as models/classifier.py says
         (outputs.probs; the raw logits with use_activation=False)."""
         return self._pool("classify", prompts, pooling_params, lora_request, use_tqdm)
+
+    def score(
+        self,
+        data_1: Prompt | list[Prompt],
+        data_2: Prompt | list[Prompt],
+        pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score: a similarity score per pair, pairing data_1's one text with each
+        of data_2's or the two lists in order; with an embedding model the cosine of the two
+        embeddings, with a one-label classifier (a cross-encoder) its score of the pair as one
+        prompt (the tokenizer's text and text_pair)."""
+        pairs = score_pairs(data_1, data_2)
+        task = self.engine.pooler_config.task if self.engine.pooler_config is not None else None
+        options = dict(pooling_params=pooling_params, lora_request=lora_request, use_tqdm=use_tqdm)
+        if task == "classify":
+            if getattr(self.engine.hf_config, "num_labels", 0) != 1:
+                raise ValueError("scoring pairs needs a classifier of one label (num_labels 1)")
+            classify = partial(self.classify, **options)
+            return score_by_cross_encoder(classify, self.tokenizer, pairs)
+        return score_by_embeddings(partial(self.embed, **options), pairs)
 
     def _pool(
         self,

@@ -85,6 +85,13 @@ class ClassificationOutput:
 
 
 @dataclass(slots=True)
+class ScoringOutput:
+    """vLLM's ScoringOutput: a pair's similarity score."""
+
+    score: float
+
+
+@dataclass(slots=True)
 class PoolingRequestOutput:
     """A finished pooling request (vLLM's names), or the error that kept it from running (then
     an empty vector)."""
@@ -92,7 +99,7 @@ class PoolingRequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    outputs: EmbeddingOutput | ClassificationOutput
+    outputs: EmbeddingOutput | ClassificationOutput | ScoringOutput
     metrics: RequestMetrics
     error: str | None = None
     finished: bool = True
@@ -115,3 +122,8 @@ class EmbeddingRequestOutput(PoolingRequestOutput):
 @dataclass(slots=True)
 class ClassificationRequestOutput(PoolingRequestOutput):
     """LLM.classify's: outputs is a ClassificationOutput."""
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput(PoolingRequestOutput):
+    """LLM.score's, one per pair: outputs is a ScoringOutput."""
