@@ -265,3 +265,22 @@ def test_pooling_on_a_gpu(llama_base, pooling_type):
     )
     outputs = llm.embed(PROMPTS, use_tqdm=False)
     assert_embeds(model, outputs, PROMPTS, pooling_type, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mistral"])
+def test_windowed_base_models_embed_prompts_longer_than_their_window(tmp_path, name):
+    """Gemma2Model, Gemma3TextModel and a sliding-window MistralModel: every layer's window
+    (16 tokens) and soft cap, over prompts of up to 50 tokens, in chunks of 16."""
+    from tests.test_models_sliding_window import COMMON as WINDOWED
+    from tests.test_models_sliding_window import CONFIGS as WINDOWED_CONFIGS
+
+    config = AutoConfig.for_model(**dict(WINDOWED, **WINDOWED_CONFIGS[name]))
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path)
+    build_tokenizer(tmp_path)
+    prompts = [list(range(1, 51)), [7] * 23, [5, 9, 200]]
+    llm = LLM(
+        str(tmp_path), kv_cache_memory=0.01, max_num_batched_tokens=16, max_num_seqs=4, log=quiet
+    )
+    assert_embeds(model, llm.embed(prompts, use_tqdm=False), prompts)
