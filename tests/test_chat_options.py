@@ -208,6 +208,16 @@ WEATHER = {
         ("llama3_json", '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", '
          '"parameters": {"a": [1]}}', None, [("f", {}), ("g", {"a": [1]})]),
         ("llama3_json", "The answer is 4.", "The answer is 4.", []),
+        ("pythonic", '[get_weather(city="Paris", days=2), now()]', None,
+         [("get_weather", {"city": "Paris", "days": 2}), ("now", {})]),
+        ("pythonic", '<|python_start|>[f(a=[1, {"b": None}], c=True)]<|python_end|>', None,
+         [("f", {"a": [1, {"b": None}], "c": True})]),
+        ("pythonic", "[f(x=__import__('os').getcwd())]", "[f(x=__import__('os').getcwd())]",
+         []),  # not a literal: nothing runs, nothing is read
+        ("pythonic", "[f(1)]", "[f(1)]", []),  # positional: no parameter names
+        ("pythonic", "[f(**k)]", "[f(**k)]", []),
+        ("pythonic", "[1, 2]", "[1, 2]", []),
+        ("pythonic", "Paris is sunny [see f(x=1)]", "Paris is sunny [see f(x=1)]", []),
     ],
 )  # fmt: skip
 def test_tool_call_parsers_as_vllms(parser, text, content, calls):

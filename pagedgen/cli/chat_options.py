@@ -31,7 +31,7 @@ TOOL_CALL_PARSER = option(
     None,
     "--tool-call-parser",
     help="read the tool calls of answers to requests with tools (tool_choice auto): hermes "
-    "(<tool_call> tags: Qwen, Hermes) or llama3_json",
+    "(<tool_call> tags: Qwen, Hermes), llama3_json or pythonic ([f(x=1)]: Llama 3.2, 4)",
     metavar="NAME",
 )
 

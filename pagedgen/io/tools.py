@@ -6,6 +6,9 @@ parsed for tool calls by a --tool-call-parser, vLLM's names:
                (Qwen 2.5 / 3, Hermes); the text before the first is the content
   llama3_json  the whole answer one JSON call {"name": ..., "parameters": {...}}, or several
                joined by ";" (Llama 3.1+), after an optional <|python_tag|>
+  pythonic     the whole answer a Python list of calls with literal keyword arguments,
+               [get_weather(city="Paris", days=2), ...] (Llama 3.2 and 4), read without
+               running anything (ast.literal_eval)
 
 An answer that does not parse as calls stays content, as vLLM's parsers leave it.
 
@@ -15,13 +18,14 @@ calls {"name", "parameters"} (tool_schema), or to the named function's parameter
 those calls.
 """
 
+import ast
 import json
 import re
 from typing import Any, NamedTuple
 
 from pagedgen.io.reasoning import split_reasoning
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
 TOOL_CHOICES = ("none", "auto", "required")  # or {"type": "function", "function": {"name"}}
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -137,7 +141,36 @@ def parse_tool_calls(parser: str, text: str) -> tuple[str | None, list[dict[str,
         if not calls or None in calls:
             return text, []
         return None, calls
+    if parser == "pythonic":
+        calls = _pythonic_calls(text)
+        return (text, []) if calls is None else (None, calls)
     raise ValueError(f"tool call parser must be one of {TOOL_CALL_PARSERS}, got {parser!r}")
+
+
+def _pythonic_calls(text: str) -> list[dict[str, Any]] | None:
+    """[f(a=1), g(b="x")] as calls, or None unless the whole text is such a list of calls of
+    names with literal keyword arguments only."""
+    body = text.strip().removeprefix("<|python_start|>").removesuffix("<|python_end|>").strip()
+    if not body.startswith("["):
+        return None
+    try:
+        tree = ast.parse(body, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or node.args:
+            return None
+        if any(keyword.arg is None for keyword in node.keywords):  # **kwargs
+            return None
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+        except ValueError:
+            return None
+        calls.append({"name": node.func.id, "arguments": json.dumps(arguments, ensure_ascii=False)})
+    return calls
 
 
 def _call(body: str, arguments_key: str) -> dict[str, Any] | None:
