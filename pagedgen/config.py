@@ -36,10 +36,12 @@ class EngineConfig:
     "fp8_e4m3", "fp8_e5m2"), which hold 2x (4x in float32) the tokens in the same memory.
     speculative_config (vLLM's dict, {"method": "ngram", "num_speculative_tokens": k, ...})
     verifies draft tokens found by n-gram prompt lookup (spec_decode/); not with async_scheduling.
-    runner (vLLM's) "generate" samples completions, "pooling" embeds prompts (LLM.embed) as
-    pooler_config says ({"pooling_type": "LAST" | "MEAN" | "CLS", "use_activation": bool}, over the
-    model's sentence-transformers files); "auto" embeds with a checkpoint that has no LM head
-    (an architecture named *Model, as LlamaModel), else generates.
+    runner (vLLM's) "generate" samples completions, "pooling" pools prompts: embeddings
+    (LLM.embed) or, with a classifier checkpoint, its scores (LLM.classify), as pooler_config says
+    ({"pooling_type": "LAST" | "MEAN" | "CLS", "use_activation": bool}, over the model's
+    sentence-transformers files); "auto" pools with a checkpoint that has no LM head (an
+    architecture named *Model, as LlamaModel) or is a classifier (*ForSequenceClassification),
+    else generates.
     """
 
     model: str = DEFAULT_MODEL
@@ -138,9 +140,9 @@ class EngineConfig:
     def check_pooling(self) -> None:
         """What a pooling runner cannot do: it never samples, so never drafts or overlaps."""
         if self.speculative_config is not None:
-            raise ValueError("the pooling runner (embeddings) does not run speculative decoding")
+            raise ValueError("the pooling runner does not run speculative decoding")
         if self.async_scheduling:
-            raise ValueError("the pooling runner (embeddings) does not run async_scheduling")
+            raise ValueError("the pooling runner does not run async_scheduling")
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

@@ -29,7 +29,8 @@ class LLM:
     max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed,
     enable_lora, max_loras, max_lora_rank, max_cpu_loras, speculative_config, kv_cache_dtype,
     reasoning_parser, generation_config, override_generation_config, runner, pooler_config).
-    With runner="pooling" (or a checkpoint without an LM head) it embeds prompts: embed().
+    With runner="pooling" (or a checkpoint without an LM head, or a classifier) it pools
+    prompts: embed(), classify(), score().
     """
 
     def __init__(
@@ -71,7 +72,8 @@ class LLM:
         terminal only: where stderr is a file or a pipe, nothing is written. False draws none.
         """
         if self.engine.pooler_config is not None:
-            raise ValueError("this LLM was built with runner='pooling': it embeds (LLM.embed)")
+            task = self.engine.pooler_config.task
+            raise ValueError(f"this LLM was built with runner='pooling': use LLM.{task}")
         prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()

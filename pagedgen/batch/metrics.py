@@ -58,7 +58,7 @@ class RunMetrics:
             "num_output_tokens": self.num_output_tokens,
             "num_prompt_tokens": stats.num_prompt_tokens,
         }
-        if engine.pooler_config is not None:  # an embedding job: it generates no tokens
+        if engine.pooler_config is not None:  # a pooling job: it generates no tokens
             summary["runner"] = "pooling"
         return {**summary, **structured_output_summary(engine), **spec_decode_summary(engine)}
 

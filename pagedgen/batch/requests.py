@@ -38,8 +38,8 @@ class RequestBuilder:
     spell is rejected from its length without being tokenized: the cost of a prompt is bounded
     by what the model can take, not by the size of the line.
 
-    For an embedding job (pooling), a record's fields are PoolingParams' (dimensions, normalize,
-    truncate_prompt_tokens) and the defaults, sampling fields, do not apply.
+    For a pooling job (embed, classify), a record's fields are PoolingParams' (dimensions,
+    use_activation, truncate_prompt_tokens) and the defaults, sampling fields, do not apply.
     """
 
     def __init__(

@@ -241,8 +241,9 @@ ENGINE = OptionGroup(
             str,
             _engine(
                 "auto",
-                help="generate (completions) or pooling (an embedding per prompt); auto: pooling "
-                "for a checkpoint without an LM head, such as LlamaModel or Qwen3Model",
+                help="generate (completions) or pooling (an embedding, or a classifier's scores, "
+                "per prompt); auto: pooling for a checkpoint without an LM head (LlamaModel, "
+                "Qwen3Model) or a classifier (LlamaForSequenceClassification)",
                 metavar="R",
             ),
         ),

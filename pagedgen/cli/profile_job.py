@@ -56,9 +56,7 @@ def profile_job(options: ProfileOptions) -> int:
         if job_task(config.runner, model_dir) is not None:
             raise ValueError("profile measures generation; this model pools (--runner generate?)")
         llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
-        taken = model_sampling(
-            options.sampling, options.sampling_given, config, resolve_model(config.model).path
-        )
+        taken = model_sampling(options.sampling, options.sampling_given, config, model_dir)
         if taken:
             log(describe_model_sampling(taken))
         vocab_size = getattr(hf_config, "vocab_size", None) or len(tokenizer)
