@@ -71,6 +71,7 @@ def test_a_checkpoint_without_lm_head_embeds_its_last_token(base_model):
     folder, model = base_model
     llm = LLM(str(folder), kv_cache_memory=0.01, log=quiet)
     assert llm.engine.pooler_config == PoolerConfig("LAST", True)
+    assert llm.engine.runner.model.lm_head is None  # pooling needs no logits
     outputs = llm.embed(PROMPTS, use_tqdm=False)
     assert_embeds(model, outputs, PROMPTS)
     assert all(out.outputs.hidden_size == COMMON["hidden_size"] for out in outputs)

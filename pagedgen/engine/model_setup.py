@@ -118,6 +118,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     )
     if pooler_config is not None:
         runner.pooler = Pooler.for_model(pooler_config, model, hf_config)
+        model.lm_head = None  # a pooling runner computes no logits: its memory goes back
     if config.enable_lora:
         max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
         runner.lora = LoRAManager(
