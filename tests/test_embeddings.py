@@ -285,3 +285,20 @@ def test_windowed_base_models_embed_prompts_longer_than_their_window(tmp_path, n
         str(tmp_path), kv_cache_memory=0.01, max_num_batched_tokens=16, max_num_seqs=4, log=quiet
     )
     assert_embeds(model, llm.embed(prompts, use_tqdm=False), prompts)
+
+
+def test_without_chunked_prefill_a_prompt_must_fit_one_step(llama_base):
+    folder, model = llama_base
+    llm = LLM(
+        str(folder),
+        kv_cache_memory=0.01,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        log=quiet,
+    )
+    fits, too_long = llm.embed([list(range(32)), list(range(33))], use_tqdm=False)
+    assert_embeds(model, [fits], [list(range(32))])
+    assert too_long.error == (
+        "33 tokens exceeds max_num_batched_tokens (32), the most one step can prefill"
+    )

@@ -25,9 +25,10 @@ def refusal(
             length += f" + max_tokens ({max_tokens}) = {total}"
         return f"{length} exceeds max_model_len ({max_model_len})"
     if max_prefill_tokens is not None and total > max_prefill_tokens:
+        length = f"prompt + max_tokens = {total} tokens" if max_tokens else f"{total} tokens"
         return (
-            f"prompt + max_tokens = {total} tokens exceeds max_num_batched_tokens "
-            f"({max_prefill_tokens}), the most one step can prefill"
+            f"{length} exceeds max_num_batched_tokens ({max_prefill_tokens}), the most one "
+            "step can prefill"
         )
     # Grown to the end, the group's sequences share only the prompt's full blocks.
     num_shared = seq.num_prompt_tokens // bm.block_size
