@@ -302,3 +302,11 @@ def test_without_chunked_prefill_a_prompt_must_fit_one_step(llama_base):
     assert too_long.error == (
         "33 tokens exceeds max_num_batched_tokens (32), the most one step can prefill"
     )
+
+
+def test_a_bidirectional_encoder_is_refused(tmp_path):
+    """An embedding model whose config says is_causal false attends both ways (gte-Qwen2):
+    pagedgen's causal attention would embed it wrongly, so it refuses before loading weights."""
+    save_base_model(tmp_path, "qwen2", is_causal=False)
+    with pytest.raises(ValueError, match="bidirectionally"):
+        LLM(str(tmp_path), kv_cache_memory=0.01, log=quiet)

@@ -97,6 +97,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     )
     if pooler_config is not None:
         config.check_pooling()
+        if getattr(hf_config, "is_causal", True) is False:  # gte-Qwen2's bidirectional encoder
+            raise ValueError("the model attends bidirectionally (is_causal false): not supported")
     tokenizer = load_tokenizer(resolved)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
