@@ -76,16 +76,19 @@ static inline float max_of(const float *s, int n) {
 }
 
 // Softmax of each query head's scores in place (after the soft cap, if any); inv_sum[g] is 1 / the
-// sum of row g's exponentials, applied to the output instead of to every probability.
-static void softmax_rows(float softcap, float *scores, int group, int span, float *inv_sum) {
+// sum of row g's exponentials, applied to the output instead of to every probability. A sink
+// (sinks not NULL) adds exp(sinks[g]) to row g's sum and takes no output.
+static void softmax_rows(float softcap, const float *sinks, float *scores, int group, int span,
+                         float *inv_sum) {
   for (int g = 0; g < group; g++) {
     float *s = scores + g * span;
     if (softcap > 0.0f) {
       const float cap = softcap, inv_cap = 1.0f / softcap;
       for (int t = 0; t < span; t++) s[t] = cap * tanhf(s[t] * inv_cap);
     }
-    const float max = max_of(s, span);
-    float sum = 0.0f;
+    float max = max_of(s, span);
+    if (sinks != NULL && sinks[g] > max) max = sinks[g];
+    float sum = sinks != NULL ? exp_nonpositive(sinks[g] - max) : 0.0f;
     for (int t = 0; t < span; t++) {
       s[t] = exp_nonpositive(s[t] - max);
       sum += s[t];

@@ -174,8 +174,10 @@ def test_reference_attends_only_to_visible_positions():
     assert torch.equal(out, value)
 
 
-def test_batched_and_per_sequence_decode_agree():
-    """The GPU's padded batch path and the CPU's per-sequence path compute the same thing."""
+@pytest.mark.parametrize("sinks", [None, torch.linspace(-3.0, 3.0, 8)])
+def test_batched_and_per_sequence_decode_agree(sinks):
+    """The GPU's padded batch path and the CPU's per-sequence path compute the same thing (with
+    sinks, gpt-oss's layers on a GPU: the padding is masked before the sink joins the softmax)."""
     from pagedgen.attention.torch_backend import (
         decode_attention,
         decode_attention_per_seq,
@@ -187,11 +189,12 @@ def test_batched_and_per_sequence_decode_agree():
     md = make_batch([1] * len(context_lens), context_lens, 16, 64, 0)
     query = torch.randn(len(context_lens), 8, 32)
     cache = torch.randn(2, 64, 16, 2, 32)
-    batched = decode_attention(
-        query, cache[0], cache[1], md.block_tables, md.context_lens, 257, 0.2
-    )
+    tables = (md.block_tables, md.context_lens, 257)
+    batched = decode_attention(query, cache[0], cache[1], *tables, 0.2, sinks=sinks)
     seq_blocks = split_block_tables(md.block_tables, context_lens, 16)
-    per_seq = decode_attention_per_seq(query, cache[0], cache[1], seq_blocks, context_lens, 0.2)
+    per_seq = decode_attention_per_seq(
+        query, cache[0], cache[1], seq_blocks, context_lens, 0.2, sinks=sinks
+    )
     torch.testing.assert_close(batched, per_seq, atol=1e-5, rtol=1e-5)
 
 

@@ -35,10 +35,11 @@ class AttentionBackend(ABC):
         scale: float,
         window: int | None = None,  # sliding window: a query sees its last `window` tokens
         softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
+        sinks: torch.Tensor | None = None,  # [num_heads]: a logit in each head's softmax (gpt-oss)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         return self.attend(
-            query, key, value, key_cache, value_cache, metadata, scale, window, softcap
+            query, key, value, key_cache, value_cache, metadata, scale, window, softcap, sinks
         )
 
     def forward_qkv(
@@ -53,12 +54,15 @@ class AttentionBackend(ABC):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """forward() from a fused QKV projection, RoPE applied to q and k first. Backends may
         fuse RoPE with the cache write (the cpu backend does)."""
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
         q, k = rope.apply(q), rope.apply(k)
-        return self.forward(q, k, v, key_cache, value_cache, metadata, scale, window, softcap)
+        return self.forward(
+            q, k, v, key_cache, value_cache, metadata, scale, window, softcap, sinks
+        )
 
     def attend(
         self,
@@ -71,15 +75,15 @@ class AttentionBackend(ABC):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Decode and prefill rows of a step whose K/V are in the cache already."""
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
         if metadata.num_decode_seqs:
-            self.decode(query, key_cache, value_cache, metadata, scale, out, window, softcap)
+            self.decode(query, key_cache, value_cache, metadata, scale, out, window, softcap, sinks)
         if metadata.num_decode_seqs < metadata.num_seqs:
-            self.prefill(
-                query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap
-            )
+            cache = (key_cache, value_cache, metadata, scale, out)
+            self.prefill(query, key, value, *cache, window, softcap, sinks)
         return out
 
     @abstractmethod
@@ -104,6 +108,7 @@ class AttentionBackend(ABC):
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets rows :num_decode_seqs
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Attention of the decode rows over their contexts in the cache (K/V written). With a
         window, blocks before it may be freed: their block table entries (-1) are never read."""
@@ -121,6 +126,7 @@ class AttentionBackend(ABC):
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets the prefill rows
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Causal attention of the prefill rows: this step's K/V and any cached context."""
 

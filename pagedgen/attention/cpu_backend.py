@@ -45,12 +45,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """RoPE and the cache write in one C pass over the QKV rows (float32), then attention
         on q, k and v as views of those rows."""
         if not (cpu_ops.usable(qkv) and qkv.stride(1) == 1):
             args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
-            return super().forward_qkv(qkv, *args, window, softcap)
+            return super().forward_qkv(qkv, *args, window, softcap, sinks)
         num_tokens = qkv.shape[0]
         cpu_ops.rotary_embedding_and_cache(
             qkv,
@@ -63,7 +64,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             metadata.slot_mapping,
         )
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
-        return self.attend(q, k, v, key_cache, value_cache, metadata, scale, window, softcap)
+        return self.attend(q, k, v, key_cache, value_cache, metadata, scale, window, softcap, sinks)
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         super().prepare(metadata)
@@ -85,7 +86,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return self._prefill_rows
 
     def _attend_rows(
-        self, query, key_cache, value_cache, tables, lens, scale, out, window, softcap
+        self, query, key_cache, value_cache, tables, lens, scale, out, window, softcap, sinks
     ):
         """The C kernel over query rows (each with its block table and context length), out
         being the matching rows of the step's output."""
@@ -104,6 +105,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             scale,
             window=window,
             softcap=softcap,
+            sinks=None if sinks is None else sinks.float().contiguous(),
         )
         if result.data_ptr() != out.data_ptr():
             out.copy_(result)
@@ -118,15 +120,16 @@ class CpuAttentionBackend(TorchAttentionBackend):
         out,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ):
         if key_cache.dtype not in kernel_dtypes():
             return super().decode(
-                query, key_cache, value_cache, metadata, scale, out, window, softcap
+                query, key_cache, value_cache, metadata, scale, out, window, softcap, sinks
             )
         n = metadata.num_decode_seqs
         tables, lens = metadata.block_tables, metadata.context_lens
         self._attend_rows(
-            query[:n], key_cache, value_cache, tables, lens, scale, out[:n], window, softcap
+            query[:n], key_cache, value_cache, tables, lens, scale, out[:n], window, softcap, sinks
         )
 
     def prefill(
@@ -141,6 +144,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         out,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Prefill rows through the decode kernel, each query row attending to its causal
         context in the cache (this step's K/V are written already). Against one SDPA call per
@@ -151,9 +155,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         )
         if key_cache.dtype not in kernel_dtypes() or long_float32:
             args = (query, key, value, key_cache, value_cache, metadata, scale, out)
-            return super().prefill(*args, window, softcap)
+            return super().prefill(*args, window, softcap, sinks)
         n = metadata.num_decode_seqs
         tables, lens = self._prefill_tables(metadata)
         self._attend_rows(
-            query[n:], key_cache, value_cache, tables, lens, scale, out[n:], window, softcap
+            query[n:], key_cache, value_cache, tables, lens, scale, out[n:], window, softcap, sinks
         )

@@ -28,7 +28,8 @@ class CupyAttentionBackend(TorchAttentionBackend):
     kernel rounds K/V into them as to_cache_dtype does, and attention reads this step's K/V
     back from the cache, so it sees them as later steps will. Layers with a sliding window or
     soft-capped scores (Gemma 2/3, Mistral) decode through the torch path, which reads fp8
-    caches too: the decode kernels have neither yet (the prefill kernel has both)."""
+    caches too: the decode kernels have neither yet (the prefill kernel has both). Layers with
+    attention sinks (gpt-oss) decode and prefill through the torch path: no kernel has sinks."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
@@ -72,6 +73,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
         scale,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ):
         """RoPE and the cache write in one launch (kernels/rope_and_cache.cu), then attention."""
         cos, sin = rope.cos.flatten(1), rope.sin.flatten(1)  # [num_tokens, head_size // 2]
@@ -79,7 +81,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache, metadata.slot_mapping
         )
         return self.attend(
-            query, key, value, key_cache, value_cache, metadata, scale, window, softcap
+            query, key, value, key_cache, value_cache, metadata, scale, window, softcap, sinks
         )
 
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -95,10 +97,11 @@ class CupyAttentionBackend(TorchAttentionBackend):
         out,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ):
-        if window is not None or softcap is not None:
+        if window is not None or softcap is not None or sinks is not None:
             return super().decode(
-                query, key_cache, value_cache, metadata, scale, out, window, softcap
+                query, key_cache, value_cache, metadata, scale, out, window, softcap, sinks
             )
         num_decode = metadata.num_decode_seqs
         paged_attention(
@@ -125,11 +128,11 @@ class CupyAttentionBackend(TorchAttentionBackend):
         out,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
-        if not self.use_prefill_kernel:
-            super().prefill(
-                query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap
-            )
+        if not self.use_prefill_kernel or sinks is not None:
+            cache = (key_cache, value_cache, metadata, scale, out)
+            super().prefill(query, key, value, *cache, window, softcap, sinks)
             return
         first = metadata.num_decode_seqs
         prefill_attention(

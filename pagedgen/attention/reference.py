@@ -31,9 +31,11 @@ def paged_attention_reference(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token by token gather through the block table, then plain causal softmax attention; with
-    a window, query position q sees positions q - window < p <= q (earlier blocks unread)."""
+    a window, query position q sees positions q - window < p <= q (earlier blocks unread); with
+    sinks, head h's softmax takes sinks[h] as one more score, of a zero value row."""
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_heads = query.shape[1]
     group = num_heads // num_kv_heads
@@ -57,6 +59,9 @@ def paged_attention_reference(
                 scores = (k @ query[row + j, h].float()) * scale
                 if softcap is not None:
                     scores = torch.tanh(scores / softcap) * softcap
+                if sinks is not None:
+                    scores = torch.cat((scores, sinks[h].float().view(1)))
+                    v = torch.cat((v, v.new_zeros(1, v.shape[1])))
                 out[row + j, h] = (torch.softmax(scores, dim=0) @ v).to(query.dtype)
         row += query_len
     return out
@@ -80,6 +85,7 @@ class ReferenceAttentionBackend(AttentionBackend):
         out,
         window=None,
         softcap=None,
+        sinks=None,
     ):
         self._attend(
             query,
@@ -92,6 +98,7 @@ class ReferenceAttentionBackend(AttentionBackend):
             metadata.num_decode_seqs,
             window=window,
             softcap=softcap,
+            sinks=sinks,
         )
 
     def prefill(
@@ -106,6 +113,7 @@ class ReferenceAttentionBackend(AttentionBackend):
         out,
         window=None,
         softcap=None,
+        sinks=None,
     ) -> None:
         self._attend(
             query,
@@ -118,6 +126,7 @@ class ReferenceAttentionBackend(AttentionBackend):
             None,
             window=window,
             softcap=softcap,
+            sinks=sinks,
         )
 
     @staticmethod
@@ -132,6 +141,7 @@ class ReferenceAttentionBackend(AttentionBackend):
         last: int | None,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ):
         """Sequences first..last of the batch, over the cache (their K/V are written)."""
         seqs = slice(first, last)
@@ -147,4 +157,5 @@ class ReferenceAttentionBackend(AttentionBackend):
             scale,
             window,
             softcap,
+            sinks,
         )

@@ -34,10 +34,12 @@ def attention(
     mask: torch.Tensor | None = None,  # [.., num_queries, num_keys] bool, True = attend
     is_causal: bool = False,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """SDPA, or with a soft cap on the scores (Gemma 2: softcap * tanh(scores / softcap)), the
-    same computed in float32 by hand (SDPA has no soft cap)."""
-    if softcap is None:
+    """SDPA, or with a soft cap on the scores (Gemma 2: softcap * tanh(scores / softcap)) or
+    sinks (gpt-oss: one more logit per head in the softmax, a key of zero value), the same
+    computed in float32 by hand (SDPA has neither)."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
         )
@@ -45,7 +47,8 @@ def attention(
     key = key.float().repeat_interleave(group, dim=1)
     value = value.float().repeat_interleave(group, dim=1)
     scores = (query.float() @ key.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         num_queries, num_keys = scores.shape[-2:]
         mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=scores.device).tril(
@@ -53,7 +56,12 @@ def attention(
         )
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ value).to(query.dtype)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    return (probs @ value).to(query.dtype)
 
 
 def window_start(context_len: int, num_queries: int, window: int | None) -> int:
@@ -73,6 +81,7 @@ def decode_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gathers only the blocks each sequence uses (padded to the longest) and attends once:
     one launch for the whole batch, the better trade on a GPU."""
@@ -94,6 +103,7 @@ def decode_attention(
         scale,
         mask[:, None, None, :],
         softcap=softcap,
+        sinks=sinks,
     )
     return out.squeeze(2)
 
@@ -107,6 +117,7 @@ def decode_attention_per_seq(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One SDPA call per sequence over exactly its context (its last window tokens): on a CPU,
     cheaper than padding the batch to its longest context, which makes SDPA take its slow
@@ -130,6 +141,7 @@ def decode_attention_per_seq(
                 values[:, first:end].transpose(1, 2).to(dtype),
                 scale,
                 softcap=softcap,
+                sinks=sinks,
             )
         )
     return torch.cat(outs).view_as(query).to(query.dtype)
@@ -160,6 +172,7 @@ def prefill_attention(
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim]; rows of prefill sequences are set
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Causal attention for sequences num_decode_seqs.. of the batch, one SDPA call each.
 
@@ -202,6 +215,7 @@ def prefill_attention(
             mask,
             is_causal=mask is None,
             softcap=softcap,
+            sinks=sinks,
         )[0].transpose(0, 1)
         start = end
 
@@ -241,6 +255,7 @@ class TorchAttentionBackend(AttentionBackend):
         out,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ):
         num_decode = metadata.num_decode_seqs
         if query.device.type == "cpu":
@@ -253,6 +268,7 @@ class TorchAttentionBackend(AttentionBackend):
                 scale,
                 window,
                 softcap,
+                sinks,
             )
         else:
             out[:num_decode] = decode_attention(
@@ -265,6 +281,7 @@ class TorchAttentionBackend(AttentionBackend):
                 scale,
                 window,
                 softcap,
+                sinks,
             )
 
     def prefill(
@@ -279,7 +296,8 @@ class TorchAttentionBackend(AttentionBackend):
         out,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         prefill_attention(
-            query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap
+            query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap, sinks
         )

@@ -140,7 +140,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         kv_cache_bytes = DEFAULT_CPU_KV_CACHE_GIB * GIB
     pool = size_kv_pool(geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
     torch_decode = backend.name != "cupy" or any(
-        layer.sliding_window or layer.softcap for layer in model.attention_layers
+        layer.sliding_window or layer.softcap or layer.sinks is not None
+        for layer in model.attention_layers
     )
     # A pooling runner's steps are prompts: it never decodes.
     eager = config.enforce_eager or pooler_config is not None

@@ -26,7 +26,7 @@ ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)  # of query and out
 def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march)
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    decode = [i32, i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, i32]
+    decode = [i32, i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, p, i32]
     return declare(lib, {"paged_attention_decode": decode, "paged_attention_has_float16": []})
 
 
@@ -63,6 +63,7 @@ def paged_attention_decode(
     march: str | None = None,  # the build to run; None: this machine's (see kernel_march)
     window: int | None = None,  # attend to the last `window` tokens only; earlier blocks unread
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
+    sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
 ) -> torch.Tensor:
     """Decode attention of one query row per sequence over its context in the paged cache.
 
@@ -101,6 +102,12 @@ def paged_attention_decode(
         raise ValueError("block_tables rows and context_lens must be contiguous")
     if block_tables.shape[0] < num_seqs or context_lens.shape[0] < num_seqs:
         raise ValueError("one block table and context length per sequence")
+    if sinks is not None and (
+        sinks.shape != (num_heads,)
+        or sinks.dtype != torch.float32
+        or not (sinks.is_cpu and sinks.is_contiguous())
+    ):
+        raise ValueError(f"sinks must be {num_heads} contiguous float32 on the CPU, got {sinks}")
     status = _library(march).paged_attention_decode(
         KV_DTYPE_CODES[key_cache.dtype],
         int(query.dtype == torch.bfloat16),
@@ -120,6 +127,7 @@ def paged_attention_decode(
         scale,
         window or 0,
         softcap or 0.0,
+        None if sinks is None else sinks.data_ptr(),
         num_threads or torch.get_num_threads(),
     )
     if status != 0:

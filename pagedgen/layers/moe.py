@@ -7,7 +7,7 @@ from pagedgen.layers.linear import Linear
 
 
 class SparseMoE(nn.Module):
-    """A mixture of experts routed top-k, as Mixtral and Qwen3-MoE: the router's softmax in
+    """A mixture of experts routed top-k, as Mixtral, Qwen3-MoE and gpt-oss: the router's softmax in
     float32 picks top_k experts per token (their weights renormalized to sum to 1 where
     renormalize), and each expert, an MLP built by make_expert(), runs on its own tokens only.
 
@@ -23,11 +23,12 @@ class SparseMoE(nn.Module):
         renormalize: bool,
         make_expert: Callable[[], nn.Module],
         weights_in_float32: bool = False,  # Mixtral scales in float32, Qwen3-MoE in the dtype
+        gate_bias: bool = False,  # gpt-oss's router has one
     ) -> None:
         super().__init__()
         self.top_k, self.renormalize = top_k, renormalize
         self.weights_in_float32 = weights_in_float32
-        self.gate = Linear(hidden_size, num_experts)
+        self.gate = Linear(hidden_size, num_experts, bias=gate_bias)
         self.experts = nn.ModuleList(make_expert() for _ in range(num_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]

@@ -1,4 +1,5 @@
-"""Quantized checkpoints, dequantized as their tensors stream in (fp8_weights.py, int_weights.py):
+"""Quantized checkpoints, dequantized as their tensors stream in (fp8_weights.py, int_weights.py,
+mxfp4_weights.py):
 which ones pagedgen takes, and the stream of dense weights a model's load_weights reads."""
 
 from collections.abc import Callable, Iterable, Iterator
@@ -6,9 +7,9 @@ from typing import Any
 
 import torch
 
-from pagedgen.loader import fp8_weights, int_weights
+from pagedgen.loader import fp8_weights, int_weights, mxfp4_weights
 
-METHODS = (*fp8_weights.FP8_METHODS, *int_weights.PACKED_METHODS)
+METHODS = (*fp8_weights.FP8_METHODS, *int_weights.PACKED_METHODS, *mxfp4_weights.MXFP4_METHODS)
 
 
 def quantization_config(config: Any) -> dict[str, Any] | None:
@@ -26,12 +27,12 @@ def check_quantization(config: Any) -> None:
     method = quant.get("quant_method")
     if method not in METHODS:
         raise ValueError(
-            f"{method!r} checkpoints are not supported: pagedgen loads unquantized, GGUF, FP8 "
-            f"and GPTQ / AWQ checkpoints ({', '.join(METHODS)})"
+            f"{method!r} checkpoints are not supported: pagedgen loads unquantized, GGUF, FP8, "
+            f"GPTQ / AWQ and MXFP4 checkpoints ({', '.join(METHODS)})"
         )
     if method in int_weights.PACKED_METHODS:
         int_weights.check_packed(quant)
-    else:
+    elif method in fp8_weights.FP8_METHODS:
         fp8_weights.check_fp8(quant)
 
 
@@ -48,6 +49,10 @@ def dequantized(
             return (prefix, part) if part in names else None
 
         return _gathered(weights, part_of, names, names[:3], int_weights.DEQUANTIZE[method], quant)
+    if method in mxfp4_weights.MXFP4_METHODS:
+        parts = mxfp4_weights.PARTS
+        dequantize = mxfp4_weights.dequantize_parts
+        return _gathered(weights, mxfp4_weights.part_of, parts, parts, dequantize, quant, "")
     parts = fp8_weights.PARTS
     return _gathered(
         weights, fp8_weights.part_of, parts, parts, fp8_weights.dequantize_parts, quant
@@ -61,6 +66,7 @@ def _gathered(
     required: tuple[str, ...],  # those it cannot do without (GPTQ's g_idx may be absent)
     dequantize: Callable[[dict[str, torch.Tensor], dict[str, Any]], torch.Tensor],
     quant: dict[str, Any],
+    suffix: str = ".weight",  # the dense tensor's name: its layer's and this
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Each layer's parts (part_of: its layer and part name, a None part dropped; None for a
     tensor that passes as it is) gathered wherever in the shards they lie, then its dense
@@ -77,9 +83,9 @@ def _gathered(
         found = layers.setdefault(prefix, {})
         found[part] = tensor
         if len(found) == len(names):
-            yield f"{prefix}.weight", dequantize(layers.pop(prefix), quant)
+            yield f"{prefix}{suffix}", dequantize(layers.pop(prefix), quant)
     for prefix, found in layers.items():
         missing = set(required) - set(found)
         if missing:
             raise ValueError(f"{prefix} lacks its {sorted(missing)}")
-        yield f"{prefix}.weight", dequantize(found, quant)
+        yield f"{prefix}{suffix}", dequantize(found, quant)

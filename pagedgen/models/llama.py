@@ -49,6 +49,7 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.sliding_window: int | None = None  # set per layer by the model
         self.softcap: float | None = None
+        self.sinks: torch.Tensor | None = None  # [num_heads] float32 (gpt-oss)
         # Bound by the model runner to its pool: [num_blocks, block_size, num_kv_heads, head_dim].
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
@@ -76,6 +77,7 @@ class LlamaAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 self.softcap,
+                self.sinks,
             )
             return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
         q, k, v = qkv.split(self.qkv_proj.output_sizes, dim=-1)
@@ -97,6 +99,7 @@ class LlamaAttention(nn.Module):
             self.scale,
             window=self.sliding_window,
             softcap=self.softcap,
+            sinks=self.sinks,
         )
         return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
 

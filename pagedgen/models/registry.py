@@ -4,6 +4,7 @@ from transformers import PretrainedConfig
 from pagedgen.models.classifier import for_sequence_classification
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
+from pagedgen.models.gpt_oss import GptOssForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
@@ -25,6 +26,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -60,6 +62,7 @@ MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 

@@ -37,6 +37,7 @@ def run_step(
     dtype: torch.dtype,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """One layer's forward on the backend and on the reference, from the same inputs."""
     num_tokens = sum(metadata.query_lens_cpu)
@@ -50,13 +51,14 @@ def run_step(
     backend = CupyAttentionBackend.__new__(CupyAttentionBackend)  # __init__ insists on a GPU
     backend.use_prefill_kernel = True  # PAGEDGEN_CUDA_PREFILL_KERNEL=1
     backend.prepare(metadata)
-    args = (metadata, scale, window, softcap)
+    args = (metadata, scale, window, softcap, sinks)
     out = backend.forward(query, key, value, cache[0], cache[1], *args)
     expected = ReferenceAttentionBackend().forward(
         query, key, value, ref_cache[0], ref_cache[1], *args
     )
     # Decode rows of windowed or capped layers come from torch's path, not from our kernel.
-    tolerance = TOLERANCES[dtype] * (1 if window is None and softcap is None else 10)
+    torch_path = window is not None or softcap is not None or sinks is not None
+    tolerance = TOLERANCES[dtype] * (10 if torch_path else 1)
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     assert torch.equal(cache, ref_cache)
 
@@ -85,3 +87,13 @@ def test_window_and_softcap_layer(launches) -> None:
     metadata = make_metadata(query_lens, context_lens, BLOCK_SIZE, NUM_BLOCKS, "cpu")
     run_step(metadata, torch.float32, window=10, softcap=20.0)
     assert launches["prefill_attention.cu"] == 1 and launches["paged_attention.cu"] == 0
+
+
+def test_a_sinks_layer_attends_through_torch(launches) -> None:
+    """No CUDA kernel has sinks (gpt-oss): decode and prefill rows take torch's path, which
+    matches the reference; the cache is still written by our kernel."""
+    query_lens, context_lens = [1, 1, 20, 7], [1, 17, 20, 40]
+    metadata = make_metadata(query_lens, context_lens, BLOCK_SIZE, NUM_BLOCKS, "cpu")
+    sinks = torch.linspace(-4.0, 4.0, NUM_HEADS)
+    run_step(metadata, torch.float32, window=9, sinks=sinks)
+    assert launches == {"reshape_and_cache.cu": 1}
