@@ -147,17 +147,13 @@ def test_fp8_caches_match_the_reference_over_the_rounded_kv(backend_name, kv_cac
 
 
 @pytest.mark.skipif(cpu_kernel_error() is not None, reason="no CPU kernel")
-@pytest.mark.parametrize("long_len", [1024, 1025])  # the kernel's last length, SDPA's first
-def test_cpu_backend_prefills_long_float32_sequences_too(long_len):
-    """Past MAX_KERNEL_PREFILL_FLOAT32 prompt tokens a float32 step takes SDPA: either way the
-    rows match the reference."""
-    from pagedgen.attention.cpu_backend import MAX_KERNEL_PREFILL_FLOAT32
-
-    assert MAX_KERNEL_PREFILL_FLOAT32 == 1024
-    torch.manual_seed(long_len)
-    query_lens, context_lens = [1, long_len, 9], [30, long_len, 20]
+def test_cpu_backend_prefills_long_sequences_too():
+    """A 1,500-token prompt and a chunk after 1,000 cached tokens beside decodes: many tiles
+    of the prefill kernel, its K/V gathered once per (sequence, kv head) and extended."""
+    torch.manual_seed(0)
+    query_lens, context_lens = [1, 1500, 9, 300], [30, 1500, 20, 1300]
     out, ref, _, _ = forward_against_reference(
-        "cpu", query_lens, context_lens, 16, 80, (4, 2, 32), 0
+        "cpu", query_lens, context_lens, 16, 200, (4, 2, 32), 0
     )
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -214,3 +210,39 @@ def test_a_failed_compile_says_why(monkeypatch, tmp_path):
     with pytest.raises(cpu_build.CpuKernelUnavailable, match="failed on paged_attention_cpu.c"):
         cpu_build.compile_source("false", "paged_attention_cpu.c", "int x;", cpu_build.CFLAGS)
     assert not list(tmp_path.rglob("*.so"))
+
+
+@pytest.mark.skipif(cpu_kernel_error() is not None, reason="no CPU kernel")
+def test_cpu_backend_attends_rows_past_a_prompt_as_decode_rows():
+    """A prompt chunk, drafts after a prompt (every row sampled), a recompute (prompt and output
+    in one chunk): prompt rows take the tiled kernel, the others the decode kernel, each the bits
+    a decode step of that row gives; all match the reference."""
+    from pagedgen.attention.cpu_backend import prefill_plan
+    from pagedgen.kernels.cpu import paged_attention_decode
+
+    torch.manual_seed(0)
+    query_lens, context_lens, prompt_lens = [1, 20, 4, 30], [9, 40, 50, 30], [5, 60, 46, 12]
+    md = make_batch(query_lens, context_lens, 16, 40, 0)
+    md.prompt_lens_cpu = prompt_lens
+    plan = prefill_plan(md)
+    assert plan.prompt[2].tolist() == [20, 12]  # the chunk's rows, the recompute's first 12
+    rows, _, lens = plan.sampled
+    assert rows.tolist() == [*range(20, 24), *range(36, 54)]
+    assert lens.tolist() == [*range(47, 51), *range(13, 31)]
+    backend = get_attention_backend("cpu", torch.device("cpu"), 32, 16)
+    num_tokens = sum(query_lens)
+    query = torch.randn(num_tokens, 4, 32)
+    key, value = (torch.randn(num_tokens, 2, 32) for _ in range(2))
+    cache = torch.randn(2, 40, 16, 2, 32)
+    ref_cache = cache.clone()
+    backend.prepare(md)
+    out = backend.forward(query, key, value, cache[0], cache[1], md, 0.2)
+    ref = ReferenceAttentionBackend().forward(
+        query, key, value, ref_cache[0], ref_cache[1], md, 0.2
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    sampled = 1 + rows  # after the decode row
+    tables = md.block_tables[[2] * 4 + [3] * 18]
+    alone = torch.empty(len(rows), 4, 32)
+    paged_attention_decode(alone, query[sampled], cache[0], cache[1], tables, lens, 0.2)
+    assert torch.equal(out[sampled], alone)

@@ -1,3 +1,5 @@
+from typing import NamedTuple
+
 import torch
 
 from pagedgen.attention.backend import split_qkv
@@ -9,19 +11,17 @@ from pagedgen.kernels.cpu import (
     cpu_kernel_error,
     kernel_dtypes,
     paged_attention_decode,
+    paged_attention_prefill,
 )
 from pagedgen.layers.rotary import Rope
 
-# A step prefilling a longer sequence over a float32 cache takes SDPA (see prefill).
-MAX_KERNEL_PREFILL_FLOAT32 = 1024
-
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """The torch backend with decode and prefill rows served by our C kernel: one call per layer
-    for the whole batch, reading each sequence's blocks in place, where the torch path gathers
-    them and calls SDPA once per sequence. The kernel reads float32, bfloat16 and float16 caches
-    and computes in float32; it takes a float32 or bfloat16 query and output as they are, a
-    float16 one converted around it."""
+    """The torch backend with decode and prefill rows served by our C kernels: one call per layer
+    each for the whole batch, reading each sequence's blocks in place, where the torch path
+    gathers them and calls SDPA once per sequence. The kernels read float32, bfloat16, float16
+    and 8-bit float caches and compute in float32; they take a float32 or bfloat16 query and
+    output as they are, a float16 one converted around them."""
 
     name = "cpu"
 
@@ -68,45 +68,22 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         super().prepare(metadata)
-        self._prefill_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._plan: PrefillPlan | None = None
 
-    def _prefill_tables(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each prefill query row as a decode row of its own: its sequence's block table and its
-        causal context length (its position + 1). Made once a step, for every layer."""
-        if self._prefill_rows is None:
-            first, num_seqs = metadata.num_decode_seqs, metadata.num_seqs
-            query_lens = metadata.query_lens_cpu[first:]
-            context_lens = metadata.context_lens_cpu[first:]
-            rows = torch.repeat_interleave(
-                torch.arange(first, num_seqs), torch.tensor(query_lens, dtype=torch.int64)
-            )
-            lens = [p + 1 for q, c in zip(query_lens, context_lens) for p in range(c - q, c)]
-            tables = metadata.block_tables.index_select(0, rows)
-            self._prefill_rows = tables, torch.tensor(lens, dtype=torch.int32)
-        return self._prefill_rows
+    def _prefill_plan(self, metadata: AttentionMetadata) -> "PrefillPlan":
+        if self._plan is None:
+            self._plan = prefill_plan(metadata)
+        return self._plan
 
-    def _attend_rows(
-        self, query, key_cache, value_cache, tables, lens, scale, out, window, softcap, sinks
-    ):
-        """The C kernel over query rows (each with its block table and context length), out
-        being the matching rows of the step's output."""
-        if query.dtype in ACTIVATION_DTYPES:
-            result = out
-        else:  # float16
-            query = query.float()
-            result = torch.empty(query.shape, dtype=torch.float32)
-        paged_attention_decode(
-            result,
-            query,
-            key_cache,
-            value_cache,
-            tables,
-            lens,
-            scale,
-            window=window,
-            softcap=softcap,
-            sinks=None if sinks is None else sinks.float().contiguous(),
-        )
+    @staticmethod
+    def _run(kernel, query, out, *args, window, softcap, sinks) -> None:
+        """kernel(out, query, *args) on rows of the step, a float16 query (and its result)
+        converted to float32 around it."""
+        result = out
+        if query.dtype not in ACTIVATION_DTYPES:
+            query, result = query.float(), torch.empty(query.shape, dtype=torch.float32)
+        sinks = None if sinks is None else sinks.float().contiguous()
+        kernel(result, query, *args, window=window, softcap=softcap, sinks=sinks)
         if result.data_ptr() != out.data_ptr():
             out.copy_(result)
 
@@ -127,10 +104,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 query, key_cache, value_cache, metadata, scale, out, window, softcap, sinks
             )
         n = metadata.num_decode_seqs
-        tables, lens = metadata.block_tables, metadata.context_lens
-        self._attend_rows(
-            query[:n], key_cache, value_cache, tables, lens, scale, out[:n], window, softcap, sinks
-        )
+        cache = (key_cache, value_cache, metadata.block_tables, metadata.context_lens, scale)
+        options = dict(window=window, softcap=softcap, sinks=sinks)
+        self._run(paged_attention_decode, query[:n], out[:n], *cache, **options)
 
     def prefill(
         self,
@@ -146,18 +122,69 @@ class CpuAttentionBackend(TorchAttentionBackend):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> None:
-        """Prefill rows through the decode kernel, each query row attending to its causal
-        context in the cache (this step's K/V are written already). Against one SDPA call per
-        sequence (AVX-512, SmolLM2's heads): 1.6-2.5x faster up to 300 tokens, as fast at 1000;
-        past that SDPA's matmuls win in float32 (1.4x at 4000 tokens), not in bfloat16."""
-        long_float32 = query.dtype == torch.float32 and (
-            max(metadata.query_lens_cpu[metadata.num_decode_seqs :]) > MAX_KERNEL_PREFILL_FLOAT32
-        )
-        if key_cache.dtype not in kernel_dtypes() or long_float32:
+        """The step's prompt rows in one call of the tiled kernel (kernels/prefill_attention_cpu.c;
+        this step's K/V are in the cache already): against one SDPA call per sequence (AVX-512,
+        SmolLM2's heads), 2.2-2.9x faster from 1,024 to 4,096 tokens, float32 or bfloat16. Rows
+        past a prompt (drafts to verify, a recomputed output) go through the decode kernel, each
+        a decode row over its causal context, as the decode steps that made them did: outputs
+        stay those of plain decoding, bit for bit."""
+        if key_cache.dtype not in kernel_dtypes():
             args = (query, key, value, key_cache, value_cache, metadata, scale, out)
             return super().prefill(*args, window, softcap, sinks)
-        n = metadata.num_decode_seqs
-        tables, lens = self._prefill_tables(metadata)
-        self._attend_rows(
-            query[n:], key_cache, value_cache, tables, lens, scale, out[n:], window, softcap, sinks
-        )
+        n = metadata.num_decode_seqs  # decode rows: one each, before the prefill rows
+        query, out, plan = query[n:], out[n:], self._prefill_plan(metadata)
+        options = dict(window=window, softcap=softcap, sinks=sinks)
+        if plan.prompt is not None:
+            cache = (key_cache, value_cache, *plan.prompt, scale)
+            self._run(paged_attention_prefill, query, out, *cache, **options)
+        if plan.sampled is not None:
+            rows, tables, lens = plan.sampled
+            cache = (key_cache, value_cache, tables, lens, scale)
+            if rows is None:  # every prefill row
+                self._run(paged_attention_decode, query, out, *cache, **options)
+                return
+            result = torch.empty((len(rows), *out.shape[1:]), dtype=out.dtype)
+            self._run(paged_attention_decode, query[rows], result, *cache, **options)
+            out.index_copy_(0, rows, result)
+
+
+class PrefillPlan(NamedTuple):
+    """How the cpu backend attends a step's prefill rows (numbered from the first)."""
+
+    # Prompt rows, by the tiled kernel: (block tables, query starts, query lengths, context
+    # lengths) of the sequences that have any.
+    prompt: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+    # Rows past a prompt, by the decode kernel (as the decode steps that made them): (the rows,
+    # None for all of them; each row's block table; its causal context length).
+    sampled: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None
+
+
+def prefill_plan(metadata: AttentionMetadata) -> PrefillPlan:
+    first, num_seqs = metadata.num_decode_seqs, metadata.num_seqs
+    prompt_lens = metadata.prompt_lens_cpu
+    seqs, starts, lens, contexts = [], [], [], []
+    rows, row_seqs, row_lens = [], [], []
+    offset = 0
+    for i in range(first, num_seqs):
+        query_len, context_len = metadata.query_lens_cpu[i], metadata.context_lens_cpu[i]
+        start = context_len - query_len
+        n = query_len if prompt_lens is None else min(query_len, max(0, prompt_lens[i] - start))
+        if n:
+            seqs.append(i), starts.append(offset), lens.append(n), contexts.append(start + n)
+        rows.extend(range(offset + n, offset + query_len))
+        row_seqs.extend([i] * (query_len - n))
+        row_lens.extend(range(start + n + 1, context_len + 1))
+        offset += query_len
+
+    def int32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32)
+
+    prompt = sampled = None
+    if seqs:
+        tables = metadata.block_tables.index_select(0, torch.tensor(seqs))
+        prompt = (tables, int32(starts), int32(lens), int32(contexts))
+    if rows:
+        tables = metadata.block_tables.index_select(0, torch.tensor(row_seqs))
+        every = len(rows) == offset
+        sampled = (None if every else torch.tensor(rows), tables, int32(row_lens))
+    return PrefillPlan(prompt, sampled)

@@ -26,6 +26,10 @@ class AttentionMetadata:
     num_decode_seqs: int
     query_lens_cpu: list[int]
     context_lens_cpu: list[int]
+    # Per sequence, its prompt's length: query rows at later positions hold sampled tokens
+    # (drafts to verify, a recomputed output), which the cpu backend attends to as decode rows,
+    # so they come out as the decode steps that made them did. None: all are prompt rows.
+    prompt_lens_cpu: list[int] | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -62,6 +62,7 @@ class StepArrays(NamedTuple):
             num_decode_seqs=scheduled.num_decode_seqs,
             query_lens_cpu=list(scheduled.num_new_tokens),
             context_lens_cpu=self.context_lens.tolist(),
+            prompt_lens_cpu=[seq.num_prompt_tokens for seq in scheduled.seqs],
         )
         return StepInputs(
             tensor(self.input_ids, torch.int64),

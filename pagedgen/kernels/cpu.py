@@ -1,5 +1,5 @@
-"""The CPU decode attention kernel (kernels/paged_attention_cpu.c), built and loaded by
-pagedgen.kernels.cpu_build."""
+"""The CPU attention kernels, decode (kernels/paged_attention_cpu.c) and prefill
+(kernels/prefill_attention_cpu.c), built and loaded by pagedgen.kernels.cpu_build."""
 
 import ctypes
 import functools
@@ -11,6 +11,7 @@ from pagedgen.cpu_features import kernel_march
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 
 SOURCE = "paged_attention_cpu.c"
+PREFILL_SOURCE = "prefill_attention_cpu.c"
 KV_DTYPE_CODES = {
     torch.float32: 0,
     torch.bfloat16: 1,
@@ -30,10 +31,20 @@ def _library(march: str) -> SimpleNamespace:
     return declare(lib, {"paged_attention_decode": decode, "paged_attention_has_float16": []})
 
 
+@functools.cache
+def _prefill_library(march: str) -> SimpleNamespace:
+    lib = load_cpu_library(PREFILL_SOURCE, march)
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    prefill = [i32, i32, p, p, i64, p, p, p, i64, p, p, p, i64, i32, i32, i32, i32, f32, i32, f32]
+    prefill += [p]
+    return declare(lib, {"paged_attention_prefill": [*prefill, i32]})
+
+
 def cpu_kernel_error(march: str | None = None) -> str | None:
     """None when the kernel compiles and loads here, else why not."""
     try:
         _library(march or kernel_march())
+        _prefill_library(march or kernel_march())
     except (CpuKernelUnavailable, OSError) as e:
         return str(e)
     return None
@@ -69,12 +80,80 @@ def paged_attention_decode(
 
     query and out are float32, or both bfloat16 (computed in float32, out rounded once); the
     caches float32, bfloat16, float16 or float8 (E4M3 or E5M2; see kernel_dtypes)."""
-    num_seqs, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    num_seqs = query.shape[0]
+    march = march or kernel_march()
+    _check(out, query, key_cache, value_cache, block_tables, context_lens, sinks, march)
+    if block_tables.shape[0] < num_seqs or context_lens.shape[0] < num_seqs:
+        raise ValueError("one block table and context length per sequence")
+    head = _leading_args(out, query, key_cache, value_cache, block_tables)
+    tail = _trailing_args(query, key_cache, scale, window, softcap, sinks, num_threads)
+    status = _library(march).paged_attention_decode(*head, context_lens.data_ptr(), num_seqs, *tail)
+    if status != 0:
+        raise RuntimeError(f"paged_attention_decode failed with status {status}")
+    return out
+
+
+def paged_attention_prefill(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim], contiguous, query's dtype
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim], each row contiguous
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], written
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, >= ceil(context / block_size)] int32
+    query_starts: torch.Tensor,  # [num_seqs] int32: sequence s's rows are query_starts[s] ..
+    query_lens: torch.Tensor,  # [num_seqs] int32: .. + query_lens[s], at the last positions
+    context_lens: torch.Tensor,  # [num_seqs] int32: of these contexts
+    scale: float,
+    num_threads: int | None = None,
+    march: str | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of prefill rows over their sequences' contexts in the paged cache (this
+    step's K/V written already), tiles of query rows sharing each K/V row they load. Dtypes as
+    paged_attention_decode's."""
+    num_tokens = query.shape[0]
+    march = march or kernel_march()
+    _check(out, query, key_cache, value_cache, block_tables, context_lens, sinks, march)
+    num_seqs = context_lens.shape[0]
+    rows = (query_starts, query_lens)
+    if any(t.dtype != torch.int32 or not t.is_contiguous() or not t.is_cpu for t in rows):
+        raise TypeError("query_starts and query_lens must be contiguous int32 on the CPU")
+    if query_starts.shape != (num_seqs,) or query_lens.shape != (num_seqs,):
+        raise ValueError("one query start, query length and context length per sequence")
+    if block_tables.shape[0] < num_seqs:
+        raise ValueError("one block table per sequence")
+    if num_seqs and (
+        bool((query_starts < 0).any())
+        or bool((query_lens < 1).any())
+        or bool((query_lens > context_lens).any())
+        or int((query_starts + query_lens).max()) > num_tokens
+    ):
+        raise ValueError(f"query rows outside the {num_tokens} rows or their contexts")
+    head = _leading_args(out, query, key_cache, value_cache, block_tables)
+    tail = _trailing_args(query, key_cache, scale, window, softcap, sinks, num_threads)
+    lens = (query_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr())
+    status = _prefill_library(march).paged_attention_prefill(*head, *lens, num_seqs, *tail)
+    if status != 0:
+        raise RuntimeError(f"paged_attention_prefill failed with status {status}")
+    return out
+
+
+def _check(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    sinks: torch.Tensor | None,
+    march: str,
+) -> None:
+    """Raises for arguments the kernels cannot take."""
+    num_heads, head_dim = query.shape[1:]
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
     if not all([t.is_cpu for t in tensors]):
-        raise ValueError("paged_attention_decode runs on CPU tensors only")
-    march = march or kernel_march()
+        raise ValueError("the CPU attention kernels run on CPU tensors only")
     if query.dtype != out.dtype or query.dtype not in ACTIVATION_DTYPES:
         raise TypeError(
             f"query and out must be both float32 or both bfloat16, got {query.dtype} and "
@@ -88,7 +167,7 @@ def paged_attention_decode(
         )
     if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
         raise TypeError("block_tables and context_lens must be int32")
-    if cache_head_dim != head_dim or value_cache.shape != key_cache.shape:
+    if key_cache.shape[3] != head_dim or value_cache.shape != key_cache.shape:
         raise ValueError(
             f"query {tuple(query.shape)} does not match cache {tuple(key_cache.shape)}"
         )
@@ -100,36 +179,26 @@ def paged_attention_decode(
         raise ValueError("the caches must be contiguous")
     if block_tables.stride(1) != 1 or not context_lens.is_contiguous():
         raise ValueError("block_tables rows and context_lens must be contiguous")
-    if block_tables.shape[0] < num_seqs or context_lens.shape[0] < num_seqs:
-        raise ValueError("one block table and context length per sequence")
     if sinks is not None and (
         sinks.shape != (num_heads,)
         or sinks.dtype != torch.float32
         or not (sinks.is_cpu and sinks.is_contiguous())
     ):
         raise ValueError(f"sinks must be {num_heads} contiguous float32 on the CPU, got {sinks}")
-    status = _library(march).paged_attention_decode(
-        KV_DTYPE_CODES[key_cache.dtype],
-        int(query.dtype == torch.bfloat16),
-        out.data_ptr(),
-        query.data_ptr(),
-        query.stride(0),
-        key_cache.data_ptr(),
-        value_cache.data_ptr(),
-        block_tables.data_ptr(),
-        block_tables.stride(0),
-        context_lens.data_ptr(),
-        num_seqs,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        block_size,
-        scale,
-        window or 0,
-        softcap or 0.0,
-        None if sinks is None else sinks.data_ptr(),
-        num_threads or torch.get_num_threads(),
-    )
-    if status != 0:
-        raise RuntimeError(f"paged_attention_decode failed with status {status}")
-    return out
+
+
+def _leading_args(out, query, key_cache, value_cache, block_tables) -> tuple:
+    """The arguments both kernels start with: dtypes, tensors, strides."""
+    kv_dtype, act_bf16 = KV_DTYPE_CODES[key_cache.dtype], int(query.dtype == torch.bfloat16)
+    tensors = (out.data_ptr(), query.data_ptr(), query.stride(0))
+    cache = (key_cache.data_ptr(), value_cache.data_ptr())
+    return (kv_dtype, act_bf16, *tensors, *cache, block_tables.data_ptr(), block_tables.stride(0))
+
+
+def _trailing_args(query, key_cache, scale, window, softcap, sinks, num_threads) -> tuple:
+    """The arguments both kernels end with: shapes, scale, window, soft cap, sinks, threads."""
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    shapes = (query.shape[1], num_kv_heads, head_dim, block_size)
+    sinks_ptr = None if sinks is None else sinks.data_ptr()
+    options = (window or 0, softcap or 0.0, sinks_ptr, num_threads or torch.get_num_threads())
+    return (*shapes, scale, *options)
