@@ -9,7 +9,7 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's (attention/kv_cache_dtype.py)
-REASONING_PARSERS = ("deepseek_r1", "qwen3")  # vLLM's (io/reasoning.py)
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")  # vLLM's (io/reasoning.py)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -31,7 +31,8 @@ TOOL_CALL_PARSER = option(
     None,
     "--tool-call-parser",
     help="read the tool calls of answers to requests with tools (tool_choice auto): hermes "
-    "(<tool_call> tags: Qwen, Hermes), llama3_json or pythonic ([f(x=1)]: Llama 3.2, 4)",
+    "(<tool_call> tags: Qwen, Hermes), llama3_json, pythonic ([f(x=1)]: Llama 3.2, 4) or "
+    "openai (gpt-oss's harmony calls)",
     metavar="NAME",
 )
 

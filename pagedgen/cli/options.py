@@ -204,9 +204,9 @@ ENGINE = OptionGroup(
             str | None,
             _engine(
                 None,
-                help="the model reasons first: deepseek_r1 or qwen3 (vLLM's); chat answers are "
-                "split at </think> into reasoning and content, structured output holds the part "
-                "after it",
+                help="the model reasons first: deepseek_r1, qwen3 or openai_gptoss (vLLM's); chat "
+                "answers are split at </think> (gpt-oss: by harmony channel) into reasoning and "
+                "content, structured output holds the part after it",
                 metavar="NAME",
             ),
         ),

@@ -83,7 +83,7 @@ class LLMEngine:
         self.stop_checker = StopChecker(tokenizer, max_model_len)
         self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else 0)
         self.structured_output = StructuredOutputManager(
-            tokenizer, self.vocab_size, eos_token_ids, config.reasoning_parser is not None
+            tokenizer, self.vocab_size, eos_token_ids, config.reasoning_parser
         )
         self.output_processor = OutputProcessor(
             self.scheduler, self.stop_checker, self.structured_output, config.speculative_config

@@ -1,10 +1,11 @@
 from typing import Any
 
+from pagedgen.io.harmony import uses_harmony
 from pagedgen.io.openai_batch import openai_error, openai_response, openai_success
 from pagedgen.io.pooling import openai_embedding_body, pooling_error_record, pooling_record
 from pagedgen.io.records import InputRecord, request_hash
 from pagedgen.io.tools import Answer, forces_tool_calls, read_answer
-from pagedgen.outputs import PoolingRequestOutput, RequestOutput
+from pagedgen.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 
 
 def output_record(
@@ -95,7 +96,9 @@ class RecordFormatter:
         answers = []
         parsed = forces_tool_calls(record.chat) or self.parsers != (None, None)
         if record.messages is not None and parsed:
-            answers = [read_answer(c.text, *self.parsers, record.chat) for c in output.outputs]
+            answers = [
+                read_answer(self._text(c), *self.parsers, record.chat) for c in output.outputs
+            ]
         if self.openai:  # as vLLM, the model of a response is the adapter's name if it ran one
             lora = output.lora_request
             model = self.model if lora is None else lora.lora_name
@@ -103,6 +106,13 @@ class RecordFormatter:
         else:
             line = output_record(record, output, answers)
         return {**line, "request_hash": request_hash(record)}
+
+    def _text(self, completion: CompletionOutput) -> str:
+        """The completion's text as the parsers read it: with its special tokens for harmony
+        (gpt-oss), whose message markers are special tokens the text drops."""
+        if self.tokenizer is None or not uses_harmony(*self.parsers):
+            return completion.text
+        return self.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
 
     def error(self, record: InputRecord, reason: str, num_prompt_tokens: int = 0) -> dict:
         if self.openai:

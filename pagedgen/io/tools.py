@@ -9,6 +9,8 @@ parsed for tool calls by a --tool-call-parser, vLLM's names:
   pythonic     the whole answer a Python list of calls with literal keyword arguments,
                [get_weather(city="Paris", days=2), ...] (Llama 3.2 and 4), read without
                running anything (ast.literal_eval)
+  openai       gpt-oss's harmony messages to=functions.NAME (io/harmony.py), read from the
+               whole answer, its special tokens kept
 
 An answer that does not parse as calls stays content, as vLLM's parsers leave it.
 
@@ -23,9 +25,10 @@ import json
 import re
 from typing import Any, NamedTuple
 
+from pagedgen.io.harmony import harmony_tool_calls
 from pagedgen.io.reasoning import split_reasoning
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic", "openai")
 TOOL_CHOICES = ("none", "auto", "required")  # or {"type": "function", "function": {"name"}}
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -57,7 +60,9 @@ def read_answer(
             return Answer(reasoning, content, [])
         calls = [_call(json.dumps(c), "parameters") for c in called if isinstance(c, dict)]
         return Answer(reasoning, None, [c for c in calls if c is not None])
-    if tool_call_parser is not None and parses_tool_calls(chat) and content:
+    if tool_call_parser == "openai" and parses_tool_calls(chat):  # calls outside the content
+        content, calls = harmony_tool_calls(text)
+    elif tool_call_parser is not None and parses_tool_calls(chat) and content:
         content, calls = parse_tool_calls(tool_call_parser, content)
     return Answer(reasoning, content, calls)
 
@@ -144,6 +149,8 @@ def parse_tool_calls(parser: str, text: str) -> tuple[str | None, list[dict[str,
     if parser == "pythonic":
         calls = _pythonic_calls(text)
         return (text, []) if calls is None else (None, calls)
+    if parser == "openai":
+        return harmony_tool_calls(text)
     raise ValueError(f"tool call parser must be one of {TOOL_CALL_PARSERS}, got {parser!r}")
 
 

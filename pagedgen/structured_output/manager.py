@@ -113,11 +113,11 @@ class StructuredOutputManager:
         tokenizer: Any,
         vocab_size: int,
         eos_token_ids: set[int],
-        reasoning: bool = False,  # constraints hold only after the reasoning (reasoning_gate.py)
+        reasoning: str | None = None,  # a reasoning parser: constraints hold after the reasoning
     ) -> None:
         self.tokenizer = tokenizer
-        # <think> and </think>'s token ids, where constraints wait for the reasoning to end
-        self.reasoning = reasoning_markers(tokenizer) if reasoning else None
+        # the reasoning's opening and closing markers' token ids (reasoning_gate.py)
+        self.reasoning = reasoning_markers(tokenizer, reasoning) if reasoning else None
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.backend: Any = None  # GuidanceBackend, built by the first compile

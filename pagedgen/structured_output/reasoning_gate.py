@@ -6,10 +6,18 @@ from typing import Any
 
 from pagedgen.engine.sequence import Sequence
 
+# Where the reasoning opens and closes: <think> and </think> (one special token each in Qwen3
+# and DeepSeek-R1); gpt-oss's harmony channels, analysis and final.
+MARKERS = {
+    "deepseek_r1": ("<think>", "</think>"),
+    "qwen3": ("<think>", "</think>"),
+    "openai_gptoss": ("<|channel|>analysis<|message|>", "<|channel|>final<|message|>"),
+}
 
-def reasoning_markers(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """The token ids of <think> and </think> (one special token each in Qwen3 and DeepSeek-R1)."""
-    return tuple(tokenizer.encode(t, add_special_tokens=False) for t in ("<think>", "</think>"))
+
+def reasoning_markers(tokenizer: Any, parser: str = "qwen3") -> tuple[list[int], list[int]]:
+    """The token ids of the parser's opening and closing markers."""
+    return tuple(tokenizer.encode(t, add_special_tokens=False) for t in MARKERS[parser])
 
 
 def find_last(tokens: list[int], pattern: list[int]) -> int:
@@ -33,7 +41,8 @@ def find_first(tokens: list[int], pattern: list[int], start: int = 0) -> int:
 class ReasoningGate:
     """Where each sequence's constrained output begins: just past the first </think> of its
     output, or at its first token where the prompt has closed the reasoning already (a </think>
-    after the last <think>, as Qwen3's template writes with thinking off)."""
+    after the last <think>, as Qwen3's template writes with thinking off); for gpt-oss, just
+    past its final channel's header."""
 
     def __init__(self, markers: tuple[list[int], list[int]]) -> None:
         self.start_ids, self.end_ids = markers  # <think>'s and </think>'s token ids
