@@ -43,8 +43,9 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
     const int* __restrict__ cu_seqlens_q,     // [num_seqs + 1], rows of query and out
     const int* __restrict__ context_lens,     // [num_seqs]
     int max_num_blocks_per_seq, int q_stride, int group, float scale,
-    int window,      // 0: none
-    float softcap) {  // 0: none
+    int window,                       // 0: none
+    float softcap,                    // 0: none
+    const float* __restrict__ sinks) {  // [num_heads] or nullptr: a logit in each softmax
   constexpr int TILE_KEYS = prefill_tile_keys(HEAD_SIZE);
   constexpr int LANES_PER_KEY = kWarpSize / TILE_KEYS;
   constexpr int SCORE_DIMS = HEAD_SIZE / LANES_PER_KEY;
@@ -178,7 +179,12 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
     const int row = tile_row + warp * kRowsPerWarp + r;
     const int head = kv_head * group + row % group;
     T* o = out + ((long long)(first_row + row / group) * num_heads + head) * HEAD_SIZE;
-    const float inv_sum = 1.f / l_run[r];
+    float inv_sum = 1.f / l_run[r];
+    if (sinks != nullptr) {  // one more key, of zero value: in the sum, not in acc
+      const float m = fmaxf(m_run[r], sinks[head]);
+      const float alpha = __expf(m_run[r] - m);
+      inv_sum = alpha / (l_run[r] * alpha + __expf(sinks[head] - m));
+    }
 #pragma unroll
     for (int j = 0; j < OUT_DIMS; ++j) {
       const int d = lane + j * kWarpSize;
@@ -195,7 +201,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
 #define PAGEDGEN_PF_BLOCK(T, C, HEAD, BLOCK)                                                   \
   template __global__ void pagedgen::prefill_attention_kernel<T, C, HEAD, BLOCK>(             \
       T*, const T*, const C*, const C*, const int*, const int*, const int*, int, int, int,    \
-      float, int, float);
+      float, int, float, const float*);
 #define PAGEDGEN_PF_HEAD(T, C, HEAD) \
   PAGEDGEN_PF_BLOCK(T, C, HEAD, 8)   \
   PAGEDGEN_PF_BLOCK(T, C, HEAD, 16)  \

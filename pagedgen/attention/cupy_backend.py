@@ -29,7 +29,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
     back from the cache, so it sees them as later steps will. Layers with a sliding window or
     soft-capped scores (Gemma 2/3, Mistral) decode through the torch path, which reads fp8
     caches too: the decode kernels have neither yet (the prefill kernel has both). Layers with
-    attention sinks (gpt-oss) decode and prefill through the torch path: no kernel has sinks."""
+    attention sinks (gpt-oss) prefill through the kernel and decode through torch."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
@@ -130,7 +130,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> None:
-        if not self.use_prefill_kernel or sinks is not None:
+        if not self.use_prefill_kernel:
             cache = (key_cache, value_cache, metadata, scale, out)
             super().prefill(query, key, value, *cache, window, softcap, sinks)
             return
@@ -147,6 +147,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             scale,
             window,
             softcap,
+            None if sinks is None else sinks.float().contiguous(),
         )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:

@@ -52,6 +52,7 @@ def prefill_attention_launch(
     scale: float,
     window: int | None = None,  # a query at position p sees positions p - window < k <= p
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
+    sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
 ) -> KernelLaunch | None:
     """Checks the arguments and plans causal attention for every query row of a varlen batch
     in one launch: sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] are the last tokens of
@@ -74,7 +75,11 @@ def prefill_attention_launch(
     )
     check(window is None or window >= 1, f"window must be >= 1, got {window}")
     check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
+    if sinks is not None:
+        check_tensor("sinks", sinks, torch.float32, 1)
+        check(sinks.shape[0] == num_heads, f"{sinks.shape[0]} sinks for {num_heads} heads")
     tensors = (out, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens)
+    tensors += () if sinks is None else (sinks,)
     devices = {t.device for t in tensors}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
     if num_seqs == 0 or max_query_len == 0:
@@ -103,6 +108,7 @@ def prefill_attention_launch(
             np.float32(scale),
             np.int32(window or 0),
             np.float32(softcap or 0.0),
+            np.uint64(0) if sinks is None else sinks,  # nullptr: no sinks
         ),
     )
 
@@ -119,6 +125,7 @@ def prefill_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Prefill attention on the GPU into out; see prefill_attention_launch."""
     from pagedgen.kernels.loader import launch
@@ -135,6 +142,7 @@ def prefill_attention(
         scale,
         window,
         softcap,
+        sinks,
     )
     if kernel_launch is not None:
         launch(kernel_launch)

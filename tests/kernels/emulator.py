@@ -20,7 +20,12 @@ from pagedgen.kernels.source import kernel_source
 HERE = Path(__file__).resolve().parent
 EMU_HEADER = HERE / "cuda_emu.h"
 CXX_FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w")
-_C_TYPES = {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float}
+_C_TYPES = {
+    np.int32: ctypes.c_int32,
+    np.int64: ctypes.c_int64,
+    np.uint64: ctypes.c_uint64,  # a null pointer
+    np.float32: ctypes.c_float,
+}
 
 
 def have_gxx() -> bool:

@@ -29,6 +29,7 @@ class PrefillCase(NamedTuple):
     scale: float
     window: int | None
     softcap: float | None
+    sinks: torch.Tensor | None = None  # [num_heads] float32
 
 
 def make_prefill_case(
@@ -43,6 +44,7 @@ def make_prefill_case(
     seed: int = 0,
     device: str = "cpu",
     cache_dtype: torch.dtype | None = None,  # None: dtype
+    sinks: bool = False,  # gpt-oss's: one logit per head, from well below to well above a score
 ) -> PrefillCase:
     """Each sequence gets randomly chosen blocks; every slot it does not own stays NaN.
 
@@ -96,6 +98,7 @@ def make_prefill_case(
         head_size**-0.5,
         window,
         softcap,
+        torch.linspace(-6.0, 6.0, num_heads, device=device) if sinks else None,
     )
 
 
@@ -110,6 +113,7 @@ def prefill_reference(case: PrefillCase) -> torch.Tensor:
         case.scale,
         case.window,
         case.softcap,
+        None if case.sinks is None else case.sinks.cpu(),
     )
 
 
@@ -130,6 +134,7 @@ def run_prefill(
         case.scale,
         case.window,
         case.softcap,
+        case.sinks,
     )
     assert kernel_launch is not None
     launch(kernel_launch)

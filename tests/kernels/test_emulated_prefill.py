@@ -12,7 +12,12 @@ import torch
 from pagedgen.kernels.prefill_attention import prefill_attention_launch
 from tests.kernels.emulator import emulate, have_gxx
 from tests.kernels.paged_cases import DTYPES
-from tests.kernels.prefill_cases import check_prefill, make_prefill_case, run_prefill
+from tests.kernels.prefill_cases import (
+    check_prefill,
+    make_prefill_case,
+    prefill_reference,
+    run_prefill,
+)
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 
@@ -63,6 +68,16 @@ def test_sliding_window(window: int) -> None:
 def test_softcap_and_window() -> None:
     case = make_prefill_case(torch.bfloat16, 4, 2, 128, 16, window=20, softcap=3.0)
     check_prefill(emulate, case)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_sinks(window: int | None) -> None:
+    """gpt-oss: each head's sink joins its softmax once, after the online max and sum over the
+    keys; some sinks outweigh every score, some none."""
+    case = make_prefill_case(torch.bfloat16, 8, 2, 64, 16, window=window, sinks=True)
+    check_prefill(emulate, case)
+    plain = prefill_reference(case._replace(sinks=None))
+    assert (plain - prefill_reference(case)).abs().max() > 0.1  # the sinks matter here
 
 
 def test_strided_query_rows() -> None:

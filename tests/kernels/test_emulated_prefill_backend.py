@@ -89,11 +89,11 @@ def test_window_and_softcap_layer(launches) -> None:
     assert launches["prefill_attention.cu"] == 1 and launches["paged_attention.cu"] == 0
 
 
-def test_a_sinks_layer_attends_through_torch(launches) -> None:
-    """No CUDA kernel has sinks (gpt-oss): decode and prefill rows take torch's path, which
-    matches the reference; the cache is still written by our kernel."""
+def test_a_sinks_layer_prefills_through_the_kernel(launches) -> None:
+    """gpt-oss's sinks: the prefill kernel has them, the decode kernels not yet (decode rows
+    take torch's path); the step matches the reference."""
     query_lens, context_lens = [1, 1, 20, 7], [1, 17, 20, 40]
     metadata = make_metadata(query_lens, context_lens, BLOCK_SIZE, NUM_BLOCKS, "cpu")
     sinks = torch.linspace(-4.0, 4.0, NUM_HEADS)
     run_step(metadata, torch.float32, window=9, sinks=sinks)
-    assert launches == {"reshape_and_cache.cu": 1}
+    assert launches == {"reshape_and_cache.cu": 1, "prefill_attention.cu": 1}

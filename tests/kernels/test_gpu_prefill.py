@@ -41,6 +41,16 @@ def test_prefill_window_softcap(window: int | None, softcap: float | None) -> No
     check_prefill(loader.launch, case)
 
 
+@pytest.mark.parametrize("window", [None, 128])
+def test_prefill_sinks(window: int | None) -> None:
+    """gpt-oss's shape: heads of 64, GQA 8:1, sinks, its 128-token window."""
+    seqs = ((700, 700), (129, 1000), (1, 513))
+    case = make_prefill_case(
+        torch.bfloat16, 64, 8, 64, 16, seqs, window=window, sinks=True, device="cuda"
+    )
+    check_prefill(loader.launch, case)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prefill_long_prompts(dtype: torch.dtype) -> None:
     """Whole prompts of thousands of tokens and a chunk after a long cached prefix."""
