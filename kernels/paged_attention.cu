@@ -8,6 +8,11 @@
 // v1: one thread block per (head, sequence) streams all of the sequence's KV blocks.
 // v2: one thread block per (head, sequence, partition of PARTITION_SIZE tokens) writes a partial
 //     result with its max logit and exp sum; the reduce kernel rescales and sums the partitions.
+//
+// With a sliding window (> 0) a query sees its last `window` tokens only: blocks before the
+// window's first are never read (the engine may have freed them). With softcap (> 0) scores
+// become softcap * tanh(score / softcap) (Gemma 2). With sinks (not nullptr: one logit per head,
+// gpt-oss) each head's softmax counts exp(sink) in its sum once, as a key of zero value.
 #include "common.cuh"
 
 namespace pagedgen {
@@ -21,7 +26,8 @@ struct Stats {
   float exp_sum;
 };
 
-// Attends q to tokens [start_token, end_token) and writes out[0:HEAD_SIZE], normalised.
+// Attends q to tokens [start_token, end_token) and writes out[0:HEAD_SIZE], normalised (with
+// *sink in the sum where sink is not nullptr).
 //
 // The warps take the KV blocks round robin, each keeping an online softmax: running max m, sum l
 // and unnormalised accumulator acc, all rescaled by exp(m_old - m_new) when m grows. Lane roles
@@ -36,7 +42,8 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
                         const CACHE_T* __restrict__ key_cache,
                         const CACHE_T* __restrict__ value_cache,
                         const int* __restrict__ block_table, int kv_head, int num_kv_heads,
-                        float scale, int start_token, int end_token) {
+                        float scale, int start_token, int end_token, float softcap,
+                        const float* sink) {
   constexpr int VEC = 16 / sizeof(CACHE_T);
   constexpr int NUM_VECS = HEAD_SIZE / VEC;
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
@@ -76,9 +83,11 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
     const long long block_offset =
         (long long)block_table[b] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE;
     const int num_tokens = min(BLOCK_SIZE, end_token - b * BLOCK_SIZE);
+    const int skipped = max(0, start_token - b * BLOCK_SIZE);  // the first block's, if partial
+    const bool valid = token_in_block < num_tokens && token_in_block >= skipped;
 
     float score = 0.f;
-    if (token_in_block < num_tokens) {
+    if (valid) {
       const CACHE_T* k = key_cache + block_offset + (long long)token_in_block * token_stride;
 #pragma unroll 8
       for (int i = 0; i < K_VECS; ++i) {
@@ -94,11 +103,12 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
     for (int mask = THREADS_PER_TOKEN / 2; mask > 0; mask /= 2) {
       score += __shfl_xor_sync(kFullMask, score, mask);
     }
-    if (token_in_block >= num_tokens) score = kNegMax;
+    if (softcap > 0.f) score = softcap * tanhf(score / softcap);
+    if (!valid) score = kNegMax;
 
     const float m_new = fmaxf(m, warp_max(score));
     const float alpha = __expf(m - m_new);
-    const float p = token_in_block < num_tokens ? __expf(score - m_new) : 0.f;
+    const float p = valid ? __expf(score - m_new) : 0.f;
     m = m_new;
     l = l * alpha + (part == 0 ? p : 0.f);
     if (part == 0) s_p[warp][token_in_block] = p;
@@ -110,6 +120,7 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
       for (int e = 0; e < VEC; ++e) acc[i][e] *= alpha;
     }
     for (int t = v_row; t < num_tokens; t += V_ROWS) {
+      if (t < skipped) continue;  // out of the window: never read
       const float pt = s_p[warp][t];
       const CACHE_T* v_token = value_cache + block_offset + (long long)t * token_stride;
 #pragma unroll
@@ -157,12 +168,14 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
   Stats stats = {kNegMax, 0.f};
 #pragma unroll
   for (int w = 0; w < NUM_WARPS; ++w) stats.max_logit = fmaxf(stats.max_logit, s_m[w]);
+  if (sink != nullptr) stats.max_logit = fmaxf(stats.max_logit, *sink);
   float weights[NUM_WARPS];
 #pragma unroll
   for (int w = 0; w < NUM_WARPS; ++w) {
     weights[w] = __expf(s_m[w] - stats.max_logit);
     stats.exp_sum += s_l[w] * weights[w];
   }
+  if (sink != nullptr) stats.exp_sum += __expf(*sink - stats.max_logit);
   const float inv_sum = 1.f / stats.exp_sum;
   for (int d = tid; d < HEAD_SIZE; d += NUM_THREADS) {
     float o = 0.f;
@@ -182,16 +195,19 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
     const CACHE_T* __restrict__ value_cache,  // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
     const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
     const int* __restrict__ context_lens,     // [num_seqs]
-    int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale) {
+    int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int window,
+    float softcap, const float* __restrict__ sinks) {
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int num_heads = gridDim.x;
   const int kv_head = head / (num_heads / num_kv_heads);
+  const int context_len = context_lens[seq];
   attend<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS>(
       out + ((long long)seq * num_heads + head) * HEAD_SIZE,
       query + (long long)seq * q_stride + head * HEAD_SIZE, key_cache, value_cache,
-      block_tables + (long long)seq * max_num_blocks_per_seq, kv_head, num_kv_heads, scale, 0,
-      context_lens[seq]);
+      block_tables + (long long)seq * max_num_blocks_per_seq, kv_head, num_kv_heads, scale,
+      window > 0 ? max(0, context_len - window) : 0, context_len, softcap,
+      sinks == nullptr ? nullptr : sinks + head);
 }
 
 // grid (num_heads, num_seqs, max_num_partitions), block NUM_THREADS
@@ -206,22 +222,26 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
     const CACHE_T* __restrict__ value_cache,  // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE]
     const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
     const int* __restrict__ context_lens,     // [num_seqs]
-    int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale) {
+    int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int window,
+    float softcap) {
   static_assert(PARTITION_SIZE % BLOCK_SIZE == 0, "partitions start on a block boundary");
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int partition = blockIdx.z;
   const int num_heads = gridDim.x;
   const int context_len = context_lens[seq];
-  const int start_token = partition * PARTITION_SIZE;
-  if (start_token >= context_len) return;  // the whole thread block leaves together
-  const int end_token = min(start_token + PARTITION_SIZE, context_len);
+  const int window_start = window > 0 ? max(0, context_len - window) : 0;
+  const int end_token = min((partition + 1) * PARTITION_SIZE, context_len);
+  // Past the context or before the window: the reduce reads no partial of it. The whole thread
+  // block leaves together.
+  if (partition * PARTITION_SIZE >= context_len || end_token <= window_start) return;
+  const int start_token = max(partition * PARTITION_SIZE, window_start);
   const int kv_head = head / (num_heads / num_kv_heads);
   const long long row = ((long long)seq * num_heads + head) * gridDim.z + partition;
   const Stats stats = attend<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS>(
       tmp_out + row * HEAD_SIZE, query + (long long)seq * q_stride + head * HEAD_SIZE, key_cache,
       value_cache, block_tables + (long long)seq * max_num_blocks_per_seq, kv_head, num_kv_heads,
-      scale, start_token, end_token);
+      scale, start_token, end_token, softcap, nullptr);
   if (threadIdx.x == 0) {
     max_logits[row] = stats.max_logit;
     exp_sums[row] = stats.exp_sum;
@@ -236,22 +256,24 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
     const float* __restrict__ max_logits,  // [num_seqs, num_heads, max_num_partitions]
     const float* __restrict__ tmp_out,     // [num_seqs, num_heads, max_num_partitions, HEAD_SIZE]
     const int* __restrict__ context_lens,  // [num_seqs]
-    int max_num_partitions) {
+    int max_num_partitions, int window, const float* __restrict__ sinks) {
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int num_heads = gridDim.x;
-  const int num_partitions = (context_lens[seq] + PARTITION_SIZE - 1) / PARTITION_SIZE;
+  const int context_len = context_lens[seq];
+  const int num_partitions = (context_len + PARTITION_SIZE - 1) / PARTITION_SIZE;
+  const int first = window > 0 ? max(0, context_len - window) / PARTITION_SIZE : 0;
   const long long row = ((long long)seq * num_heads + head) * max_num_partitions;
-  float max_logit = kNegMax;
-  for (int p = 0; p < num_partitions; ++p) max_logit = fmaxf(max_logit, max_logits[row + p]);
-  float exp_sum = 0.f;
-  for (int p = 0; p < num_partitions; ++p) {
+  float max_logit = sinks == nullptr ? kNegMax : sinks[head];
+  for (int p = first; p < num_partitions; ++p) max_logit = fmaxf(max_logit, max_logits[row + p]);
+  float exp_sum = sinks == nullptr ? 0.f : __expf(sinks[head] - max_logit);
+  for (int p = first; p < num_partitions; ++p) {
     exp_sum += exp_sums[row + p] * __expf(max_logits[row + p] - max_logit);
   }
   const float inv_sum = 1.f / exp_sum;
   for (int d = threadIdx.x; d < HEAD_SIZE; d += NUM_THREADS) {
     float o = 0.f;
-    for (int p = 0; p < num_partitions; ++p) {
+    for (int p = first; p < num_partitions; ++p) {
       const float weight = exp_sums[row + p] * __expf(max_logits[row + p] - max_logit);
       o += tmp_out[(row + p) * HEAD_SIZE + d] * weight;
     }
@@ -267,13 +289,14 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
 // kernel reads float partials only: one per scalar and head size, whatever the cache.
 #define PAGEDGEN_PA_BLOCK(T, C, HEAD, BLOCK)                                                     \
   template __global__ void pagedgen::paged_attention_v1_kernel<T, C, HEAD, BLOCK, 128>(         \
-      T*, const T*, const C*, const C*, const int*, const int*, int, int, int, float);          \
+      T*, const T*, const C*, const C*, const int*, const int*, int, int, int, float, int,     \
+      float, const float*);                                                                     \
   template __global__ void pagedgen::paged_attention_v2_kernel<T, C, HEAD, BLOCK, 128, 512>(    \
       float*, float*, float*, const T*, const C*, const C*, const int*, const int*, int, int,   \
-      int, float);
+      int, float, int, float);
 #define PAGEDGEN_PA_REDUCE(T, HEAD)                                                              \
   template __global__ void pagedgen::paged_attention_v2_reduce_kernel<T, HEAD, 128, 512>(       \
-      T*, const float*, const float*, const float*, const int*, int);
+      T*, const float*, const float*, const float*, const int*, int, int, const float*);
 #define PAGEDGEN_PA_CACHE(T, C, HEAD) \
   PAGEDGEN_PA_BLOCK(T, C, HEAD, 8)    \
   PAGEDGEN_PA_BLOCK(T, C, HEAD, 16)   \

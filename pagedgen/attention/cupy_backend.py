@@ -26,10 +26,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
     the torch backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES, and fp8
     caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside caches of the model's dtype: every
     kernel rounds K/V into them as to_cache_dtype does, and attention reads this step's K/V
-    back from the cache, so it sees them as later steps will. Layers with a sliding window or
-    soft-capped scores (Gemma 2/3, Mistral) decode through the torch path, which reads fp8
-    caches too: the decode kernels have neither yet (the prefill kernel has both). Layers with
-    attention sinks (gpt-oss) prefill through the kernel and decode through torch."""
+    back from the cache, so it sees them as later steps will. Sliding windows
+    (Mistral, Gemma 2/3, gpt-oss), soft-capped scores (Gemma 2) and attention sinks (gpt-oss)
+    are read by every attention kernel but the grouped one, which declines such layers."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
@@ -99,10 +98,6 @@ class CupyAttentionBackend(TorchAttentionBackend):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ):
-        if window is not None or softcap is not None or sinks is not None:
-            return super().decode(
-                query, key_cache, value_cache, metadata, scale, out, window, softcap, sinks
-            )
         num_decode = metadata.num_decode_seqs
         paged_attention(
             out[:num_decode],
@@ -114,6 +109,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
             max(metadata.context_lens_cpu[:num_decode]),
             scale,
             grouped=self.use_grouped_decode,
+            window=window,
+            softcap=softcap,
+            sinks=None if sinks is None else sinks.float().contiguous(),
         )
 
     def prefill(

@@ -139,17 +139,14 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     else:
         kv_cache_bytes = DEFAULT_CPU_KV_CACHE_GIB * GIB
     pool = size_kv_pool(geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
-    torch_decode = backend.name != "cupy" or any(
-        layer.sliding_window or layer.softcap or layer.sinks is not None
-        for layer in model.attention_layers
-    )
+    torch_decode = backend.name != "cupy"
     # A pooling runner's steps are prompts: it never decodes.
     eager = config.enforce_eager or pooler_config is not None
     graphs = device.type == "cuda" and not eager and model.supports_graphs
     if graphs and torch_decode:
         # A graph fixes max_context_len at max_model_len: torch's decode would then gather
         # every row's whole table, where the cupy kernel reads each row's own context only.
-        log("decode CUDA graphs need the cupy decode kernel in every layer; running eagerly")
+        log("decode CUDA graphs need the cupy decode kernels; running eagerly")
         graphs = False
     cpu_graphs = (
         device.type == "cpu"

@@ -110,13 +110,17 @@ def paged_attention_launches(
     version: int | None = None,
     partition_size: int | None = None,
     grouped: bool = False,
+    window: int | None = None,  # a query sees its last `window` tokens; earlier blocks unread
+    softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
+    sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
 ) -> list[KernelLaunch]:
     """Checks the arguments and plans decode attention for one query row per sequence: a single
     v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors). The
     caches hold the query's dtype or an fp8 one (float8_e4m3fn, float8_e5m2), read exactly.
 
     grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
-    its GQA group (layers without GQA keep the per-head kernel, which is the same for them).
+    its GQA group (layers without GQA, or with a window, soft cap or sinks, which it lacks, keep
+    the per-head kernel).
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -135,14 +139,22 @@ def paged_attention_launches(
         f"max_context_len {max_context_len} exceeds the block tables' "
         f"{block_tables.shape[1]} blocks of {block_size}",
     )
-    devices = {t.device for t in (out, query, key_cache, value_cache, block_tables, context_lens)}
+    check(window is None or window >= 1, f"window must be >= 1, got {window}")
+    check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
+    tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
+    if sinks is not None:
+        check_tensor("sinks", sinks, torch.float32, 1)
+        check(sinks.shape[0] == num_heads, f"{sinks.shape[0]} sinks for {num_heads} heads")
+        tensors += (sinks,)
+    devices = {t.device for t in tensors}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
     if num_seqs == 0:
         return []
     check(max_context_len >= 1, f"max_context_len must be >= 1, got {max_context_len}")
 
     group_size = num_heads // num_kv_heads
-    grouped = grouped and group_size > 1
+    plain = window is None and softcap is None and sinks is None
+    grouped = grouped and group_size > 1 and plain
     tile = group_tile(group_size, head_size)
     grid_x = num_kv_heads * -(-group_size // tile) if grouped else num_heads
     if version is None and grouped:
@@ -178,8 +190,11 @@ def paged_attention_launches(
         np.int32(num_kv_heads),
         np.float32(scale),
     )
+    options = (np.int32(window or 0), np.float32(softcap or 0.0))
+    sinks_arg = np.uint64(0) if sinks is None else sinks  # nullptr: no sinks
     if version == 1:
-        args = (out, *common, *((np.int32(num_heads),) if grouped else ()))
+        tail = (np.int32(num_heads),) if grouped else (*options, sinks_arg)
+        args = (out, *common, *tail)
         return [KernelLaunch(main_module, v1_name, (grid_x, num_seqs, 1), main_block, args)]
 
     check(version == 2, f"version must be 1, 2 or None, got {version}")
@@ -188,7 +203,7 @@ def paged_attention_launches(
     exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=query.device)
     max_logits = torch.empty_like(exp_sums)
     tmp_out = torch.empty((*stats_shape, head_size), dtype=torch.float32, device=query.device)
-    grouped_args = (np.int32(num_heads), np.int32(partition_size)) if grouped else ()
+    grouped_args = (np.int32(num_heads), np.int32(partition_size)) if grouped else options
     return [
         KernelLaunch(
             main_module,
@@ -202,7 +217,16 @@ def paged_attention_launches(
             module.name_expressions[2],
             (num_heads, num_seqs, 1),
             block,
-            (out, exp_sums, max_logits, tmp_out, context_lens, np.int32(max_num_partitions)),
+            (
+                out,
+                exp_sums,
+                max_logits,
+                tmp_out,
+                context_lens,
+                np.int32(max_num_partitions),
+                options[0],
+                sinks_arg,
+            ),
         ),
     ]
 
@@ -217,6 +241,9 @@ def paged_attention(
     max_context_len: int,
     scale: float,
     grouped: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Decode attention on the GPU into out; see paged_attention_launches."""
     from pagedgen.kernels.loader import launch
@@ -231,5 +258,8 @@ def paged_attention(
         max_context_len,
         scale,
         grouped=grouped,
+        window=window,
+        softcap=softcap,
+        sinks=sinks,
     ):
         launch(kernel_launch)

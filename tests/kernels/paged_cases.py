@@ -32,6 +32,9 @@ class DecodeCase(NamedTuple):
     context_lens: torch.Tensor  # [num_seqs] int32
     block_table_lists: list[list[int]]
     scale: float
+    window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None  # [num_heads] float32
 
     @property
     def max_context_len(self) -> int:
@@ -48,12 +51,16 @@ def make_decode_case(
     seed: int = 0,
     device: str = "cpu",
     cache_dtype: torch.dtype | None = None,  # None: dtype
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: bool = False,  # gpt-oss's: one logit per head, from well below to well above a score
 ) -> DecodeCase:
     """Each sequence gets randomly chosen blocks; every slot it does not own stays NaN.
 
     Block 0 is never handed out, and the block tables are padded with 0, so a kernel that reads
-    one token or one block too far reads NaN and the result shows it. The cache is filled in
-    float32, then rounded to cache_dtype as the backends write it.
+    one token or one block too far reads NaN and the result shows it. With a window, the entries
+    of blocks wholly before it point at block 0 too (the engine frees them) and their tokens are
+    NaN. The cache is filled in float32, then rounded to cache_dtype as the backends write it.
     """
     g = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-n // block_size) for n in context_lens]
@@ -62,22 +69,25 @@ def make_decode_case(
     key_cache = torch.full(shape, float("nan"))
     value_cache = torch.full(shape, float("nan"))
     free_blocks = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
-    block_table_lists = []
+    block_table_lists, kernel_tables = [], []
     for context_len, num_seq_blocks in zip(context_lens, blocks_per_seq):
         block_table = [free_blocks.pop() for _ in range(num_seq_blocks)]
         block_table_lists.append(block_table)
+        first = 0 if window is None else max(0, context_len - window) // block_size
+        kernel_tables.append([0] * first + block_table[first:])
         positions = torch.arange(context_len)
         slots = torch.tensor(block_table)[positions // block_size] * block_size
         slots += positions % block_size
         for cache in (key_cache, value_cache):
             values = torch.randn(context_len, num_kv_heads, head_size, generator=g)
+            values[: first * block_size] = float("nan")
             cache.view(-1, num_kv_heads, head_size)[slots] = values
     key_cache, value_cache = (
         to_cache_dtype(c, cache_dtype or dtype) for c in (key_cache, value_cache)
     )
     max_blocks = max(blocks_per_seq)
     block_tables = torch.tensor(
-        [table + [0] * (max_blocks - len(table)) for table in block_table_lists], dtype=torch.int32
+        [table + [0] * (max_blocks - len(table)) for table in kernel_tables], dtype=torch.int32
     )
     # Doubled queries make the softmax peakier, so a missed rescale cannot hide in the noise.
     query = 2 * torch.randn(len(context_lens), num_heads, head_size, generator=g)
@@ -89,6 +99,9 @@ def make_decode_case(
         torch.tensor(context_lens, dtype=torch.int32, device=device),
         block_table_lists,
         head_size**-0.5,
+        window,
+        softcap,
+        torch.linspace(-6.0, 6.0, num_heads, device=device) if sinks else None,
     )
 
 
@@ -106,6 +119,9 @@ def reference(case: DecodeCase) -> torch.Tensor:
         case.context_lens.tolist(),
         [1] * case.query.shape[0],
         case.scale,
+        case.window,
+        case.softcap,
+        None if case.sinks is None else case.sinks.cpu(),
     )
 
 
@@ -131,6 +147,9 @@ def run_decode(
         version=version,
         partition_size=partition_size,
         grouped=grouped,
+        window=case.window,
+        softcap=case.softcap,
+        sinks=case.sinks,
     ):
         launch(kernel_launch)
     return out

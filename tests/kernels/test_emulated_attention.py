@@ -19,6 +19,7 @@ from tests.kernels.paged_cases import (
     SMALL_PARTITION_SIZE,
     check_decode,
     make_decode_case,
+    reference,
     run_decode,
 )
 
@@ -106,3 +107,47 @@ def test_wrapper_rejects_bad_arguments(change: dict, message: str) -> None:
     args["out"] = torch.empty_like(args["query"])
     with pytest.raises(ValueError, match=message):
         paged_attention_launches(**args)
+
+
+# (window, softcap, sinks): a window inside one block, one of whole blocks, one over several
+# partitions, a window of one token; Gemma 2's soft cap; gpt-oss's sinks with and without its
+# window. Blocks before a window are freed (NaN, their table entries at block 0).
+OPTIONS = [
+    (5, None, False),
+    (32, None, False),
+    (150, None, False),
+    (1, None, False),
+    (None, 30.0, False),
+    (40, 5.0, False),
+    (None, None, True),
+    (100, None, True),
+]
+
+
+@pytest.mark.parametrize(("window", "softcap", "sinks"), OPTIONS, ids=str)
+@pytest.mark.parametrize("version", [1, 2])
+def test_windows_softcaps_and_sinks(attention_emulator, version, window, softcap, sinks):
+    case = make_decode_case(
+        torch.bfloat16, 8, 2, 64, 16, seed=7, window=window, softcap=softcap, sinks=sinks
+    )
+    check_decode(attention_emulator.launch, case, version, SMALL_PARTITION_SIZE)
+    if window is not None:
+        plain = make_decode_case(torch.bfloat16, 8, 2, 64, 16, seed=7, softcap=softcap)
+        assert not torch.equal(reference(case), reference(plain._replace(sinks=case.sinks)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_size", [80, 256])
+def test_window_and_sinks_every_dtype(attention_emulator, dtype, head_size):
+    case = make_decode_case(dtype, 4, 1, head_size, 8, seed=head_size, window=20, sinks=True)
+    check_decode(attention_emulator.launch, case, 2, SMALL_PARTITION_SIZE)
+    check_decode(attention_emulator.launch, case, 1)
+
+
+def test_grouped_is_declined_for_windows_softcaps_and_sinks():
+    """The grouped kernel has none of them: those layers keep the per-head kernels."""
+    case = make_decode_case(torch.float16, 8, 2, 64, 16, window=9)
+    args = (torch.empty_like(case.query), case.query, case.key_cache, case.value_cache)
+    args += (case.block_tables, case.context_lens, case.max_context_len, case.scale)
+    launches = paged_attention_launches(*args, grouped=True, window=9)
+    assert all("grouped" not in launch.name_expression for launch in launches)

@@ -80,7 +80,7 @@ def test_grouped_decode(backend) -> None:
 
 
 def test_window_and_softcap_layer(backend) -> None:
-    """Decode rows of such layers go to the torch path, which reads fp8 caches too."""
+    """Such layers' decode rows read fp8 caches through the kernels too."""
     metadata = make_metadata([1, 1, 12, 9], [30, 5, 12, 60], BLOCK_SIZE, NUM_BLOCKS, "cpu")
     step(backend, metadata, torch.bfloat16, torch.float8_e5m2, window=10, softcap=20.0)
 

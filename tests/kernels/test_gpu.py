@@ -36,6 +36,22 @@ def test_paged_attention_long_contexts(dtype: torch.dtype) -> None:
     check_decode(loader.launch, case, version=2)
 
 
+@pytest.mark.parametrize(
+    ("window", "softcap", "sinks"), [(4096, 50.0, False), (128, None, True), (None, None, True)]
+)
+@pytest.mark.parametrize("version", [1, 2])
+def test_paged_attention_windows_softcaps_sinks(version, window, softcap, sinks) -> None:
+    """Gemma 2's window and soft cap; gpt-oss's heads of 64, GQA 8:1, window and sinks; over
+    real partitions, blocks before each window freed."""
+    context_lens = (600, 1500, 4097, 5000)
+    shape = (16, 2, 128) if softcap else (64, 8, 64)
+    case = make_decode_case(
+        torch.bfloat16, *shape, 16, context_lens, device="cuda", window=window,
+        softcap=softcap, sinks=sinks,
+    )  # fmt: skip
+    check_decode(loader.launch, case, version)
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
 
