@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -76,7 +77,15 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return self._plan
 
     @staticmethod
-    def _run(kernel, query, out, *args, window, softcap, sinks) -> None:
+    def _run(
+        kernel: Callable[..., torch.Tensor],
+        query: torch.Tensor,
+        out: torch.Tensor,
+        *args: object,
+        window: int | None,
+        softcap: float | None,
+        sinks: torch.Tensor | None,
+    ) -> None:
         """kernel(out, query, *args) on rows of the step, a float16 query (and its result)
         converted to float32 around it."""
         result = out
