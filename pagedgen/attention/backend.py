@@ -35,7 +35,7 @@ class AttentionBackend(ABC):
         scale: float,
         window: int | None = None,  # sliding window: a query sees its last `window` tokens
         softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
-        sinks: torch.Tensor | None = None,  # [num_heads]: a logit in each head's softmax (gpt-oss)
+        sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each softmax
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         return self.attend(

@@ -91,7 +91,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
         result = out
         if query.dtype not in ACTIVATION_DTYPES:
             query, result = query.float(), torch.empty(query.shape, dtype=torch.float32)
-        sinks = None if sinks is None else sinks.float().contiguous()
         kernel(result, query, *args, window=window, softcap=softcap, sinks=sinks)
         if result.data_ptr() != out.data_ptr():
             out.copy_(result)

@@ -111,7 +111,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             grouped=self.use_grouped_decode,
             window=window,
             softcap=softcap,
-            sinks=None if sinks is None else sinks.float().contiguous(),
+            sinks=sinks,
         )
 
     def prefill(
@@ -145,7 +145,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             scale,
             window,
             softcap,
-            None if sinks is None else sinks.float().contiguous(),
+            sinks,
         )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:

@@ -139,11 +139,10 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     else:
         kv_cache_bytes = DEFAULT_CPU_KV_CACHE_GIB * GIB
     pool = size_kv_pool(geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
-    torch_decode = backend.name != "cupy"
     # A pooling runner's steps are prompts: it never decodes.
     eager = config.enforce_eager or pooler_config is not None
     graphs = device.type == "cuda" and not eager and model.supports_graphs
-    if graphs and torch_decode:
+    if graphs and backend.name != "cupy":
         # A graph fixes max_context_len at max_model_len: torch's decode would then gather
         # every row's whole table, where the cupy kernel reads each row's own context only.
         log("decode CUDA graphs need the cupy decode kernels; running eagerly")
@@ -166,8 +165,6 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     scaled = [layer.use_kv_scales(is_fp8(kv_cache_dtype)) for layer in model.attention_layers]
     if any(scaled):
         attention += f" scaled by the checkpoint's k_scale and v_scale in {sum(scaled)} layers"
-    if backend.name == "cupy" and torch_decode:
-        attention += ", torch for its sliding-window and soft-capped layers"
     log(
         f"model {config.model} ({type(model).__name__}, {dtype}, {where}, "
         f"{attention}), max_model_len {max_model_len}"

@@ -39,13 +39,14 @@ def parse_embedding_body(record: InputRecord, body: dict[str, Any]) -> InputReco
 
 def pooling_record(record: InputRecord, output: PoolingRequestOutput) -> dict[str, Any]:
     latency = output.metrics.latency
-    embeds = isinstance(output, EmbeddingRequestOutput)
+    if isinstance(output, EmbeddingRequestOutput):
+        key, values = RESULT_KEYS["embed"], output.outputs.embedding
+    else:
+        key, values = RESULT_KEYS["classify"], output.outputs.probs
     return {
         "id": record.id,
         "line": record.line,
-        RESULT_KEYS["embed" if embeds else "classify"]: output.outputs.embedding
-        if embeds
-        else output.outputs.probs,
+        key: values,
         "prompt_tokens": output.num_prompt_tokens,
         "latency": round(latency, 4) if latency is not None else None,
         "error": None,

@@ -105,14 +105,6 @@ def pooling_task(architectures: list[str]) -> str | None:
     return "embed" if any(arch.endswith("Model") for arch in architectures) else None
 
 
-def pools(runner: str, architectures: list[str]) -> bool:
-    """Whether an engine of this runner pools with a checkpoint of these architectures (vLLM's
-    runner "auto" does for embedding models and classifiers)."""
-    if runner == "auto":
-        return pooling_task(architectures) is not None
-    return runner == "pooling"
-
-
 def checkpoint_architectures(model_dir: Path) -> list[str]:
     """config.json's architectures, read without loading anything else."""
     data = _read_json(model_dir / "config.json")
@@ -134,6 +126,10 @@ def job_task(runner: str, model_dir: Path) -> str | None:
 
 
 def task_of(runner: str, architectures: list[str]) -> str | None:
-    """The pooling task of an engine of this runner over these architectures (runner pooling
-    over an LM: embed); None where it generates."""
-    return (pooling_task(architectures) or "embed") if pools(runner, architectures) else None
+    """The pooling task of an engine of this runner over these architectures, None where it
+    generates: runner "auto" pools with embedding models and classifiers (vLLM's rule), runner
+    "pooling" with anything (an LM embeds)."""
+    task = pooling_task(architectures)
+    if runner == "pooling":
+        return task or "embed"
+    return task if runner == "auto" else None

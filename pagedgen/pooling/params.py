@@ -1,6 +1,8 @@
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pagedgen.pooling.config import TASKS
+
 
 @dataclass(slots=True)
 class PoolingParams:
@@ -19,8 +21,8 @@ class PoolingParams:
     def __post_init__(self) -> None:
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"dimensions must be >= 1, got {self.dimensions}")
-        if self.task not in (None, "embed", "classify"):
-            raise ValueError(f"task must be embed or classify, got {self.task!r}")
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(
                 f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}"
