@@ -257,32 +257,18 @@ class TorchAttentionBackend(AttentionBackend):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ):
-        num_decode = metadata.num_decode_seqs
+        n = metadata.num_decode_seqs
+        options = (scale, window, softcap, sinks)
         if query.device.type == "cpu":
-            out[:num_decode] = decode_attention_per_seq(
-                query[:num_decode],
-                key_cache,
-                value_cache,
-                self._decode_seq_blocks(metadata),
-                metadata.context_lens_cpu[:num_decode],
-                scale,
-                window,
-                softcap,
-                sinks,
+            blocks, lens = self._decode_seq_blocks(metadata), metadata.context_lens_cpu[:n]
+            out[:n] = decode_attention_per_seq(
+                query[:n], key_cache, value_cache, blocks, lens, *options
             )
         else:
-            out[:num_decode] = decode_attention(
-                query[:num_decode],
-                key_cache,
-                value_cache,
-                metadata.block_tables[:num_decode],
-                metadata.context_lens[:num_decode],
-                max(metadata.context_lens_cpu[:num_decode]),
-                scale,
-                window,
-                softcap,
-                sinks,
-            )
+            tables, lens = metadata.block_tables[:n], metadata.context_lens[:n]
+            max_len = max(metadata.context_lens_cpu[:n])
+            args = (query[:n], key_cache, value_cache, tables, lens, max_len)
+            out[:n] = decode_attention(*args, *options)
 
     def prefill(
         self,
