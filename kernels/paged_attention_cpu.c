@@ -43,7 +43,7 @@
 #include "cpu_vec.h"
 
 #define MAX_THREADS 256
-#define MAX_GROUP 64  // query heads per kv head
+#define MAX_GROUP 128  // query heads per kv head (DeepSeek-V3's MLA: 128 to its one latent)
 #define PF_DIST 2     // blocks ahead that K is prefetched (see prefetch_block)
 
 typedef struct {
@@ -274,11 +274,12 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
   }
 
 #define QK_KEYS_ALL(KV) \
-  QK_KEYS(KV, 64) QK_KEYS(KV, 80) QK_KEYS(KV, 96) QK_KEYS(KV, 128) QK_KEYS(KV, 256)
+  QK_KEYS(KV, 64) QK_KEYS(KV, 80) QK_KEYS(KV, 96) QK_KEYS(KV, 128) QK_KEYS(KV, 256) \
+  QK_KEYS(KV, 576)
 #define ATTEND_UNITS(KV, QK)                                                                  \
   V_TILE(KV)                                                                                  \
   ATTEND_UNIT(KV, 64, QK) ATTEND_UNIT(KV, 80, WIDEN) ATTEND_UNIT(KV, 96, QK)                  \
-  ATTEND_UNIT(KV, 128, QK) ATTEND_UNIT(KV, 256, QK) ATTEND_ANY(KV)
+  ATTEND_UNIT(KV, 128, QK) ATTEND_UNIT(KV, 256, QK) ATTEND_UNIT(KV, 576, QK) ATTEND_ANY(KV)
 
 QK_KEYS_ALL(f32)
 QK_KEYS_ALL(bf16)
@@ -286,6 +287,7 @@ QK_KEYS_ALL(f16)
 ATTEND_UNITS(f32, WIDEN)
 #if HAVE_DPBF16  // 80 = 5 x 16 is no whole number of 32-element pairs: it widens
 QK_KEYS_DPBF16(64) QK_KEYS_DPBF16(96) QK_KEYS_DPBF16(128) QK_KEYS_DPBF16(256)
+QK_KEYS_DPBF16(576)  // MLA's latent: kv_lora_rank 512 + qk_rope_head_dim 64
 ATTEND_UNITS(bf16, DPBF16)
 #else
 ATTEND_UNITS(bf16, WIDEN)
@@ -305,6 +307,7 @@ typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
     case 96: return attend_##KV##_96;      \
     case 128: return attend_##KV##_128;    \
     case 256: return attend_##KV##_256;    \
+    case 576: return attend_##KV##_576;    \
     default: return attend_##KV##_any;     \
   }
 

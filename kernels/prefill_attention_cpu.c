@@ -38,7 +38,7 @@
 #include "cpu_vec.h"
 
 #define MAX_THREADS 256
-#define MAX_GROUP 64
+#define MAX_GROUP 128
 #define QT 16       // query positions a tile
 #define RB 6        // rows a register block
 #define KB (2 * VW) // keys a register block of the scores

@@ -5,6 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
+from pagedgen.engine.kv_geometry import KVGeometry
 from tests.conftest import build_tokenizer
 
 COMMON = dict(
@@ -68,6 +69,51 @@ CONFIGS = {
         ),
         tie_word_embeddings=False,
     ),
+    "deepseek-v3": dict(  # MLA with a low-rank query, sigmoid routing in groups, YaRN
+        model_type="deepseek_v3",
+        num_key_value_heads=4,
+        q_lora_rank=24,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=24,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=4.0,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            original_max_position_embeddings=64,
+            rope_theta=10000.0,
+        ),
+    ),
+    "deepseek-v2": dict(  # MLA, softmax routing limited to the best groups, 2 shared experts
+        model_type="deepseek_v2",
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=24,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=1,  # fewer groups than experts chosen, or the limit changes nothing
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        n_shared_experts=2,
+        routed_scaling_factor=1.5,
+    ),
     "granite": dict(  # Granite 3's multipliers, of its 2B model
         model_type="granite",
         pad_token_id=0,
@@ -106,6 +152,9 @@ def tiny_model(request, tmp_path_factory):
     config = AutoConfig.for_model(**kwargs)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    for name, buffer in model.named_buffers():  # DeepSeek-V3's router bias, zeros at init
+        if name.endswith("e_score_correction_bias"):
+            buffer.normal_(0.0, 0.2)
     folder = tmp_path_factory.mktemp(name)
     model.save_pretrained(folder)
     build_tokenizer(folder)
@@ -139,9 +188,9 @@ def test_greedy_matches_transformers(tiny_model):
 def test_greedy_matches_transformers_under_preemption(tiny_model):
     folder, hf_model = tiny_model
     # 10 blocks of 8 tokens, while the 4 sequences grow to 4 blocks each
-    config = AutoConfig.from_pretrained(folder)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // 4
-    bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
+    bytes_per_token = KVGeometry.of(
+        AutoConfig.from_pretrained(folder), torch.float32
+    ).bytes_per_token
     llm = LLM(str(folder), block_size=8, kv_cache_memory=10 * 8 * bytes_per_token / 2**30)
     prompts = [PROMPTS[0], PROMPTS[4], PROMPTS[3], [8, 8, 8]]
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))

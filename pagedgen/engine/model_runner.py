@@ -29,6 +29,8 @@ class ModelRunner:
 
         kv_cache[layer, 0 | 1, block_id, offset, kv_head, :]   (0 = K, 1 = V)
 
+    (An MLA model's pool has one tensor a layer, its latent, bound as both K and V.)
+
     Token position p of a sequence lives at block block_table[p // block_size], offset
     p % block_size, i.e. in flat slot block_table[p // block_size] * block_size + p % block_size.
     The CPU swap pool, cpu_cache, has the same layout with num_cpu_blocks blocks.
@@ -87,7 +89,7 @@ class ModelRunner:
         new = torch.zeros if on_gpu else torch.empty
         self.kv_cache = new(shape, dtype=self.kv_cache_dtype, device=self.device)
         for i, attention in enumerate(self.model.attention_layers):
-            attention.key_cache, attention.value_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+            attention.key_cache, attention.value_cache = self.kv_cache[i, 0], self.kv_cache[i, -1]
         cpu_shape = self.geometry.cache_shape(num_cpu_blocks, self.block_size)
         self.cpu_cache = torch.empty(cpu_shape, dtype=self.kv_cache_dtype, pin_memory=on_gpu)
 

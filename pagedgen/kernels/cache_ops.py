@@ -84,7 +84,7 @@ def reshape_and_cache_launch(
 
 
 def copy_blocks_launch(
-    kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, num_kv_heads, head_size]
+    kv_caches: list[torch.Tensor],  # per layer [2 | 1, num_blocks, block_size, kv_heads, head_size]
     src_to_dst: list[tuple[int, int]],
 ) -> KernelLaunch | None:
     """Plans one launch copying block src to dst, keys and values, in every layer.
@@ -129,7 +129,7 @@ def copy_blocks_launch(
         (min(1024, -(-numel_per_block // 32) * 32), 1, 1),
         (
             pointers([kv_cache[0].data_ptr() for kv_cache in kv_caches]),
-            pointers([kv_cache[1].data_ptr() for kv_cache in kv_caches]),
+            pointers([kv_cache[-1].data_ptr() for kv_cache in kv_caches]),  # MLA: K again
             pointers([index for pair in src_to_dst for index in pair]),
             np.int32(numel_per_block),
         ),

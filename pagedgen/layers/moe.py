@@ -31,11 +31,15 @@ class SparseMoE(nn.Module):
         self.gate = Linear(hidden_size, num_experts, bias=gate_bias)
         self.experts = nn.ModuleList(make_expert() for _ in range(num_experts))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
-        weights, experts = probs.topk(self.top_k, dim=-1)
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top_k (weights, experts) from the router's float32 logits."""
+        weights, experts = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]
+        weights, experts = self.route(self.gate(x).float())
         if not self.weights_in_float32:
             weights = weights.to(x.dtype)
         flat = experts.flatten()

@@ -146,10 +146,12 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     residual_multiplier = 1.0  # Granite: each sublayer's output is scaled before the add
 
-    def __init__(self, config: PretrainedConfig, attention: LlamaAttention) -> None:
+    def __init__(
+        self, config: PretrainedConfig, attention: nn.Module, mlp: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.self_attn = attention
-        self.mlp = LlamaMLP(config)
+        self.mlp = mlp or LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -195,19 +197,22 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.rotary = RotaryEmbedding(config, head_dim_of(config), max_position)
-        qkv_bias, o_bias = self.attention_biases(config)
         # Loaded from the checkpoint: no random init (it took ~0.3 s of every start-up).
         embedding = torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embedding)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
-            self.decoder_layer_cls(config, self.attention_cls(config, backend, qkv_bias, o_bias))
-            for _ in range(config.num_hidden_layers)
+            self.make_layer(config, backend, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
         for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
             attention.sliding_window = window
+
+    def make_layer(self, config: PretrainedConfig, backend: AttentionBackend, index: int):
+        """Decoder layer index, attention and MLP included."""
+        attention = self.attention_cls(config, backend, *self.attention_biases(config))
+        return self.decoder_layer_cls(config, attention)
 
     @staticmethod
     def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
@@ -252,7 +257,7 @@ class LlamaForCausalLM(nn.Module):
                 embed = tensor
             module_name, _, param_name = name.rpartition(".")
             target, shard = fused_module(module_name)
-            if shard is not None:
+            if shard is not None and target in modules:  # (MLA's q_proj is its own)
                 modules[target].load_shard(param_name, tensor, shard)
                 loaded.add(f"{target}.{param_name}")
             elif isinstance(modules.get(module_name), Linear):

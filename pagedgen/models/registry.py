@@ -2,6 +2,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.models.classifier import for_sequence_classification
+from pagedgen.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.gpt_oss import GptOssForCausalLM
@@ -27,6 +28,8 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -63,6 +66,8 @@ MODEL_TYPES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 

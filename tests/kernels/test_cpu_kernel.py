@@ -94,6 +94,14 @@ def test_matches_reference(head_dim, block_size, num_heads, num_kv_heads, num_th
 
 
 @pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_heads", [16, 128])  # DeepSeek-V2-Lite's, V3's: the largest group
+def test_mla_latent_shape(march, dtype, num_heads):
+    """MLA's cache: one latent of 576 (kv_lora_rank 512 + rope 64) that all heads attend to."""
+    check_against_reference(576, 16, num_heads, 1, 2, dtype, march)
+
+
+@pytest.mark.parametrize("march", MARCHES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, *FP8])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256, 80, 32])  # every unit the kernel has
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 1)])

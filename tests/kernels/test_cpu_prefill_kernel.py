@@ -84,6 +84,13 @@ def test_every_build_reads_every_cache_dtype(march, dtype, head_dim, num_heads, 
     check(head_dim, num_heads, num_kv_heads, dtype, march)
 
 
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("num_heads", [16, 128])  # DeepSeek-V2-Lite's, V3's: the largest group
+def test_mla_latent_shape(march, num_heads):
+    """MLA's cache: one latent of 576 (kv_lora_rank 512 + rope 64) that all heads attend to."""
+    check(576, num_heads, 1, torch.bfloat16, march)
+
+
 @pytest.mark.parametrize("num_threads", [1, 2, 3, 64])  # 64: more threads than tiles of a seq
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2), (32, 2)])  # 16-row groups
 def test_threads_split_tiles_anywhere(num_threads, num_heads, num_kv_heads):

@@ -35,9 +35,11 @@ def test_reshape_and_cache(
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_copy_blocks(cache_ops_emulators, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("planes", [2, 1])  # K and V; MLA's one latent per layer
+def test_copy_blocks(cache_ops_emulators, dtype: torch.dtype, planes: int) -> None:
     num_layers, num_blocks = 3, 10
-    kv_caches = [torch.randn(2, num_blocks, 16, 2, 64).to(dtype) for _ in range(num_layers)]
+    shape = (planes, num_blocks, 16, 2, 64)
+    kv_caches = [torch.randn(shape).to(dtype) for _ in range(num_layers)]
     src_to_dst = [(1, 7), (1, 8), (4, 2), (9, 0)]
     expected = [kv_cache.clone() for kv_cache in kv_caches]
     for kv_cache in expected:

@@ -1,0 +1,123 @@
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from pagedgen.attention import AttentionBackend
+from pagedgen.layers.mla import MLAAttention
+from pagedgen.layers.moe import SparseMoE
+from pagedgen.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+
+
+class DeepseekMoE(SparseMoE):
+    """DeepSeekMoE: n_routed_experts fine-grained experts, top num_experts_per_tok per token,
+    their weights times routed_scaling_factor, plus n_shared_experts every token goes through
+    (one MLP n_shared_experts times as wide). V2 routes by softmax (topk_method greedy, or
+    group_limited_greedy: only the topk_group groups of experts with the highest best score);
+    V3 by sigmoid, choosing among the topk_group groups with the highest sum of their top two
+    scores plus the e_score_correction_bias, the weights being the unbiased scores, normalized
+    where norm_topk_prob."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        self.v3 = config.model_type == "deepseek_v3"
+        super().__init__(
+            config.hidden_size,
+            config.n_routed_experts,
+            config.num_experts_per_tok,
+            renormalize=self.v3 and bool(config.norm_topk_prob),
+            make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
+            weights_in_float32=True,
+        )
+        self.topk_method = "noaux_tc" if self.v3 else config.topk_method
+        if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise ValueError(f"topk_method {self.topk_method!r} is not supported")
+        self.num_groups, self.topk_groups = config.n_group, config.topk_group
+        self.routed_scaling_factor = config.routed_scaling_factor
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.empty(config.n_routed_experts, dtype=torch.float32), False)
+            if self.v3
+            else None
+        )
+        shared = config.moe_intermediate_size * (config.n_shared_experts or 0)
+        self.shared_experts = LlamaMLP(config, shared) if shared else None
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens, num_experts = logits.shape
+        if self.v3:
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias
+            grouped = choice.view(num_tokens, self.num_groups, -1)
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+            choice = self._in_top_groups(choice, group_scores, float("-inf"))
+            experts = choice.topk(self.top_k, dim=-1).indices
+            weights = scores.gather(1, experts)
+            if self.renormalize:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        else:
+            scores = logits.softmax(dim=-1)
+            if self.topk_method == "group_limited_greedy":
+                group_scores = scores.view(num_tokens, self.num_groups, -1).amax(dim=-1)
+                scores = self._in_top_groups(scores, group_scores, 0.0)
+            weights, experts = scores.topk(self.top_k, dim=-1)
+        return weights * self.routed_scaling_factor, experts
+
+    def _in_top_groups(
+        self, scores: torch.Tensor, group_scores: torch.Tensor, fill: float
+    ) -> torch.Tensor:
+        """scores with those of experts outside each token's topk_group best groups as fill."""
+        top = group_scores.topk(self.topk_groups, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, top, True)
+        keep = keep.repeat_interleave(scores.shape[1] // self.num_groups, dim=1)
+        return scores.masked_fill(~keep, fill)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
+
+
+class DeepseekV2ForCausalLM(LlamaForCausalLM):
+    """DeepSeek-V2 and V3 (and their derivatives: DeepSeek-R1, Kimi K2, Moonlight): multi-head
+    latent attention (layers/mla.py) and DeepSeekMoE MLPs, dense in the first
+    first_k_dense_replace layers. The checkpoints' rotary features are interleaved pairs; their
+    projection rows are reordered as they load so that the Llama rotary embedding applies (the
+    same permutation of q and k leaves every score as it was). V3's multi-token-prediction
+    layers (past num_hidden_layers) are skipped, as transformers skips them."""
+
+    supports_graphs = False  # the expert routing reads token counts on the host
+
+    def make_layer(self, config: PretrainedConfig, backend: AttentionBackend, index: int):
+        moe = config.n_routed_experts and index >= config.first_k_dense_replace
+        moe = moe and index % getattr(config, "moe_layer_freq", 1) == 0
+        mlp = DeepseekMoE(config) if moe else LlamaMLP(config)
+        return LlamaDecoderLayer(config, MLAAttention(config, backend), mlp)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(self._renamed(weights))
+        for attention in self.attention_layers:
+            attention.absorb()
+
+    def _renamed(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        config = self.config
+        interleaved = config.model_type == "deepseek_v2" or getattr(config, "rope_interleave", True)
+        rope_dim, rank = config.qk_rope_head_dim, config.kv_lora_rank
+        order = torch.cat([torch.arange(0, rope_dim, 2), torch.arange(1, rope_dim, 2)])
+        for name, tensor in weights:
+            parts = name.split(".")
+            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= len(self.layers):
+                continue  # a multi-token-prediction layer
+            name = name.replace(".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias")
+            if interleaved and parts[-2] in ("q_proj", "q_b_proj"):
+                head = config.qk_nope_head_dim + rope_dim
+                rows = tensor.view(config.num_attention_heads, head, *tensor.shape[1:])
+                rope_rows = rows[:, head - rope_dim :][:, order]
+                tensor = torch.cat([rows[:, : head - rope_dim], rope_rows], 1).view(tensor.shape)
+            elif interleaved and parts[-2] == "kv_a_proj_with_mqa":
+                tensor = torch.cat([tensor[:rank], tensor[rank:][order]])
+            yield name, tensor
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    pass

@@ -1,0 +1,29 @@
+"""Every architecture of tests/test_models.py on a GPU: pagedgen's greedy tokens (float32, the
+backend auto picks: CuPy kernels where they cover the head size, torch otherwise, as for MLA's
+latent) against transformers' on the CPU. Skipped without a CUDA GPU."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from pagedgen import LLM, SamplingParams
+from tests.conftest import build_tokenizer
+from tests.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_greedy_matches_transformers_on_cuda(name, tmp_path):
+    config = AutoConfig.for_model(**dict(COMMON, **CONFIGS[name]))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path)
+    build_tokenizer(tmp_path)
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", kv_cache_memory=0.05)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, params)):
+        assert output.outputs[0].token_ids == reference_greedy(model, prompt, 16)
