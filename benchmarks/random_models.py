@@ -1,6 +1,7 @@
 """Random-weight models of real shapes, for benchmarks on machines that hold no checkpoint:
 
-    python benchmarks/random_models.py smollm2-135m|llama-1b|llama-8b|tiny OUT_DIR \\
+    python benchmarks/random_models.py smollm2-135m|llama-1b|llama-8b|deepseek-v2-lite|tiny \\
+        OUT_DIR \\
         [--device cuda] [--dtype bfloat16] [--layers N] [--tokenizer DIR]
 
 OUT_DIR becomes a Hugging Face folder (config.json, safetensors shards, a tokenizer) that
@@ -24,7 +25,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
 
 LLAMA3_ROPE = {"rope_type": "default", "rope_theta": 500000.0}
 LLAMA32_ROPE = {
@@ -51,6 +57,19 @@ PRESETS: dict[str, dict] = {
         head_dim=128, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
         max_position_embeddings=8192, rope_parameters=LLAMA3_ROPE,
     ),
+    "deepseek-v2-lite": dict(  # deepseek-ai/DeepSeek-V2-Lite: MLA, 64 experts (top 6) + 2 shared
+        model_type="deepseek_v2", num_hidden_layers=27, hidden_size=2048,
+        num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=10944,
+        moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, first_k_dense_replace=1, topk_method="greedy", n_group=1,
+        topk_group=1, routed_scaling_factor=1.0, vocab_size=102400, tie_word_embeddings=False,
+        max_position_embeddings=163840, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "mscale": 0.707,
+            "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0, "beta_slow": 1.0,
+        },
+    ),
     "tiny": dict(  # for tests: SmolLM2's vocabulary, a few small layers
         num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=128, vocab_size=49152, tie_word_embeddings=True,
@@ -71,19 +90,32 @@ MAX_SHARD_BYTES = 4 << 30
 STD = 0.02
 
 
-def llama_config(preset: str, num_layers: int | None = None) -> LlamaConfig:
-    fields = dict(PRESETS[preset], rms_norm_eps=1e-5, initializer_range=STD)
+def model_config(preset: str, num_layers: int | None = None) -> PretrainedConfig:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    fields = dict(PRESETS[preset], initializer_range=STD)
+    fields.setdefault("rms_norm_eps", 1e-6 if "model_type" in fields else 1e-5)
     if num_layers is not None:
         fields["num_hidden_layers"] = num_layers
-    return LlamaConfig(**fields)
+    model_type = fields.pop("model_type", "llama")
+    # named, as a saved model's config is: vLLM takes a config without it for a pooling model
+    architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+    return AutoConfig.for_model(model_type, architectures=architectures, **fields)
 
 
-def weight_shapes(config: LlamaConfig) -> dict[str, torch.Size]:
+def weight_shapes(config: PretrainedConfig) -> dict[str, torch.Size]:
     """The checkpoint's tensor names and shapes, read from a model built on the meta device (no
-    memory); a tied lm_head is not stored, as transformers saves it."""
+    memory) and saved as transformers saves it (experts one by one; a tied lm_head not stored)."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    shapes = {name: t.shape for name, t in model.state_dict().items()}
+        model = AutoModelForCausalLM.from_config(config)
+    state = model.state_dict()
+    try:  # transformers 5 stacks experts in memory and saves them one by one
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = revert_weight_conversion(model, state)
+    except ImportError:
+        pass
+    shapes = {name: t.shape for name, t in state.items()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     return shapes
@@ -114,13 +146,15 @@ def random_weights(
     for name in names:
         if name.endswith("norm.weight"):
             yield name, torch.ones(shapes[name], device=device, dtype=dtype)
+        elif name.endswith("e_score_correction_bias"):  # float32, as DeepSeek-V3 keeps it
+            yield name, torch.zeros(shapes[name], device=device, dtype=torch.float32)
         else:
             weight = torch.randn(shapes[name], device=device, dtype=dtype, generator=generator)
             yield name, weight.mul_(STD)
 
 
 def save_random_model(
-    config: LlamaConfig,
+    config: PretrainedConfig,
     out_dir: Path,
     device: str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
@@ -190,7 +224,7 @@ def build(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> Path:
     """The whole folder: tokenizer first (its special ids go into config.json), then weights."""
-    config = llama_config(preset, num_layers)
+    config = model_config(preset, num_layers)
     out_dir.mkdir(parents=True, exist_ok=True)
     loaded = copy_tokenizer(tokenizer or default_tokenizer_folder(), out_dir)
     if len(loaded) > config.vocab_size:

@@ -44,7 +44,9 @@ class MLAAttention(nn.Module):
     (or one q_proj where q_lora_rank is None), keys and values from the cached latent. The
     loader calls absorb() once kv_b_proj is loaded; its weights then live in w_uk and w_uv."""
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *_: bool) -> None:
+        """Takes the Llama layers' (config, backend, qkv_bias, o_bias); its biases are the
+        config's attention_bias (the low-rank inputs' and the output's)."""
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = 1

@@ -4,10 +4,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedgen.attention import AttentionBackend
 from pagedgen.layers.mla import MLAAttention
 from pagedgen.layers.moe import SparseMoE
-from pagedgen.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
 
 
 class DeepseekMoE(SparseMoE):
@@ -84,13 +83,13 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     same permutation of q and k leaves every score as it was). V3's multi-token-prediction
     layers (past num_hidden_layers) are skipped, as transformers skips them."""
 
+    attention_cls = MLAAttention
     supports_graphs = False  # the expert routing reads token counts on the host
 
-    def make_layer(self, config: PretrainedConfig, backend: AttentionBackend, index: int):
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
         moe = config.n_routed_experts and index >= config.first_k_dense_replace
         moe = moe and index % getattr(config, "moe_layer_freq", 1) == 0
-        mlp = DeepseekMoE(config) if moe else LlamaMLP(config)
-        return LlamaDecoderLayer(config, MLAAttention(config, backend), mlp)
+        return DeepseekMoE(config) if moe else LlamaMLP(config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(self._renamed(weights))
@@ -117,7 +116,3 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             elif interleaved and parts[-2] == "kv_a_proj_with_mqa":
                 tensor = torch.cat([tensor[:rank], tensor[rank:][order]])
             yield name, tensor
-
-
-class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
-    pass

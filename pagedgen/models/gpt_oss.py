@@ -51,17 +51,15 @@ class GptOssForCausalLM(LlamaForCausalLM):
     attention_cls = GptOssAttention
     supports_graphs = False  # the expert routing reads token counts on the host
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, max_position: int):
-        super().__init__(config, backend, max_position)
-        for layer in self.layers:
-            layer.mlp = SparseMoE(
-                config.hidden_size,
-                config.num_local_experts,
-                config.num_experts_per_tok,
-                renormalize=True,
-                make_expert=lambda: GptOssExpert(config),
-                gate_bias=True,
-            )
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
+        return SparseMoE(
+            config.hidden_size,
+            config.num_local_experts,
+            config.num_experts_per_tok,
+            renormalize=True,
+            make_expert=lambda: GptOssExpert(config),
+            gate_bias=True,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(per_expert(weights))

@@ -146,12 +146,10 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     residual_multiplier = 1.0  # Granite: each sublayer's output is scaled before the add
 
-    def __init__(
-        self, config: PretrainedConfig, attention: nn.Module, mlp: nn.Module | None = None
-    ) -> None:
+    def __init__(self, config: PretrainedConfig, attention: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = attention
-        self.mlp = mlp or LlamaMLP(config)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -209,10 +207,15 @@ class LlamaForCausalLM(nn.Module):
         for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
             attention.sliding_window = window
 
-    def make_layer(self, config: PretrainedConfig, backend: AttentionBackend, index: int):
-        """Decoder layer index, attention and MLP included."""
+    def make_layer(
+        self, config: PretrainedConfig, backend: AttentionBackend, index: int
+    ) -> nn.Module:
         attention = self.attention_cls(config, backend, *self.attention_biases(config))
-        return self.decoder_layer_cls(config, attention)
+        return self.decoder_layer_cls(config, attention, self.make_mlp(config, index))
+
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
+        """Layer index's MLP: dense here; a mixture of experts where a model has them."""
+        return LlamaMLP(config)
 
     @staticmethod
     def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:

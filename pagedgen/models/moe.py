@@ -1,6 +1,7 @@
 from collections.abc import Iterable, Iterator
 
 import torch
+from torch import nn
 
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
@@ -16,17 +17,15 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     supports_graphs = False
 
-    def __init__(self, config, backend, max_position: int) -> None:
-        super().__init__(config, backend, max_position)
-        for layer in self.layers:
-            layer.mlp = SparseMoE(
-                config.hidden_size,
-                config.num_local_experts,
-                config.num_experts_per_tok,
-                renormalize=True,
-                make_expert=lambda: LlamaMLP(config),
-                weights_in_float32=True,
-            )
+    def make_mlp(self, config, index: int) -> nn.Module:
+        return SparseMoE(
+            config.hidden_size,
+            config.num_local_experts,
+            config.num_experts_per_tok,
+            renormalize=True,
+            make_expert=lambda: LlamaMLP(config),
+            weights_in_float32=True,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(_renamed(weights))
@@ -47,17 +46,14 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     supports_graphs = False
 
-    def __init__(self, config, backend, max_position: int) -> None:
-        super().__init__(config, backend, max_position)
-        for i, layer in enumerate(self.layers):
-            if i in config.mlp_only_layers or not config.num_experts:
-                continue
-            if (i + 1) % config.decoder_sparse_step:
-                continue
-            layer.mlp = SparseMoE(
-                config.hidden_size,
-                config.num_experts,
-                config.num_experts_per_tok,
-                renormalize=bool(config.norm_topk_prob),
-                make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
-            )
+    def make_mlp(self, config, index: int) -> nn.Module:
+        dense = index in config.mlp_only_layers or not config.num_experts
+        if dense or (index + 1) % config.decoder_sparse_step:
+            return LlamaMLP(config)
+        return SparseMoE(
+            config.hidden_size,
+            config.num_experts,
+            config.num_experts_per_tok,
+            renormalize=bool(config.norm_topk_prob),
+            make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
+        )

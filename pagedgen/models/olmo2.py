@@ -4,7 +4,7 @@ from torch import nn
 from pagedgen.attention import AttentionMetadata
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class Olmo2Attention(LlamaAttention):
@@ -27,10 +27,10 @@ class Olmo2Attention(LlamaAttention):
 class Olmo2DecoderLayer(nn.Module):
     """Norms after each sublayer, before its output joins the residual stream; none before."""
 
-    def __init__(self, config, attention: LlamaAttention) -> None:
+    def __init__(self, config, attention: LlamaAttention, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = attention
-        self.mlp = LlamaMLP(config)
+        self.mlp = mlp
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -2,7 +2,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.models.classifier import for_sequence_classification
-from pagedgen.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from pagedgen.models.deepseek import DeepseekV2ForCausalLM
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.gpt_oss import GptOssForCausalLM
@@ -29,7 +29,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
-    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
