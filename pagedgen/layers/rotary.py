@@ -21,7 +21,8 @@ class RotaryEmbedding(nn.Module):
 
     The inverse frequencies and the attention scaling come from transformers' own rope
     functions, so every scaling variant a config names is computed as the reference computes it.
-    With a partial_rotary_factor (Phi-4-mini's 0.75) only the first head_dim * factor features
+    With a partial_rotary_factor (Phi-4-mini's 0.75, GLM-4.5's 0.5; the config's or, in
+    transformers 5, its rope_parameters') only the first head_dim * factor features
     of each head rotate; the rest pass through.
     """
 
@@ -33,8 +34,11 @@ class RotaryEmbedding(nn.Module):
                 f"rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
             )
         if rope_type == "default":
-            theta = rope_parameters(config)["rope_theta"]
-            dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
+            params = rope_parameters(config)
+            factor = params.get(
+                "partial_rotary_factor", getattr(config, "partial_rotary_factor", 1)
+            )
+            theta, dim = params["rope_theta"], int(head_dim * factor)
             inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             scaling = 1.0
         else:

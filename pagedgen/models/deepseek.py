@@ -8,18 +8,20 @@ from pagedgen.layers.mla import MLAAttention
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
 
+SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")
+
 
 class DeepseekMoE(SparseMoE):
     """DeepSeekMoE: n_routed_experts fine-grained experts, top num_experts_per_tok per token,
     their weights times routed_scaling_factor, plus n_shared_experts every token goes through
     (one MLP n_shared_experts times as wide). V2 routes by softmax (topk_method greedy, or
     group_limited_greedy: only the topk_group groups of experts with the highest best score);
-    V3 by sigmoid, choosing among the topk_group groups with the highest sum of their top two
-    scores plus the e_score_correction_bias, the weights being the unbiased scores, normalized
-    where norm_topk_prob."""
+    V3 and GLM-4.5 by sigmoid, choosing among the topk_group groups with the highest sum of
+    their top two scores plus the e_score_correction_bias, the weights being the unbiased
+    scores, normalized where norm_topk_prob."""
 
     def __init__(self, config: PretrainedConfig) -> None:
-        self.v3 = config.model_type == "deepseek_v3"
+        self.v3 = config.model_type in SIGMOID_ROUTED
         super().__init__(
             config.hidden_size,
             config.n_routed_experts,
@@ -87,12 +89,10 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     supports_graphs = False  # the expert routing reads token counts on the host
 
     def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
-        moe = config.n_routed_experts and index >= config.first_k_dense_replace
-        moe = moe and index % getattr(config, "moe_layer_freq", 1) == 0
-        return DeepseekMoE(config) if moe else LlamaMLP(config)
+        return deepseek_mlp(config, index)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self._renamed(weights))
+        super().load_weights(self._renamed(deepseek_names(weights, len(self.layers))))
         for attention in self.attention_layers:
             attention.absorb()
 
@@ -105,9 +105,6 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         order = torch.cat([torch.arange(0, rope_dim, 2), torch.arange(1, rope_dim, 2)])
         for name, tensor in weights:
             parts = name.split(".")
-            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= len(self.layers):
-                continue  # a multi-token-prediction layer
-            name = name.replace(".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias")
             if interleaved and parts[-2] in ("q_proj", "q_b_proj"):
                 head = config.qk_nope_head_dim + rope_dim
                 rows = tensor.view(config.num_attention_heads, head, *tensor.shape[1:])
@@ -116,3 +113,26 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             elif interleaved and parts[-2] == "kv_a_proj_with_mqa":
                 tensor = torch.cat([tensor[:rank], tensor[rank:][order]])
             yield name, tensor
+
+
+def deepseek_mlp(config: PretrainedConfig, index: int) -> nn.Module:
+    """Layer index's MLP: dense in the first first_k_dense_replace layers (and off
+    moe_layer_freq), DeepSeekMoE elsewhere."""
+    moe = config.n_routed_experts and index >= config.first_k_dense_replace
+    moe = moe and index % getattr(config, "moe_layer_freq", 1) == 0
+    return DeepseekMoE(config) if moe else LlamaMLP(config)
+
+
+def deepseek_names(
+    weights: Iterable[tuple[str, torch.Tensor]], num_layers: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint without its multi-token-prediction layers (numbered from num_layers on),
+    the router's correction bias under its MoE module."""
+    for name, tensor in weights:
+        parts = name.split(".")
+        if "layers" in parts and int(parts[parts.index("layers") + 1]) >= num_layers:
+            continue
+        yield (
+            name.replace(".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"),
+            tensor,
+        )

@@ -5,6 +5,7 @@ from pagedgen.models.classifier import for_sequence_classification
 from pagedgen.models.deepseek import DeepseekV2ForCausalLM
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
+from pagedgen.models.glm4_moe import Glm4MoeForCausalLM
 from pagedgen.models.gpt_oss import GptOssForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
@@ -30,6 +31,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -68,6 +70,7 @@ MODEL_TYPES = {
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
 }
 
 
