@@ -45,6 +45,7 @@ class EngineConfig:
     """
 
     model: str = DEFAULT_MODEL
+    trust_remote_code: bool = False  # vLLM's: run the model folder's own config/tokenizer code
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16

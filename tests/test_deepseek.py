@@ -115,3 +115,35 @@ def test_bfloat16_keeps_the_router_bias_float32(deepseek_v3):
     assert llm.engine.runner.kv_cache.dtype == torch.bfloat16
     outputs = llm.generate(PROMPTS, GREEDY)
     assert all(len(o.outputs[0].token_ids) == 24 for o in outputs)
+
+
+KIMI_CONFIG = """from transformers import DeepseekV3Config
+
+
+class KimiK2Config(DeepseekV3Config):
+    model_type = "kimi_k2"
+"""
+
+
+def test_a_config_of_the_models_own_code_needs_trust_remote_code(deepseek_v3, tmp_path):
+    """Kimi K2's folder: model_type kimi_k2, whose config class is the folder's own Python
+    (auto_map), the DeepseekV3ForCausalLM architecture, routing named by scoring_func."""
+    folder, hf_model = deepseek_v3
+    for path in folder.iterdir():
+        (tmp_path / path.name).symlink_to(path)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="kimi_k2",
+        auto_map={"AutoConfig": "configuration_kimi.KimiK2Config"},
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+    )
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "configuration_kimi.py").write_text(KIMI_CONFIG)
+    with pytest.raises(ValueError, match="--trust-remote-code"):
+        LLM(str(tmp_path), kv_cache_memory=0.01)
+    llm = LLM(str(tmp_path), trust_remote_code=True, kv_cache_memory=0.01)
+    assert llm.engine.hf_config.model_type == "kimi_k2"
+    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, GREEDY)):
+        assert output.outputs[0].token_ids == reference_greedy(hf_model, prompt, 24)

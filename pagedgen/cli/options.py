@@ -183,6 +183,15 @@ ENGINE = OptionGroup(
             int | None,
             _engine(None, help="CPU threads [default: torch's choice]", metavar="N"),
         ),
+        "trust_remote_code": (
+            bool,
+            _engine(
+                False,
+                "--trust-remote-code/--no-trust-remote-code",
+                help="run the model folder's own Python for its config or tokenizer (auto_map), "
+                "as transformers does with trust_remote_code [default: off]",
+            ),
+        ),
         "enforce_eager": (
             bool,
             _engine(

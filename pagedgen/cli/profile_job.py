@@ -104,10 +104,10 @@ def _load(config: Any, simulate: bool, log: Any) -> tuple[Any, Any, Any, int]:
     from pagedgen.loader.weights import load_config, load_tokenizer
 
     resolved = resolve_model(config.model)
-    hf_config = load_config(resolved)
+    hf_config = load_config(resolved, config.trust_remote_code)
     return (
         None,
-        load_tokenizer(resolved),
+        load_tokenizer(resolved, config.trust_remote_code),
         hf_config,
         resolve_max_model_len(hf_config, config.max_model_len),
     )

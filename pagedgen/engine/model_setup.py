@@ -88,7 +88,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     dtype = pick_dtype(config.dtype, device)  # the weights' values and the KV cache
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     resolved = resolve_model(config.model)
-    hf_config = load_config(resolved)
+    hf_config = load_config(resolved, config.trust_remote_code)
     get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
     check_quantization(hf_config)  # as does an unsupported quantization
     architectures = getattr(hf_config, "architectures", None) or []
@@ -99,7 +99,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         config.check_pooling()
         if getattr(hf_config, "is_causal", True) is False:  # gte-Qwen2's bidirectional encoder
             raise ValueError("the model attends bidirectionally (is_causal false): not supported")
-    tokenizer = load_tokenizer(resolved)
+    tokenizer = load_tokenizer(resolved, config.trust_remote_code)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     geometry = KVGeometry.of(hf_config, kv_cache_dtype)

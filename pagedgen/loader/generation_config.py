@@ -5,7 +5,7 @@ its config.json where it has none), then override_generation_config on top."""
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, GenerationConfig
+from transformers import GenerationConfig, PretrainedConfig
 
 # The generation config fields vLLM takes as sampling defaults; max_new_tokens is max_tokens.
 SAMPLING_KEYS = (
@@ -46,8 +46,8 @@ def _non_default_fields(model_dir: Path) -> dict[str, Any]:
         return GenerationConfig.from_pretrained(model_dir).to_diff_dict()
     except OSError:  # no generation_config.json: the generation fields of config.json, if any
         try:
-            return GenerationConfig.from_model_config(
-                AutoConfig.from_pretrained(model_dir)
-            ).to_diff_dict()
+            # as plain JSON: a config class of the model's own code need not run for this
+            config = PretrainedConfig.from_json_file(model_dir / "config.json")
+            return GenerationConfig.from_model_config(config).to_diff_dict()
         except OSError:
             return {}

@@ -2,7 +2,9 @@
 can: touching that package (any Auto* class or model config class) indexes every model
 transformers ships, ~2 s of every start-up."""
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from transformers import PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -62,7 +64,7 @@ REQUIRED_FIELDS = (
 FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_config(resolved: ResolvedModel) -> PretrainedConfig:
+def load_config(resolved: ResolvedModel, trust_remote_code: bool = False) -> PretrainedConfig:
     if resolved.gguf_file:
         from pagedgen.loader.gguf import read_gguf_config
 
@@ -72,7 +74,22 @@ def load_config(resolved: ResolvedModel) -> PretrainedConfig:
         return config
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(resolved.path)
+    with _remote_code_refused(resolved.path, "config"):
+        return AutoConfig.from_pretrained(resolved.path, trust_remote_code=trust_remote_code)
+
+
+@contextlib.contextmanager
+def _remote_code_refused(path: Path, what: str) -> Iterator[None]:
+    """transformers' refusal to run a folder's own code, said in pagedgen's options."""
+    try:
+        yield
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise ValueError(
+            f"{path}: its {what} is the model's own Python code (auto_map); pass "
+            "--trust-remote-code (trust_remote_code=True) to run it, if you trust its source"
+        ) from e
 
 
 def read_plain_config(path: Path) -> PretrainedConfig | None:
@@ -92,7 +109,9 @@ def read_plain_config(path: Path) -> PretrainedConfig | None:
     return PretrainedConfig.from_dict(fields)
 
 
-def load_tokenizer(resolved: ResolvedModel) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    resolved: ResolvedModel, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """The fast tokenizer class directly when the folder names it (AutoTokenizer would import
     transformers.models to find it), else AutoTokenizer."""
     path = resolved.path
@@ -105,4 +124,7 @@ def load_tokenizer(resolved: ResolvedModel) -> PreTrainedTokenizerBase:
             return PreTrainedTokenizerFast.from_pretrained(path)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, gguf_file=resolved.gguf_file)
+    with _remote_code_refused(path, "tokenizer"):
+        return AutoTokenizer.from_pretrained(
+            path, gguf_file=resolved.gguf_file, trust_remote_code=trust_remote_code
+        )

@@ -8,7 +8,7 @@ from pagedgen.layers.mla import MLAAttention
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
 
-SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")
+SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")  # their transformers classes ignore scoring_func
 
 
 class DeepseekMoE(SparseMoE):
@@ -18,26 +18,28 @@ class DeepseekMoE(SparseMoE):
     group_limited_greedy: only the topk_group groups of experts with the highest best score);
     V3 and GLM-4.5 by sigmoid, choosing among the topk_group groups with the highest sum of
     their top two scores plus the e_score_correction_bias, the weights being the unbiased
-    scores, normalized where norm_topk_prob."""
+    scores, normalized where norm_topk_prob. A config naming its scoring_func (sigmoid or
+    softmax, as DeepSeek's own code and Kimi K2's do) routes so, whatever its model type."""
 
     def __init__(self, config: PretrainedConfig) -> None:
-        self.v3 = config.model_type in SIGMOID_ROUTED
+        default = "sigmoid" if config.model_type in SIGMOID_ROUTED else "softmax"
+        self.sigmoid = (getattr(config, "scoring_func", None) or default) == "sigmoid"
         super().__init__(
             config.hidden_size,
             config.n_routed_experts,
             config.num_experts_per_tok,
-            renormalize=self.v3 and bool(config.norm_topk_prob),
+            renormalize=self.sigmoid and bool(config.norm_topk_prob),
             make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
             weights_in_float32=True,
         )
-        self.topk_method = "noaux_tc" if self.v3 else config.topk_method
+        self.topk_method = "noaux_tc" if self.sigmoid else config.topk_method
         if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
             raise ValueError(f"topk_method {self.topk_method!r} is not supported")
         self.num_groups, self.topk_groups = config.n_group, config.topk_group
         self.routed_scaling_factor = config.routed_scaling_factor
         self.e_score_correction_bias = (
             nn.Parameter(torch.empty(config.n_routed_experts, dtype=torch.float32), False)
-            if self.v3
+            if self.sigmoid
             else None
         )
         shared = config.moe_intermediate_size * (config.n_shared_experts or 0)
@@ -45,7 +47,7 @@ class DeepseekMoE(SparseMoE):
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, num_experts = logits.shape
-        if self.v3:
+        if self.sigmoid:
             scores = logits.sigmoid()
             choice = scores + self.e_score_correction_bias
             grouped = choice.view(num_tokens, self.num_groups, -1)
