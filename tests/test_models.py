@@ -50,6 +50,15 @@ CONFIGS = {
         norm_topk_prob=True,
         mlp_only_layers=[0],
     ),
+    "qwen2-moe": dict(  # a shared expert, gated; layer 1 dense (mlp_only_layers)
+        model_type="qwen2_moe",
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=96,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+    ),
     "gpt-oss": dict(  # a window of 8 and full attention, sinks, YaRN, biased experts
         model_type="gpt_oss",
         head_dim=64,

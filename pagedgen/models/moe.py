@@ -3,6 +3,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from pagedgen.layers.linear import Linear
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
@@ -39,6 +40,13 @@ def _renamed(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str,
         yield name, tensor
 
 
+def qwen_sparse(config, index: int) -> bool:
+    """Whether Qwen2/3-MoE's layer index is a mixture: not in mlp_only_layers, on the
+    decoder_sparse_step."""
+    dense = index in config.mlp_only_layers or not config.num_experts
+    return not dense and (index + 1) % config.decoder_sparse_step == 0
+
+
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     """Qwen3-MoE: the Qwen3 decoder whose MLPs are mixtures of num_experts SwiGLU experts of
     moe_intermediate_size, top num_experts_per_tok per token (renormalized where norm_topk_prob),
@@ -47,8 +55,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     supports_graphs = False
 
     def make_mlp(self, config, index: int) -> nn.Module:
-        dense = index in config.mlp_only_layers or not config.num_experts
-        if dense or (index + 1) % config.decoder_sparse_step:
+        if not qwen_sparse(config, index):
             return LlamaMLP(config)
         return SparseMoE(
             config.hidden_size,
@@ -57,3 +64,38 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             renormalize=bool(config.norm_topk_prob),
             make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
         )
+
+
+class SharedExpertMoE(SparseMoE):
+    """Qwen2-MoE's mixture: the routed experts (softmax top num_experts_per_tok, renormalized
+    where norm_topk_prob, weighted in the model's dtype) plus one shared expert that every token
+    goes through, its output scaled by sigmoid(shared_expert_gate(x))."""
+
+    def __init__(self, config) -> None:
+        super().__init__(
+            config.hidden_size,
+            config.num_experts,
+            config.num_experts_per_tok,
+            renormalize=bool(config.norm_topk_prob),
+            make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
+        )
+        self.shared_expert = LlamaMLP(config, config.shared_expert_intermediate_size)
+        self.shared_expert_gate = Linear(config.hidden_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward(x) + shared
+
+
+class Qwen2MoeForCausalLM(LlamaForCausalLM):
+    """Qwen1.5-MoE and Qwen2-MoE: the Qwen2 decoder (q/k/v biased) whose MLPs, off
+    mlp_only_layers and on the decoder_sparse_step, are SharedExpertMoE mixtures."""
+
+    supports_graphs = False
+
+    @staticmethod
+    def attention_biases(config) -> tuple[bool, bool]:
+        return bool(getattr(config, "qkv_bias", True)), False
+
+    def make_mlp(self, config, index: int) -> nn.Module:
+        return SharedExpertMoE(config) if qwen_sparse(config, index) else LlamaMLP(config)
