@@ -59,6 +59,13 @@ CONFIGS = {
         norm_topk_prob=False,
         mlp_only_layers=[1],
     ),
+    "minimax-m2": dict(  # whole-projection q/k norms, rotary_dim 16 of 32, biased sigmoid routing
+        model_type="minimax_m2",
+        head_dim=32,
+        rotary_dim=16,
+        num_local_experts=6,
+        num_experts_per_tok=2,
+    ),
     "gpt-oss": dict(  # a window of 8 and full attention, sinks, YaRN, biased experts
         model_type="gpt_oss",
         head_dim=64,

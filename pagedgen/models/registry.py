@@ -9,6 +9,7 @@ from pagedgen.models.glm4_moe import Glm4MoeForCausalLM
 from pagedgen.models.gpt_oss import GptOssForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
+from pagedgen.models.minimax_m2 import MiniMaxM2ForCausalLM
 from pagedgen.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from pagedgen.models.olmo2 import Olmo2ForCausalLM
 from pagedgen.models.phi3 import Phi3ForCausalLM
@@ -33,6 +34,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -73,6 +75,7 @@ MODEL_TYPES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
+    "minimax_m2": "MiniMaxM2ForCausalLM",
 }
 
 
