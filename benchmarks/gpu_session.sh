@@ -14,6 +14,8 @@
 #                    (PAGEDGEN_CUDA_GROUPED_DECODE=1)
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped   the same on a random-weight
 #                    Llama-3-8B shape
+#   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
+#                    torch backend, 64 experts: eager, as every mixture runs)
 # The baselines run in the first bench stage of each shape only (BASELINES_EVERY=1: in every
 # one): generate_batch takes ~80 s on the 8B shape, and it is the same in each. Every stage gives
 # pagedgen the same KV pool, KV_CACHE_GIB (24: room for 256 sequences of 639 tokens of the 8B
@@ -71,5 +73,6 @@ for stage in $STAGES; do case $stage in
     llama8b-graphs) bench llama-8b graphs 300 ;;
     llama8b-async) bench llama-8b async 300 ;;
     llama8b-grouped) bench llama-8b grouped 300 ;;
+    deepseek-eager) bench deepseek-v2-lite eager 400 ;;
     *) echo "unknown stage $stage" ;;
 esac; done

@@ -130,6 +130,20 @@ CONFIGS = {
         n_shared_experts=2,
         routed_scaling_factor=1.5,
     ),
+    "glm": dict(  # half of each head rotates, in interleaved pairs; gate/up one tensor
+        model_type="glm",
+        head_dim=32,
+        partial_rotary_factor=0.5,
+        attention_bias=True,
+        pad_token_id=0,
+    ),
+    "glm4": dict(  # and each sublayer's output normed again
+        model_type="glm4",
+        head_dim=32,
+        partial_rotary_factor=0.5,
+        attention_bias=True,
+        pad_token_id=0,
+    ),
     "glm4-moe": dict(  # GLM-4.5: half of each head rotates, q/k norms, V3's routing
         model_type="glm4_moe",
         head_dim=32,

@@ -95,14 +95,16 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         return self.packed
 
-    def load_shard(self, name: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """Copies a checkpoint tensor (nn.Linear layout: weight [out, in], bias [out])."""
+    def load_shard(self, name: str, tensor: torch.Tensor, shard: int | None = 0) -> None:
+        """Copies a checkpoint tensor (nn.Linear layout: weight [out, in], bias [out]) into
+        output shard `shard`, or, with None, all of them (a checkpoint that fuses them too)."""
         assert self.layout == DENSE, "weights are loaded before pack()"
-        start = sum(self.output_sizes[:shard])
-        size = self.output_sizes[shard]
+        whole = shard is None or len(self.output_sizes) == 1
+        start = 0 if shard is None else sum(self.output_sizes[:shard])
+        size = self.out_features if shard is None else self.output_sizes[shard]
         if name == "weight":
             assert tensor.shape == (size, self.weight.shape[1]), (tensor.shape, size)
-            if len(self.output_sizes) == 1:
+            if whole:
                 load_param(self.weight, tensor)
             else:
                 self.weight.data[start : start + size].copy_(tensor)

@@ -16,6 +16,14 @@ def rope_parameters(config: PretrainedConfig) -> dict:
     return params
 
 
+def pairs_to_halves(rotary_dim: int) -> torch.Tensor:
+    """The feature order that turns rotary features laid out in interleaved pairs (x0, x1), (x2,
+    x3), ... (GLM's, DeepSeek's) into the halves rotate_half takes: x0, x2, ..., then x1, x3, ...
+    A checkpoint's q and k projection rows reordered so rotate as ours do; the same permutation
+    of both leaves every attention score as it was."""
+    return torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
+
+
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (Hugging Face's rotate_half) over a precomputed table.
 

@@ -6,6 +6,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.layers.mla import MLAAttention
 from pagedgen.layers.moe import SparseMoE
+from pagedgen.layers.rotary import pairs_to_halves
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
 
 SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")  # their transformers classes ignore scoring_func
@@ -82,9 +83,8 @@ class DeepseekMoE(SparseMoE):
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
     """DeepSeek-V2 and V3 (and their derivatives: DeepSeek-R1, Kimi K2, Moonlight): multi-head
     latent attention (layers/mla.py) and DeepSeekMoE MLPs, dense in the first
-    first_k_dense_replace layers. The checkpoints' rotary features are interleaved pairs; their
-    projection rows are reordered as they load so that the Llama rotary embedding applies (the
-    same permutation of q and k leaves every score as it was). V3's multi-token-prediction
+    first_k_dense_replace layers. The checkpoints' rotary features are interleaved pairs, whose
+    projection rows are reordered as they load (rotary.pairs_to_halves). V3's multi-token-prediction
     layers (past num_hidden_layers) are skipped, as transformers skips them."""
 
     attention_cls = MLAAttention
@@ -104,7 +104,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         config = self.config
         interleaved = config.model_type == "deepseek_v2" or getattr(config, "rope_interleave", True)
         rope_dim, rank = config.qk_rope_head_dim, config.kv_lora_rank
-        order = torch.cat([torch.arange(0, rope_dim, 2), torch.arange(1, rope_dim, 2)])
+        order = pairs_to_halves(rope_dim)
         for name, tensor in weights:
             parts = name.split(".")
             if interleaved and parts[-2] in ("q_proj", "q_b_proj"):

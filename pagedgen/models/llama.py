@@ -263,8 +263,8 @@ class LlamaForCausalLM(nn.Module):
             if shard is not None and target in modules:  # (MLA's q_proj is its own)
                 modules[target].load_shard(param_name, tensor, shard)
                 loaded.add(f"{target}.{param_name}")
-            elif isinstance(modules.get(module_name), Linear):
-                modules[module_name].load_shard(param_name, tensor)
+            elif isinstance(modules.get(module_name), Linear):  # fused or not in the checkpoint
+                modules[module_name].load_shard(param_name, tensor, None)
                 loaded.add(name)
             elif name in params:
                 load_param(params[name], tensor)

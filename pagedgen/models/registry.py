@@ -5,6 +5,7 @@ from pagedgen.models.classifier import for_sequence_classification
 from pagedgen.models.deepseek import DeepseekV2ForCausalLM
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
+from pagedgen.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from pagedgen.models.glm4_moe import Glm4MoeForCausalLM
 from pagedgen.models.gpt_oss import GptOssForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
@@ -35,6 +36,8 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
+    "GlmForCausalLM": GlmForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -76,6 +79,8 @@ MODEL_TYPES = {
     "glm4_moe": "Glm4MoeForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "minimax_m2": "MiniMaxM2ForCausalLM",
+    "glm": "GlmForCausalLM",
+    "glm4": "Glm4ForCausalLM",
 }
 
 

@@ -1,0 +1,67 @@
+from collections.abc import Iterable, Iterator
+
+import torch
+from transformers import PretrainedConfig
+
+from pagedgen.attention import AttentionMetadata
+from pagedgen.layers.norm import RMSNorm
+from pagedgen.layers.rotary import Rope, pairs_to_halves
+from pagedgen.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+
+class Glm4DecoderLayer(LlamaDecoderLayer):
+    """The Llama layer with a second norm on each sublayer's output, before it joins the
+    residual stream (post_self_attn_layernorm, post_mlp_layernorm)."""
+
+    def __init__(self, config: PretrainedConfig, attention, mlp) -> None:
+        super().__init__(config, attention, mlp)
+        self.post_self_attn_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        rope: Rope,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_self_attn_layernorm(self.self_attn(rope, hidden, metadata))
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.post_mlp_layernorm(self.mlp(hidden)), residual
+
+
+class GlmForCausalLM(LlamaForCausalLM):
+    """GLM-4 (glm: GLM-4-9B-chat-hf): the Llama decoder with q/k/v biased (o not), the MLP's
+    gate and up one checkpoint tensor, and rotary embeddings on the first half of each head
+    (partial_rotary_factor 0.5) in interleaved pairs, whose q and k rows are reordered as they
+    load (rotary.pairs_to_halves) so that the Llama rotary embedding applies."""
+
+    @staticmethod
+    def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
+        return bool(config.attention_bias), False
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(self._pairs_to_halves(weights))
+
+    def _pairs_to_halves(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        head_dim = self.layers[0].self_attn.head_dim
+        rotary_dim = 2 * self.rotary.cos.shape[-1]
+        order = torch.arange(head_dim)
+        order[:rotary_dim] = pairs_to_halves(rotary_dim)
+        for name, tensor in weights:
+            if name.split(".")[-2] in ("q_proj", "k_proj"):
+                heads = tensor.view(-1, head_dim, *tensor.shape[1:])
+                tensor = heads[:, order].reshape(tensor.shape)
+            yield name, tensor
+
+
+class Glm4ForCausalLM(GlmForCausalLM):
+    """GLM-4-0414 and GLM-Z1 (glm4): GLM-4 with each sublayer's output normed again."""
+
+    decoder_layer_cls = Glm4DecoderLayer
