@@ -4,13 +4,14 @@ import typer
 
 from pagedgen.cli import chat_options as chat_opt
 from pagedgen.cli import options as opt
+from pagedgen.cli.engine_options import ENGINE
 from pagedgen.config import EngineConfig
 from pagedgen.io.spec import InputSpec
 
 REPORT_PANEL = "Report"
 
 
-@opt.with_options(opt.INPUT, opt.ENGINE)
+@opt.with_options(opt.INPUT, ENGINE)
 def profile(
     ctx: typer.Context,
     spec: InputSpec,

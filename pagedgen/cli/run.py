@@ -2,6 +2,7 @@ import typer
 
 from pagedgen.cli import chat_options as chat_opt
 from pagedgen.cli import options as opt
+from pagedgen.cli.engine_options import ENGINE
 from pagedgen.cli.ray_options import RAY, RayOptions
 from pagedgen.config import EngineConfig
 from pagedgen.io.spec import InputSpec
@@ -19,7 +20,7 @@ def _sampling(default: object, help: str, metavar: str) -> object:
     return opt.sampling_option(default, help=help, metavar=metavar)
 
 
-@opt.with_options(opt.INPUT, opt.ENGINE, RAY)
+@opt.with_options(opt.INPUT, ENGINE, RAY)
 def run(
     ctx: typer.Context,
     spec: InputSpec,
