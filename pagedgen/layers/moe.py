@@ -11,8 +11,11 @@ class SparseMoE(nn.Module):
     float32 picks top_k experts per token (their weights renormalized to sum to 1 where
     renormalize), and each expert, an MLP built by make_expert(), runs on its own tokens only.
 
-    Outputs add up per token in expert order, as transformers adds them. The routing reads the
-    experts' token counts on the host, so steps of such a model run without graphs.
+    Each token's weighted expert outputs, rounded to the model's dtype, add up in expert order
+    in float32 and round once (vLLM's moe_sum; in a float32 model, transformers' sums exactly).
+    The gathers, the weighting and the sums are one op each for all experts; only the experts'
+    matmuls run one expert at a time. The routing reads the experts' token counts on the host,
+    so steps of such a model run without graphs.
     """
 
     def __init__(
@@ -45,14 +48,13 @@ class SparseMoE(nn.Module):
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens rising
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
-        weights = weights.flatten()[order]
         tokens = order // self.top_k
-        out = torch.zeros_like(x)
-        start = 0
+        routed = x[tokens]  # a token's row once for each of its experts, grouped by expert
+        outputs, start = [], 0
         for expert, count in zip(self.experts, counts):
             if count:
-                rows = slice(start, start + count)
-                y = expert(x[tokens[rows]]) * weights[rows, None]
-                out.index_add_(0, tokens[rows], y.to(x.dtype))
+                outputs.append(expert(routed[start : start + count]))
                 start += count
-        return out
+        y = torch.cat(outputs) * weights.flatten()[order, None]
+        # one index_add_ over the rows in expert order: each token's in that order, in float32
+        return torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
