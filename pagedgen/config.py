@@ -46,6 +46,8 @@ class EngineConfig:
 
     model: str = DEFAULT_MODEL
     trust_remote_code: bool = False  # vLLM's: run the model folder's own config/tokenizer code
+    # vLLM's: config fields set over the checkpoint's ({"architectures": [...], ...}); JSON ok
+    hf_overrides: dict[str, Any] | str | None = None
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
@@ -129,6 +131,7 @@ class EngineConfig:
         self.override_generation_config = (
             json_object("override_generation_config", self.override_generation_config) or {}
         )
+        self.hf_overrides = json_object("hf_overrides", self.hf_overrides) or {}
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding")
         if self.runner not in RUNNERS:

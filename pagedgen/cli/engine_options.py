@@ -113,6 +113,16 @@ ENGINE = OptionGroup(
                 "as transformers does with trust_remote_code [default: off]",
             ),
         ),
+        "hf_overrides": (
+            str | None,
+            _engine(
+                None,
+                help="config fields over the checkpoint's, JSON (vLLM's): {\"architectures\": "
+                '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"]} '
+                "serves a causal LM as a classifier of those tokens' logits (Qwen3-Reranker)",
+                metavar="JSON",
+            ),
+        ),
         "enforce_eager": (
             bool,
             _engine(

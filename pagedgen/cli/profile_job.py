@@ -53,7 +53,7 @@ def profile_job(options: ProfileOptions) -> int:
         return EXIT_USAGE
     try:
         model_dir = resolve_model(config.model).path
-        if job_task(config.runner, model_dir) is not None:
+        if job_task(config.runner, model_dir, config.hf_overrides) is not None:
             raise ValueError("profile measures generation; this model pools (--runner generate?)")
         llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
         taken = model_sampling(options.sampling, options.sampling_given, config, model_dir)
@@ -104,7 +104,7 @@ def _load(config: Any, simulate: bool, log: Any) -> tuple[Any, Any, Any, int]:
     from pagedgen.loader.weights import load_config, load_tokenizer
 
     resolved = resolve_model(config.model)
-    hf_config = load_config(resolved, config.trust_remote_code)
+    hf_config = load_config(resolved, config.trust_remote_code, config.hf_overrides)
     return (
         None,
         load_tokenizer(resolved, config.trust_remote_code),

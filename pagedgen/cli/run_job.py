@@ -61,7 +61,7 @@ class RunOptions:
 def pools_prompts(options: RunOptions, model_dir: Path) -> bool:
     """Whether the job pools (embeds or classifies: its engine is a pooling runner), checked
     before the model loads: then no sampling option applies."""
-    if job_task(options.engine.runner, model_dir) is None:
+    if job_task(options.engine.runner, model_dir, options.engine.hf_overrides) is None:
         return False
     options.engine.check_pooling()
     given = sorted(options.sampling_given - {"structured_outputs"})

@@ -31,6 +31,7 @@ from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.loader.quantized import check_quantization
 from pagedgen.lora.manager import LoRAManager
+from pagedgen.models.classifier import classifier_tokens
 from pagedgen.models.registry import get_model_class
 from pagedgen.pooling.config import PoolerConfig, pick_pooler_config
 from pagedgen.pooling.pooler import Pooler
@@ -88,7 +89,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     dtype = pick_dtype(config.dtype, device)  # the weights' values and the KV cache
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     resolved = resolve_model(config.model)
-    hf_config = load_config(resolved, config.trust_remote_code)
+    hf_config = load_config(resolved, config.trust_remote_code, config.hf_overrides)
     get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
     check_quantization(hf_config)  # as does an unsupported quantization
     architectures = getattr(hf_config, "architectures", None) or []
@@ -100,6 +101,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         if getattr(hf_config, "is_causal", True) is False:  # gte-Qwen2's bidirectional encoder
             raise ValueError("the model attends bidirectionally (is_causal false): not supported")
     tokenizer = load_tokenizer(resolved, config.trust_remote_code)
+    if pooler_config is not None and pooler_config.task == "classify":
+        classifier_tokens(hf_config, tokenizer)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     geometry = KVGeometry.of(hf_config, kv_cache_dtype)

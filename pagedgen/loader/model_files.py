@@ -6,6 +6,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from transformers import PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -64,7 +65,19 @@ REQUIRED_FIELDS = (
 FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_config(resolved: ResolvedModel, trust_remote_code: bool = False) -> PretrainedConfig:
+def load_config(
+    resolved: ResolvedModel,
+    trust_remote_code: bool = False,
+    hf_overrides: dict[str, Any] | None = None,
+) -> PretrainedConfig:
+    """The checkpoint's config, hf_overrides' fields set over it (vLLM's hf_overrides)."""
+    config = _checkpoint_config(resolved, trust_remote_code)
+    for key, value in (hf_overrides or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def _checkpoint_config(resolved: ResolvedModel, trust_remote_code: bool) -> PretrainedConfig:
     if resolved.gguf_file:
         from pagedgen.loader.gguf import read_gguf_config
 

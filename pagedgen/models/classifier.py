@@ -1,7 +1,7 @@
 """Sequence classification checkpoints (LlamaForSequenceClassification, ...: classifiers and
 reward models): the decoder and transformers' score head, run by the pooling runner."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -23,7 +23,8 @@ _NAMED_ACTIVATIONS = {
 
 def for_sequence_classification(base: type[LlamaForCausalLM]) -> type[LlamaForCausalLM]:
     """base with a score head: num_labels logits from the pooled hidden state, no bias, as
-    transformers' *ForSequenceClassification; the checkpoint's "score.weight" loads into it."""
+    transformers' *ForSequenceClassification; the checkpoint's "score.weight" loads into it, or,
+    for a causal LM read as a classifier (classifier_tokens), rows of its LM head."""
 
     class ForSequenceClassification(base):  # type: ignore[valid-type, misc]
         def __init__(
@@ -32,9 +33,53 @@ def for_sequence_classification(base: type[LlamaForCausalLM]) -> type[LlamaForCa
             super().__init__(config, backend, max_position)
             self.score = Linear(config.hidden_size, config.num_labels)
 
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+            token_ids = getattr(self.config, "classifier_token_ids", None)
+            if token_ids is not None:
+                weights = _score_from_lm_head(weights, token_ids)
+            super().load_weights(weights)
+
     name = base.__name__.replace("ForCausalLM", "ForSequenceClassification")
     ForSequenceClassification.__name__ = ForSequenceClassification.__qualname__ = name
     return ForSequenceClassification
+
+
+def _score_from_lm_head(
+    weights: Iterable[tuple[str, torch.Tensor]], token_ids: list[int]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint, then a score head of its LM head's (or tied embedding's) rows for
+    token_ids: two of them [false, true] give one row, true's minus false's (in float32, as
+    vLLM's from-2-way-softmax loader), any other number the rows themselves."""
+    head = embedding = None
+    for name, tensor in weights:
+        if name == "lm_head.weight":
+            head = tensor
+        elif name.endswith("embed_tokens.weight"):
+            embedding = tensor
+        yield name, tensor
+    rows = (head if head is not None else embedding)[token_ids]
+    if len(token_ids) == 2:
+        rows = (rows[1:].float() - rows[:1].float()).to(rows.dtype)
+    yield "score.weight", rows
+
+
+def classifier_tokens(hf_config: Any, tokenizer: Any) -> None:
+    """vLLM's classifier_from_token (an hf_overrides field): a causal LM served as a
+    classifier whose score head is its LM head's rows for those tokens, their ids set as
+    hf_config.classifier_token_ids. Two tokens [false, true] make one label whose sigmoid is
+    the two-way softmax's probability of true (how Qwen3-Reranker scores "yes" against "no",
+    which is_original_qwen3_reranker implies); any other number, one label each."""
+    tokens = getattr(hf_config, "classifier_from_token", None)
+    if tokens is None and getattr(hf_config, "is_original_qwen3_reranker", False):
+        tokens = ["no", "yes"]
+    if not tokens:
+        return
+    ids = [tokenizer.convert_tokens_to_ids(token) for token in tokens]
+    unknown = [t for t, i in zip(tokens, ids) if i is None or i == tokenizer.unk_token_id]
+    if unknown:
+        raise ValueError(f"classifier_from_token: {unknown} are no tokens of the vocabulary")
+    hf_config.classifier_token_ids = ids
+    hf_config.num_labels = 1 if len(ids) == 2 else len(ids)
 
 
 def classifier_activation(hf_config: Any) -> Callable[[torch.Tensor], torch.Tensor]:

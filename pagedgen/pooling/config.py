@@ -119,10 +119,14 @@ def pick_pooler_config(
     return None if task is None else resolve_pooler_config(model_dir, overrides, task)
 
 
-def job_task(runner: str, model_dir: Path) -> str | None:
+def job_task(
+    runner: str, model_dir: Path, hf_overrides: dict[str, Any] | None = None
+) -> str | None:
     """The pooling task of an engine of this runner over the model folder, known before the
-    model loads (from its config.json); None where it generates."""
-    return task_of(runner, checkpoint_architectures(model_dir))
+    model loads (from its config.json, or the architectures hf_overrides names); None where it
+    generates."""
+    architectures = (hf_overrides or {}).get("architectures")
+    return task_of(runner, architectures or checkpoint_architectures(model_dir))
 
 
 def task_of(runner: str, architectures: list[str]) -> str | None:

@@ -179,6 +179,7 @@ def _pooling_task(config: ProcessorConfig) -> str | None:
     """The replicas' pooling task, for the error lines the driver writes (a model only the
     replicas can find: theirs say)."""
     try:
-        return job_task(config.engine_config.runner, resolve_model(config.model).path)
+        engine = config.engine_config
+        return job_task(engine.runner, resolve_model(config.model).path, engine.hf_overrides)
     except ModelNotFoundError:
         return None
