@@ -47,7 +47,7 @@ class DeepseekMoE(SparseMoE):
         self.shared_experts = LlamaMLP(config, shared) if shared else None
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        num_tokens, num_experts = logits.shape
+        num_tokens = logits.shape[0]
         if self.sigmoid:
             scores = logits.sigmoid()
             choice = scores + self.e_score_correction_bias
@@ -84,8 +84,9 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     """DeepSeek-V2 and V3 (and their derivatives: DeepSeek-R1, Kimi K2, Moonlight): multi-head
     latent attention (layers/mla.py) and DeepSeekMoE MLPs, dense in the first
     first_k_dense_replace layers. The checkpoints' rotary features are interleaved pairs, whose
-    projection rows are reordered as they load (rotary.pairs_to_halves). V3's multi-token-prediction
-    layers (past num_hidden_layers) are skipped, as transformers skips them."""
+    projection rows are reordered as they load (rotary.pairs_to_halves). V3's
+    multi-token-prediction layers (past num_hidden_layers) are skipped, as transformers skips
+    them."""
 
     attention_cls = MLAAttention
     supports_graphs = False  # the expert routing reads token counts on the host
