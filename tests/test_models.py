@@ -66,6 +66,14 @@ CONFIGS = {
         num_local_experts=6,
         num_experts_per_tok=2,
     ),
+    "olmoe": dict(  # whole-projection q/k norms, biased projections, softmax top-2 of 6
+        model_type="olmoe",
+        num_experts=6,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        attention_bias=True,
+        pad_token_id=0,
+    ),
     "gpt-oss": dict(  # a window of 8 and full attention, sinks, YaRN, biased experts
         model_type="gpt_oss",
         head_dim=64,

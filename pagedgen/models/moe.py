@@ -6,6 +6,7 @@ from torch import nn
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
+from pagedgen.models.olmo2 import Olmo2Attention
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
 
 MIXTRAL_NAMES = {"block_sparse_moe.": "mlp.", ".w1.": ".gate_proj.", ".w3.": ".up_proj.",
@@ -99,3 +100,26 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
 
     def make_mlp(self, config, index: int) -> nn.Module:
         return SharedExpertMoE(config) if qwen_sparse(config, index) else LlamaMLP(config)
+
+
+class OlmoeForCausalLM(LlamaForCausalLM):
+    """OLMoE: the Llama decoder with q and k normed over their whole projections (OLMo 2's
+    norms) and every MLP a mixture of num_experts SwiGLU experts, top num_experts_per_tok
+    (renormalized where norm_topk_prob, weighted in the model's dtype)."""
+
+    attention_cls = Olmo2Attention
+    supports_graphs = False
+
+    def __init__(self, config, backend, max_position: int) -> None:
+        if getattr(config, "clip_qkv", None) is not None:
+            raise ValueError("OLMoE's clip_qkv is not supported (no released checkpoint sets it)")
+        super().__init__(config, backend, max_position)
+
+    def make_mlp(self, config, index: int) -> nn.Module:
+        return SparseMoE(
+            config.hidden_size,
+            config.num_experts,
+            config.num_experts_per_tok,
+            renormalize=bool(config.norm_topk_prob),
+            make_expert=lambda: LlamaMLP(config),
+        )

@@ -11,7 +11,12 @@ from pagedgen.models.gpt_oss import GptOssForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.minimax_m2 import MiniMaxM2ForCausalLM
-from pagedgen.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from pagedgen.models.moe import (
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM,
+)
 from pagedgen.models.olmo2 import Olmo2ForCausalLM
 from pagedgen.models.phi3 import Phi3ForCausalLM
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
@@ -38,6 +43,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
     "GlmForCausalLM": GlmForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -81,6 +87,7 @@ MODEL_TYPES = {
     "minimax_m2": "MiniMaxM2ForCausalLM",
     "glm": "GlmForCausalLM",
     "glm4": "Glm4ForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 
 
