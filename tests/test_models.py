@@ -152,6 +152,9 @@ CONFIGS = {
         attention_bias=True,
         pad_token_id=0,
     ),
+    "ernie4_5": dict(  # interleaved rotary pairs over the whole head, every projection biased
+        model_type="ernie4_5", use_bias=True, tie_word_embeddings=True, pad_token_id=0
+    ),
     "glm4-moe": dict(  # GLM-4.5: half of each head rotates, q/k norms, V3's routing
         model_type="glm4_moe",
         head_dim=32,

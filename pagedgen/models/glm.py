@@ -1,12 +1,13 @@
 from collections.abc import Iterable, Iterator
 
 import torch
+from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionMetadata
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, pairs_to_halves
-from pagedgen.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from pagedgen.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 
 class Glm4DecoderLayer(LlamaDecoderLayer):
@@ -59,6 +60,18 @@ class GlmForCausalLM(LlamaForCausalLM):
                 heads = tensor.view(-1, head_dim, *tensor.shape[1:])
                 tensor = heads[:, order].reshape(tensor.shape)
             yield name, tensor
+
+
+class Ernie4_5ForCausalLM(GlmForCausalLM):
+    """ERNIE 4.5 (dense: ERNIE-4.5-0.3B): GLM-4's interleaved rotary pairs over the whole head,
+    and every projection, attention's and the MLP's, biased where use_bias."""
+
+    @staticmethod
+    def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
+        return bool(config.use_bias), bool(config.use_bias)
+
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
+        return LlamaMLP(config, bias=bool(config.use_bias))
 
 
 class Glm4ForCausalLM(GlmForCausalLM):

@@ -129,11 +129,16 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: PretrainedConfig, intermediate_size: int | None = None) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        intermediate_size: int | None = None,
+        bias: bool | None = None,  # default: the config's mlp_bias
+    ) -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
-        bias = getattr(config, "mlp_bias", False)
+        bias = getattr(config, "mlp_bias", False) if bias is None else bias
         inter = intermediate_size or config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, [inter, inter], bias=bias)
         self.down_proj = Linear(inter, config.hidden_size, bias=bias)

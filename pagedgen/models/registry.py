@@ -5,7 +5,7 @@ from pagedgen.models.classifier import for_sequence_classification
 from pagedgen.models.deepseek import DeepseekV2ForCausalLM
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
-from pagedgen.models.glm import Glm4ForCausalLM, GlmForCausalLM
+from pagedgen.models.glm import Ernie4_5ForCausalLM, Glm4ForCausalLM, GlmForCausalLM
 from pagedgen.models.glm4_moe import Glm4MoeForCausalLM
 from pagedgen.models.gpt_oss import GptOssForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
@@ -44,6 +44,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "GlmForCausalLM": GlmForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -88,6 +89,7 @@ MODEL_TYPES = {
     "glm": "GlmForCausalLM",
     "glm4": "Glm4ForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
 }
 
 
