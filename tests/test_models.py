@@ -40,6 +40,16 @@ CONFIGS = {
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),
     "phi3": dict(model_type="phi3", pad_token_id=0, sliding_window=None),
     "olmo2": dict(model_type="olmo2", pad_token_id=0),
+    "olmo3": dict(  # three windowed layers of four, a rope base per kind of layer
+        model_type="olmo3",
+        num_hidden_layers=4,
+        sliding_window=8,
+        pad_token_id=0,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+    ),
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
     "qwen3-moe": dict(  # layer 0 dense, layer 1 a mixture
         model_type="qwen3_moe",

@@ -1,3 +1,4 @@
+import copy
 from typing import NamedTuple
 
 import torch
@@ -59,6 +60,18 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor) -> "Rope":
         """The step's cos and sin rows, looked up once and shared by every layer."""
         return Rope(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+
+
+def layer_type_ropes(config: PretrainedConfig, head_dim: int, max_position: int) -> nn.ModuleDict:
+    """A rotary table per kind of layer ("full_attention", "sliding_attention"), each from its
+    own entry of a rope_parameters given by layer type (Gemma 3, OLMo 3), else both alike."""
+    params = config.rope_parameters
+    ropes = {}
+    for kind in ("full_attention", "sliding_attention"):
+        layer_config = copy.copy(config)
+        layer_config.rope_parameters = dict(params.get(kind, params))
+        ropes[kind] = RotaryEmbedding(layer_config, head_dim, max_position)
+    return nn.ModuleDict(ropes)
 
 
 class Rope(NamedTuple):

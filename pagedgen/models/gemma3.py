@@ -1,11 +1,9 @@
-import copy
-
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.layers.rotary import RotaryEmbedding
+from pagedgen.layers.rotary import layer_type_ropes
 from pagedgen.models.gemma2 import Gemma2Attention, Gemma2ForCausalLM, GemmaRMSNorm
 
 
@@ -31,10 +29,4 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
 
     @staticmethod
     def build_ropes(config: PretrainedConfig, head_dim: int, max_position: int) -> nn.ModuleDict:
-        params = config.rope_parameters
-        ropes = {}
-        for kind in ("full_attention", "sliding_attention"):
-            layer_config = copy.copy(config)
-            layer_config.rope_parameters = dict(params.get(kind, params))
-            ropes[kind] = RotaryEmbedding(layer_config, head_dim, max_position)
-        return nn.ModuleDict(ropes)
+        return layer_type_ropes(config, head_dim, max_position)

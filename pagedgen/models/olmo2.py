@@ -2,8 +2,9 @@ import torch
 from torch import nn
 
 from pagedgen.attention import AttentionMetadata
+from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.norm import RMSNorm
-from pagedgen.layers.rotary import Rope
+from pagedgen.layers.rotary import Rope, layer_type_ropes
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
 
@@ -52,3 +53,23 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
 
     attention_cls = Olmo2Attention
     decoder_layer_cls = Olmo2DecoderLayer
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    """OLMo 3: OLMo 2 with sliding-window attention on the layers layer_types names (three of
+    four) and a rotary table per kind of layer (rope_parameters by layer type)."""
+
+    def __init__(self, config, backend, max_position: int) -> None:
+        super().__init__(config, backend, max_position)
+        del self.rotary  # one table per kind instead
+        self.ropes = layer_type_ropes(config, head_dim_of(config), max_position)
+        self.layer_types = config.layer_types
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden, residual = self.embed(input_ids), None
+        ropes = {kind: rotary(positions) for kind, rotary in self.ropes.items()}
+        for kind, layer in zip(self.layer_types, self.layers):
+            hidden, residual = layer(ropes[kind], hidden, residual, metadata)
+        return self.norm(hidden, residual)[0]

@@ -17,7 +17,7 @@ from pagedgen.models.moe import (
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
-from pagedgen.models.olmo2 import Olmo2ForCausalLM
+from pagedgen.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from pagedgen.models.phi3 import Phi3ForCausalLM
 from pagedgen.models.qwen3 import Qwen3ForCausalLM
 from pagedgen.models.smollm3 import SmolLM3ForCausalLM
@@ -45,6 +45,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -90,6 +91,7 @@ MODEL_TYPES = {
     "glm4": "Glm4ForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
 }
 
 
