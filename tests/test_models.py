@@ -38,6 +38,9 @@ CONFIGS = {
     "mistral": dict(model_type="mistral", sliding_window=None),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),
+    "seed-oss": dict(  # q/k/v biased, o not
+        model_type="seed_oss", attention_bias=True, attention_out_bias=False, pad_token_id=0
+    ),
     "phi3": dict(model_type="phi3", pad_token_id=0, sliding_window=None),
     "olmo2": dict(model_type="olmo2", pad_token_id=0),
     "olmo3": dict(  # three windowed layers of four, a rope base per kind of layer

@@ -182,7 +182,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama 2/3, Mistral, SmolLM2 and Qwen2 (QKV bias): one decoder, names as in the checkpoints.
+    """Llama 2/3, Mistral, SmolLM2, Qwen2 (QKV bias) and Seed-OSS (QKV bias, o's its own): one
+    decoder, names as in the checkpoints.
     Layers with a sliding window (Mistral's sliding_window, Qwen2's use_sliding_window) attend
     to their window only.
 
@@ -227,7 +228,7 @@ class LlamaForCausalLM(nn.Module):
         if config.model_type == "qwen2":
             return True, False
         bias = bool(getattr(config, "attention_bias", False))
-        return bias, bias
+        return bias, bool(getattr(config, "attention_out_bias", bias))  # Seed-OSS names o's
 
     @property
     def attention_layers(self) -> list[LlamaAttention]:

@@ -46,6 +46,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
+    "SeedOssForCausalLM": LlamaForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -92,6 +93,7 @@ MODEL_TYPES = {
     "olmoe": "OlmoeForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
+    "seed_oss": "SeedOssForCausalLM",
 }
 
 
