@@ -53,6 +53,13 @@ CONFIGS = {
             "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
         },
     ),
+    "exaone4": dict(  # post-sublayer norms, per-head q/k norms, 3 windowed layers, 1 NoPE one
+        model_type="exaone4",
+        num_hidden_layers=4,
+        sliding_window=8,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        pad_token_id=0,
+    ),
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
     "qwen3-moe": dict(  # layer 0 dense, layer 1 a mixture
         model_type="qwen3_moe",

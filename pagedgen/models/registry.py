@@ -3,6 +3,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.models.classifier import for_sequence_classification
 from pagedgen.models.deepseek import DeepseekV2ForCausalLM
+from pagedgen.models.exaone4 import Exaone4ForCausalLM
 from pagedgen.models.gemma2 import Gemma2ForCausalLM
 from pagedgen.models.gemma3 import Gemma3ForCausalLM
 from pagedgen.models.glm import Ernie4_5ForCausalLM, Glm4ForCausalLM, GlmForCausalLM
@@ -47,6 +48,7 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SeedOssForCausalLM": LlamaForCausalLM,
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -94,6 +96,7 @@ MODEL_TYPES = {
     "ernie4_5": "Ernie4_5ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
     "seed_oss": "SeedOssForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
 }
 
 
