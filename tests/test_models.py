@@ -199,6 +199,27 @@ CONFIGS = {
         logits_scaling=8.0,
         tie_word_embeddings=True,
     ),
+    "granitemoe": dict(  # Granite's multipliers, softmax over the top-2 logits of 4 experts
+        model_type="granitemoe",
+        pad_token_id=0,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        embedding_multiplier=12.0,
+        attention_multiplier=0.015625,
+        residual_multiplier=0.22,
+        logits_scaling=8.0,
+    ),
+    "granitemoeshared": dict(  # and a shared expert
+        model_type="granitemoeshared",
+        pad_token_id=0,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=96,
+        embedding_multiplier=12.0,
+        attention_multiplier=0.015625,
+        residual_multiplier=0.22,
+        logits_scaling=8.0,
+    ),
     "smollm3": dict(
         model_type="smollm3", num_hidden_layers=3, no_rope_layers=[1, 0, 1], pad_token_id=0
     ),

@@ -10,6 +10,7 @@ from pagedgen.models.glm import Ernie4_5ForCausalLM, Glm4ForCausalLM, GlmForCaus
 from pagedgen.models.glm4_moe import Glm4MoeForCausalLM
 from pagedgen.models.gpt_oss import GptOssForCausalLM
 from pagedgen.models.granite import GraniteForCausalLM
+from pagedgen.models.granite_moe import GraniteMoeForCausalLM
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.minimax_m2 import MiniMaxM2ForCausalLM
 from pagedgen.models.moe import (
@@ -49,6 +50,8 @@ MODELS: dict[str, type[LlamaForCausalLM]] = {
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SeedOssForCausalLM": LlamaForCausalLM,
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
+    "GraniteMoeSharedForCausalLM": GraniteMoeForCausalLM,
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -97,6 +100,8 @@ MODEL_TYPES = {
     "olmo3": "Olmo3ForCausalLM",
     "seed_oss": "SeedOssForCausalLM",
     "exaone4": "Exaone4ForCausalLM",
+    "granitemoe": "GraniteMoeForCausalLM",
+    "granitemoeshared": "GraniteMoeSharedForCausalLM",
 }
 
 
