@@ -22,6 +22,14 @@ COMMON = dict(
     bos_token_id=256,
 )
 
+GRANITE = dict(  # Granite 3's multipliers, of its 2B model
+    pad_token_id=0,
+    embedding_multiplier=12.0,
+    attention_multiplier=0.015625,
+    residual_multiplier=0.22,
+    logits_scaling=8.0,
+)
+
 CONFIGS = {
     "llama": dict(model_type="llama", tie_word_embeddings=False),
     "llama3-rope-tied": dict(
@@ -190,35 +198,16 @@ CONFIGS = {
         n_shared_experts=1,
         routed_scaling_factor=2.5,
     ),
-    "granite": dict(  # Granite 3's multipliers, of its 2B model
-        model_type="granite",
-        pad_token_id=0,
-        embedding_multiplier=12.0,
-        attention_multiplier=0.015625,
-        residual_multiplier=0.22,
-        logits_scaling=8.0,
-        tie_word_embeddings=True,
-    ),
-    "granitemoe": dict(  # Granite's multipliers, softmax over the top-2 logits of 4 experts
-        model_type="granitemoe",
-        pad_token_id=0,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        embedding_multiplier=12.0,
-        attention_multiplier=0.015625,
-        residual_multiplier=0.22,
-        logits_scaling=8.0,
+    "granite": dict(model_type="granite", tie_word_embeddings=True, **GRANITE),
+    "granitemoe": dict(  # softmax over the top-2 logits of 4 experts
+        model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, **GRANITE
     ),
     "granitemoeshared": dict(  # and a shared expert
         model_type="granitemoeshared",
-        pad_token_id=0,
         num_local_experts=4,
         num_experts_per_tok=2,
         shared_intermediate_size=96,
-        embedding_multiplier=12.0,
-        attention_multiplier=0.015625,
-        residual_multiplier=0.22,
-        logits_scaling=8.0,
+        **GRANITE,
     ),
     "smollm3": dict(
         model_type="smollm3", num_hidden_layers=3, no_rope_layers=[1, 0, 1], pad_token_id=0
