@@ -50,6 +50,14 @@ def test_each_layer_binds_its_latent_as_key_and_value(deepseek_v3):
         assert attention.kv_b_proj is None and attention.w_uk.shape == (4, 16, 32)
 
 
+@pytest.mark.parametrize("backend", ["torch", "reference"])  # the cpu one: tests/test_models.py
+def test_every_attention_backend_serves_the_latent(deepseek_v3, backend):
+    folder, hf_model = deepseek_v3
+    llm = LLM(str(folder), attention_backend=backend, kv_cache_memory=0.01, log=lambda m: None)
+    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, GREEDY)):
+        assert output.outputs[0].token_ids == reference_greedy(hf_model, prompt, 24)
+
+
 def test_preemption_by_swap_moves_the_latents(deepseek_v3):
     folder, hf_model = deepseek_v3
     bytes_per_token = KVGeometry.of(AutoConfig.from_pretrained(folder), torch.float32)
