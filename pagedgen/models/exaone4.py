@@ -1,3 +1,6 @@
+from transformers import PretrainedConfig
+
+from pagedgen.attention import AttentionBackend
 from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.models.olmo2 import Olmo2ForCausalLM
 from pagedgen.models.qwen3 import Qwen3Attention
@@ -10,7 +13,9 @@ class Exaone4ForCausalLM(Olmo2ForCausalLM):
 
     attention_cls = Qwen3Attention
 
-    def __init__(self, config, backend, max_position: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
+    ) -> None:
         super().__init__(config, backend, max_position)
         if getattr(config, "sliding_window", None) is not None:
             windows = layer_sliding_windows(config)

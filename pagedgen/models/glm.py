@@ -14,7 +14,7 @@ class Glm4DecoderLayer(LlamaDecoderLayer):
     """The Llama layer with a second norm on each sublayer's output, before it joins the
     residual stream (post_self_attn_layernorm, post_mlp_layernorm)."""
 
-    def __init__(self, config: PretrainedConfig, attention, mlp) -> None:
+    def __init__(self, config: PretrainedConfig, attention: nn.Module, mlp: nn.Module) -> None:
         super().__init__(config, attention, mlp)
         self.post_self_attn_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -1,12 +1,16 @@
 import torch
+from transformers import PretrainedConfig
 
+from pagedgen.attention import AttentionBackend
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class GraniteAttention(LlamaAttention):
     """Scores scaled by attention_multiplier, not head_dim ** -0.5."""
 
-    def __init__(self, config, backend, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+    ) -> None:
         super().__init__(config, backend, qkv_bias, o_bias)
         self.scale = config.attention_multiplier
 
@@ -19,7 +23,9 @@ class GraniteForCausalLM(LlamaForCausalLM):
 
     attention_cls = GraniteAttention
 
-    def __init__(self, config, backend, max_position: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
+    ) -> None:
         super().__init__(config, backend, max_position)
         for layer in self.layers:
             layer.residual_multiplier = config.residual_multiplier

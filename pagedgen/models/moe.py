@@ -2,7 +2,9 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
+from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
@@ -19,7 +21,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     supports_graphs = False
 
-    def make_mlp(self, config, index: int) -> nn.Module:
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
         return SparseMoE(
             config.hidden_size,
             config.num_local_experts,
@@ -41,7 +43,7 @@ def _renamed(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str,
         yield name, tensor
 
 
-def qwen_sparse(config, index: int) -> bool:
+def qwen_sparse(config: PretrainedConfig, index: int) -> bool:
     """Whether Qwen2/3-MoE's layer index is a mixture: not in mlp_only_layers, on the
     decoder_sparse_step."""
     dense = index in config.mlp_only_layers or not config.num_experts
@@ -55,7 +57,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     supports_graphs = False
 
-    def make_mlp(self, config, index: int) -> nn.Module:
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
         if not qwen_sparse(config, index):
             return LlamaMLP(config)
         return SparseMoE(
@@ -72,7 +74,7 @@ class SharedExpertMoE(SparseMoE):
     where norm_topk_prob, weighted in the model's dtype) plus one shared expert that every token
     goes through, its output scaled by sigmoid(shared_expert_gate(x))."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__(
             config.hidden_size,
             config.num_experts,
@@ -95,10 +97,10 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
     supports_graphs = False
 
     @staticmethod
-    def attention_biases(config) -> tuple[bool, bool]:
+    def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
         return bool(getattr(config, "qkv_bias", True)), False
 
-    def make_mlp(self, config, index: int) -> nn.Module:
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
         return SharedExpertMoE(config) if qwen_sparse(config, index) else LlamaMLP(config)
 
 
@@ -110,12 +112,14 @@ class OlmoeForCausalLM(LlamaForCausalLM):
     attention_cls = Olmo2Attention
     supports_graphs = False
 
-    def __init__(self, config, backend, max_position: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
+    ) -> None:
         if getattr(config, "clip_qkv", None) is not None:
             raise ValueError("OLMoE's clip_qkv is not supported (no released checkpoint sets it)")
         super().__init__(config, backend, max_position)
 
-    def make_mlp(self, config, index: int) -> nn.Module:
+    def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
         return SparseMoE(
             config.hidden_size,
             config.num_experts,

@@ -1,7 +1,8 @@
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
-from pagedgen.attention import AttentionMetadata
+from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, layer_type_ropes
@@ -14,7 +15,9 @@ class Olmo2Attention(LlamaAttention):
 
     has_qk_norm = True
 
-    def __init__(self, config, backend, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+    ) -> None:
         super().__init__(config, backend, qkv_bias, o_bias)
         self.q_norm = RMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.num_kv_heads * self.head_dim, config.rms_norm_eps)
@@ -28,7 +31,7 @@ class Olmo2Attention(LlamaAttention):
 class Olmo2DecoderLayer(nn.Module):
     """Norms after each sublayer, before its output joins the residual stream; none before."""
 
-    def __init__(self, config, attention: LlamaAttention, mlp: nn.Module) -> None:
+    def __init__(self, config: PretrainedConfig, attention: LlamaAttention, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = attention
         self.mlp = mlp
@@ -59,7 +62,9 @@ class Olmo3ForCausalLM(Olmo2ForCausalLM):
     """OLMo 3: OLMo 2 with sliding-window attention on the layers layer_types names (three of
     four) and a rotary table per kind of layer (rope_parameters by layer type)."""
 
-    def __init__(self, config, backend, max_position: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
+    ) -> None:
         super().__init__(config, backend, max_position)
         del self.rotary  # one table per kind instead
         self.ropes = layer_type_ropes(config, head_dim_of(config), max_position)

@@ -1,5 +1,7 @@
 import torch
+from transformers import PretrainedConfig
 
+from pagedgen.attention import AttentionBackend
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
@@ -9,7 +11,9 @@ class Qwen3Attention(LlamaAttention):
 
     has_qk_norm = True
 
-    def __init__(self, config, backend, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(
+        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+    ) -> None:
         super().__init__(config, backend, qkv_bias, o_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
