@@ -54,20 +54,27 @@ def split_harmony(text: str) -> tuple[str | None, str | None]:
     if found is None:
         return None, text or None
     reasoning = [m.text for m in found if m.channel == "analysis"]
+    return "\n".join(reasoning) or None, _content(found)
+
+
+def _content(found: list[Message]) -> str | None:
+    """The final messages and any commentary addressed to no one (a preamble), joined."""
     content = [m.text for m in found if m.channel != "analysis" and m.recipient is None]
-    return "\n".join(reasoning) or None, "".join(content) or None
+    return "".join(content) or None
 
 
 def harmony_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, calls): each message to=functions.NAME a call {"name", "arguments"}, its text
     the arguments (JSON, as the model wrote them); the content as split_harmony reads it."""
-    found = messages(text) or []
+    found = messages(text)
+    if found is None:
+        return text or None, []
     calls = [
         {"name": m.recipient.removeprefix("functions."), "arguments": m.text.strip()}
         for m in found
         if m.recipient is not None and m.recipient.startswith("functions.")
     ]
-    return split_harmony(text)[1], calls
+    return _content(found), calls
 
 
 def uses_harmony(reasoning_parser: str | None, tool_call_parser: str | None) -> bool:

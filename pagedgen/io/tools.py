@@ -60,10 +60,11 @@ def read_answer(
             return Answer(reasoning, content, [])
         calls = [_call(json.dumps(c), "parameters") for c in called if isinstance(c, dict)]
         return Answer(reasoning, None, [c for c in calls if c is not None])
-    if tool_call_parser == "openai" and parses_tool_calls(chat):  # calls outside the content
-        content, calls = harmony_tool_calls(text)
-    elif tool_call_parser is not None and parses_tool_calls(chat) and content:
-        content, calls = parse_tool_calls(tool_call_parser, content)
+    if tool_call_parser is not None and parses_tool_calls(chat):
+        # harmony's calls (openai) lie outside the content: that parser reads the whole answer
+        source = text if tool_call_parser == "openai" else content
+        if source is not None:
+            content, calls = parse_tool_calls(tool_call_parser, source)
     return Answer(reasoning, content, calls)
 
 

@@ -23,21 +23,25 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)  # of query and out
 
 
+_p, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+# The C types of _leading_args and _trailing_args, which both kernels take.
+LEADING_TYPES = [_i32, _i32, _p, _p, _i64, _p, _p, _p, _i64]
+TRAILING_TYPES = [_i32, _i32, _i32, _i32, _f32, _i32, _f32, _p, _i32]
+
+
 @functools.cache
 def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march)
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    decode = [i32, i32, p, p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, f32, i32, f32, p, i32]
+    decode = [*LEADING_TYPES, _p, _i64, *TRAILING_TYPES]  # context_lens, num_seqs
     return declare(lib, {"paged_attention_decode": decode, "paged_attention_has_float16": []})
 
 
 @functools.cache
 def _prefill_library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(PREFILL_SOURCE, march)
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    prefill = [i32, i32, p, p, i64, p, p, p, i64, p, p, p, i64, i32, i32, i32, i32, f32, i32, f32]
-    prefill += [p]
-    return declare(lib, {"paged_attention_prefill": [*prefill, i32]})
+    # query_starts, query_lens, context_lens, num_seqs
+    prefill = [*LEADING_TYPES, _p, _p, _p, _i64, *TRAILING_TYPES]
+    return declare(lib, {"paged_attention_prefill": prefill})
 
 
 def cpu_kernel_error(march: str | None = None) -> str | None:

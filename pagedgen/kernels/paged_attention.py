@@ -98,6 +98,25 @@ def check_attention_args(
     return num_heads, head_size, block_size, num_kv_heads
 
 
+def check_attention_options(
+    window: int | None, softcap: float | None, sinks: torch.Tensor | None, num_heads: int
+) -> tuple[torch.Tensor, ...]:
+    """The checks every attention kernel makes of a window, a soft cap and sinks; returns the
+    sinks as tensors to find on the launch's device (none or one)."""
+    check(window is None or window >= 1, f"window must be >= 1, got {window}")
+    check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
+    if sinks is None:
+        return ()
+    check_tensor("sinks", sinks, torch.float32, 1)
+    check(sinks.shape[0] == num_heads, f"{sinks.shape[0]} sinks for {num_heads} heads")
+    return (sinks,)
+
+
+def sinks_arg(sinks: torch.Tensor | None) -> torch.Tensor | np.uint64:
+    """The kernels' sinks argument: the tensor, or nullptr."""
+    return np.uint64(0) if sinks is None else sinks
+
+
 def paged_attention_launches(
     out: torch.Tensor,  # [num_seqs, num_heads, head_size]
     query: torch.Tensor,  # [num_seqs, num_heads, head_size], rows may be strided
@@ -139,13 +158,8 @@ def paged_attention_launches(
         f"max_context_len {max_context_len} exceeds the block tables' "
         f"{block_tables.shape[1]} blocks of {block_size}",
     )
-    check(window is None or window >= 1, f"window must be >= 1, got {window}")
-    check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
-    if sinks is not None:
-        check_tensor("sinks", sinks, torch.float32, 1)
-        check(sinks.shape[0] == num_heads, f"{sinks.shape[0]} sinks for {num_heads} heads")
-        tensors += (sinks,)
+    tensors += check_attention_options(window, softcap, sinks, num_heads)
     devices = {t.device for t in tensors}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
     if num_seqs == 0:
@@ -191,9 +205,8 @@ def paged_attention_launches(
         np.float32(scale),
     )
     options = (np.int32(window or 0), np.float32(softcap or 0.0))
-    sinks_arg = np.uint64(0) if sinks is None else sinks  # nullptr: no sinks
     if version == 1:
-        tail = (np.int32(num_heads),) if grouped else (*options, sinks_arg)
+        tail = (np.int32(num_heads),) if grouped else (*options, sinks_arg(sinks))
         args = (out, *common, *tail)
         return [KernelLaunch(main_module, v1_name, (grid_x, num_seqs, 1), main_block, args)]
 
@@ -225,7 +238,7 @@ def paged_attention_launches(
                 context_lens,
                 np.int32(max_num_partitions),
                 options[0],
-                sinks_arg,
+                sinks_arg(sinks),
             ),
         ),
     ]

@@ -9,7 +9,11 @@ from pagedgen.kernels.launch import (
     check,
     check_tensor,
 )
-from pagedgen.kernels.paged_attention import check_attention_args
+from pagedgen.kernels.paged_attention import (
+    check_attention_args,
+    check_attention_options,
+    sinks_arg,
+)
 
 # Instantiated with these in kernels/prefill_attention.cu.
 NUM_THREADS = 128
@@ -73,13 +77,8 @@ def prefill_attention_launch(
         f"{num_seqs} context lens, {block_tables.shape[0]} block tables, "
         f"{cu_seqlens_q.shape[0]} cu_seqlens_q (want num_seqs + 1)",
     )
-    check(window is None or window >= 1, f"window must be >= 1, got {window}")
-    check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
-    if sinks is not None:
-        check_tensor("sinks", sinks, torch.float32, 1)
-        check(sinks.shape[0] == num_heads, f"{sinks.shape[0]} sinks for {num_heads} heads")
     tensors = (out, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens)
-    tensors += () if sinks is None else (sinks,)
+    tensors += check_attention_options(window, softcap, sinks, num_heads)
     devices = {t.device for t in tensors}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
     if num_seqs == 0 or max_query_len == 0:
@@ -108,7 +107,7 @@ def prefill_attention_launch(
             np.float32(scale),
             np.int32(window or 0),
             np.float32(softcap or 0.0),
-            np.uint64(0) if sinks is None else sinks,  # nullptr: no sinks
+            sinks_arg(sinks),
         ),
     )
 

@@ -14,8 +14,10 @@ class SparseMoE(nn.Module):
     Each token's weighted expert outputs, rounded to the model's dtype, add up in expert order
     in float32 and round once (vLLM's moe_sum; in a float32 model, transformers' sums exactly).
     The gathers, the weighting and the sums are one op each for all experts; only the experts'
-    matmuls run one expert at a time. The routing reads the experts' token counts on the host,
-    so steps of such a model run without graphs.
+    matmuls run one expert at a time. A shared_expert (DeepSeek, Qwen2-MoE, Granite) runs on
+    every token and its output is added to the routed one, scaled per token by
+    sigmoid(shared_expert_gate(x)) where there is a gate (Qwen2-MoE). The routing reads the
+    experts' token counts on the host, so steps of such a model run without graphs.
     """
 
     def __init__(
@@ -27,12 +29,16 @@ class SparseMoE(nn.Module):
         make_expert: Callable[[], nn.Module],
         weights_in_float32: bool = False,  # Mixtral scales in float32, Qwen3-MoE in the dtype
         gate_bias: bool = False,  # gpt-oss's router has one
+        shared_expert: nn.Module | None = None,
+        shared_expert_gate: bool = False,
     ) -> None:
         super().__init__()
         self.top_k, self.renormalize = top_k, renormalize
         self.weights_in_float32 = weights_in_float32
         self.gate = Linear(hidden_size, num_experts, bias=gate_bias)
         self.experts = nn.ModuleList(make_expert() for _ in range(num_experts))
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = Linear(hidden_size, 1) if shared_expert_gate else None
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's top_k (weights, experts) from the router's float32 logits."""
@@ -57,4 +63,10 @@ class SparseMoE(nn.Module):
                 start += count
         y = torch.cat(outputs) * weights.flatten()[order, None]
         # one index_add_ over the rows in expert order: each token's in that order, in float32
-        return torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+        out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+        if self.shared_expert is None:
+            return out
+        shared = self.shared_expert(x)
+        if self.shared_expert_gate is not None:
+            shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return out + shared

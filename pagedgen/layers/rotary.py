@@ -17,12 +17,21 @@ def rope_parameters(config: PretrainedConfig) -> dict:
     return params
 
 
-def pairs_to_halves(rotary_dim: int) -> torch.Tensor:
-    """The feature order that turns rotary features laid out in interleaved pairs (x0, x1), (x2,
-    x3), ... (GLM's, DeepSeek's) into the halves rotate_half takes: x0, x2, ..., then x1, x3, ...
-    A checkpoint's q and k projection rows reordered so rotate as ours do; the same permutation
-    of both leaves every attention score as it was."""
-    return torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
+def pairs_to_halves(head_dim: int, start: int, rotary_dim: int) -> torch.Tensor:
+    """The order of a head's features that turns its rotary_dim rotary ones from start, laid out
+    in interleaved pairs (x0, x1), (x2, x3), ... (GLM's, DeepSeek's), into the halves
+    rotate_half takes: x0, x2, ..., then x1, x3, ...; the others stay. A checkpoint's q and k
+    projection rows reordered so (reorder_heads) rotate as ours do; the same permutation of both
+    leaves every attention score as it was."""
+    order = torch.arange(head_dim)
+    pairs = torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
+    order[start : start + rotary_dim] = start + pairs
+    return order
+
+
+def reorder_heads(tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """A projection's weight or bias rows, head by head (len(order) rows each), in order."""
+    return tensor.view(-1, len(order), *tensor.shape[1:])[:, order].reshape(tensor.shape)
 
 
 class RotaryEmbedding(nn.Module):

@@ -6,7 +6,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.layers.mla import MLAAttention
 from pagedgen.layers.moe import SparseMoE
-from pagedgen.layers.rotary import pairs_to_halves
+from pagedgen.layers.rotary import pairs_to_halves, reorder_heads
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
 
 SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")  # their transformers classes ignore scoring_func
@@ -25,6 +25,7 @@ class DeepseekMoE(SparseMoE):
     def __init__(self, config: PretrainedConfig) -> None:
         default = "sigmoid" if config.model_type in SIGMOID_ROUTED else "softmax"
         self.sigmoid = (getattr(config, "scoring_func", None) or default) == "sigmoid"
+        shared = config.moe_intermediate_size * (config.n_shared_experts or 0)
         super().__init__(
             config.hidden_size,
             config.n_routed_experts,
@@ -32,6 +33,7 @@ class DeepseekMoE(SparseMoE):
             renormalize=self.sigmoid and bool(config.norm_topk_prob),
             make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
             weights_in_float32=True,
+            shared_expert=LlamaMLP(config, shared) if shared else None,
         )
         self.topk_method = "noaux_tc" if self.sigmoid else config.topk_method
         if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
@@ -43,8 +45,6 @@ class DeepseekMoE(SparseMoE):
             if self.sigmoid
             else None
         )
-        shared = config.moe_intermediate_size * (config.n_shared_experts or 0)
-        self.shared_experts = LlamaMLP(config, shared) if shared else None
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = logits.shape[0]
@@ -75,10 +75,6 @@ class DeepseekMoE(SparseMoE):
         keep = keep.repeat_interleave(scores.shape[1] // self.num_groups, dim=1)
         return scores.masked_fill(~keep, fill)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
-        return out if self.shared_experts is None else out + self.shared_experts(x)
-
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
     """DeepSeek-V2 and V3 (and their derivatives: DeepSeek-R1, Kimi K2, Moonlight): multi-head
@@ -104,18 +100,15 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     ) -> Iterator[tuple[str, torch.Tensor]]:
         config = self.config
         interleaved = config.model_type == "deepseek_v2" or getattr(config, "rope_interleave", True)
-        rope_dim, rank = config.qk_rope_head_dim, config.kv_lora_rank
-        order = pairs_to_halves(rope_dim)
+        rope, nope, rank = config.qk_rope_head_dim, config.qk_nope_head_dim, config.kv_lora_rank
+        orders = {  # the rotary part last in each head of q, and in the latent
+            "q_proj": pairs_to_halves(nope + rope, nope, rope),
+            "q_b_proj": pairs_to_halves(nope + rope, nope, rope),
+            "kv_a_proj_with_mqa": pairs_to_halves(rank + rope, rank, rope),
+        }
         for name, tensor in weights:
-            parts = name.split(".")
-            if interleaved and parts[-2] in ("q_proj", "q_b_proj"):
-                head = config.qk_nope_head_dim + rope_dim
-                rows = tensor.view(config.num_attention_heads, head, *tensor.shape[1:])
-                rope_rows = rows[:, head - rope_dim :][:, order]
-                tensor = torch.cat([rows[:, : head - rope_dim], rope_rows], 1).view(tensor.shape)
-            elif interleaved and parts[-2] == "kv_a_proj_with_mqa":
-                tensor = torch.cat([tensor[:rank], tensor[rank:][order]])
-            yield name, tensor
+            order = orders.get(name.split(".")[-2])
+            yield name, tensor if order is None or not interleaved else reorder_heads(tensor, order)
 
 
 def deepseek_mlp(config: PretrainedConfig, index: int) -> nn.Module:
@@ -130,12 +123,10 @@ def deepseek_names(
     weights: Iterable[tuple[str, torch.Tensor]], num_layers: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint without its multi-token-prediction layers (numbered from num_layers on),
-    the router's correction bias under its MoE module."""
+    the router's correction bias and the shared experts (one MLP) under SparseMoE's names."""
     for name, tensor in weights:
         parts = name.split(".")
         if "layers" in parts and int(parts[parts.index("layers") + 1]) >= num_layers:
             continue
-        yield (
-            name.replace(".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"),
-            tensor,
-        )
+        name = name.replace(".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias")
+        yield name.replace(".mlp.shared_experts.", ".mlp.shared_expert."), tensor

@@ -6,7 +6,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionMetadata
 from pagedgen.layers.norm import RMSNorm
-from pagedgen.layers.rotary import Rope, pairs_to_halves
+from pagedgen.layers.rotary import Rope, pairs_to_halves, reorder_heads
 from pagedgen.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 
@@ -51,14 +51,10 @@ class GlmForCausalLM(LlamaForCausalLM):
     def _pairs_to_halves(
         self, weights: Iterable[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        head_dim = self.layers[0].self_attn.head_dim
-        rotary_dim = 2 * self.rotary.cos.shape[-1]
-        order = torch.arange(head_dim)
-        order[:rotary_dim] = pairs_to_halves(rotary_dim)
+        order = pairs_to_halves(self.layers[0].self_attn.head_dim, 0, 2 * self.rotary.cos.shape[-1])
         for name, tensor in weights:
             if name.split(".")[-2] in ("q_proj", "k_proj"):
-                heads = tensor.view(-1, head_dim, *tensor.shape[1:])
-                tensor = heads[:, order].reshape(tensor.shape)
+                tensor = reorder_heads(tensor, order)
             yield name, tensor
 
 

@@ -12,26 +12,22 @@ from pagedgen.models.llama import LlamaMLP
 class GraniteMoE(SparseMoE):
     """Granite's mixture: the top num_experts_per_tok router logits, softmaxed among themselves,
     weight the experts in the model's dtype; with a shared_intermediate_size (GraniteMoeShared),
-    a shared expert's output is added."""
+    a shared expert."""
 
     def __init__(self, config: PretrainedConfig) -> None:
+        shared = getattr(config, "shared_intermediate_size", 0)
         super().__init__(
             config.hidden_size,
             config.num_local_experts,
             config.num_experts_per_tok,
             renormalize=False,
             make_expert=lambda: LlamaMLP(config),
+            shared_expert=LlamaMLP(config, shared) if shared else None,
         )
-        shared = getattr(config, "shared_intermediate_size", 0)
-        self.shared_mlp = LlamaMLP(config, shared) if shared else None
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         top, experts = logits.topk(self.top_k, dim=-1)
         return torch.softmax(top, dim=-1), experts
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
-        return out if self.shared_mlp is None else out + self.shared_mlp(x)
 
 
 class GraniteMoeForCausalLM(GraniteForCausalLM):
@@ -52,12 +48,12 @@ def _per_expert(
     weights: Iterable[tuple[str, torch.Tensor]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Granite's MoE names as the Llama loader's: block_sparse_moe -> mlp, router.layer -> gate,
-    the stacked experts one gate_proj / up_proj / down_proj each, the shared expert's halves."""
+    shared_mlp -> mlp.shared_expert, the stacked experts one gate_proj / up_proj / down_proj
+    each, the shared expert's halves."""
     for name, tensor in weights:
         name = name.replace(".block_sparse_moe.router.layer.", ".mlp.gate.")
-        name = name.replace(".block_sparse_moe.", ".mlp.").replace(
-            ".shared_mlp.", ".mlp.shared_mlp."
-        )
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        name = name.replace(".shared_mlp.", ".mlp.shared_expert.")
         prefix, _, param = name.rpartition(".")
         if prefix.endswith("input_linear"):
             stem = prefix.removesuffix("input_linear")

@@ -238,10 +238,13 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         hidden, residual = self.embed(input_ids), None
-        rope = self.rotary(positions)
-        for layer in self.layers:
+        for rope, layer in zip(self.layer_ropes(positions), self.layers):
             hidden, residual = layer(rope, hidden, residual, metadata)
         return self.norm(hidden, residual)[0]
+
+    def layer_ropes(self, positions: torch.Tensor) -> list[Rope]:
+        """Each layer's cos and sin rows for the step: one table's, looked up once for all."""
+        return [self.rotary(positions)] * len(self.layers)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

@@ -1,5 +1,3 @@
-from collections.abc import Iterable
-
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -36,7 +34,8 @@ class BiasedSigmoidMoE(SparseMoE):
 class MiniMaxM2ForCausalLM(MixtralForCausalLM):
     """MiniMax-M2: the Llama decoder with q and k normed over their whole projections (OLMo 2's
     norms), rotary embeddings on part of each head (the checkpoint's rotary_dim), and every MLP
-    a BiasedSigmoidMoE mixture; its checkpoints name the experts as Mixtral's do."""
+    a BiasedSigmoidMoE mixture; its checkpoints name the experts (and the routing bias) as
+    Mixtral's loader reads them."""
 
     attention_cls = Olmo2Attention
 
@@ -46,14 +45,3 @@ class MiniMaxM2ForCausalLM(MixtralForCausalLM):
 
     def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
         return BiasedSigmoidMoE(config)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(
-            (
-                name.replace(
-                    ".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias"
-                ),
-                t,
-            )
-            for name, t in weights
-        )

@@ -5,7 +5,6 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.layers.linear import Linear
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
 from pagedgen.models.olmo2 import Olmo2Attention
@@ -43,11 +42,24 @@ def _renamed(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str,
         yield name, tensor
 
 
-def qwen_sparse(config: PretrainedConfig, index: int) -> bool:
-    """Whether Qwen2/3-MoE's layer index is a mixture: not in mlp_only_layers, on the
-    decoder_sparse_step."""
+def qwen_mlp(config: PretrainedConfig, index: int, gated_shared_expert: bool = False) -> nn.Module:
+    """Qwen2/3-MoE's MLP of layer index: dense in mlp_only_layers and off the
+    decoder_sparse_step, else a mixture of num_experts experts of moe_intermediate_size, top
+    num_experts_per_tok (renormalized where norm_topk_prob); with gated_shared_expert (Qwen2-MoE)
+    a shared expert too, scaled by sigmoid(shared_expert_gate)."""
     dense = index in config.mlp_only_layers or not config.num_experts
-    return not dense and (index + 1) % config.decoder_sparse_step == 0
+    if dense or (index + 1) % config.decoder_sparse_step:
+        return LlamaMLP(config)
+    shared = gated_shared_expert and config.shared_expert_intermediate_size
+    return SparseMoE(
+        config.hidden_size,
+        config.num_experts,
+        config.num_experts_per_tok,
+        renormalize=bool(config.norm_topk_prob),
+        make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
+        shared_expert=LlamaMLP(config, shared) if shared else None,
+        shared_expert_gate=gated_shared_expert,
+    )
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
@@ -58,41 +70,14 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     supports_graphs = False
 
     def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
-        if not qwen_sparse(config, index):
-            return LlamaMLP(config)
-        return SparseMoE(
-            config.hidden_size,
-            config.num_experts,
-            config.num_experts_per_tok,
-            renormalize=bool(config.norm_topk_prob),
-            make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
-        )
-
-
-class SharedExpertMoE(SparseMoE):
-    """Qwen2-MoE's mixture: the routed experts (softmax top num_experts_per_tok, renormalized
-    where norm_topk_prob, weighted in the model's dtype) plus one shared expert that every token
-    goes through, its output scaled by sigmoid(shared_expert_gate(x))."""
-
-    def __init__(self, config: PretrainedConfig) -> None:
-        super().__init__(
-            config.hidden_size,
-            config.num_experts,
-            config.num_experts_per_tok,
-            renormalize=bool(config.norm_topk_prob),
-            make_expert=lambda: LlamaMLP(config, config.moe_intermediate_size),
-        )
-        self.shared_expert = LlamaMLP(config, config.shared_expert_intermediate_size)
-        self.shared_expert_gate = Linear(config.hidden_size, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return super().forward(x) + shared
+        return qwen_mlp(config, index)
 
 
 class Qwen2MoeForCausalLM(LlamaForCausalLM):
     """Qwen1.5-MoE and Qwen2-MoE: the Qwen2 decoder (q/k/v biased) whose MLPs, off
-    mlp_only_layers and on the decoder_sparse_step, are SharedExpertMoE mixtures."""
+    mlp_only_layers and on the decoder_sparse_step, are mixtures (softmax top
+    num_experts_per_tok, renormalized where norm_topk_prob, weighted in the model's dtype) with
+    a shared expert every token goes through, its output scaled by sigmoid(shared_expert_gate)."""
 
     supports_graphs = False
 
@@ -101,7 +86,7 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
         return bool(getattr(config, "qkv_bias", True)), False
 
     def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
-        return SharedExpertMoE(config) if qwen_sparse(config, index) else LlamaMLP(config)
+        return qwen_mlp(config, index, gated_shared_expert=True)
 
 
 class OlmoeForCausalLM(LlamaForCausalLM):

@@ -70,11 +70,6 @@ class Olmo3ForCausalLM(Olmo2ForCausalLM):
         self.ropes = layer_type_ropes(config, head_dim_of(config), max_position)
         self.layer_types = config.layer_types
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        hidden, residual = self.embed(input_ids), None
+    def layer_ropes(self, positions: torch.Tensor) -> list[Rope]:
         ropes = {kind: rotary(positions) for kind, rotary in self.ropes.items()}
-        for kind, layer in zip(self.layer_types, self.layers):
-            hidden, residual = layer(ropes[kind], hidden, residual, metadata)
-        return self.norm(hidden, residual)[0]
+        return [ropes[kind] for kind in self.layer_types]
