@@ -16,3 +16,13 @@ class SiluAndMul(nn.Module):
             return cpu_ops.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+def get_act_fn(name: str) -> nn.Module:
+    """The activation a config names (hidden_act: gelu, gelu_new, gelu_pytorch_tanh, relu2, ...),
+    transformers' own module for it, so it computes as the reference does."""
+    from transformers.activations import ACT2FN
+
+    if name not in ACT2FN:
+        raise ValueError(f"hidden_act {name!r} is not supported")
+    return ACT2FN[name]

@@ -46,3 +46,39 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
         return self.weight * normed.to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm (GPT-2, GPT-NeoX, Phi, Cohere, ...) with RMSNorm's interface: given the residual
+    stream, adds x to it first and returns (normed, new residual).
+
+    shape (num_heads, head_dim) normalizes each head over head_dim with a weight per head
+    (Cohere's and StableLM's q/k norms). Computes as torch.nn.LayerNorm in the input dtype, or,
+    with upcast, in float32 and rounds once (Cohere's own LayerNorm)."""
+
+    def __init__(
+        self, shape: int | tuple[int, ...], eps: float, bias: bool = True, upcast: bool = False
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(shape), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(shape), requires_grad=False) if bias else None
+        self.eps, self.upcast = eps, upcast
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self._norm(x)
+        residual = residual + x
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dim = self.weight.shape[-1:]
+        weight, bias = self.weight, self.bias
+        if self.upcast:
+            normed = F.layer_norm(x.float(), dim, None, None, self.eps) * weight.float()
+            return (normed if bias is None else normed + bias.float()).to(x.dtype)
+        if weight.dim() == 1:
+            return F.layer_norm(x, dim, weight, bias, self.eps)
+        normed = F.layer_norm(x, dim, None, None, self.eps) * weight
+        return normed if bias is None else normed + bias

@@ -155,8 +155,13 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = attention
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = self.make_norm(config)
+        self.post_attention_layernorm = self.make_norm(config)
+
+    @classmethod
+    def make_norm(cls, config: PretrainedConfig) -> nn.Module:
+        """The layer's norms and the model's final one: RMSNorm; LayerNorm in older decoders."""
+        return RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self,
@@ -208,7 +213,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(config, backend, i) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = self.decoder_layer_cls.make_norm(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
         for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
             attention.sliding_window = window

@@ -1,57 +1,57 @@
+"""Architecture name -> our implementation, as vLLM's registry: (module in pagedgen.models,
+class), imported only when a checkpoint names it."""
+
+import functools
+import importlib
+
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.models.classifier import for_sequence_classification
-from pagedgen.models.deepseek import DeepseekV2ForCausalLM
-from pagedgen.models.exaone4 import Exaone4ForCausalLM
-from pagedgen.models.gemma2 import Gemma2ForCausalLM
-from pagedgen.models.gemma3 import Gemma3ForCausalLM
-from pagedgen.models.glm import Ernie4_5ForCausalLM, Glm4ForCausalLM, GlmForCausalLM
-from pagedgen.models.glm4_moe import Glm4MoeForCausalLM
-from pagedgen.models.gpt_oss import GptOssForCausalLM
-from pagedgen.models.granite import GraniteForCausalLM
-from pagedgen.models.granite_moe import GraniteMoeForCausalLM
-from pagedgen.models.llama import LlamaForCausalLM
-from pagedgen.models.minimax_m2 import MiniMaxM2ForCausalLM
-from pagedgen.models.moe import (
-    MixtralForCausalLM,
-    OlmoeForCausalLM,
-    Qwen2MoeForCausalLM,
-    Qwen3MoeForCausalLM,
-)
-from pagedgen.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
-from pagedgen.models.phi3 import Phi3ForCausalLM
-from pagedgen.models.qwen3 import Qwen3ForCausalLM
-from pagedgen.models.smollm3 import SmolLM3ForCausalLM
 
-MODELS: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Gemma2ForCausalLM": Gemma2ForCausalLM,
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
-    "Phi3ForCausalLM": Phi3ForCausalLM,
-    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
-    "GraniteForCausalLM": GraniteForCausalLM,
-    "MixtralForCausalLM": MixtralForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-    "Olmo2ForCausalLM": Olmo2ForCausalLM,
-    "GptOssForCausalLM": GptOssForCausalLM,
-    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
-    "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
-    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
-    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
-    "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
-    "GlmForCausalLM": GlmForCausalLM,
-    "Glm4ForCausalLM": Glm4ForCausalLM,
-    "OlmoeForCausalLM": OlmoeForCausalLM,
-    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
-    "Olmo3ForCausalLM": Olmo3ForCausalLM,
-    "SeedOssForCausalLM": LlamaForCausalLM,
-    "Exaone4ForCausalLM": Exaone4ForCausalLM,
-    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
-    "GraniteMoeSharedForCausalLM": GraniteMoeForCausalLM,
+MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "LlamaForCausalLM"),
+    "SeedOssForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
+    "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
+    "MixtralForCausalLM": ("moe", "MixtralForCausalLM"),
+    "Qwen3MoeForCausalLM": ("moe", "Qwen3MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("moe", "Qwen2MoeForCausalLM"),
+    "OlmoeForCausalLM": ("moe", "OlmoeForCausalLM"),
+    "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
+    "Olmo3ForCausalLM": ("olmo2", "Olmo3ForCausalLM"),
+    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
+    "DeepseekV2ForCausalLM": ("deepseek", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("deepseek", "DeepseekV2ForCausalLM"),
+    "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
+    "MiniMaxM2ForCausalLM": ("minimax_m2", "MiniMaxM2ForCausalLM"),
+    "GlmForCausalLM": ("glm", "GlmForCausalLM"),
+    "Glm4ForCausalLM": ("glm", "Glm4ForCausalLM"),
+    "Ernie4_5ForCausalLM": ("glm", "Ernie4_5ForCausalLM"),
+    "Exaone4ForCausalLM": ("exaone4", "Exaone4ForCausalLM"),
+    "GraniteMoeForCausalLM": ("granite_moe", "GraniteMoeForCausalLM"),
+    "GraniteMoeSharedForCausalLM": ("granite_moe", "GraniteMoeForCausalLM"),
+    # LayerNorm decoders, parallel blocks, learned positions
+    "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "CohereForCausalLM": ("cohere", "CohereForCausalLM"),
+    "Cohere2ForCausalLM": ("cohere", "Cohere2ForCausalLM"),
+    "PhiForCausalLM": ("phi", "PhiForCausalLM"),
+    "StableLmForCausalLM": ("stablelm", "StableLmForCausalLM"),
+    "NemotronForCausalLM": ("nemotron", "NemotronForCausalLM"),
+    "ArceeForCausalLM": ("nemotron", "ArceeForCausalLM"),
+    "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
+    "GPTBigCodeForCausalLM": ("gpt2", "GPTBigCodeForCausalLM"),
+    "OPTForCausalLM": ("opt", "OPTForCausalLM"),
+    "GPTNeoXForCausalLM": ("gpt_neox", "GPTNeoXForCausalLM"),
+    "GPTJForCausalLM": ("gpt_neox", "GPTJForCausalLM"),
+    "FalconForCausalLM": ("falcon", "FalconForCausalLM"),
+    "Starcoder2ForCausalLM": ("starcoder2", "Starcoder2ForCausalLM"),
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -70,10 +70,11 @@ BASE_MODELS = {
 
 # Classifiers and reward models: the decoder and a score head, for the pooling runner.
 SEQUENCE_CLASSIFIERS = {
-    f"{name}ForSequenceClassification": for_sequence_classification(MODELS[f"{name}ForCausalLM"])
+    f"{name}ForSequenceClassification": f"{name}ForCausalLM"
     for name in ("Llama", "Mistral", "Qwen2", "Qwen3", "Phi3")
 }
 
+# model_type -> architecture, for a config.json that names none.
 MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -102,7 +103,32 @@ MODEL_TYPES = {
     "exaone4": "Exaone4ForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "cohere": "CohereForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
+    "phi": "PhiForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "nemotron": "NemotronForCausalLM",
+    "arcee": "ArceeForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "gpt_bigcode": "GPTBigCodeForCausalLM",
+    "opt": "OPTForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "gptj": "GPTJForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
 }
+
+
+@functools.cache
+def _causal_lm(arch: str) -> type[nn.Module]:
+    module, name = MODELS[arch]
+    return getattr(importlib.import_module(f"pagedgen.models.{module}"), name)
+
+
+@functools.cache
+def _classifier(arch: str) -> type[nn.Module]:
+    return for_sequence_classification(_causal_lm(arch))
 
 
 def get_model_class(config: PretrainedConfig) -> type[nn.Module]:
@@ -111,8 +137,10 @@ def get_model_class(config: PretrainedConfig) -> type[nn.Module]:
         architectures = [MODEL_TYPES[config.model_type]]
     for arch in architectures:
         arch = BASE_MODELS.get(arch, arch)
-        if arch in MODELS or arch in SEQUENCE_CLASSIFIERS:
-            return MODELS.get(arch) or SEQUENCE_CLASSIFIERS[arch]
+        if arch in MODELS:
+            return _causal_lm(arch)
+        if arch in SEQUENCE_CLASSIFIERS:
+            return _classifier(SEQUENCE_CLASSIFIERS[arch])
     raise ValueError(
         f"unsupported architecture {architectures or config.model_type!r}; "
         f"pagedgen supports {', '.join([*MODELS, *BASE_MODELS, *SEQUENCE_CLASSIFIERS])}"

@@ -1,0 +1,27 @@
+"""Tiny random-weight configurations of every architecture, by name: tests/test_models.py
+checks each one's greedy tokens and logprobs against transformers."""
+
+from tests.model_configs import dense, gemma_cohere, layernorm, learned_positions, moe, neox
+
+COMMON = dict(
+    vocab_size=257,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    initializer_range=0.3,
+    eos_token_id=256,
+    bos_token_id=256,
+)
+
+CONFIGS = (
+    dense.CONFIGS
+    | moe.CONFIGS
+    | gemma_cohere.CONFIGS
+    | layernorm.CONFIGS
+    | learned_positions.CONFIGS
+    | neox.CONFIGS
+)

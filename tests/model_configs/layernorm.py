@@ -1,0 +1,3 @@
+"""Tiny configurations of Phi, StableLM, Nemotron and Arcee (tests/test_models.py)."""
+
+CONFIGS: dict[str, dict] = {}

@@ -1,0 +1,3 @@
+"""Tiny configurations of GPT-2, GPT-BigCode (StarCoder) and OPT: learned absolute positions."""
+
+CONFIGS: dict[str, dict] = {}
