@@ -213,7 +213,9 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(config, backend, i) for i in range(config.num_hidden_layers)
         )
-        self.norm = self.decoder_layer_cls.make_norm(config)
+        layer_cls = self.decoder_layer_cls  # the final norm is of its layers' kind
+        maker = layer_cls if issubclass(layer_cls, LlamaDecoderLayer) else LlamaDecoderLayer
+        self.norm = maker.make_norm(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
         for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
             attention.sliding_window = window
