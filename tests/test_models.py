@@ -91,3 +91,15 @@ def test_unsupported_architecture_is_refused(tmp_path):
     build_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="unsupported architecture.*LlamaForCausalLM"):
         LLM(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "name, num_kv_heads",
+    [("falcon-7b", 1), ("falcon-40b", 2), ("falcon-11b", 2), ("falcon-sequential", 4)]
+    + [("gpt-bigcode-multi-query", 1), ("gpt2", 4), ("gpt_neox", 4), ("llama", 2)],
+)
+def test_the_cache_holds_the_checkpoints_kv_heads(name, num_kv_heads):
+    """Falcon's config names no num_key_value_heads: multi_query means one, the new decoder
+    architecture num_kv_heads; the cache must not hold a copy per query head."""
+    config = AutoConfig.for_model(**dict(COMMON, **CONFIGS[name]))
+    assert KVGeometry.of(config, torch.float32).num_kv_heads == num_kv_heads

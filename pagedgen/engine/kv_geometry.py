@@ -18,6 +18,17 @@ def head_dim_of(hf_config: Any) -> int:
     )
 
 
+def num_kv_heads_of(hf_config: Any) -> int:
+    """A layer's K/V heads: num_key_value_heads; where a config names none, Falcon's
+    (num_kv_heads with the new decoder architecture, one with multi_query), else every head."""
+    heads = hf_config.num_attention_heads
+    if n := getattr(hf_config, "num_key_value_heads", None):
+        return n
+    if getattr(hf_config, "new_decoder_architecture", False):
+        return getattr(hf_config, "num_kv_heads", None) or heads
+    return 1 if getattr(hf_config, "multi_query", False) else heads
+
+
 def is_mla(hf_config: Any) -> bool:
     """Multi-head latent attention (DeepSeek-V2/V3): a token caches one latent vector."""
     return getattr(hf_config, "kv_lora_rank", None) is not None
@@ -42,8 +53,7 @@ class KVGeometry(NamedTuple):
         if is_mla(hf_config):
             latent_dim = hf_config.kv_lora_rank + hf_config.qk_rope_head_dim
             return cls(num_layers, 1, latent_dim, name, dtype.itemsize, latent=True)
-        num_heads = hf_config.num_attention_heads
-        num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
+        num_kv_heads = num_kv_heads_of(hf_config)
         return cls(num_layers, num_kv_heads, head_dim_of(hf_config), name, dtype.itemsize)
 
     @property

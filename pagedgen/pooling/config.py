@@ -102,7 +102,8 @@ def pooling_task(architectures: list[str]) -> str | None:
     (LlamaModel, Qwen3Model, ...), "classify" for a sequence classifier; None for an LM."""
     if any(arch.endswith("ForSequenceClassification") for arch in architectures):
         return "classify"
-    return "embed" if any(arch.endswith("Model") for arch in architectures) else None
+    bare = [a for a in architectures if a.endswith("Model") and not a.endswith("LMHeadModel")]
+    return "embed" if bare else None  # GPT2LMHeadModel has its LM head
 
 
 def checkpoint_architectures(model_dir: Path) -> list[str]:
