@@ -32,9 +32,11 @@ class PhiAttention(LlamaAttention):
         super().__init__(config, backend, qkv_bias, o_bias)
         self.has_qk_norm = bool(config.qk_layernorm)
         if self.has_qk_norm:
-            eps = config.layer_norm_eps
-            self.q_layernorm = LayerNorm(self.head_dim, eps)
-            self.k_layernorm = LayerNorm(self.head_dim, eps)
+            self.q_layernorm, self.k_layernorm = self.qk_layernorms(config.layer_norm_eps)
+
+    def qk_layernorms(self, eps: float) -> tuple[LayerNorm, LayerNorm]:
+        """Phi's: one biased LayerNorm over head_dim, which every head shares."""
+        return LayerNorm(self.head_dim, eps), LayerNorm(self.head_dim, eps)
 
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.has_qk_norm:

@@ -8,31 +8,21 @@ from transformers import PretrainedConfig
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.norm import LayerNorm
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer, ParallelDecoderLayer, norm_eps
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
+from pagedgen.models.phi import PhiAttention
 
 # A head's q or k LayerNorm weight as checkpoints save it: one nn.LayerNorm per head.
 PER_HEAD_NORM = re.compile(r"^(.*\.[qk]_layernorm)\.norms\.(\d+)\.weight$")
 
 
-class StableLmAttention(LlamaAttention):
+class StableLmAttention(PhiAttention):
     """Llama attention with q/k/v biased where use_qkv_bias and, where qk_layernorm (StableLM 2
     12B), a LayerNorm without bias over each head of q and k, with a weight of its own per head,
     before the rotary embedding."""
 
-    def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
-    ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
-        self.has_qk_norm = bool(config.qk_layernorm)
-        if self.has_qk_norm:
-            eps = config.layer_norm_eps
-            self.q_layernorm = LayerNorm((self.num_heads, self.head_dim), eps, bias=False)
-            self.k_layernorm = LayerNorm((self.num_kv_heads, self.head_dim), eps, bias=False)
-
-    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.has_qk_norm:
-            return q, k
-        return self.q_layernorm(q), self.k_layernorm(k)
+    def qk_layernorms(self, eps: float) -> tuple[LayerNorm, LayerNorm]:
+        q_norm = LayerNorm((self.num_heads, self.head_dim), eps, bias=False)
+        return q_norm, LayerNorm((self.num_kv_heads, self.head_dim), eps, bias=False)
 
 
 class StableLmForCausalLM(LlamaForCausalLM):
