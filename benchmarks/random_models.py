@@ -1,8 +1,9 @@
 """Random-weight models of real shapes, for benchmarks on machines that hold no checkpoint:
 
-    python benchmarks/random_models.py smollm2-135m|llama-1b|llama-8b|deepseek-v2-lite|tiny \\
-        OUT_DIR \\
+    python benchmarks/random_models.py PRESET OUT_DIR \\
         [--device cuda] [--dtype bfloat16] [--layers N] [--tokenizer DIR]
+
+PRESET: smollm2-135m, llama-1b, llama-8b, deepseek-v2-lite, gpt2, opt-125m, pythia-160m, tiny.
 
 OUT_DIR becomes a Hugging Face folder (config.json, safetensors shards, a tokenizer) that
 pagedgen and transformers both load. Every weight is drawn on --device in --dtype (normal, std
@@ -18,6 +19,7 @@ tokenizer knows, and generated ids past the tokenizer decode to no text.
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -69,6 +71,20 @@ PRESETS: dict[str, dict] = {
             "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
             "beta_fast": 32.0, "beta_slow": 1.0,
         },
+    ),
+    "gpt2": dict(  # openai-community/gpt2: learned positions, LayerNorms, Conv1D weights
+        model_type="gpt2", n_layer=12, n_embd=768, n_head=12, n_positions=1024,
+        vocab_size=50257, tie_word_embeddings=True,
+    ),
+    "opt-125m": dict(  # facebook/opt-125m, vLLM's quick-start model
+        model_type="opt", num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+        ffn_dim=3072, word_embed_proj_dim=768, max_position_embeddings=2048, vocab_size=50272,
+        tie_word_embeddings=True,
+    ),
+    "pythia-160m": dict(  # EleutherAI/pythia-160m: GPT-NeoX's parallel blocks, rotary on 1/4
+        model_type="gpt_neox", num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+        intermediate_size=3072, rotary_pct=0.25, max_position_embeddings=2048,
+        vocab_size=50304, use_parallel_residual=True, tie_word_embeddings=False,
     ),
     "tiny": dict(  # for tests: SmolLM2's vocabulary, a few small layers
         num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -144,7 +160,7 @@ def random_weights(
     generator: torch.Generator,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for name in names:
-        if name.endswith("norm.weight"):
+        if re.search(r"(norm|ln_\w*)\.weight$", name):  # LayerNorms' too (GPT-2's ln_1)
             yield name, torch.ones(shapes[name], device=device, dtype=dtype)
         elif name.endswith("e_score_correction_bias"):  # float32, as DeepSeek-V3 keeps it
             yield name, torch.zeros(shapes[name], device=device, dtype=torch.float32)

@@ -14,7 +14,8 @@ from tests.conftest import build_tokenizer
 from tests.test_embeddings import PROMPTS, quiet
 from tests.test_models import COMMON, CONFIGS
 
-ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3"]
+ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox", "stablelm"]
+ARCHITECTURES += ["gpt2"]  # GPT2ForSequenceClassification: DialogRPT, sentiment heads
 
 
 def save_classifier(folder, name: str, **overrides):

@@ -9,12 +9,12 @@ from tests.conftest import build_tokenizer
 
 
 def test_unsupported_architecture_fails_fast_and_leaves_no_output(tmp_path, capsys):
-    config = AutoConfig.for_model("gpt2", n_layer=1, n_head=2, n_embd=16, vocab_size=257)
-    config.save_pretrained(tmp_path / "gpt2")  # no weights, no tokenizer
+    config = AutoConfig.for_model("bloom", n_layer=1, n_head=2, hidden_size=16, vocab_size=257)
+    config.save_pretrained(tmp_path / "bloom")  # no weights, no tokenizer
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
     out = tmp_path / "out.jsonl"
     code, _, stderr = run_in_process(
-        capsys, "run", str(src), "-o", str(out), *tiny(tmp_path / "gpt2")
+        capsys, "run", str(src), "-o", str(out), *tiny(tmp_path / "bloom")
     )
     assert code != 0 and "Traceback" not in stderr, stderr[-2000:]
     assert "unsupported architecture" in stderr and "Gemma2ForCausalLM" in stderr

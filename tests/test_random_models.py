@@ -22,6 +22,9 @@ NUM_PARAMETERS = {
     "llama-1b": 1_235_814_400,
     "llama-8b": 8_030_261_248,
     "deepseek-v2-lite": 15_706_484_224,  # experts saved one by one, as the release has them
+    "gpt2": 124_439_808,
+    "opt-125m": 125_239_296,
+    "pythia-160m": 162_322_944,
 }
 
 

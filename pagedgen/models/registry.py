@@ -71,8 +71,8 @@ BASE_MODELS = {
 # Classifiers and reward models: the decoder and a score head, for the pooling runner.
 SEQUENCE_CLASSIFIERS = {
     f"{name}ForSequenceClassification": f"{name}ForCausalLM"
-    for name in ("Llama", "Mistral", "Qwen2", "Qwen3", "Phi3")
-}
+    for name in ("Llama", "Mistral", "Qwen2", "Qwen3", "Phi3", "Gemma", "GPTNeoX", "StableLm")
+} | {"GPT2ForSequenceClassification": "GPT2LMHeadModel"}
 
 # model_type -> architecture, for a config.json that names none.
 MODEL_TYPES = {
