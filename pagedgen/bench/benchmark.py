@@ -130,7 +130,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         roofline = measure_roofline(
             engine.runner.model,
             config.hidden_size,
-            config.intermediate_size,
+            getattr(config, "intermediate_size", None) or 4 * config.hidden_size,  # GPT-2's
             config.vocab_size,
             dtype,
         )

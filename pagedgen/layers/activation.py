@@ -18,11 +18,18 @@ class SiluAndMul(nn.Module):
         return F.silu(gate) * up
 
 
+# The tanh approximation of GELU under its names: gelu_new and gelu_fast are transformers'
+# Python formulas of it (several ops), computed here by torch's one op (equal up to rounding).
+TANH_GELU = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_tanh")
+
+
 def get_act_fn(name: str) -> nn.Module:
-    """The activation a config names (hidden_act: gelu, gelu_new, gelu_pytorch_tanh, relu2, ...),
-    transformers' own module for it, so it computes as the reference does."""
+    """The activation a config names (hidden_act: gelu, gelu_new, gelu_pytorch_tanh, relu2, ...):
+    one torch op where there is one, else transformers' own module for it."""
     from transformers.activations import ACT2FN
 
+    if name in TANH_GELU:
+        return nn.GELU(approximate="tanh")
     if name not in ACT2FN:
         raise ValueError(f"hidden_act {name!r} is not supported")
     return ACT2FN[name]
