@@ -4,8 +4,9 @@
 //   rms_norm                    out = x / rms(x) * w
 //   fused_add_rms_norm          residual += x; x = residual / rms(residual) * w   (vLLM's)
 //   silu_and_mul                out = silu(gate) * up, for rows [gate | up]
-//   rotary_embedding_and_cache  neox RoPE on the q and k heads of fused QKV rows, in place; then
-//                               each token's K and V written to its slot of the paged cache
+//   rotary_embedding_and_cache  neox RoPE on the q and k heads of fused QKV rows (all of each
+//                               head or its first rotary_dim features), in place; then each
+//                               token's K and V written to its slot of the paged cache
 //   argmax                      each row's first index of its largest value, or of its first
 //                               NaN (torch.argmax's answer): greedy sampling over the logits
 //
@@ -186,21 +187,23 @@ int rotary_embedding_and_cache_has_float16(void) {
 }
 
 // qkv: [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], rows qkv_row_stride apart: the q
-// heads, then the k heads, then the v heads. cos, sin: [num_tokens, head_dim / 2], contiguous.
+// heads, then the k heads, then the v heads. The first rotary_dim features of each q and k head
+// rotate (partial rotary; 0: none, the cache write alone). cos, sin: [num_tokens, rotary_dim / 2],
+// contiguous.
 #define ROTARY_EMBEDDING_AND_CACHE(T)                                                            \
   int rotary_embedding_and_cache_##T(int kv_dtype, T##_t *qkv, int64_t qkv_row_stride,          \
                                      const float *cos, const float *sin, int64_t num_tokens,    \
                                      int num_heads, int num_kv_heads, int head_dim,             \
-                                     void *key_cache, void *value_cache,                        \
+                                     int rotary_dim, void *key_cache, void *value_cache,        \
                                      const int64_t *slot_mapping) {                             \
-    if (kv_dtype < 0 || kv_dtype > 4 || head_dim % 2) return 1;                                 \
+    if (kv_dtype < 0 || kv_dtype > 4 || rotary_dim % 2 || rotary_dim > head_dim) return 1;      \
     if (kv_dtype == 2 && !rotary_embedding_and_cache_has_float16()) return 2;                   \
-    const int half = head_dim / 2, kv_width = num_kv_heads * head_dim;                          \
+    const int half = rotary_dim / 2, kv_width = num_kv_heads * head_dim;                        \
     _Pragma("omp parallel for if (num_tokens * qkv_row_stride >= PARALLEL_MIN_ELEMENTS) schedule(static)") \
     for (int64_t t = 0; t < num_tokens; t++) {                                                  \
       T##_t *row = qkv + t * qkv_row_stride;                                                    \
       const float *c = cos + t * half, *s = sin + t * half;                                     \
-      for (int h = 0; h < num_heads + num_kv_heads; h++)                                        \
+      for (int h = 0; half && h < num_heads + num_kv_heads; h++)                                \
         rotate_##T(row + h * head_dim, c, s, half);                                             \
       const T##_t *k = row + num_heads * head_dim, *v = k + kv_width;                           \
       const int64_t offset = slot_mapping[t] * kv_width;                                        \

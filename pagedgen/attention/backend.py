@@ -47,7 +47,7 @@ class AttentionBackend(ABC):
         qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
         num_heads: int,
         num_kv_heads: int,
-        rope: Rope,
+        rope: Rope | None,  # None: no positional rotation (GPT-2, NoPE layers)
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
@@ -56,10 +56,12 @@ class AttentionBackend(ABC):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        """forward() from a fused QKV projection, RoPE applied to q and k first. Backends may
-        fuse RoPE with the cache write (the cpu backend does)."""
+        """forward() from a fused QKV projection, RoPE (of all of each head or its first
+        rope.rotary_dim features) applied to q and k first. Backends may fuse RoPE with the
+        cache write (the cpu backend does)."""
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
-        q, k = rope.apply(q), rope.apply(k)
+        if rope is not None:
+            q, k = rope.apply(q), rope.apply(k)
         return self.forward(
             q, k, v, key_cache, value_cache, metadata, scale, window, softcap, sinks
         )

@@ -39,7 +39,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         qkv: torch.Tensor,
         num_heads: int,
         num_kv_heads: int,
-        rope: Rope,
+        rope: Rope | None,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
@@ -48,16 +48,16 @@ class CpuAttentionBackend(TorchAttentionBackend):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """RoPE and the cache write in one C pass over the QKV rows (float32), then attention
-        on q, k and v as views of those rows."""
+        """RoPE (whole heads, partial, or none) and the cache write in one C pass over the QKV
+        rows, then attention on q, k and v as views of those rows."""
         if not (cpu_ops.usable(qkv) and qkv.stride(1) == 1):
             args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
             return super().forward_qkv(qkv, *args, window, softcap, sinks)
         num_tokens = qkv.shape[0]
         cpu_ops.rotary_embedding_and_cache(
             qkv,
-            rope.cos.view(num_tokens, -1),
-            rope.sin.view(num_tokens, -1),
+            None if rope is None else rope.cos.view(num_tokens, -1),
+            None if rope is None else rope.sin.view(num_tokens, -1),
             num_heads,
             num_kv_heads,
             key_cache,

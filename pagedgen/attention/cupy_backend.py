@@ -74,7 +74,12 @@ class CupyAttentionBackend(TorchAttentionBackend):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ):
-        """RoPE and the cache write in one launch (kernels/rope_and_cache.cu), then attention."""
+        """RoPE and the cache write in one launch (kernels/rope_and_cache.cu), then attention;
+        partial rotary or none by torch's ops and a reshape_and_cache launch."""
+        head_dim = key_cache.shape[-1]
+        if rope is None or rope.rotary_dim != head_dim:
+            args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
+            return super().forward_qkv(qkv, *args, window, softcap, sinks)
         cos, sin = rope.cos.flatten(1), rope.sin.flatten(1)  # [num_tokens, head_size // 2]
         query, key, value = rope_and_cache(
             qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache, metadata.slot_mapping

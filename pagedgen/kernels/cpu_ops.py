@@ -27,7 +27,7 @@ ACTIVATION_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # dtype ->
 def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march, EXTRA_FLAGS)
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    rope = [i32, p, i64, p, p, i64, i32, i32, i32, p, p, p]
+    rope = [i32, p, i64, p, p, i64, i32, i32, i32, i32, p, p, p]
     signatures = {"rotary_embedding_and_cache_has_float16": []}
     for suffix in ACTIVATION_SUFFIXES.values():
         signatures |= {
@@ -112,27 +112,32 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def rotary_embedding_and_cache(
     qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], rotated in place
-    cos: torch.Tensor,  # [num_tokens, head_dim // 2], contiguous
-    sin: torch.Tensor,
+    cos: torch.Tensor | None,  # [num_tokens, rotary_dim // 2], contiguous; None: no rotation
+    sin: torch.Tensor | None,
     num_heads: int,
     num_kv_heads: int,
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], contiguous
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64, every slot valid
 ) -> None:
-    """Neox RoPE on the q and k heads of fused QKV rows (in place), then each token's rotated K
-    and its V written at its slot of the caches, rounded to the cache dtype as torch rounds."""
+    """Neox RoPE on the first rotary_dim (2 x cos's width: all, part or none) features of the q
+    and k heads of fused QKV rows (in place), then each token's rotated K and its V written at
+    its slot of the caches, rounded to the cache dtype as torch rounds."""
     kernel = _entry("rotary_embedding_and_cache", qkv)
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
-        raise TypeError(f"cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
     num_tokens, width = qkv.shape
     head_dim = key_cache.shape[-1]
     if width != (num_heads + 2 * num_kv_heads) * head_dim or qkv.stride(1) != 1:
         raise ValueError(f"qkv {tuple(qkv.shape)} does not hold {num_heads}+2x{num_kv_heads} heads")
-    if cos.shape != (num_tokens, head_dim // 2) or cos.shape != sin.shape:
-        raise ValueError(f"cos/sin must be [{num_tokens}, {head_dim // 2}]")
-    if not (cos.is_contiguous() and sin.is_contiguous()):
-        raise ValueError("cos and sin must be contiguous")
+    rotary_dim = 0 if cos is None else 2 * cos.shape[-1]
+    if cos is not None:
+        if sin is None or cos.dtype != torch.float32 or sin.dtype != torch.float32:
+            raise TypeError("cos and sin must both be float32")
+        if cos.shape != (num_tokens, rotary_dim // 2) or cos.shape != sin.shape:
+            raise ValueError(f"cos/sin must be [{num_tokens}, rotary_dim // 2]")
+        if rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim {rotary_dim} exceeds head_dim {head_dim}")
+        if not (cos.is_contiguous() and sin.is_contiguous()):
+            raise ValueError("cos and sin must be contiguous")
     if key_cache.shape[2:] != (num_kv_heads, head_dim) or value_cache.shape != key_cache.shape:
         raise ValueError(f"caches {tuple(key_cache.shape)} do not match the kv heads")
     if key_cache.dtype != value_cache.dtype or key_cache.dtype not in KV_DTYPE_CODES:
@@ -145,12 +150,13 @@ def rotary_embedding_and_cache(
         KV_DTYPE_CODES[key_cache.dtype],
         qkv.data_ptr(),
         qkv.stride(0),
-        cos.data_ptr(),
-        sin.data_ptr(),
+        0 if cos is None else cos.data_ptr(),
+        0 if sin is None else sin.data_ptr(),
         num_tokens,
         num_heads,
         num_kv_heads,
         head_dim,
+        rotary_dim,
         key_cache.data_ptr(),
         value_cache.data_ptr(),
         slot_mapping.contiguous().data_ptr(),

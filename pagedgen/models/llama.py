@@ -64,13 +64,12 @@ class LlamaAttention(nn.Module):
         scaled = self.qkv_scale is not None
         if scaled and not self.has_qk_norm:  # RoPE is linear: scaled before it or after, alike
             qkv = qkv.mul_(self.qkv_scale)  # in qkv's dtype
-        if self.use_rope and not self.has_qk_norm and rope.rotary_dim == self.head_dim:
-            # RoPE and the cache write may be one fused op
+        if not self.has_qk_norm:  # RoPE (if any) and the cache write may be one fused op
             out = self.backend.forward_qkv(
                 qkv,
                 self.num_heads,
                 self.num_kv_heads,
-                rope,
+                rope if self.use_rope else None,
                 self.key_cache,
                 self.value_cache,
                 metadata,

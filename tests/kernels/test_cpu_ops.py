@@ -85,26 +85,33 @@ def test_silu_and_mul(march, rows, dtype):
 @pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16, *FP8])
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
+@pytest.mark.parametrize("rotary_fraction", [1, 0.25, 0])  # whole heads, Pythia's, GPT-2's none
 def test_rotary_embedding_and_cache_equals_rope_then_write(
-    march, dtype, kv_dtype, num_heads, num_kv_heads, head_dim
+    march, dtype, kv_dtype, num_heads, num_kv_heads, head_dim, rotary_fraction
 ):
     torch.manual_seed(head_dim + num_heads)
     num_tokens, num_slots = 37, 64 * 16
     width = (num_heads + 2 * num_kv_heads) * head_dim
     qkv = torch.randn(num_tokens, width + 5).to(dtype)[:, :width]  # rows width + 5 apart
-    angles = torch.rand(num_tokens, 1, head_dim // 2) * 100
-    rope = Rope(angles.cos(), angles.sin())
+    rotary_dim = int(head_dim * rotary_fraction)
+    angles = torch.rand(num_tokens, 1, rotary_dim // 2) * 100
+    rope = Rope(angles.cos(), angles.sin()) if rotary_dim else None
     slots = torch.randperm(num_slots)[:num_tokens]
     shape = (64, 16, num_kv_heads, head_dim)
     caches = [torch.full(shape, float("nan"), dtype=kv_dtype) for _ in range(4)]
 
     q, k, v = qkv.split([num_heads * head_dim, *[num_kv_heads * head_dim] * 2], dim=-1)
-    q_ref = rope.apply(q.reshape(num_tokens, num_heads, head_dim))
-    k_ref = rope.apply(k.reshape(num_tokens, num_kv_heads, head_dim))
+    q_ref = q.reshape(num_tokens, num_heads, head_dim)
+    k_ref = k.reshape(num_tokens, num_kv_heads, head_dim)
+    if rope is not None:
+        q_ref, k_ref = rope.apply(q_ref), rope.apply(k_ref)
+    q_ref = q_ref.clone()  # qkv rotates in place below
     v_ref = v.reshape(num_tokens, num_kv_heads, head_dim)
     write_kv(k_ref, v_ref, caches[0], caches[1], slots)
 
-    cos, sin = rope.cos.view(num_tokens, -1), rope.sin.view(num_tokens, -1)
+    cos = sin = None
+    if rope is not None:
+        cos, sin = rope.cos.view(num_tokens, -1), rope.sin.view(num_tokens, -1)
     cpu_ops.rotary_embedding_and_cache(
         qkv, cos, sin, num_heads, num_kv_heads, caches[2], caches[3], slots
     )
