@@ -1,7 +1,17 @@
 """Tiny random-weight configurations of every architecture, by name: tests/test_models.py
 checks each one's greedy tokens and logprobs against transformers."""
 
-from tests.model_configs import dense, gemma_cohere, layernorm, learned_positions, moe, neox
+from tests.model_configs import (
+    dense,
+    early_decoders,
+    gemma_cohere,
+    layernorm,
+    learned_positions,
+    llama_variants,
+    moe,
+    moe_variants,
+    neox,
+)
 
 COMMON = dict(
     vocab_size=257,
@@ -24,4 +34,7 @@ CONFIGS = (
     | layernorm.CONFIGS
     | learned_positions.CONFIGS
     | neox.CONFIGS
+    | llama_variants.CONFIGS
+    | moe_variants.CONFIGS
+    | early_decoders.CONFIGS
 )

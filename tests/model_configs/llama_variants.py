@@ -1,0 +1,3 @@
+"""Tiny configurations of the Llama, Gemma and Granite variants (tests/test_models.py)."""
+
+CONFIGS: dict[str, dict] = {}
