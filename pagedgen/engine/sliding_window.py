@@ -9,13 +9,16 @@ def layer_sliding_windows(hf_config: Any) -> list[int | None]:
     for full attention. Token q sees key k iff q - window < k <= q, as transformers'
     sliding_window_overlay.
 
-    Configs that name layer_types (Gemma 2/3, Qwen2 through its config class) say it per layer;
+    Configs that name layer_types (Gemma 2/3, Qwen2 through its config class) say it per layer,
+    GPT-Neo's attention_layers too ("local" layers slide over window_size tokens);
     Qwen2 read from a plain config.json has use_sliding_window and max_window_layers (layers from
     max_window_layers on slide); Mistral v0.1's sliding_window covers every layer.
     """
     num_layers = hf_config.num_hidden_layers
     window = getattr(hf_config, "sliding_window", None)
     model_type = getattr(hf_config, "model_type", None)
+    if model_type == "gpt_neo":  # attention_layers: "global" or "local" (window_size) by layer
+        return _gpt_neo_windows(hf_config)
     if model_type in ("qwen2", "smollm3") and not getattr(hf_config, "use_sliding_window", False):
         window = None
     if not window:
@@ -29,6 +32,13 @@ def layer_sliding_windows(hf_config: Any) -> list[int | None]:
     if model_type in ("gemma2", "gemma3_text", "gemma3"):
         raise ValueError(f"a {model_type} config without layer_types")
     return [window] * num_layers
+
+
+def _gpt_neo_windows(hf_config: Any) -> list[int | None]:
+    kinds = hf_config.attention_layers
+    if set(kinds) - {"global", "local"} or len(kinds) != hf_config.num_hidden_layers:
+        raise ValueError(f"GPT-Neo attention_layers {kinds} is not one global/local per layer")
+    return [hf_config.window_size if kind == "local" else None for kind in kinds]
 
 
 def freeable_window(hf_config: Any) -> int | None:
