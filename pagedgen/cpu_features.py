@@ -46,6 +46,12 @@ def has_avx512() -> bool:
     return "avx512f" in cpu_flags() and max_cpu_isa() != "avx2"
 
 
+def has_amx_bf16() -> bool:
+    """AMX tiles with bfloat16 (Intel Xeon since Sapphire Rapids), which oneDNN's bfloat16
+    matmuls use: 5-8x our AVX512_BF16 dot-product kernel at 8-256 rows on one."""
+    return {"amx_bf16", "amx_tile"} <= cpu_flags() and has_avx512()
+
+
 def isa_name() -> str:
     """The ISA pagedgen's CPU paths use here, e.g. "AVX512 (avx512_bf16, avx512_vnni)", "AVX2"."""
     machine = platform.machine().lower()

@@ -4,8 +4,9 @@ dot-product instructions and rounded once to bfloat16. At decode batches (32-96 
 oneDNN's bfloat16 kernels on an AVX-512 Zen 5, as fast at 512 rows. Rows never depend on the
 batch. Packed weights are int16 bits, which a module's .to() leaves alone.
 
-Used wherever it builds (the target needs AVX512_BF16). PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off,
-as it does the float32 panel kernel."""
+Used wherever it builds (the target needs AVX512_BF16) and the CPU has no AMX tiles, which
+oneDNN's bfloat16 kernels use. PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off, as it does the float32
+panel kernel."""
 
 import ctypes
 import functools
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
+from pagedgen import cpu_features
 from pagedgen.cpu_features import kernel_march
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 from pagedgen.kernels.cpu_gemm import DISABLE_ENV
@@ -46,8 +48,13 @@ def cpu_gemm_bf16_error(march: str | None = None) -> str | None:
 
 @functools.cache
 def enabled() -> bool:
-    """Read once per process: built here, not disabled."""
-    return os.environ.get(DISABLE_ENV) != "1" and cpu_gemm_bf16_error(kernel_march()) is None
+    """Read once per process: built here, not disabled, and no AMX that oneDNN's bfloat16
+    kernels would use instead (on a Xeon with AMX they ran 54 rows of a 768 x 2304 matmul in
+    0.12 ms, this kernel in 0.81; it kept batch 1, 0.05 ms against 0.07)."""
+    if os.environ.get(DISABLE_ENV) == "1" or cpu_gemm_bf16_error(kernel_march()) is not None:
+        return False
+    amx = cpu_features.has_amx_bf16()
+    return not (amx and torch.bfloat16 in cpu_features.onednn_matmul_dtypes())
 
 
 def packed_numel(out_features: int, in_features: int) -> int:
