@@ -48,9 +48,34 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm (GPT-2, GPT-NeoX, Phi, Cohere, ...) with RMSNorm's interface: given the residual
-    stream, adds x to it first and returns (normed, new residual).
+def add_norm(
+    norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's input norm over the stream hidden + residual, and that stream; the first
+    layer's hidden is the stream itself (residual None)."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)
+
+
+class ResidualNorm(nn.Module):
+    """A norm with RMSNorm's interface, its own _norm() the computation: given the residual
+    stream, adds x to it first and returns (normed, new residual)."""
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self._norm(x)
+        residual = residual + x
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class LayerNorm(ResidualNorm):
+    """LayerNorm (GPT-2, GPT-NeoX, Phi, Cohere, ...) with RMSNorm's interface.
 
     shape (num_heads, head_dim) normalizes each head over head_dim with a weight per head
     (Cohere's and StableLM's q/k norms). Computes as torch.nn.LayerNorm in the input dtype, or,
@@ -63,14 +88,6 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(shape), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(shape), requires_grad=False) if bias else None
         self.eps, self.upcast = eps, upcast
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self._norm(x)
-        residual = residual + x
-        return self._norm(residual), residual
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dim = self.weight.shape[-1:]

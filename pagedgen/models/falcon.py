@@ -1,4 +1,3 @@
-import copy
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -60,8 +59,6 @@ class FalconForCausalLM(LlamaForCausalLM):
             raise ValueError("Falcon without multi_query has num_kv_heads = heads")
         if heads % kv_heads:
             raise ValueError(f"Falcon's {heads} heads are no multiple of its {kv_heads} K/V heads")
-        config = copy.copy(config)
-        config.num_key_value_heads = kv_heads
         super().__init__(config, backend, max_position)
 
     def make_layer(
@@ -87,7 +84,7 @@ class FalconForCausalLM(LlamaForCausalLM):
         """query_key_value's rows, group by group (each its queries, key, value), as
         [q | k | v]."""
         heads, head_dim = self.config.num_attention_heads, head_dim_of(self.config)
-        kv_heads = self.config.num_key_value_heads
+        kv_heads = num_kv_heads_of(self.config)
         for name, tensor in weights:
             if ".qkv_proj." in name:
                 rest = tensor.shape[1:]

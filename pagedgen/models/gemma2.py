@@ -6,26 +6,18 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.linear import Linear
+from pagedgen.layers.norm import ResidualNorm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(ResidualNorm):
     """Gemma's RMSNorm: scales by (1 + weight), all in float32, then rounds to the input dtype."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
         self.eps = eps
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Given the residual stream, adds x to it first and returns (normed, new residual)."""
-        if residual is not None:
-            residual = residual + x
-            return self._norm(residual), residual
-        return self._norm(x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()

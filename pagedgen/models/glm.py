@@ -5,7 +5,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionMetadata
-from pagedgen.layers.norm import RMSNorm
+from pagedgen.layers.norm import RMSNorm, add_norm
 from pagedgen.layers.rotary import Rope, pairs_to_halves, reorder_heads
 from pagedgen.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
@@ -26,10 +26,7 @@ class Glm4DecoderLayer(LlamaDecoderLayer):
         residual: torch.Tensor | None,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = add_norm(self.input_layernorm, hidden, residual)
         hidden = self.post_self_attn_layernorm(self.self_attn(rope, hidden, metadata))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.post_mlp_layernorm(self.mlp(hidden)), residual

@@ -3,14 +3,13 @@ the token embeddings, on a pre-norm LayerNorm decoder."""
 
 import re
 from collections.abc import Iterable, Iterator
-from types import SimpleNamespace
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import KVGeometry
+from pagedgen.engine.kv_geometry import num_kv_heads_of
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer
@@ -43,25 +42,18 @@ def empty_embedding(num_embeddings: int, dim: int) -> nn.Embedding:
     return embedding
 
 
-def attention_shape(config: PretrainedConfig, num_kv_heads: int) -> SimpleNamespace:
-    """What LlamaAttention reads of a config, with the kv heads the architecture attends with
-    (GPT-2's and OPT's configs name none; GPT-BigCode's follows multi_query)."""
+def attention_shape(config: PretrainedConfig, num_kv_heads: int) -> PretrainedConfig:
+    """config, refused unless its heads divide hidden_size and its K/V heads (num_kv_heads_of,
+    which sizes the cache: GPT-2's and OPT's configs name none; GPT-BigCode's follows
+    multi_query) are the num_kv_heads the architecture attends with."""
     if config.hidden_size % config.num_attention_heads:
         raise ValueError("hidden_size must be a multiple of num_attention_heads")
-    num_heads = config.num_attention_heads
-    # The KV cache is sized by KVGeometry from the config, before the model is built.
-    cached = KVGeometry.of(config, torch.float32).num_kv_heads
-    if cached != num_kv_heads:
+    if (cached := num_kv_heads_of(config)) != num_kv_heads:
         raise ValueError(
             f"the config's num_key_value_heads ({cached}) is not the {num_kv_heads} kv heads "
             f"{config.model_type} attends with"
         )
-    return SimpleNamespace(
-        hidden_size=config.hidden_size,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=config.hidden_size // num_heads,
-    )
+    return config
 
 
 class AbsoluteAttention(LlamaAttention):

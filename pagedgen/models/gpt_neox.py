@@ -1,4 +1,3 @@
-import copy
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -6,7 +5,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.kv_geometry import head_dim_of
+from pagedgen.engine.kv_geometry import head_dim_of, num_kv_heads_of
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import LayerNorm
@@ -43,17 +42,15 @@ GPTJ_RENAMES = (
 GPTJ_BUFFERS = r"\.attn\.(bias|masked_bias)$"
 
 
-def with_all_kv_heads(config: PretrainedConfig) -> PretrainedConfig:
-    """A copy of a multi-head config that names num_key_value_heads (= heads), which its own
-    class does not; the KV cache, sized from the config (absent meaning heads), must agree."""
+def check_all_kv_heads(config: PretrainedConfig) -> PretrainedConfig:
+    """config, refused unless its K/V heads (num_kv_heads_of: none named means every head) are
+    every head, as the architecture's fused q/k/v holds them."""
     heads = config.num_attention_heads
-    if getattr(config, "num_key_value_heads", None) not in (None, heads):
+    if num_kv_heads_of(config) != heads:
         raise ValueError(
             f"{config.model_type} attends with every head: num_key_value_heads "
             f"{config.num_key_value_heads} (of {heads} heads) is not supported"
         )
-    config = copy.copy(config)
-    config.num_key_value_heads = heads
     return config
 
 
@@ -70,7 +67,7 @@ class GPTNeoXForCausalLM(LlamaForCausalLM):
     def __init__(
         self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
     ) -> None:
-        super().__init__(with_all_kv_heads(config), backend, max_position)
+        super().__init__(check_all_kv_heads(config), backend, max_position)
 
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
@@ -113,7 +110,7 @@ class GPTJForCausalLM(LlamaForCausalLM):
     ) -> None:
         if config.rotary_dim is None:  # transformers' rotary table then spans the whole model
             raise ValueError("GPT-J without rotary_dim is not supported")
-        super().__init__(with_all_kv_heads(config), backend, max_position)
+        super().__init__(check_all_kv_heads(config), backend, max_position)
         # partial_rotary_factor 1 over rotary_dim: a table of exactly rotary_dim features
         self.rotary = RotaryEmbedding(self.config, config.rotary_dim, max_position)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=True)

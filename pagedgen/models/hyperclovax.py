@@ -3,7 +3,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionMetadata
-from pagedgen.layers.norm import RMSNorm
+from pagedgen.layers.norm import RMSNorm, add_norm
 from pagedgen.layers.rotary import Rope
 from pagedgen.models.granite import GraniteForCausalLM
 from pagedgen.models.llama import LlamaDecoderLayer
@@ -27,10 +27,7 @@ class HyperCLOVAXDecoderLayer(LlamaDecoderLayer):
         residual: torch.Tensor | None,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = add_norm(self.input_layernorm, hidden, residual)
         hidden = self._scaled(self.self_attn(rope, hidden, metadata), self.post_norm1)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self._scaled(self.mlp(hidden), self.post_norm2), residual

@@ -6,7 +6,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionMetadata
-from pagedgen.layers.norm import LayerNorm
+from pagedgen.layers.norm import LayerNorm, add_norm
 from pagedgen.layers.rotary import Rope
 from pagedgen.models.llama import LlamaDecoderLayer
 
@@ -56,10 +56,7 @@ class ParallelDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, normed = hidden, self.input_layernorm(hidden)
-        else:
-            normed, residual = self.input_layernorm(hidden, residual)
+        normed, residual = add_norm(self.input_layernorm, hidden, residual)
         mlp_norm = self.post_attention_layernorm
         mlp_input = normed if mlp_norm is None else mlp_norm(residual)
         return self.self_attn(rope, normed, metadata) + self.mlp(mlp_input), residual

@@ -5,11 +5,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import head_dim_of
+from pagedgen.engine.kv_geometry import head_dim_of, num_kv_heads_of
 from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.linear import Linear, load_param
-from pagedgen.layers.norm import RMSNorm
+from pagedgen.layers.norm import RMSNorm, add_norm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
 from pagedgen.models.kv_scales import kv_scale_of, scale_value
 
@@ -40,7 +40,7 @@ class LlamaAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_kv_heads = num_kv_heads_of(config)  # as the KV cache is sized
         self.head_dim = head_dim_of(config)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(config.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias)
@@ -171,10 +171,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Takes and returns (hidden, residual) as vLLM's layers do: the residual stream gets
         each sublayer's output added at the next norm, in one fused op."""
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = add_norm(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(rope, hidden, metadata)
         if self.residual_multiplier != 1.0:
             hidden = hidden * self.residual_multiplier

@@ -5,26 +5,18 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import Linear
+from pagedgen.layers.norm import ResidualNorm
 from pagedgen.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 OLMO_LAYER_NORM_EPS = 1e-5  # fixed in the reference; the config names none
 
 
-class OlmoLayerNorm(nn.Module):
-    """LayerNorm with no weight and no bias, computed in float32, with RMSNorm's interface:
-    given the residual stream, adds x to it first and returns (normed, new residual)."""
+class OlmoLayerNorm(ResidualNorm):
+    """LayerNorm with no weight and no bias, computed in float32, with RMSNorm's interface."""
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
         self.shape = (hidden_size,)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self._norm(x)
-        residual = residual + x
-        return self._norm(residual), residual
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         normed = F.layer_norm(x.float(), self.shape, None, None, OLMO_LAYER_NORM_EPS)

@@ -9,7 +9,7 @@ from transformers import PretrainedConfig
 from pagedgen.attention import AttentionBackend
 from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.mlp import MLP
-from pagedgen.models.gpt_neox import with_all_kv_heads
+from pagedgen.models.gpt_neox import check_all_kv_heads
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.names import renamed
@@ -44,7 +44,7 @@ class PersimmonForCausalLM(LlamaForCausalLM):
         heads = config.num_attention_heads
         if config.hidden_size % heads or head_dim_of(config) != config.hidden_size // heads:
             raise ValueError("Persimmon's head_dim must be hidden_size / num_attention_heads")
-        super().__init__(with_all_kv_heads(config), backend, max_position)
+        super().__init__(check_all_kv_heads(config), backend, max_position)
 
     @staticmethod
     def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
