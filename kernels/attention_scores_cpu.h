@@ -75,17 +75,21 @@ static inline float max_of(const float *s, int n) {
   return max;
 }
 
-// Softmax of each query head's scores in place (after the soft cap, if any); inv_sum[g] is 1 / the
-// sum of row g's exponentials, applied to the output instead of to every probability. A sink
-// (sinks not NULL) adds exp(sinks[g]) to row g's sum and takes no output.
-static void softmax_rows(float softcap, const float *sinks, float *scores, int group, int span,
-                         float *inv_sum) {
+// Softmax of each query head's scores in place, a row's last score being the query's own
+// position (after the soft cap, if any, then ALiBi's slope * (key position - query position) where
+// alibi is not NULL); inv_sum[g] is 1 / the sum of row g's exponentials, applied to the output
+// instead of to every probability. A sink (sinks not NULL) adds exp(sinks[g]) to row g's sum and
+// takes no output.
+static void softmax_rows(float softcap, const float *sinks, const float *alibi, float *scores,
+                         int group, int span, float *inv_sum) {
   for (int g = 0; g < group; g++) {
     float *s = scores + g * span;
     if (softcap > 0.0f) {
       const float cap = softcap, inv_cap = 1.0f / softcap;
       for (int t = 0; t < span; t++) s[t] = cap * tanhf(s[t] * inv_cap);
     }
+    if (alibi != NULL)
+      for (int t = 0; t < span; t++) s[t] += alibi[g] * (float)(t - (span - 1));
     float max = max_of(s, span);
     if (sinks != NULL && sinks[g] > max) max = sinks[g];
     float sum = sinks != NULL ? exp_nonpositive(sinks[g] - max) : 0.0f;

@@ -12,7 +12,9 @@
 // With a sliding window (> 0) a query sees its last `window` tokens only: blocks before the
 // window's first are never read (the engine may have freed them). With softcap (> 0) scores
 // become softcap * tanh(score / softcap) (Gemma 2). With sinks (not nullptr: one logit per head,
-// gpt-oss) each head's softmax counts exp(sink) in its sum once, as a key of zero value.
+// gpt-oss) each head's softmax counts exp(sink) in its sum once, as a key of zero value. With
+// alibi_slopes (not nullptr: one slope per head, BLOOM, MPT) the score of token t gains
+// slope * (t - (context_len - 1)) after any soft cap.
 #include "common.cuh"
 
 namespace pagedgen {
@@ -26,8 +28,8 @@ struct Stats {
   float exp_sum;
 };
 
-// Attends q to tokens [start_token, end_token) and writes out[0:HEAD_SIZE], normalised (with
-// *sink in the sum where sink is not nullptr).
+// Attends q, at position q_pos, to tokens [start_token, end_token) and writes out[0:HEAD_SIZE],
+// normalised (with *sink in the sum where sink is not nullptr).
 //
 // The warps take the KV blocks round robin, each keeping an online softmax: running max m, sum l
 // and unnormalised accumulator acc, all rescaled by exp(m_old - m_new) when m grows. Lane roles
@@ -43,7 +45,7 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
                         const CACHE_T* __restrict__ value_cache,
                         const int* __restrict__ block_table, int kv_head, int num_kv_heads,
                         float scale, int start_token, int end_token, float softcap,
-                        const float* sink) {
+                        const float* sink, float alibi_slope, int q_pos) {
   constexpr int VEC = 16 / sizeof(CACHE_T);
   constexpr int NUM_VECS = HEAD_SIZE / VEC;
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
@@ -104,6 +106,7 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
       score += __shfl_xor_sync(kFullMask, score, mask);
     }
     if (softcap > 0.f) score = softcap * tanhf(score / softcap);
+    score += alibi_slope * (float)(b * BLOCK_SIZE + token_in_block - q_pos);
     if (!valid) score = kNegMax;
 
     const float m_new = fmaxf(m, warp_max(score));
@@ -196,7 +199,7 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
     const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
     const int* __restrict__ context_lens,     // [num_seqs]
     int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int window,
-    float softcap, const float* __restrict__ sinks) {
+    float softcap, const float* __restrict__ sinks, const float* __restrict__ alibi_slopes) {
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int num_heads = gridDim.x;
@@ -207,7 +210,8 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
       query + (long long)seq * q_stride + head * HEAD_SIZE, key_cache, value_cache,
       block_tables + (long long)seq * max_num_blocks_per_seq, kv_head, num_kv_heads, scale,
       window > 0 ? max(0, context_len - window) : 0, context_len, softcap,
-      sinks == nullptr ? nullptr : sinks + head);
+      sinks == nullptr ? nullptr : sinks + head,
+      alibi_slopes == nullptr ? 0.f : alibi_slopes[head], context_len - 1);
 }
 
 // grid (num_heads, num_seqs, max_num_partitions), block NUM_THREADS
@@ -223,7 +227,7 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
     const int* __restrict__ block_tables,     // [num_seqs, max_num_blocks_per_seq]
     const int* __restrict__ context_lens,     // [num_seqs]
     int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int window,
-    float softcap) {
+    float softcap, const float* __restrict__ alibi_slopes) {
   static_assert(PARTITION_SIZE % BLOCK_SIZE == 0, "partitions start on a block boundary");
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
@@ -241,7 +245,8 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
   const Stats stats = attend<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS>(
       tmp_out + row * HEAD_SIZE, query + (long long)seq * q_stride + head * HEAD_SIZE, key_cache,
       value_cache, block_tables + (long long)seq * max_num_blocks_per_seq, kv_head, num_kv_heads,
-      scale, start_token, end_token, softcap, nullptr);
+      scale, start_token, end_token, softcap, nullptr,
+      alibi_slopes == nullptr ? 0.f : alibi_slopes[head], context_len - 1);
   if (threadIdx.x == 0) {
     max_logits[row] = stats.max_logit;
     exp_sums[row] = stats.exp_sum;
@@ -290,10 +295,10 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
 #define PAGEDGEN_PA_BLOCK(T, C, HEAD, BLOCK)                                                     \
   template __global__ void pagedgen::paged_attention_v1_kernel<T, C, HEAD, BLOCK, 128>(         \
       T*, const T*, const C*, const C*, const int*, const int*, int, int, int, float, int,     \
-      float, const float*);                                                                     \
+      float, const float*, const float*);                                                       \
   template __global__ void pagedgen::paged_attention_v2_kernel<T, C, HEAD, BLOCK, 128, 512>(    \
       float*, float*, float*, const T*, const C*, const C*, const int*, const int*, int, int,   \
-      int, float, int, float);
+      int, float, int, float, const float*);
 #define PAGEDGEN_PA_REDUCE(T, HEAD)                                                              \
   template __global__ void pagedgen::paged_attention_v2_reduce_kernel<T, HEAD, 128, 512>(       \
       T*, const float*, const float*, const float*, const int*, int, int, const float*);

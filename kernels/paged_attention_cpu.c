@@ -21,7 +21,8 @@
 // may have been freed (their block table entries are never read). With softcap (> 0), scores
 // become softcap * tanh(scores / softcap) before the softmax (Gemma 2). With sinks (not NULL: one
 // logit per query head, gpt-oss), each head's softmax also counts exp(sinks[h]) in its
-// denominator, a key whose value is zero.
+// denominator, a key whose value is zero. With alibi_slopes (not NULL: one per query head, BLOOM,
+// MPT), head h's score of row t gains alibi_slopes[h] * (t - (context_len - 1)).
 //
 // Work is split into contiguous runs of (sequence, kv head) units of about equal context length,
 // one per OpenMP thread. pagedgen.kernels.cpu compiles this file on first use with -fopenmp after
@@ -60,6 +61,7 @@ typedef struct {
   int sliding_window;  // 0: the whole context
   float softcap;       // 0: none
   const float *sinks;  // [num_heads] or NULL
+  const float *alibi_slopes;     // [num_heads] or NULL
   int64_t unit_begin, unit_end;  // units: seq * num_kv_heads + kv_head
   int act_bf16;                   // query and out: 0 float32, 1 bfloat16
 } Work;
@@ -100,9 +102,9 @@ static inline void load_query(const Work *w, const Unit *u, int g, float *q) {
   }
 }
 
-// The sinks of kv head kv_head's query heads, or NULL.
-static inline const float *group_sinks(const Work *w, int kv_head) {
-  return w->sinks == NULL ? NULL : w->sinks + kv_head * (w->num_heads / w->num_kv_heads);
+// Per query head values (sinks, ALiBi slopes) of kv head kv_head's group, or NULL.
+static inline const float *of_group(const Work *w, const float *per_head, int kv_head) {
+  return per_head == NULL ? NULL : per_head + kv_head * (w->num_heads / w->num_kv_heads);
 }
 
 // n output values from element i of the unit's output, rounded to bfloat16 where out is.
@@ -210,8 +212,9 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
       })                                                                                      \
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
-    const float *sinks = group_sinks(w, kv_head);                                             \
-    softmax_rows(w->softcap, sinks, scores, u.group, u.span, inv_sum);                        \
+    const float *sinks = of_group(w, w->sinks, kv_head);                                      \
+    const float *alibi = of_group(w, w->alibi_slopes, kv_head);                               \
+    softmax_rows(w->softcap, sinks, alibi, scores, u.group, u.span, inv_sum);                 \
     const int gt = u.group <= 4 ? u.group : u.group % 4 == 0 ? 4 : u.group % 3 == 0 ? 3 : 4;  \
     for (int g0 = 0; g0 < u.group; g0 += gt)                                                  \
       for (int j0 = 0; j0 < head_dim / VW; j0 += JT) {                                        \
@@ -255,8 +258,9 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
       })                                                                                      \
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
-    const float *sinks = group_sinks(w, kv_head);                                             \
-    softmax_rows(w->softcap, sinks, scores, u.group, u.span, inv_sum);                        \
+    const float *sinks = of_group(w, w->sinks, kv_head);                                      \
+    const float *alibi = of_group(w, w->alibi_slopes, kv_head);                               \
+    softmax_rows(w->softcap, sinks, alibi, scores, u.group, u.span, inv_sum);                 \
     for (int g = 0; g < u.group; g++) {                                                       \
       float o[head_dim];                                                                      \
       for (int d = 0; d < head_dim; d++) o[d] = 0.0f;                                         \
@@ -354,7 +358,7 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
                            const int32_t *context_lens, int64_t num_seqs, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, float scale,
                            int sliding_window, float softcap, const float *sinks,
-                           int num_threads) {
+                           const float *alibi_slopes, int num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP)
     return 1;
   if (kv_dtype < 0 || kv_dtype > 4 || (kv_dtype == 2 && !paged_attention_has_float16())) return 1;
@@ -374,7 +378,8 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
     work[i] = (Work){out,        query,        key_cache,  value_cache, block_tables,
                      context_lens, query_seq_stride, block_table_stride, num_heads,
                      num_kv_heads, head_dim,     block_size, scale,       sliding_window,
-                     softcap,      sinks,        unit,       unit,        act_bf16};
+                     softcap,      sinks,        alibi_slopes, unit,      unit,
+                     act_bf16};
     while (unit < num_units && (done < target || i == num_threads - 1)) {
       done += context_lens[unit / num_kv_heads];
       unit++;

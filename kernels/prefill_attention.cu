@@ -7,7 +7,8 @@
 //
 // Sequence s owns query rows cu_seqlens_q[s]..cu_seqlens_q[s + 1], the last query_len of its
 // context_len tokens, so its query token i sits at position context_len - query_len + i and sees
-// positions (p - window, p] (all of 0..p without a window).
+// positions (p - window, p] (all of 0..p without a window). With ALiBi its score of position k
+// gains slope * (k - p), after any soft cap.
 //
 // One thread block per (kv head, tile of BLOCK_M query rows, sequence). A GQA group is packed
 // into the rows: row m of the sequence is token m / group, query head kv_head * group + m % group,
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
     int max_num_blocks_per_seq, int q_stride, int group, float scale,
     int window,                       // 0: none
     float softcap,                    // 0: none
-    const float* __restrict__ sinks) {  // [num_heads] or nullptr: a logit in each softmax
+    const float* __restrict__ sinks,    // [num_heads] or nullptr: a logit in each softmax
+    const float* __restrict__ alibi_slopes) {  // [num_heads] or nullptr: ALiBi's
   constexpr int TILE_KEYS = prefill_tile_keys(HEAD_SIZE);
   constexpr int LANES_PER_KEY = kWarpSize / TILE_KEYS;
   constexpr int SCORE_DIMS = HEAD_SIZE / LANES_PER_KEY;
@@ -96,11 +98,15 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
   }
 
   int q_pos[kRowsPerWarp];  // -1: a row past the tile's end, which sees nothing
+  float slope[kRowsPerWarp];  // ALiBi's, 0 without
   float m_run[kRowsPerWarp], l_run[kRowsPerWarp], acc[kRowsPerWarp][OUT_DIMS];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int m = warp * kRowsPerWarp + r;
     q_pos[r] = m < num_rows ? first_pos + (tile_row + m) / group : -1;
+    slope[r] = m < num_rows && alibi_slopes != nullptr
+                   ? alibi_slopes[kv_head * group + (tile_row + m) % group]
+                   : 0.f;
     m_run[r] = kNegMax;
     l_run[r] = 0.f;
 #pragma unroll
@@ -147,6 +153,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
         score[r] += __shfl_xor_sync(kFullMask, score[r], mask);
       }
       if (softcap > 0.f) score[r] = softcap * tanhf(score[r] / softcap);
+      score[r] += slope[r] * (float)(pos - q_pos[r]);
       // Masked keys may be zeros of an unloaded slot, never read as data.
       const bool visible = pos <= q_pos[r] && (window <= 0 || pos > q_pos[r] - window);
       const float m_new = fmaxf(m_run[r], warp_max(visible ? score[r] : kNegMax));
@@ -201,7 +208,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
 #define PAGEDGEN_PF_BLOCK(T, C, HEAD, BLOCK)                                                   \
   template __global__ void pagedgen::prefill_attention_kernel<T, C, HEAD, BLOCK>(             \
       T*, const T*, const C*, const C*, const int*, const int*, const int*, int, int, int,    \
-      float, int, float, const float*);
+      float, int, float, const float*, const float*);
 #define PAGEDGEN_PF_HEAD(T, C, HEAD) \
   PAGEDGEN_PF_BLOCK(T, C, HEAD, 8)   \
   PAGEDGEN_PF_BLOCK(T, C, HEAD, 16)  \

@@ -8,8 +8,8 @@
 //            float32 once per (sequence, kv head) for all its tiles (extended as tiles advance);
 //   scores   S = Q Kt, a register block of RB rows x KB keys per pass over d (one broadcast and
 //            two vector FMAs per row and d);
-//   softmax  per row over its causal range (its window's, with a sliding window), soft cap and
-//            sink as the decode kernel's (attention_scores_cpu.h); probabilities out of a
+//   softmax  per row over its causal range (its window's, with a sliding window), soft cap,
+//            ALiBi and sink as the decode kernel's (attention_scores_cpu.h); probabilities out of a
 //            row's range are zeroed, as the tile's rows share one key range;
 //   output   O = P Vw, RB rows x JT vectors of head_dim a pass over the keys.
 //
@@ -76,6 +76,7 @@ typedef struct {
   int sliding_window;  // 0: the whole context
   float softcap;       // 0: none
   const float *sinks;  // [num_heads] or NULL
+  const float *alibi_slopes;  // [num_heads] or NULL
 } Prefill;
 
 typedef struct {
@@ -203,8 +204,10 @@ static void attend_tile(const Prefill *w, Scratch *x, const Tile *tile, float *o
     const int p = tile->p0 + r / group;
     const int a = window_lo(w, p) - x->lo, b = p + 1 - x->lo;
     float *s = x->s + r * lds;
-    const float *sink = w->sinks == NULL ? NULL : w->sinks + tile->kv_head * group + r % group;
-    softmax_rows(w->softcap, sink, s + a, 1, b - a, inv_sum + r);
+    const int h = tile->kv_head * group + r % group;
+    const float *sink = w->sinks == NULL ? NULL : w->sinks + h;
+    const float *alibi = w->alibi_slopes == NULL ? NULL : w->alibi_slopes + h;
+    softmax_rows(w->softcap, sink, alibi, s + a, 1, b - a, inv_sum + r);
     for (int c = c_lo; c < a; c++) s[c] = 0.0f;
     for (int c = b; c < c_hi; c++) s[c] = 0.0f;
   }
@@ -278,7 +281,7 @@ int paged_attention_prefill(int kv_dtype, int act_bf16, void *out, const void *q
                             int64_t num_seqs, int num_heads,
                             int num_kv_heads, int head_dim, int block_size, float scale,
                             int sliding_window, float softcap, const float *sinks,
-                            int num_threads) {
+                            const float *alibi_slopes, int num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP)
     return 1;
   if (kv_dtype < 0 || kv_dtype > 4 || head_dim <= 0) return 1;
@@ -290,7 +293,7 @@ int paged_attention_prefill(int kv_dtype, int act_bf16, void *out, const void *q
                      query_row_stride,
                      block_table_stride, num_heads, num_kv_heads,    head_dim,
                      block_size,   kv_dtype,       act_bf16,         scale,
-                     sliding_window, softcap,      sinks};
+                     sliding_window, softcap,      sinks,            alibi_slopes};
   int64_t num_tiles = 0;
   for (int64_t s = 0; s < num_seqs; s++) {
     num_tiles += (int64_t)num_kv_heads * ((query_lens[s] + QT - 1) / QT);

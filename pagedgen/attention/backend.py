@@ -36,11 +36,12 @@ class AttentionBackend(ABC):
         window: int | None = None,  # sliding window: a query sees its last `window` tokens
         softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
         sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each softmax
+        # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        return self.attend(
-            query, key, value, key_cache, value_cache, metadata, scale, window, softcap, sinks
-        )
+        options = (window, softcap, sinks, alibi_slopes)
+        return self.attend(query, key, value, key_cache, value_cache, metadata, scale, *options)
 
     def forward_qkv(
         self,
@@ -55,6 +56,7 @@ class AttentionBackend(ABC):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """forward() from a fused QKV projection, RoPE (of all of each head or its first
         rope.rotary_dim features) applied to q and k first. Backends may fuse RoPE with the
@@ -62,9 +64,8 @@ class AttentionBackend(ABC):
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
         if rope is not None:
             q, k = rope.apply(q), rope.apply(k)
-        return self.forward(
-            q, k, v, key_cache, value_cache, metadata, scale, window, softcap, sinks
-        )
+        options = (window, softcap, sinks, alibi_slopes)
+        return self.forward(q, k, v, key_cache, value_cache, metadata, scale, *options)
 
     def attend(
         self,
@@ -78,14 +79,16 @@ class AttentionBackend(ABC):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Decode and prefill rows of a step whose K/V are in the cache already."""
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        options = (window, softcap, sinks, alibi_slopes)
+        cache = (key_cache, value_cache, metadata, scale, out)
         if metadata.num_decode_seqs:
-            self.decode(query, key_cache, value_cache, metadata, scale, out, window, softcap, sinks)
+            self.decode(query, *cache, *options)
         if metadata.num_decode_seqs < metadata.num_seqs:
-            cache = (key_cache, value_cache, metadata, scale, out)
-            self.prefill(query, key, value, *cache, window, softcap, sinks)
+            self.prefill(query, key, value, *cache, *options)
         return out
 
     @abstractmethod
@@ -111,6 +114,7 @@ class AttentionBackend(ABC):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         """Attention of the decode rows over their contexts in the cache (K/V written). With a
         window, blocks before it may be freed: their block table entries (-1) are never read."""
@@ -129,6 +133,7 @@ class AttentionBackend(ABC):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         """Causal attention of the prefill rows: this step's K/V and any cached context."""
 

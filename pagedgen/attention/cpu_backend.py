@@ -47,12 +47,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """RoPE (whole heads, partial, or none) and the cache write in one C pass over the QKV
         rows, then attention on q, k and v as views of those rows."""
+        options = (window, softcap, sinks, alibi_slopes)
         if not (cpu_ops.usable(qkv) and qkv.stride(1) == 1):
             args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
-            return super().forward_qkv(qkv, *args, window, softcap, sinks)
+            return super().forward_qkv(qkv, *args, *options)
         num_tokens = qkv.shape[0]
         cpu_ops.rotary_embedding_and_cache(
             qkv,
@@ -65,7 +67,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             metadata.slot_mapping,
         )
         q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
-        return self.attend(q, k, v, key_cache, value_cache, metadata, scale, window, softcap, sinks)
+        return self.attend(q, k, v, key_cache, value_cache, metadata, scale, *options)
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         super().prepare(metadata)
@@ -82,16 +84,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
         query: torch.Tensor,
         out: torch.Tensor,
         *args: object,
-        window: int | None,
-        softcap: float | None,
-        sinks: torch.Tensor | None,
+        **options: object,  # window, softcap, sinks, alibi_slopes
     ) -> None:
         """kernel(out, query, *args) on rows of the step, a float16 query (and its result)
         converted to float32 around it."""
         result = out
         if query.dtype not in ACTIVATION_DTYPES:
             query, result = query.float(), torch.empty(query.shape, dtype=torch.float32)
-        kernel(result, query, *args, window=window, softcap=softcap, sinks=sinks)
+        kernel(result, query, *args, **options)
         if result.data_ptr() != out.data_ptr():
             out.copy_(result)
 
@@ -106,14 +106,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ):
         if key_cache.dtype not in kernel_dtypes():
-            return super().decode(
-                query, key_cache, value_cache, metadata, scale, out, window, softcap, sinks
-            )
+            args = (query, key_cache, value_cache, metadata, scale, out)
+            return super().decode(*args, window, softcap, sinks, alibi_slopes)
         n = metadata.num_decode_seqs
         cache = (key_cache, value_cache, metadata.block_tables, metadata.context_lens, scale)
-        options = dict(window=window, softcap=softcap, sinks=sinks)
+        options = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
         self._run(paged_attention_decode, query[:n], out[:n], *cache, **options)
 
     def prefill(
@@ -129,6 +129,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         """The step's prompt rows in one call of the tiled kernel (kernels/prefill_attention_cpu.c;
         this step's K/V are in the cache already): against one SDPA call per sequence (AVX-512,
@@ -138,10 +139,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
         stay those of plain decoding, bit for bit."""
         if key_cache.dtype not in kernel_dtypes():
             args = (query, key, value, key_cache, value_cache, metadata, scale, out)
-            return super().prefill(*args, window, softcap, sinks)
+            return super().prefill(*args, window, softcap, sinks, alibi_slopes)
         n = metadata.num_decode_seqs  # decode rows: one each, before the prefill rows
         query, out, plan = query[n:], out[n:], self._prefill_plan(metadata)
-        options = dict(window=window, softcap=softcap, sinks=sinks)
+        options = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
         if plan.prompt is not None:
             cache = (key_cache, value_cache, *plan.prompt, scale)
             self._run(paged_attention_prefill, query, out, *cache, **options)

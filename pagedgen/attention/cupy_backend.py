@@ -27,8 +27,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
     caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside caches of the model's dtype: every
     kernel rounds K/V into them as to_cache_dtype does, and attention reads this step's K/V
     back from the cache, so it sees them as later steps will. Sliding windows
-    (Mistral, Gemma 2/3, gpt-oss), soft-capped scores (Gemma 2) and attention sinks (gpt-oss)
-    are read by every attention kernel but the grouped one, which declines such layers."""
+    (Mistral, Gemma 2/3, gpt-oss), soft-capped scores (Gemma 2), attention sinks (gpt-oss) and
+    ALiBi slopes (BLOOM, MPT) are read by every attention kernel but the grouped one, which
+    declines such layers."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
@@ -73,20 +74,20 @@ class CupyAttentionBackend(TorchAttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ):
         """RoPE and the cache write in one launch (kernels/rope_and_cache.cu), then attention;
         partial rotary or none by torch's ops and a reshape_and_cache launch."""
         head_dim = key_cache.shape[-1]
+        options = (window, softcap, sinks, alibi_slopes)
         if rope is None or rope.rotary_dim != head_dim:
             args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
-            return super().forward_qkv(qkv, *args, window, softcap, sinks)
+            return super().forward_qkv(qkv, *args, *options)
         cos, sin = rope.cos.flatten(1), rope.sin.flatten(1)  # [num_tokens, head_size // 2]
         query, key, value = rope_and_cache(
             qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache, metadata.slot_mapping
         )
-        return self.attend(
-            query, key, value, key_cache, value_cache, metadata, scale, window, softcap, sinks
-        )
+        return self.attend(query, key, value, key_cache, value_cache, metadata, scale, *options)
 
     def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
@@ -102,6 +103,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ):
         num_decode = metadata.num_decode_seqs
         paged_attention(
@@ -117,6 +119,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             window=window,
             softcap=softcap,
             sinks=sinks,
+            alibi_slopes=alibi_slopes,
         )
 
     def prefill(
@@ -132,10 +135,11 @@ class CupyAttentionBackend(TorchAttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         if not self.use_prefill_kernel:
             cache = (key_cache, value_cache, metadata, scale, out)
-            super().prefill(query, key, value, *cache, window, softcap, sinks)
+            super().prefill(query, key, value, *cache, window, softcap, sinks, alibi_slopes)
             return
         first = metadata.num_decode_seqs
         prefill_attention(
@@ -151,6 +155,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             window,
             softcap,
             sinks,
+            alibi_slopes,
         )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:

@@ -32,10 +32,12 @@ def paged_attention_reference(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token by token gather through the block table, then plain causal softmax attention; with
     a window, query position q sees positions q - window < p <= q (earlier blocks unread); with
-    sinks, head h's softmax takes sinks[h] as one more score, of a zero value row."""
+    sinks, head h's softmax takes sinks[h] as one more score, of a zero value row; with ALiBi,
+    head h's score of position p gains alibi_slopes[h] * (p - q), after any soft cap."""
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_heads = query.shape[1]
     group = num_heads // num_kv_heads
@@ -59,6 +61,9 @@ def paged_attention_reference(
                 scores = (k @ query[row + j, h].float()) * scale
                 if softcap is not None:
                     scores = torch.tanh(scores / softcap) * softcap
+                if alibi_slopes is not None:
+                    distance = torch.arange(begin + first - end + 1, 1, dtype=torch.float32)
+                    scores = scores + alibi_slopes[h].float() * distance
                 if sinks is not None:
                     scores = torch.cat((scores, sinks[h].float().view(1)))
                     v = torch.cat((v, v.new_zeros(1, v.shape[1])))
@@ -86,6 +91,7 @@ class ReferenceAttentionBackend(AttentionBackend):
         window=None,
         softcap=None,
         sinks=None,
+        alibi_slopes=None,
     ):
         self._attend(
             query,
@@ -99,6 +105,7 @@ class ReferenceAttentionBackend(AttentionBackend):
             window=window,
             softcap=softcap,
             sinks=sinks,
+            alibi_slopes=alibi_slopes,
         )
 
     def prefill(
@@ -114,6 +121,7 @@ class ReferenceAttentionBackend(AttentionBackend):
         window=None,
         softcap=None,
         sinks=None,
+        alibi_slopes=None,
     ) -> None:
         self._attend(
             query,
@@ -127,6 +135,7 @@ class ReferenceAttentionBackend(AttentionBackend):
             window=window,
             softcap=softcap,
             sinks=sinks,
+            alibi_slopes=alibi_slopes,
         )
 
     @staticmethod
@@ -142,6 +151,7 @@ class ReferenceAttentionBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ):
         """Sequences first..last of the batch, over the cache (their K/V are written)."""
         seqs = slice(first, last)
@@ -158,4 +168,5 @@ class ReferenceAttentionBackend(AttentionBackend):
             window,
             softcap,
             sinks,
+            alibi_slopes,
         )

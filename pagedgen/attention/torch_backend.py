@@ -35,11 +35,13 @@ def attention(
     is_causal: bool = False,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,  # [.., num_heads, num_queries, num_keys] float32
 ) -> torch.Tensor:
-    """SDPA, or with a soft cap on the scores (Gemma 2: softcap * tanh(scores / softcap)) or
-    sinks (gpt-oss: one more logit per head in the softmax, a key of zero value), the same
-    computed in float32 by hand (SDPA has neither)."""
-    if softcap is None and sinks is None:
+    """SDPA, or with a soft cap on the scores (Gemma 2: softcap * tanh(scores / softcap)), sinks
+    (gpt-oss: one more logit per head in the softmax, a key of zero value) or a bias added after
+    any cap (ALiBi's), the same computed in float32 by hand (SDPA has no cap or sinks, and would
+    take the bias in the query's dtype)."""
+    if softcap is None and sinks is None and bias is None:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
         )
@@ -49,6 +51,8 @@ def attention(
     scores = (query.float() @ key.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
     if is_causal:
         num_queries, num_keys = scores.shape[-2:]
         mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=scores.device).tril(
@@ -62,6 +66,18 @@ def attention(
         sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
     return (probs @ value).to(query.dtype)
+
+
+def alibi_bias(
+    alibi_slopes: torch.Tensor | None,  # [num_heads]
+    query_positions: torch.Tensor,  # [.., num_queries]
+    key_positions: torch.Tensor,  # [.., num_keys]
+) -> torch.Tensor | None:  # [.., num_heads, num_queries, num_keys] float32
+    """ALiBi's scores: slope * (key position - query position)."""
+    if alibi_slopes is None:
+        return None
+    distance = key_positions[..., None, None, :] - query_positions[..., None, :, None]
+    return alibi_slopes.float().view(-1, 1, 1) * distance.float()
 
 
 def window_start(context_len: int, num_queries: int, window: int | None) -> int:
@@ -82,6 +98,7 @@ def decode_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gathers only the blocks each sequence uses (padded to the longest) and attends once:
     one launch for the whole batch, the better trade on a GPU."""
@@ -104,6 +121,7 @@ def decode_attention(
         mask[:, None, None, :],
         softcap=softcap,
         sinks=sinks,
+        bias=alibi_bias(alibi_slopes, context_lens[:, None] - 1, positions),
     )
     return out.squeeze(2)
 
@@ -118,6 +136,7 @@ def decode_attention_per_seq(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One SDPA call per sequence over exactly its context (its last window tokens): on a CPU,
     cheaper than padding the batch to its longest context, which makes SDPA take its slow
@@ -134,6 +153,7 @@ def decode_attention_per_seq(
         first, end = first - first_block * block_size, context_len - first_block * block_size
         keys = gather(key_cache, blocks).view(1, -1, num_kv_heads, head_dim)
         values = gather(value_cache, blocks).view(1, -1, num_kv_heads, head_dim)
+        key_positions = torch.arange(first - context_len + 1, 1, device=query.device)
         outs.append(
             attention(
                 queries[i],
@@ -142,6 +162,7 @@ def decode_attention_per_seq(
                 scale,
                 softcap=softcap,
                 sinks=sinks,
+                bias=alibi_bias(alibi_slopes, key_positions.new_zeros(1), key_positions),
             )
         )
     return torch.cat(outs).view_as(query).to(query.dtype)
@@ -173,6 +194,7 @@ def prefill_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """Causal attention for sequences num_decode_seqs.. of the batch, one SDPA call each.
 
@@ -200,10 +222,10 @@ def prefill_attention(
             ]
             keys, values = keys.to(query.dtype), values.to(query.dtype)
         key_start = 0 if context_len == query_len else first
+        rows = torch.arange(context_len - query_len, context_len, device=query.device)
+        cols = torch.arange(key_start, context_len, device=query.device)
         mask = None
         if window is not None or context_len != query_len:
-            rows = torch.arange(context_len - query_len, context_len, device=query.device)
-            cols = torch.arange(key_start, context_len, device=query.device)
             mask = cols[None, :] <= rows[:, None]
             if window is not None:
                 mask &= cols[None, :] > rows[:, None] - window
@@ -216,6 +238,7 @@ def prefill_attention(
             is_causal=mask is None,
             softcap=softcap,
             sinks=sinks,
+            bias=alibi_bias(alibi_slopes, rows, cols),
         )[0].transpose(0, 1)
         start = end
 
@@ -256,9 +279,10 @@ class TorchAttentionBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ):
         n = metadata.num_decode_seqs
-        options = (scale, window, softcap, sinks)
+        options = (scale, window, softcap, sinks, alibi_slopes)
         if query.device.type == "cpu":
             blocks, lens = self._decode_seq_blocks(metadata), metadata.context_lens_cpu[:n]
             out[:n] = decode_attention_per_seq(
@@ -283,7 +307,8 @@ class TorchAttentionBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
-        prefill_attention(
-            query, key, value, key_cache, value_cache, metadata, scale, out, window, softcap, sinks
-        )
+        options = (window, softcap, sinks, alibi_slopes)
+        cache = (key_cache, value_cache, metadata, scale, out)
+        prefill_attention(query, key, value, *cache, *options)

@@ -26,7 +26,7 @@ ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)  # of query and out
 _p, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 # The C types of _leading_args and _trailing_args, which both kernels take.
 LEADING_TYPES = [_i32, _i32, _p, _p, _i64, _p, _p, _p, _i64]
-TRAILING_TYPES = [_i32, _i32, _i32, _i32, _f32, _i32, _f32, _p, _i32]
+TRAILING_TYPES = [_i32, _i32, _i32, _i32, _f32, _i32, _f32, _p, _p, _i32]
 
 
 @functools.cache
@@ -79,6 +79,8 @@ def paged_attention_decode(
     window: int | None = None,  # attend to the last `window` tokens only; earlier blocks unread
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
+    # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of one query row per sequence over its context in the paged cache.
 
@@ -86,11 +88,14 @@ def paged_attention_decode(
     caches float32, bfloat16, float16 or float8 (E4M3 or E5M2; see kernel_dtypes)."""
     num_seqs = query.shape[0]
     march = march or kernel_march()
-    _check(out, query, key_cache, value_cache, block_tables, context_lens, sinks, march)
+    _check(
+        out, query, key_cache, value_cache, block_tables, context_lens, march, sinks, alibi_slopes
+    )
     if block_tables.shape[0] < num_seqs or context_lens.shape[0] < num_seqs:
         raise ValueError("one block table and context length per sequence")
     head = _leading_args(out, query, key_cache, value_cache, block_tables)
-    tail = _trailing_args(query, key_cache, scale, window, softcap, sinks, num_threads)
+    options = (window, softcap, sinks, alibi_slopes)
+    tail = _trailing_args(query, key_cache, scale, *options, num_threads)
     status = _library(march).paged_attention_decode(*head, context_lens.data_ptr(), num_seqs, *tail)
     if status != 0:
         raise RuntimeError(f"paged_attention_decode failed with status {status}")
@@ -112,13 +117,16 @@ def paged_attention_prefill(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of prefill rows over their sequences' contexts in the paged cache (this
     step's K/V written already), tiles of query rows sharing each K/V row they load. Dtypes as
     paged_attention_decode's."""
     num_tokens = query.shape[0]
     march = march or kernel_march()
-    _check(out, query, key_cache, value_cache, block_tables, context_lens, sinks, march)
+    _check(
+        out, query, key_cache, value_cache, block_tables, context_lens, march, sinks, alibi_slopes
+    )
     num_seqs = context_lens.shape[0]
     rows = (query_starts, query_lens)
     if any(t.dtype != torch.int32 or not t.is_contiguous() or not t.is_cpu for t in rows):
@@ -135,7 +143,8 @@ def paged_attention_prefill(
     ):
         raise ValueError(f"query rows outside the {num_tokens} rows or their contexts")
     head = _leading_args(out, query, key_cache, value_cache, block_tables)
-    tail = _trailing_args(query, key_cache, scale, window, softcap, sinks, num_threads)
+    options = (window, softcap, sinks, alibi_slopes)
+    tail = _trailing_args(query, key_cache, scale, *options, num_threads)
     lens = (query_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr())
     status = _prefill_library(march).paged_attention_prefill(*head, *lens, num_seqs, *tail)
     if status != 0:
@@ -150,8 +159,9 @@ def _check(
     value_cache: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
-    sinks: torch.Tensor | None,
     march: str,
+    sinks: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
 ) -> None:
     """Raises for arguments the kernels cannot take."""
     num_heads, head_dim = query.shape[1:]
@@ -183,12 +193,13 @@ def _check(
         raise ValueError("the caches must be contiguous")
     if block_tables.stride(1) != 1 or not context_lens.is_contiguous():
         raise ValueError("block_tables rows and context_lens must be contiguous")
-    if sinks is not None and (
-        sinks.shape != (num_heads,)
-        or sinks.dtype != torch.float32
-        or not (sinks.is_cpu and sinks.is_contiguous())
-    ):
-        raise ValueError(f"sinks must be {num_heads} contiguous float32 on the CPU, got {sinks}")
+    for name, per_head in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
+        if per_head is not None and (
+            per_head.shape != (num_heads,)
+            or per_head.dtype != torch.float32
+            or not (per_head.is_cpu and per_head.is_contiguous())
+        ):
+            raise ValueError(f"{name} must be {num_heads} contiguous float32 on the CPU")
 
 
 def _leading_args(out, query, key_cache, value_cache, block_tables) -> tuple:
@@ -199,10 +210,13 @@ def _leading_args(out, query, key_cache, value_cache, block_tables) -> tuple:
     return (kv_dtype, act_bf16, *tensors, *cache, block_tables.data_ptr(), block_tables.stride(0))
 
 
-def _trailing_args(query, key_cache, scale, window, softcap, sinks, num_threads) -> tuple:
-    """The arguments both kernels end with: shapes, scale, window, soft cap, sinks, threads."""
+def _trailing_args(
+    query, key_cache, scale, window, softcap, sinks, alibi_slopes, num_threads
+) -> tuple:
+    """The arguments both kernels end with: shapes, scale, window, soft cap, sinks, ALiBi
+    slopes, threads."""
     _, block_size, num_kv_heads, head_dim = key_cache.shape
     shapes = (query.shape[1], num_kv_heads, head_dim, block_size)
-    sinks_ptr = None if sinks is None else sinks.data_ptr()
-    options = (window or 0, softcap or 0.0, sinks_ptr, num_threads or torch.get_num_threads())
+    per_head = [None if t is None else t.data_ptr() for t in (sinks, alibi_slopes)]
+    options = (window or 0, softcap or 0.0, *per_head, num_threads or torch.get_num_threads())
     return (*shapes, scale, *options)

@@ -99,22 +99,27 @@ def check_attention_args(
 
 
 def check_attention_options(
-    window: int | None, softcap: float | None, sinks: torch.Tensor | None, num_heads: int
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    num_heads: int,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """The checks every attention kernel makes of a window, a soft cap and sinks; returns the
-    sinks as tensors to find on the launch's device (none or one)."""
+    """The checks every attention kernel makes of a window, a soft cap, sinks and ALiBi slopes;
+    returns the per-head tensors given, to find on the launch's device."""
     check(window is None or window >= 1, f"window must be >= 1, got {window}")
     check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
-    if sinks is None:
-        return ()
-    check_tensor("sinks", sinks, torch.float32, 1)
-    check(sinks.shape[0] == num_heads, f"{sinks.shape[0]} sinks for {num_heads} heads")
-    return (sinks,)
+    per_head = {"sinks": sinks, "alibi_slopes": alibi_slopes}
+    for name, t in per_head.items():
+        if t is not None:
+            check_tensor(name, t, torch.float32, 1)
+            check(t.shape[0] == num_heads, f"{t.shape[0]} {name} for {num_heads} heads")
+    return tuple(t for t in per_head.values() if t is not None)
 
 
-def sinks_arg(sinks: torch.Tensor | None) -> torch.Tensor | np.uint64:
-    """The kernels' sinks argument: the tensor, or nullptr."""
-    return np.uint64(0) if sinks is None else sinks
+def per_head_arg(t: torch.Tensor | None) -> torch.Tensor | np.uint64:
+    """The kernels' argument for sinks or ALiBi slopes: the tensor, or nullptr."""
+    return np.uint64(0) if t is None else t
 
 
 def paged_attention_launches(
@@ -132,14 +137,16 @@ def paged_attention_launches(
     window: int | None = None,  # a query sees its last `window` tokens; earlier blocks unread
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
+    # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
+    alibi_slopes: torch.Tensor | None = None,
 ) -> list[KernelLaunch]:
     """Checks the arguments and plans decode attention for one query row per sequence: a single
     v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors). The
     caches hold the query's dtype or an fp8 one (float8_e4m3fn, float8_e5m2), read exactly.
 
     grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
-    its GQA group (layers without GQA, or with a window, soft cap or sinks, which it lacks, keep
-    the per-head kernel).
+    its GQA group (layers without GQA, or with a window, soft cap, sinks or ALiBi, which it lacks,
+    keep the per-head kernel).
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -159,7 +166,7 @@ def paged_attention_launches(
         f"{block_tables.shape[1]} blocks of {block_size}",
     )
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
-    tensors += check_attention_options(window, softcap, sinks, num_heads)
+    tensors += check_attention_options(window, softcap, sinks, num_heads, alibi_slopes)
     devices = {t.device for t in tensors}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
     if num_seqs == 0:
@@ -167,7 +174,7 @@ def paged_attention_launches(
     check(max_context_len >= 1, f"max_context_len must be >= 1, got {max_context_len}")
 
     group_size = num_heads // num_kv_heads
-    plain = window is None and softcap is None and sinks is None
+    plain = window is None and softcap is None and sinks is None and alibi_slopes is None
     grouped = grouped and group_size > 1 and plain
     tile = group_tile(group_size, head_size)
     grid_x = num_kv_heads * -(-group_size // tile) if grouped else num_heads
@@ -206,7 +213,10 @@ def paged_attention_launches(
     )
     options = (np.int32(window or 0), np.float32(softcap or 0.0))
     if version == 1:
-        tail = (np.int32(num_heads),) if grouped else (*options, sinks_arg(sinks))
+        if grouped:
+            tail = (np.int32(num_heads),)
+        else:
+            tail = (*options, per_head_arg(sinks), per_head_arg(alibi_slopes))
         args = (out, *common, *tail)
         return [KernelLaunch(main_module, v1_name, (grid_x, num_seqs, 1), main_block, args)]
 
@@ -216,14 +226,17 @@ def paged_attention_launches(
     exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=query.device)
     max_logits = torch.empty_like(exp_sums)
     tmp_out = torch.empty((*stats_shape, head_size), dtype=torch.float32, device=query.device)
-    grouped_args = (np.int32(num_heads), np.int32(partition_size)) if grouped else options
+    if grouped:
+        tail = (np.int32(num_heads), np.int32(partition_size))
+    else:
+        tail = (*options, per_head_arg(alibi_slopes))  # sinks join in the reduce
     return [
         KernelLaunch(
             main_module,
             v2_name,
             (grid_x, num_seqs, max_num_partitions),
             main_block,
-            (exp_sums, max_logits, tmp_out, *common, *grouped_args),
+            (exp_sums, max_logits, tmp_out, *common, *tail),
         ),
         KernelLaunch(
             module,
@@ -238,7 +251,7 @@ def paged_attention_launches(
                 context_lens,
                 np.int32(max_num_partitions),
                 options[0],
-                sinks_arg(sinks),
+                per_head_arg(sinks),
             ),
         ),
     ]
@@ -257,6 +270,7 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """Decode attention on the GPU into out; see paged_attention_launches."""
     from pagedgen.kernels.loader import launch
@@ -274,5 +288,6 @@ def paged_attention(
         window=window,
         softcap=softcap,
         sinks=sinks,
+        alibi_slopes=alibi_slopes,
     ):
         launch(kernel_launch)

@@ -12,7 +12,7 @@ from pagedgen.kernels.launch import (
 from pagedgen.kernels.paged_attention import (
     check_attention_args,
     check_attention_options,
-    sinks_arg,
+    per_head_arg,
 )
 
 # Instantiated with these in kernels/prefill_attention.cu.
@@ -57,6 +57,8 @@ def prefill_attention_launch(
     window: int | None = None,  # a query at position p sees positions p - window < k <= p
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
+    # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
+    alibi_slopes: torch.Tensor | None = None,
 ) -> KernelLaunch | None:
     """Checks the arguments and plans causal attention for every query row of a varlen batch
     in one launch: sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] are the last tokens of
@@ -78,7 +80,7 @@ def prefill_attention_launch(
         f"{cu_seqlens_q.shape[0]} cu_seqlens_q (want num_seqs + 1)",
     )
     tensors = (out, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens)
-    tensors += check_attention_options(window, softcap, sinks, num_heads)
+    tensors += check_attention_options(window, softcap, sinks, num_heads, alibi_slopes)
     devices = {t.device for t in tensors}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
     if num_seqs == 0 or max_query_len == 0:
@@ -107,7 +109,8 @@ def prefill_attention_launch(
             np.float32(scale),
             np.int32(window or 0),
             np.float32(softcap or 0.0),
-            sinks_arg(sinks),
+            per_head_arg(sinks),
+            per_head_arg(alibi_slopes),
         ),
     )
 
@@ -125,6 +128,7 @@ def prefill_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """Prefill attention on the GPU into out; see prefill_attention_launch."""
     from pagedgen.kernels.loader import launch
@@ -142,6 +146,7 @@ def prefill_attention(
         window,
         softcap,
         sinks,
+        alibi_slopes,
     )
     if kernel_launch is not None:
         launch(kernel_launch)

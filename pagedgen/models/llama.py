@@ -50,6 +50,7 @@ class LlamaAttention(nn.Module):
         self.sliding_window: int | None = None  # set per layer by the model
         self.softcap: float | None = None
         self.sinks: torch.Tensor | None = None  # [num_heads] float32 (gpt-oss)
+        self.alibi_slopes: torch.Tensor | None = None  # [num_heads] float32 (BLOOM, MPT)
         # Bound by the model runner to its pool: [num_blocks, block_size, num_kv_heads, head_dim].
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
@@ -77,6 +78,7 @@ class LlamaAttention(nn.Module):
                 self.sliding_window,
                 self.softcap,
                 self.sinks,
+                self.alibi_slopes,
             )
             return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
         q, k, v = qkv.split(self.qkv_proj.output_sizes, dim=-1)
@@ -99,6 +101,7 @@ class LlamaAttention(nn.Module):
             window=self.sliding_window,
             softcap=self.softcap,
             sinks=self.sinks,
+            alibi_slopes=self.alibi_slopes,
         )
         return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
 

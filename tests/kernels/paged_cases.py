@@ -1,6 +1,7 @@
 """Random decode batches over a scattered, NaN-poisoned paged cache, and the check against the
 torch reference; shared by the emulation, mutation and GPU tests."""
 
+import math
 import random
 from collections.abc import Callable
 from typing import NamedTuple
@@ -24,6 +25,17 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
+def bloom_alibi_slopes(num_heads: int, seed: int = 0) -> torch.Tensor:
+    """BLOOM's ALiBi slopes (2^-1 .. 2^-8 for 8 heads; more heads interleave a finer series)
+    in a random head order, so a kernel reading another head's slope gets a very different one.
+    """
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2 ** (-8 * (i + 1) / closest) for i in range(closest)]
+    slopes += [2 ** (-4 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
+    order = torch.randperm(num_heads, generator=torch.Generator().manual_seed(seed))
+    return torch.tensor(slopes, dtype=torch.float32)[order]
+
+
 class DecodeCase(NamedTuple):
     query: torch.Tensor  # [num_seqs, num_heads, head_size]
     key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size]
@@ -35,6 +47,7 @@ class DecodeCase(NamedTuple):
     window: int | None = None
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # [num_heads] float32
+    alibi_slopes: torch.Tensor | None = None  # [num_heads] float32
 
     @property
     def max_context_len(self) -> int:
@@ -54,6 +67,7 @@ def make_decode_case(
     window: int | None = None,
     softcap: float | None = None,
     sinks: bool = False,  # gpt-oss's: one logit per head, from well below to well above a score
+    alibi: bool = False,  # BLOOM's slopes, shuffled over the heads
 ) -> DecodeCase:
     """Each sequence gets randomly chosen blocks; every slot it does not own stays NaN.
 
@@ -102,6 +116,7 @@ def make_decode_case(
         window,
         softcap,
         torch.linspace(-6.0, 6.0, num_heads, device=device) if sinks else None,
+        bloom_alibi_slopes(num_heads, seed).to(device) if alibi else None,
     )
 
 
@@ -122,6 +137,7 @@ def reference(case: DecodeCase) -> torch.Tensor:
         case.window,
         case.softcap,
         None if case.sinks is None else case.sinks.cpu(),
+        None if case.alibi_slopes is None else case.alibi_slopes.cpu(),
     )
 
 
@@ -150,6 +166,7 @@ def run_decode(
         window=case.window,
         softcap=case.softcap,
         sinks=case.sinks,
+        alibi_slopes=case.alibi_slopes,
     ):
         launch(kernel_launch)
     return out

@@ -10,7 +10,7 @@ from pagedgen.attention.kv_cache_dtype import to_cache_dtype
 from pagedgen.attention.reference import paged_attention_reference
 from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.prefill_attention import prefill_attention_launch
-from tests.kernels.paged_cases import TOLERANCES, dequantized
+from tests.kernels.paged_cases import TOLERANCES, bloom_alibi_slopes, dequantized
 
 # (query_len, context_len): a whole prompt of one token, of a tile minus one, of several tiles
 # ending in a partial block, and chunks after a cached prefix (one of a single token).
@@ -30,6 +30,7 @@ class PrefillCase(NamedTuple):
     window: int | None
     softcap: float | None
     sinks: torch.Tensor | None = None  # [num_heads] float32
+    alibi_slopes: torch.Tensor | None = None  # [num_heads] float32
 
 
 def make_prefill_case(
@@ -45,6 +46,7 @@ def make_prefill_case(
     device: str = "cpu",
     cache_dtype: torch.dtype | None = None,  # None: dtype
     sinks: bool = False,  # gpt-oss's: one logit per head, from well below to well above a score
+    alibi: bool = False,  # BLOOM's slopes, shuffled over the heads
 ) -> PrefillCase:
     """Each sequence gets randomly chosen blocks; every slot it does not own stays NaN.
 
@@ -99,6 +101,7 @@ def make_prefill_case(
         window,
         softcap,
         torch.linspace(-6.0, 6.0, num_heads, device=device) if sinks else None,
+        bloom_alibi_slopes(num_heads, seed).to(device) if alibi else None,
     )
 
 
@@ -114,6 +117,7 @@ def prefill_reference(case: PrefillCase) -> torch.Tensor:
         case.window,
         case.softcap,
         None if case.sinks is None else case.sinks.cpu(),
+        None if case.alibi_slopes is None else case.alibi_slopes.cpu(),
     )
 
 
@@ -135,6 +139,7 @@ def run_prefill(
         case.window,
         case.softcap,
         case.sinks,
+        case.alibi_slopes,
     )
     assert kernel_launch is not None
     launch(kernel_launch)

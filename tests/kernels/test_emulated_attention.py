@@ -144,10 +144,46 @@ def test_window_and_sinks_every_dtype(attention_emulator, dtype, head_size):
     check_decode(attention_emulator.launch, case, 1)
 
 
-def test_grouped_is_declined_for_windows_softcaps_and_sinks():
+# (window, softcap, sinks) with BLOOM's slopes: alone, under Gemma 2's soft cap, with a window
+# (inside one partition, and over several with a cap); with sinks, which pin the bias's origin at
+# the query (without them a constant shift of every score of a row would cancel in its softmax).
+ALIBI_OPTIONS = [
+    (None, None, False),
+    (None, 30.0, False),
+    (40, None, False),
+    (150, 5.0, False),
+    (None, None, True),
+]
+
+
+@pytest.mark.parametrize(("window", "softcap", "sinks"), ALIBI_OPTIONS, ids=str)
+@pytest.mark.parametrize("version", [1, 2])
+def test_alibi(attention_emulator, version, window, softcap, sinks):
+    case = make_decode_case(
+        torch.bfloat16, 8, 2, 64, 16, seed=3, window=window, softcap=softcap, sinks=sinks,
+        alibi=True,
+    )  # fmt: skip
+    check_decode(attention_emulator.launch, case, version, SMALL_PARTITION_SIZE)
+    plain = reference(case._replace(alibi_slopes=None))
+    assert (plain - reference(case)).abs().max() > 0.1  # the slopes matter here
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("version", [1, 2])
+def test_alibi_every_dtype(attention_emulator, dtype, version):
+    case = make_decode_case(dtype, 6, 6, 128, 8, seed=5, alibi=True)
+    check_decode(attention_emulator.launch, case, version, SMALL_PARTITION_SIZE)
+
+
+@pytest.mark.parametrize(
+    "option", [{"window": 9}, {"softcap": 20.0}, {"sinks": True}, {"alibi": True}], ids=str
+)
+def test_grouped_is_declined_for_windows_softcaps_sinks_and_alibi(option: dict) -> None:
     """The grouped kernel has none of them: those layers keep the per-head kernels."""
-    case = make_decode_case(torch.float16, 8, 2, 64, 16, window=9)
+    case = make_decode_case(torch.float16, 8, 2, 64, 16, **option)
     args = (torch.empty_like(case.query), case.query, case.key_cache, case.value_cache)
     args += (case.block_tables, case.context_lens, case.max_context_len, case.scale)
-    launches = paged_attention_launches(*args, grouped=True, window=9)
+    options = {"window": case.window, "softcap": case.softcap, "sinks": case.sinks}
+    options["alibi_slopes"] = case.alibi_slopes
+    launches = paged_attention_launches(*args, grouped=True, **options)
     assert all("grouped" not in launch.name_expression for launch in launches)

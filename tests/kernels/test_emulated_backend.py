@@ -13,7 +13,7 @@ from pagedgen.kernels.paged_attention_grouped import grouped_module
 from pagedgen.kernels.source import kernel_source
 from pagedgen.layers.rotary import Rope
 from tests.kernels.emulator import Emulator, emulate
-from tests.kernels.paged_cases import TOLERANCES, make_metadata
+from tests.kernels.paged_cases import TOLERANCES, bloom_alibi_slopes, make_metadata
 
 
 @pytest.fixture
@@ -101,6 +101,37 @@ def test_forward_qkv_ropes_and_caches_in_one_launch(emulated_backend, dtype) -> 
     )
     assert torch.equal(cache, ref_cache)
     torch.testing.assert_close(out, expected, atol=TOLERANCES[dtype], rtol=TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("prefill_kernel", [False, True], ids=["sdpa-prefill", "prefill-kernel"])
+def test_alibi_layer_matches_reference(emulated_backend, monkeypatch, prefill_kernel) -> None:
+    """BLOOM's layers: a fused projection without RoPE (the torch path splits it), ALiBi slopes
+    to the decode kernel and the prefill kernel or the torch fallback; the grouped kernel, asked
+    for, declines them."""
+    names = []
+    launch = loader.launch
+    monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
+    query_lens, context_lens = [1, 1, 1, 20, 7], [1, 17, 100, 20, 40]
+    metadata = make_metadata(query_lens, context_lens, 16, 24, "cpu")
+    num_tokens, num_heads, num_kv_heads, head_size = sum(query_lens), 4, 2, 64
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size)
+    cache = torch.randn(2, 24, 16, num_kv_heads, head_size)
+    ref_cache = cache.clone()
+    args = (num_heads, num_kv_heads, None)
+    options = (head_size**-0.5, None, None, None, bloom_alibi_slopes(num_heads))
+
+    emulated_backend.use_prefill_kernel = prefill_kernel
+    emulated_backend.use_grouped_decode = True
+    emulated_backend.prepare(metadata)
+    out = emulated_backend.forward_qkv(qkv.clone(), *args, *cache, metadata, *options)
+    expected = ReferenceAttentionBackend().forward_qkv(
+        qkv.clone(), *args, *ref_cache, metadata, *options
+    )
+    assert torch.equal(cache, ref_cache)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert any("paged_attention_v1" in name for name in names), names
+    assert any("prefill_attention" in name for name in names) == prefill_kernel, names
+    assert not any("grouped" in name for name in names), names
 
 
 def test_backend_rejects_unsupported_sizes_when_built(monkeypatch) -> None:

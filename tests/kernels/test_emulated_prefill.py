@@ -80,6 +80,36 @@ def test_sinks(window: int | None) -> None:
     assert (plain - prefill_reference(case)).abs().max() > 0.1  # the sinks matter here
 
 
+# (window, softcap, sinks) with BLOOM's slopes, as in test_emulated_attention.py's ALIBI_OPTIONS:
+# alone, capped, windowed (over a freed prefix), both, and with sinks pinning the bias's origin.
+ALIBI_OPTIONS = [
+    (None, None, False),
+    (None, 3.0, False),
+    (20, None, False),
+    (7, 30.0, False),
+    (None, None, True),
+]
+
+
+@pytest.mark.parametrize(("window", "softcap", "sinks"), ALIBI_OPTIONS, ids=str)
+def test_alibi(window: int | None, softcap: float | None, sinks: bool) -> None:
+    """Each packed row's slope is its own head's, and its bias counts from its own position."""
+    case = make_prefill_case(
+        torch.float32, 8, 2, 64, 16, window=window, softcap=softcap, sinks=sinks, alibi=True
+    )
+    check_prefill(emulate, case)
+    plain = prefill_reference(case._replace(alibi_slopes=None))
+    assert (plain - prefill_reference(case)).abs().max() > 0.1  # the slopes matter here
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 6), (6, 2)])
+def test_alibi_dtypes_and_groups(dtype: torch.dtype, num_heads: int, num_kv_heads: int) -> None:
+    """BLOOM and MPT are MHA; a 3:1 group has tiles straddling a token's heads."""
+    case = make_prefill_case(dtype, num_heads, num_kv_heads, 128, 16, seed=num_kv_heads, alibi=True)
+    check_prefill(emulate, case)
+
+
 def test_strided_query_rows() -> None:
     """Queries as the q part of a fused qkv projection: rows q_stride apart, not contiguous."""
     case = make_prefill_case(torch.float32, 4, 2, 64, 16, seqs=((17, 17), (6, 40)))
@@ -124,6 +154,8 @@ def test_rows_before_the_first_sequence_are_untouched() -> None:
         ({"cu_seqlens_q": torch.zeros(2, dtype=torch.int32)}, "cu_seqlens_q"),
         ({"window": 0}, "window"),
         ({"softcap": -1.0}, "softcap"),
+        ({"alibi_slopes": torch.ones(3)}, "3 alibi_slopes for 4 heads"),
+        ({"alibi_slopes": torch.ones(4, dtype=torch.float16)}, "alibi_slopes must be"),
         ({"max_query_len": 10**6}, "too long"),
     ],
 )

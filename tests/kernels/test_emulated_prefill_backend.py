@@ -12,7 +12,7 @@ from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.launch import KernelLaunch
 from tests.kernels.emulator import emulate
-from tests.kernels.paged_cases import TOLERANCES, make_metadata
+from tests.kernels.paged_cases import TOLERANCES, bloom_alibi_slopes, make_metadata
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 64, 16, 40
 
@@ -38,6 +38,7 @@ def run_step(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """One layer's forward on the backend and on the reference, from the same inputs."""
     num_tokens = sum(metadata.query_lens_cpu)
@@ -51,7 +52,7 @@ def run_step(
     backend = CupyAttentionBackend.__new__(CupyAttentionBackend)  # __init__ insists on a GPU
     backend.use_prefill_kernel = True  # PAGEDGEN_CUDA_PREFILL_KERNEL=1
     backend.prepare(metadata)
-    args = (metadata, scale, window, softcap, sinks)
+    args = (metadata, scale, window, softcap, sinks, alibi_slopes)
     out = backend.forward(query, key, value, cache[0], cache[1], *args)
     expected = ReferenceAttentionBackend().forward(
         query, key, value, ref_cache[0], ref_cache[1], *args
@@ -93,6 +94,21 @@ def test_a_sinks_layer_attends_through_the_kernels(launches) -> None:
     metadata = make_metadata(query_lens, context_lens, BLOCK_SIZE, NUM_BLOCKS, "cpu")
     sinks = torch.linspace(-4.0, 4.0, NUM_HEADS)
     run_step(metadata, torch.float32, window=9, sinks=sinks)
+    assert launches == {
+        "reshape_and_cache.cu": 1,
+        "paged_attention.cu": 1,
+        "prefill_attention.cu": 1,
+    }
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (9, 20.0)], ids=str)
+def test_an_alibi_layer_attends_through_the_kernels(launches, window, softcap) -> None:
+    """BLOOM's and MPT's ALiBi (here under a window and a soft cap too): one decode and one
+    prefill launch, each head biased by its own slope."""
+    query_lens, context_lens = [1, 1, 20, 7, 33], [1, 50, 20, 40, 90]
+    metadata = make_metadata(query_lens, context_lens, BLOCK_SIZE, NUM_BLOCKS, "cpu")
+    alibi_slopes = bloom_alibi_slopes(NUM_HEADS)
+    run_step(metadata, torch.float32, window, softcap, alibi_slopes=alibi_slopes)
     assert launches == {
         "reshape_and_cache.cu": 1,
         "paged_attention.cu": 1,

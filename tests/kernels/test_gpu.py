@@ -8,7 +8,13 @@ import torch
 from pagedgen.attention.reference import ReferenceAttentionBackend, write_kv_reference
 from pagedgen.kernels import loader
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
-from tests.kernels.paged_cases import DTYPES, check_decode, make_decode_case, make_metadata
+from tests.kernels.paged_cases import (
+    DTYPES,
+    bloom_alibi_slopes,
+    check_decode,
+    make_decode_case,
+    make_metadata,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,6 +54,22 @@ def test_paged_attention_windows_softcaps_sinks(version, window, softcap, sinks)
     case = make_decode_case(
         torch.bfloat16, *shape, 16, context_lens, device="cuda", window=window,
         softcap=softcap, sinks=sinks,
+    )  # fmt: skip
+    check_decode(loader.launch, case, version)
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap", "sinks"),
+    [(None, None, False), (None, 50.0, False), (1000, None, False), (None, None, True)],
+)
+@pytest.mark.parametrize("version", [1, 2])
+def test_paged_attention_alibi(version, window, softcap, sinks) -> None:
+    """MPT's shape (MHA, heads of 128) with BLOOM's slopes over real partitions: alone, under a
+    soft cap, windowed (blocks before it freed), with sinks (which pin the bias's origin)."""
+    context_lens = (600, 1500, 4097, 5000)
+    case = make_decode_case(
+        torch.bfloat16, 32, 32, 128, 16, context_lens, device="cuda", window=window,
+        softcap=softcap, sinks=sinks, alibi=True,
     )  # fmt: skip
     check_decode(loader.launch, case, version)
 
@@ -111,8 +133,9 @@ def test_torch_backend_swap_out_lands_before_the_host_reads_it() -> None:
             assert torch.equal(h[:, 63], g[:, 0].cpu()) and torch.equal(h[:, 1], g[:, 62].cpu())
 
 
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_backend_matches_reference(dtype: torch.dtype) -> None:
+def test_backend_matches_reference(dtype: torch.dtype, alibi: bool) -> None:
     from pagedgen.attention.cupy_backend import CupyAttentionBackend
 
     # decodes (one query row each) first, then prefills with and without cached context
@@ -125,13 +148,18 @@ def test_backend_matches_reference(dtype: torch.dtype) -> None:
     cache = torch.randn(2, 64, 16, num_kv_heads, head_size, device="cuda").to(dtype)
     ref_cache = cache.cpu()
     scale = head_size**-0.5
+    alibi_slopes = bloom_alibi_slopes(num_heads) if alibi else None
     backend = CupyAttentionBackend(torch.device("cuda"), head_size, 16)
     backend.prepare(metadata)
-    out = backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
+    out = backend.forward(
+        query, key, value, cache[0], cache[1], metadata, scale,
+        alibi_slopes=None if alibi_slopes is None else alibi_slopes.cuda(),
+    )  # fmt: skip
     cpu_metadata = make_metadata(query_lens, context_lens, 16, 64, "cpu")
     expected = ReferenceAttentionBackend().forward(
-        query.cpu(), key.cpu(), value.cpu(), ref_cache[0], ref_cache[1], cpu_metadata, scale
-    )
+        query.cpu(), key.cpu(), value.cpu(), ref_cache[0], ref_cache[1], cpu_metadata, scale,
+        alibi_slopes=alibi_slopes,
+    )  # fmt: skip
     tolerance = 1e-4 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(out.cpu(), expected, atol=tolerance, rtol=tolerance)
     assert torch.equal(bits(cache.cpu()), bits(ref_cache))

@@ -51,6 +51,20 @@ def test_prefill_sinks(window: int | None) -> None:
     check_prefill(loader.launch, case)
 
 
+@pytest.mark.parametrize(
+    ("window", "softcap", "sinks"), [(None, None, False), (300, 30.0, False), (None, None, True)]
+)
+def test_prefill_alibi(window: int | None, softcap: float | None, sinks: bool) -> None:
+    """BLOOM's shape (MHA, heads of 64) and slopes: alone, windowed under a soft cap, with sinks
+    (which pin the bias's origin)."""
+    seqs = ((700, 700), (129, 1000), (1, 513))
+    case = make_prefill_case(
+        torch.bfloat16, 16, 16, 64, 16, seqs, window=window, softcap=softcap, sinks=sinks,
+        alibi=True, device="cuda",
+    )  # fmt: skip
+    check_prefill(loader.launch, case)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prefill_long_prompts(dtype: torch.dtype) -> None:
     """Whole prompts of thousands of tokens and a chunk after a long cached prefix."""

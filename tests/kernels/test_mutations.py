@@ -57,6 +57,34 @@ ATTENTION_MUTATIONS = {
         1,
     ),
 }
+# Caught by the ALiBi checks of attention_checks_pass (a slope of 0 hides them from the others).
+ALIBI_MUTATIONS = {
+    "alibi_sign_flipped": ("score += alibi_slope *", "score -= alibi_slope *", 1),
+    "alibi_key_position_in_block": (
+        "(float)(b * BLOCK_SIZE + token_in_block - q_pos)",
+        "(float)(token_in_block - q_pos)",
+        1,
+    ),
+    # A constant shift of a row's scores: only its sink's weight shows it.
+    "alibi_query_position_off_by_one": (
+        "alibi_slopes[head], context_len - 1);",
+        "alibi_slopes[head], context_len);",
+        2,
+    ),
+    "alibi_slope_of_the_kv_head": ("alibi_slopes[head]", "alibi_slopes[kv_head]", 2),
+    "alibi_before_softcap": (
+        "    if (softcap > 0.f) score = softcap * tanhf(score / softcap);\n"
+        "    score += alibi_slope * (float)(b * BLOCK_SIZE + token_in_block - q_pos);\n",
+        "    score += alibi_slope * (float)(b * BLOCK_SIZE + token_in_block - q_pos);\n"
+        "    if (softcap > 0.f) score = softcap * tanhf(score / softcap);\n",
+        1,
+    ),
+    "alibi_dropped_in_v2": (
+        "softcap, nullptr,\n      alibi_slopes == nullptr ? 0.f : alibi_slopes[head],",
+        "softcap, nullptr,\n      0.f,",
+        1,
+    ),
+}
 
 
 def mutate(source: str, original: str, bug: str, count: int) -> str:
@@ -66,31 +94,46 @@ def mutate(source: str, original: str, bug: str, count: int) -> str:
     return source.replace(original, bug)
 
 
-def attention_checks_pass(source: str) -> bool:
-    """The emulation checks of test_emulated_attention.py, on one key, v1 and v2."""
+def attention_checks_pass(source: str, alibi: bool = False) -> bool:
+    """The emulation checks of test_emulated_attention.py, on one key, v1 and v2; with alibi,
+    those of its ALiBi tests: with sinks, and with a soft cap and a window over partitions."""
     dtype, head_size, block_size = torch.float32, 64, 16
     module = paged_attention_module(dtype, head_size, block_size)
     small = paged_attention_module(dtype, head_size, block_size, SMALL_PARTITION_SIZE)
     emulator = Emulator(
         source, [*module.name_expressions, *small.name_expressions[1:]], module.defines
     )
-    case = make_decode_case(dtype, 4, 2, head_size, block_size, context_lens=(1, 17, 100, 257))
+    shape = (dtype, 4, 2, head_size, block_size, (1, 17, 100, 257))
+    cases = [make_decode_case(*shape)]
+    if alibi:
+        cases = [
+            make_decode_case(*shape, sinks=True, alibi=True),
+            make_decode_case(*shape, window=150, softcap=5.0, alibi=True),
+        ]
     try:
-        check_decode(emulator.launch, case, version=1)
-        check_decode(emulator.launch, case, version=2, partition_size=SMALL_PARTITION_SIZE)
+        for case in cases:
+            check_decode(emulator.launch, case, version=1)
+            check_decode(emulator.launch, case, version=2, partition_size=SMALL_PARTITION_SIZE)
     except (AssertionError, EmulationError):
         return False
     return True
 
 
-def test_original_attention_passes() -> None:
-    assert attention_checks_pass(kernel_source("paged_attention.cu"))
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+def test_original_attention_passes(alibi: bool) -> None:
+    assert attention_checks_pass(kernel_source("paged_attention.cu"), alibi)
 
 
 @pytest.mark.parametrize("name", ATTENTION_MUTATIONS)
 def test_attention_mutation_is_caught(name: str) -> None:
     source = mutate(kernel_source("paged_attention.cu"), *ATTENTION_MUTATIONS[name])
     assert not attention_checks_pass(source), f"the emulation tests miss the bug {name!r}"
+
+
+@pytest.mark.parametrize("name", ALIBI_MUTATIONS)
+def test_alibi_mutation_is_caught(name: str) -> None:
+    source = mutate(kernel_source("paged_attention.cu"), *ALIBI_MUTATIONS[name])
+    assert not attention_checks_pass(source, alibi=True), f"the ALiBi checks miss {name!r}"
 
 
 def reshape_and_cache_checks_pass(source: str) -> bool:

@@ -83,18 +83,45 @@ MUTATIONS = {
         1,
     ),
 }
+# Caught by the ALiBi checks of prefill_checks_pass (a slope of 0 hides them from the others).
+ALIBI_MUTATIONS = {
+    "alibi_sign_flipped": ("score[r] += slope[r] *", "score[r] -= slope[r] *", 1),
+    "alibi_key_position_in_tile": ("(float)(pos - q_pos[r])", "(float)(key - q_pos[r])", 1),
+    # A constant shift of a row's scores: only its sink's weight shows it.
+    "alibi_query_position_off_by_one": (
+        "(float)(pos - q_pos[r])",
+        "(float)(pos - q_pos[r] - 1)",
+        1,
+    ),
+    "alibi_slope_of_the_groups_first_head": (
+        "alibi_slopes[kv_head * group + (tile_row + m) % group]",
+        "alibi_slopes[kv_head * group]",
+        1,
+    ),
+    "alibi_before_softcap": (
+        "      if (softcap > 0.f) score[r] = softcap * tanhf(score[r] / softcap);\n"
+        "      score[r] += slope[r] * (float)(pos - q_pos[r]);\n",
+        "      score[r] += slope[r] * (float)(pos - q_pos[r]);\n"
+        "      if (softcap > 0.f) score[r] = softcap * tanhf(score[r] / softcap);\n",
+        1,
+    ),
+}
 
 
-def prefill_checks_pass(source: str) -> bool:
+def prefill_checks_pass(source: str, alibi: bool = False) -> bool:
     """test_emulated_prefill.py's checks on one instantiation: prompts and chunks after cached
-    prefixes with GQA 4:1, and a sliding window over a freed (NaN) prefix with a soft cap."""
+    prefixes with GQA 4:1, and a sliding window over a freed (NaN) prefix with a soft cap; with
+    alibi, the same with ALiBi slopes, the first with sinks too."""
     dtype, head_size, block_size = torch.float32, 64, 16
     module = prefill_attention_module(dtype, head_size, block_size)
     emulator = Emulator(source, list(module.name_expressions), module.defines)
     seqs = ((1, 1), (37, 37), (20, 53), (9, 100))
+    options = {"sinks": True, "alibi": True} if alibi else {}
     cases = [
-        make_prefill_case(dtype, 8, 2, head_size, block_size, seqs),
-        make_prefill_case(dtype, 4, 2, head_size, block_size, seqs[2:], window=19, softcap=3.0),
+        make_prefill_case(dtype, 8, 2, head_size, block_size, seqs, **options),
+        make_prefill_case(
+            dtype, 4, 2, head_size, block_size, seqs[2:], window=19, softcap=3.0, alibi=alibi
+        ),
     ]
     try:
         for case in cases:
@@ -104,11 +131,18 @@ def prefill_checks_pass(source: str) -> bool:
     return True
 
 
-def test_original_prefill_passes() -> None:
-    assert prefill_checks_pass(kernel_source("prefill_attention.cu"))
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+def test_original_prefill_passes(alibi: bool) -> None:
+    assert prefill_checks_pass(kernel_source("prefill_attention.cu"), alibi)
 
 
 @pytest.mark.parametrize("name", MUTATIONS)
 def test_prefill_mutation_is_caught(name: str) -> None:
     source = mutate(kernel_source("prefill_attention.cu"), *MUTATIONS[name])
     assert not prefill_checks_pass(source), f"the emulation tests miss the bug {name!r}"
+
+
+@pytest.mark.parametrize("name", ALIBI_MUTATIONS)
+def test_prefill_alibi_mutation_is_caught(name: str) -> None:
+    source = mutate(kernel_source("prefill_attention.cu"), *ALIBI_MUTATIONS[name])
+    assert not prefill_checks_pass(source, alibi=True), f"the ALiBi checks miss {name!r}"
