@@ -3,7 +3,8 @@
     python benchmarks/random_models.py PRESET OUT_DIR \\
         [--device cuda] [--dtype bfloat16] [--layers N] [--tokenizer DIR]
 
-PRESET: smollm2-135m, llama-1b, llama-8b, deepseek-v2-lite, gpt2, opt-125m, pythia-160m, tiny.
+PRESET: smollm2-135m, llama-1b, llama-8b, deepseek-v2-lite, gpt2, opt-125m, pythia-160m,
+bloom-560m, tiny.
 
 OUT_DIR becomes a Hugging Face folder (config.json, safetensors shards, a tokenizer) that
 pagedgen and transformers both load. Every weight is drawn on --device in --dtype (normal, std
@@ -85,6 +86,10 @@ PRESETS: dict[str, dict] = {
         model_type="gpt_neox", num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
         intermediate_size=3072, rotary_pct=0.25, max_position_embeddings=2048,
         vocab_size=50304, use_parallel_residual=True, tie_word_embeddings=False,
+    ),
+    "bloom-560m": dict(  # bigscience/bloom-560m: ALiBi, LayerNorms, a 250,880-token vocabulary
+        model_type="bloom", n_layer=24, hidden_size=1024, n_head=16, vocab_size=250880,
+        tie_word_embeddings=True,
     ),
     "tiny": dict(  # for tests: SmolLM2's vocabulary, a few small layers
         num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

@@ -16,6 +16,7 @@ from tests.test_models import COMMON, CONFIGS
 
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox", "stablelm"]
 ARCHITECTURES += ["gpt2"]  # GPT2ForSequenceClassification: DialogRPT, sentiment heads
+ARCHITECTURES += ["bloom", "mpt", "falcon-rw"]  # ALiBi
 
 
 def save_classifier(folder, name: str, **overrides):

@@ -9,12 +9,12 @@ from tests.conftest import build_tokenizer
 
 
 def test_unsupported_architecture_fails_fast_and_leaves_no_output(tmp_path, capsys):
-    config = AutoConfig.for_model("bloom", n_layer=1, n_head=2, hidden_size=16, vocab_size=257)
-    config.save_pretrained(tmp_path / "bloom")  # no weights, no tokenizer
+    config = AutoConfig.for_model("mamba", num_hidden_layers=1, hidden_size=16, vocab_size=257)
+    config.save_pretrained(tmp_path / "mamba")  # no weights, no tokenizer
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
     out = tmp_path / "out.jsonl"
     code, _, stderr = run_in_process(
-        capsys, "run", str(src), "-o", str(out), *tiny(tmp_path / "bloom")
+        capsys, "run", str(src), "-o", str(out), *tiny(tmp_path / "mamba")
     )
     assert code != 0 and "Traceback" not in stderr, stderr[-2000:]
     assert "unsupported architecture" in stderr and "Gemma2ForCausalLM" in stderr

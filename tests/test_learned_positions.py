@@ -8,8 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
-from tests.model_configs import COMMON
-from tests.model_configs.learned_positions import CONFIGS
+from tests.model_configs import COMMON, CONFIGS
 from tests.test_models import PROMPTS, reference_greedy
 
 
@@ -25,19 +24,26 @@ def opt_hub_names(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str
     return {name.removeprefix("model."): t for name, t in weights.items()}
 
 
-@pytest.mark.parametrize("name, rewrite", [("gpt2", gpt2_hub_names), ("opt-350m", opt_hub_names)])
-def test_hub_checkpoint_names(tmp_path, name, rewrite):
-    config = AutoConfig.for_model(**dict(COMMON, **CONFIGS[name]))
+def tiny_checkpoint(tmp_path, name: str, **overrides) -> AutoModelForCausalLM:
+    """A tiny model of CONFIGS[name], saved with a tokenizer; its norms and biases off their
+    init, so that each must load."""
+    config = AutoConfig.for_model(**dict(COMMON, **CONFIGS[name], **overrides))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # norms and biases off their init, so that each must load
+    with torch.no_grad():
         for param_name, param in model.named_parameters():
             if "norm" in param_name or "ln_" in param_name or param_name.endswith("bias"):
                 param.add_(torch.randn_like(param), alpha=0.1)
     model.save_pretrained(tmp_path)
     build_tokenizer(tmp_path)
+    return model
+
+
+@pytest.mark.parametrize("name, rewrite", [("gpt2", gpt2_hub_names), ("opt-350m", opt_hub_names)])
+def test_hub_checkpoint_names(tmp_path, name, rewrite):
+    model = tiny_checkpoint(tmp_path, name)
     path = tmp_path / "model.safetensors"
-    weights = rewrite(load_file(path), config.num_hidden_layers)
+    weights = rewrite(load_file(path), model.config.num_hidden_layers)
     save_file(weights, path, metadata={"format": "pt"})
 
     llm = LLM(str(tmp_path), kv_cache_memory=0.01, log=lambda m: None)

@@ -86,7 +86,7 @@ def test_logprobs_match_transformers(tiny_model):
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
-    config = AutoConfig.for_model("bloom", n_layer=1, n_head=2, hidden_size=16, vocab_size=257)
+    config = AutoConfig.for_model("mamba", num_hidden_layers=1, hidden_size=16, vocab_size=257)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     build_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="unsupported architecture.*LlamaForCausalLM"):

@@ -142,7 +142,7 @@ def test_used_blocks_stop_growing_past_the_window(windowed_model):
 
 
 def test_unsupported_architecture_fails_before_the_tokenizer_loads(tmp_path):
-    config = AutoConfig.for_model("bloom", n_layer=1, n_head=2, hidden_size=16, vocab_size=257)
+    config = AutoConfig.for_model("mamba", num_hidden_layers=1, hidden_size=16, vocab_size=257)
     config.save_pretrained(tmp_path)  # no tokenizer, no weights: neither may be needed
     with pytest.raises(ValueError, match="unsupported architecture.*Gemma3ForCausalLM"):
         LLM(str(tmp_path), log=lambda _: None)

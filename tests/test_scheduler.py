@@ -7,8 +7,10 @@ import sys
 from itertools import count
 
 import pytest
+from transformers import AutoConfig
 
 from pagedgen.config import EngineConfig
+from pagedgen.engine.control_plane import resolve_max_model_len
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.engine.scheduler import PreemptionMode
 from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
@@ -241,3 +243,21 @@ def test_a_recomputed_group_larger_than_the_token_budget_comes_back(seed):
     while engine.has_unfinished_requests():
         run_step(engine)
     assert num_preempted > 5
+
+
+@pytest.mark.parametrize(
+    "model_type, fields, limit",
+    [
+        ("llama", dict(max_position_embeddings=4096), 4096),
+        ("gpt2", dict(n_positions=1024), 1024),  # read through GPT-2's attribute map
+        ("mpt", dict(max_seq_len=2048), 2048),
+        ("bloom", dict(), 2048),  # ALiBi: no limit named, vLLM's default
+        ("cohere", dict(max_position_embeddings=8192, model_max_length=131072), 8192),
+    ],
+)
+def test_max_model_len_reads_the_keys_configs_use(model_type, fields, limit):
+    config = AutoConfig.for_model(model_type, **fields)
+    assert resolve_max_model_len(config, None) == limit
+    assert resolve_max_model_len(config, 100) == 100
+    with pytest.raises(ValueError, match="exceeds the model's limit"):
+        resolve_max_model_len(config, limit + 1)

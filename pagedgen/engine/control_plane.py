@@ -8,9 +8,25 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 4096
 DEFAULT_MAX_MODEL_LEN = 2048
 
 
+# Where configs give their context length (vLLM's list): OPT and most, GPT-2, MPT, ChatGLM2,
+# Command-R, and others; where several are set, the smallest holds.
+MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
 def resolve_max_model_len(hf_config: Any, requested: int | None) -> int:
-    """The config's context length, or a smaller one asked for."""
-    limit = getattr(hf_config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+    """The config's context length (2048 where it names none: BLOOM's ALiBi has no limit), or
+    a smaller one asked for."""
+    lengths = [getattr(hf_config, key, None) for key in MAX_LEN_KEYS]
+    limit = min([n for n in lengths if isinstance(n, int) and n > 0], default=DEFAULT_MAX_MODEL_LEN)
     if requested is not None and requested > limit:
         raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit}")
     return requested or limit

@@ -6,6 +6,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.engine.kv_geometry import head_dim_of, num_kv_heads_of
+from pagedgen.layers.alibi import falcon_alibi_slopes, use_alibi
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import LayerNorm
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer, ParallelDecoderLayer, norm_eps
@@ -36,7 +37,8 @@ class FalconForCausalLM(LlamaForCausalLM):
     key, its value; multi_query's one group, the old decoder's one group per head), reordered
     into our [q | k | v] rows as it loads; every linear biased where bias; an ungated MLP
     (activation gelu); the rotary embedding (rotate_half) over the whole head; lm_head tied
-    to word_embeddings unless the checkpoint has one. ALiBi (falcon-rw) is not supported.
+    to word_embeddings unless the checkpoint has one. With alibi (falcon-rw-1b, falcon-rw-7b),
+    no rotary embedding but ALiBi, of falcon_alibi_slopes.
 
     FalconConfig names no num_key_value_heads: the K/V heads are num_kv_heads with the new
     architecture, one with multi_query, else every head (kv_geometry.num_kv_heads_of).
@@ -47,8 +49,6 @@ class FalconForCausalLM(LlamaForCausalLM):
     def __init__(
         self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
     ) -> None:
-        if config.alibi:
-            raise ValueError("Falcon with alibi (falcon-rw) is not supported")
         new = config.new_decoder_architecture
         if new and not config.parallel_attn:  # transformers' layer has no ln_attn then
             raise ValueError("Falcon's new_decoder_architecture needs parallel_attn")
@@ -60,6 +60,10 @@ class FalconForCausalLM(LlamaForCausalLM):
         if heads % kv_heads:
             raise ValueError(f"Falcon's {heads} heads are no multiple of its {kv_heads} K/V heads")
         super().__init__(config, backend, max_position)
+        if config.alibi:
+            slopes = falcon_alibi_slopes(heads, head_dim_of(config))
+            for attention in self.attention_layers:
+                use_alibi(attention, slopes)
 
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int

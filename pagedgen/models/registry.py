@@ -74,6 +74,9 @@ MODELS: dict[str, tuple[str, str]] = {
     "CodeGenForCausalLM": ("codegen", "CodeGenForCausalLM"),
     "PersimmonForCausalLM": ("persimmon", "PersimmonForCausalLM"),
     "ApertusForCausalLM": ("apertus", "ApertusForCausalLM"),
+    # ALiBi: linear biases on the scores instead of positions
+    "BloomForCausalLM": ("bloom", "BloomForCausalLM"),
+    "MptForCausalLM": ("mpt", "MptForCausalLM"),
 }
 
 # Checkpoints of the decoder without its LM head, as embedding models ship (runner "auto" embeds
@@ -94,6 +97,7 @@ BASE_MODELS = {
 SEQUENCE_CLASSIFIERS = {
     f"{name}ForSequenceClassification": f"{name}ForCausalLM"
     for name in ("Llama", "Mistral", "Qwen2", "Qwen3", "Phi3", "Gemma", "GPTNeoX", "StableLm")
+    + ("Bloom", "Mpt", "Falcon")
 } | {"GPT2ForSequenceClassification": "GPT2LMHeadModel"}
 
 # model_type -> architecture, for a config.json that names none.
@@ -160,6 +164,8 @@ MODEL_TYPES = {
     "codegen": "CodeGenForCausalLM",
     "persimmon": "PersimmonForCausalLM",
     "apertus": "ApertusForCausalLM",
+    "bloom": "BloomForCausalLM",
+    "mpt": "MptForCausalLM",
 }
 
 

@@ -2,6 +2,7 @@
 checks each one's greedy tokens and logprobs against transformers."""
 
 from tests.model_configs import (
+    alibi,
     dense,
     early_decoders,
     gemma_cohere,
@@ -37,4 +38,5 @@ CONFIGS = (
     | llama_variants.CONFIGS
     | moe_variants.CONFIGS
     | early_decoders.CONFIGS
+    | alibi.CONFIGS
 )
