@@ -170,3 +170,44 @@ def test_scaled_rope_configs_take_transformers_path(tmp_path):
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(data))
     assert read_plain_config(tmp_path / "config.json") is None
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_pytorch_bin_checkpoints_load_as_their_safetensors(tiny_llama_path, tmp_path, num_shards):
+    """Older releases (MPT, forks of BLOOM and OPT) ship pytorch_model*.bin, one file or shards
+    named by an index: the same tensors give the same tokens."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "bin"
+    shutil.copytree(tiny_llama_path, folder)
+    (folder / "model.safetensors").unlink()
+    state = load_file(tiny_llama_path / "model.safetensors")
+    names = sorted(state)
+    if num_shards == 1:
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        weight_map = {}
+        for i, shard in enumerate((names[::2], names[1::2])):
+            file = f"pytorch_model-{i + 1:05d}-of-00002.bin"
+            torch.save({name: state[name] for name in shard}, folder / file)
+            weight_map |= dict.fromkeys(shard, file)
+        index = {"metadata": {}, "weight_map": weight_map}
+        (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    (folder / "training_args.bin").write_bytes(b"not a checkpoint")  # never read
+    from_bin = LLM(str(folder), kv_cache_memory=0.01, log=lambda m: None)
+    from_safetensors = LLM(str(tiny_llama_path), kv_cache_memory=0.01, log=lambda m: None)
+    assert (
+        from_bin.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+        == from_safetensors.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+    )
+
+
+def test_a_folder_without_weights_names_the_formats(tiny_llama_path, tmp_path):
+    folder = tmp_path / "empty"
+    shutil.copytree(tiny_llama_path, folder)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"safetensors, PyTorch \.bin or GGUF"):
+        LLM(str(folder), kv_cache_memory=0.01, log=lambda m: None)

@@ -78,7 +78,7 @@ def _hub_snapshot(repo_id: str) -> Path | None:
         folder = snapshot_download(
             repo_id,
             local_files_only=True,
-            allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"],
+            allow_patterns=["*.json", "*.safetensors", "*.bin", "*.jinja", "*.model", "*.txt"],
         )
     except (LocalEntryNotFoundError, HFValidationError, OSError):
         return None

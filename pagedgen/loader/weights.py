@@ -15,20 +15,33 @@ from pagedgen.loader.resolve import ResolvedModel
 from pagedgen.models.registry import get_model_class
 
 
-def iterate_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
+def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors by name: its safetensors files, or, where it has none, its
+    PyTorch ones (pytorch_model*.bin, as older releases ship: MPT, some BLOOM and OPT forks),
+    read with weights_only, so a pickle can only hold tensors."""
+    files = _shard_files(folder, "model.safetensors.index.json", "*.safetensors")
+    if files:
+        for file in files:
+            with safe_open(folder / file, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, f.get_tensor(name)
+        return
+    files = _shard_files(folder, "pytorch_model.bin.index.json", "pytorch_model*.bin")
     if not files:
         raise FileNotFoundError(
-            f"no .safetensors weights in {folder}; pagedgen loads safetensors or GGUF only"
+            f"no weights in {folder}: pagedgen loads safetensors, PyTorch .bin or GGUF files"
         )
     for file in files:
-        with safe_open(folder / file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+        state = torch.load(folder / file, map_location="cpu", weights_only=True, mmap=True)
+        yield from state.items()
+        del state
+
+
+def _shard_files(folder: Path, index_name: str, pattern: str) -> list[str]:
+    index = folder / index_name
+    if index.is_file():
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return sorted(p.name for p in folder.glob(pattern))
 
 
 def load_model(
@@ -56,7 +69,7 @@ def load_model(
 
         weights = iter(read_gguf(resolved.path / resolved.gguf_file)[1].items())
     else:
-        weights = iterate_safetensors(resolved.path)
+        weights = iterate_weights(resolved.path)
         quant = quantization_config(config)
         if quant is not None:
             weights = dequantized(weights, quant)
