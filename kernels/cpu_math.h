@@ -4,12 +4,15 @@
 #include <string.h>
 
 // exp(x) for x <= 0 as 2^n * p(r), r = x - n ln 2, |r| <= ln 2 / 2: Cephes' expf polynomial,
-// within 2 ulp of expf. Below -87 the result is held at exp(-87) ~ 1.6e-38, a normal float:
-// callers add it to 1 or weigh by it, where it is ~0, and no subnormal is ever produced.
+// within 2 ulp of expf. Below -80 the result is 0 (exp(-80) ~ 1.8e-35 beside the softmax's
+// largest term, 1): a smaller one, weighing a value below 1, would make a subnormal product,
+// and every FMA that meets a subnormal takes a microcode assist of ~100 cycles (ALiBi's far
+// keys, 0.5 * -250, made the prefill kernel 5x slower). The polynomial runs on x held at -87
+// or above, so 2^n stays a normal float.
 static inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = __builtin_roundf(x * 1.44269504088896341f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  const float y = x < -87.0f ? -87.0f : x;
+  const float n = __builtin_roundf(y * 1.44269504088896341f);
+  const float r = y - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
@@ -20,7 +23,7 @@ static inline float exp_nonpositive(float x) {
   const int32_t bits = ((int32_t)n + 127) << 23;
   float two_n;
   memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
+  return x < -80.0f ? 0.0f : p * two_n;
 }
 
 // A bfloat16 (the upper half of a float32) widened to float32: exact.
