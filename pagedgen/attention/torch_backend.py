@@ -196,51 +196,66 @@ def prefill_attention(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
 ) -> None:
-    """Causal attention for sequences num_decode_seqs.. of the batch, one SDPA call each.
-
-    A sequence whose whole context is new attends to this step's K/V directly; one with cached
-    tokens before its queries gathers its context from the pool through its block table, from
-    the first block its window reaches (blocks before it may be freed).
-    """
-    block_size = key_cache.shape[1]
-    dtype = sdpa_dtype(query)
+    """Causal attention for sequences num_decode_seqs.. of the batch, one SDPA call each."""
+    options = (scale, window, softcap, sinks, alibi_slopes)
     start = metadata.num_decode_seqs
     for i in range(metadata.num_decode_seqs, metadata.num_seqs):
-        query_len, context_len = metadata.query_lens_cpu[i], metadata.context_lens_cpu[i]
-        end = start + query_len
-        first = window_start(context_len, query_len, window)
-        if context_len == query_len:  # as the cache holds them, as later steps will read them
-            keys = round_through_cache(key[start:end], key_cache.dtype)
-            values = round_through_cache(value[start:end], value_cache.dtype)
-        else:
-            first_block = first // block_size
-            blocks = metadata.block_tables[i, first_block : -(-context_len // block_size)]
-            offset = first_block * block_size
-            keys = gather(key_cache, blocks).flatten(0, 1)[first - offset : context_len - offset]
-            values = gather(value_cache, blocks).flatten(0, 1)[
-                first - offset : context_len - offset
-            ]
-            keys, values = keys.to(query.dtype), values.to(query.dtype)
-        key_start = 0 if context_len == query_len else first
-        rows = torch.arange(context_len - query_len, context_len, device=query.device)
-        cols = torch.arange(key_start, context_len, device=query.device)
-        mask = None
-        if window is not None or context_len != query_len:
-            mask = cols[None, :] <= rows[:, None]
-            if window is not None:
-                mask &= cols[None, :] > rows[:, None] - window
-        out[start:end] = attention(
-            query[start:end].transpose(0, 1)[None].to(dtype),
-            keys.transpose(0, 1)[None].to(dtype),
-            values.transpose(0, 1)[None].to(dtype),
-            scale,
-            mask,
-            is_causal=mask is None,
-            softcap=softcap,
-            sinks=sinks,
-            bias=alibi_bias(alibi_slopes, rows, cols),
-        )[0].transpose(0, 1)
+        end = start + metadata.query_lens_cpu[i]
+        rows = (query[start:end], key[start:end], value[start:end])
+        context = (key_cache, value_cache, metadata.block_tables[i], metadata.context_lens_cpu[i])
+        out[start:end] = prefill_sequence(*rows, *context, *options)
         start = end
+
+
+def prefill_sequence(
+    query: torch.Tensor,  # [query_len, num_heads, head_dim]: the last rows of the context
+    key: torch.Tensor,  # [query_len, num_kv_heads, head_dim], written to the cache already
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [>= ceil(context_len / block_size)]
+    context_len: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:  # [query_len, num_heads, head_dim]
+    """One sequence's causal attention in one SDPA call. A sequence whose whole context is new
+    attends to this step's K/V directly; one with cached tokens before its queries gathers its
+    context from the pool through its block table, from the first block its window reaches
+    (blocks before it may be freed)."""
+    block_size, query_len = key_cache.shape[1], query.shape[0]
+    dtype = sdpa_dtype(query)
+    first = window_start(context_len, query_len, window)
+    if context_len == query_len:  # as the cache holds them, as later steps will read them
+        keys = round_through_cache(key, key_cache.dtype)
+        values = round_through_cache(value, value_cache.dtype)
+        first = 0
+    else:
+        first_block = first // block_size
+        blocks = block_table[first_block : -(-context_len // block_size)]
+        span = slice(first - first_block * block_size, context_len - first_block * block_size)
+        keys = gather(key_cache, blocks).flatten(0, 1)[span].to(query.dtype)
+        values = gather(value_cache, blocks).flatten(0, 1)[span].to(query.dtype)
+    rows = torch.arange(context_len - query_len, context_len, device=query.device)
+    cols = torch.arange(first, context_len, device=query.device)
+    mask = None
+    if window is not None or context_len != query_len:
+        mask = cols[None, :] <= rows[:, None]
+        if window is not None:
+            mask &= cols[None, :] > rows[:, None] - window
+    return attention(
+        query.transpose(0, 1)[None].to(dtype),
+        keys.transpose(0, 1)[None].to(dtype),
+        values.transpose(0, 1)[None].to(dtype),
+        scale,
+        mask,
+        is_causal=mask is None,
+        softcap=softcap,
+        sinks=sinks,
+        bias=alibi_bias(alibi_slopes, rows, cols),
+    )[0].transpose(0, 1)
 
 
 class TorchAttentionBackend(AttentionBackend):
