@@ -37,6 +37,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "Exaone4ForCausalLM": ("exaone4", "Exaone4ForCausalLM"),
     "GraniteMoeForCausalLM": ("granite_moe", "GraniteMoeForCausalLM"),
     "GraniteMoeSharedForCausalLM": ("granite_moe", "GraniteMoeForCausalLM"),
+    "GraniteMoeHybridForCausalLM": ("granite_moe_hybrid", "GraniteMoeHybridForCausalLM"),
     # LayerNorm decoders, parallel blocks, learned positions
     "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
     "CohereForCausalLM": ("cohere", "CohereForCausalLM"),
@@ -129,6 +130,7 @@ MODEL_TYPES = {
     "exaone4": "Exaone4ForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "gemma": "GemmaForCausalLM",
     "cohere": "CohereForCausalLM",
     "cohere2": "Cohere2ForCausalLM",

@@ -6,6 +6,7 @@ from tests.model_configs import (
     dense,
     early_decoders,
     gemma_cohere,
+    granite_hybrid,
     layernorm,
     learned_positions,
     llama_variants,
@@ -39,4 +40,5 @@ CONFIGS = (
     | moe_variants.CONFIGS
     | early_decoders.CONFIGS
     | alibi.CONFIGS
+    | granite_hybrid.CONFIGS
 )
