@@ -310,7 +310,43 @@ QK_KEYS_ALL(e5m2)
 ATTEND_UNITS(e4m3, WIDEN)
 ATTEND_UNITS(e5m2, WIDEN)
 
+#include "paged_attention_heads_cpu.h"
+#define ATTEND_HEADS_ALL(KV, QK)                                                        \
+  ATTEND_HEADS(KV, 64, QK) ATTEND_HEADS(KV, 80, WIDEN) ATTEND_HEADS(KV, 96, QK)          \
+  ATTEND_HEADS(KV, 128, QK) ATTEND_HEADS(KV, 256, QK)
+ATTEND_HEADS_ALL(f32, WIDEN)
+#if HAVE_DPBF16
+ATTEND_HEADS_ALL(bf16, DPBF16)
+#else
+ATTEND_HEADS_ALL(bf16, WIDEN)
+#endif
+ATTEND_HEADS_ALL(f16, WIDEN)
+ATTEND_HEADS_ALL(e4m3, WIDEN)
+ATTEND_HEADS_ALL(e5m2, WIDEN)
+
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
+typedef void (*AttendHeads)(const Work *, int64_t, int, int, const HeadsScratch *);
+
+#define PICK_HEADS(KV)                         \
+  switch (head_dim) {                          \
+    case 64: return attend_heads_##KV##_64;    \
+    case 80: return attend_heads_##KV##_80;    \
+    case 96: return attend_heads_##KV##_96;    \
+    case 128: return attend_heads_##KV##_128;  \
+    case 256: return attend_heads_##KV##_256;  \
+    default: return NULL;                      \
+  }
+
+// The sequence-major pass where it applies: several kv heads (a stride apart in each row) of
+// small groups (MLA's one latent, read whole by the unit pass, stays there); NULL elsewhere.
+static AttendHeads attend_heads_for(int kv_dtype, int head_dim, int num_kv_heads, int group) {
+  if (num_kv_heads < 2 || group > 8) return NULL;
+  if (kv_dtype == 0) PICK_HEADS(f32)
+  if (kv_dtype == 1) PICK_HEADS(bf16)
+  if (kv_dtype == 3) PICK_HEADS(e4m3)
+  if (kv_dtype == 4) PICK_HEADS(e5m2)
+  PICK_HEADS(f16)
+}
 
 #define PICK_UNIT(KV)                      \
   switch (head_dim) {                      \
@@ -331,12 +367,35 @@ static AttendUnit attend_unit_for(int kv_dtype, int head_dim) {
   PICK_UNIT(f16)
 }
 
-static int run_units(const Work *w, AttendUnit attend) {
+// Runs of a sequence's kv heads, MAX_ROWS query heads at most, through the sequence-major pass.
+static int run_heads(const Work *w, AttendHeads attend, int max_context_len) {
+  const int group = w->num_heads / w->num_kv_heads;
+  const int max_heads = MAX_ROWS / group;
+  HeadsScratch x;
+  x.scores = (float *)malloc(sizeof(float) * MAX_ROWS * (size_t)(max_context_len + 1));
+  x.acc = (float *)aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
+  x.qv = aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
+  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL;
+  for (int64_t u = w->unit_begin; u < w->unit_end && !status;) {
+    const int64_t seq = u / w->num_kv_heads;
+    const int h0 = (int)(u % w->num_kv_heads);
+    int h1 = w->num_kv_heads;
+    if (h1 - h0 > max_heads) h1 = h0 + max_heads;
+    if (h1 - h0 > w->unit_end - u) h1 = h0 + (int)(w->unit_end - u);
+    attend(w, seq, h0, h1, &x);
+    u += h1 - h0;
+  }
+  free(x.scores), free(x.acc), free(x.qv);
+  return status;
+}
+
+static int run_units(const Work *w, AttendUnit attend, AttendHeads heads) {
   int max_context_len = 0;
   for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
     const int n = w->context_lens[u / w->num_kv_heads];
     max_context_len = n > max_context_len ? n : max_context_len;
   }
+  if (heads != NULL) return run_heads(w, heads, max_context_len);
   const int group = w->num_heads / w->num_kv_heads;
   float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(max_context_len + 1));
   if (scores == NULL) return 1;
@@ -371,6 +430,8 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
     return 1;
   if (kv_dtype < 0 || kv_dtype > 4 || (kv_dtype == 2 && !paged_attention_has_float16())) return 1;
   const AttendUnit attend = attend_unit_for(kv_dtype, head_dim);
+  const AttendHeads heads =
+      attend_heads_for(kv_dtype, head_dim, num_kv_heads, num_heads / num_kv_heads);
   if (num_threads < 1) num_threads = 1;
   if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
   const int64_t num_units = num_seqs * num_kv_heads;
@@ -399,9 +460,9 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
 #ifdef _OPENMP
 #pragma omp parallel num_threads(num_threads) reduction(| : status)
   for (int i = omp_get_thread_num(); i < num_threads; i += omp_get_num_threads())
-    status |= run_units(&work[i], attend);
+    status |= run_units(&work[i], attend, heads);
 #else
-  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend);
+  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend, heads);
 #endif
   return status;
 }
