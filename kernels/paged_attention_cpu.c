@@ -8,7 +8,9 @@
 // and the 8-bit floats by the F16C conversion where the target has it). With AVX512_BF16,
 // bfloat16 keys take dot-product instructions instead, over q rounded to bfloat16 (a bfloat16
 // model's q already is).
-// The blocks of a context lie anywhere in the pool, so the kernel prefetches them itself.
+// The blocks of a context lie anywhere in the pool, so the kernel prefetches them itself. Where a
+// sequence has several kv heads of small groups, paged_attention_heads_cpu.h takes them together
+// instead, reading each block's rows whole.
 //
 // Cache layout, shared with the CUDA kernels and the torch backend:
 //
@@ -170,9 +172,6 @@ static inline void store_out(const Work *w, const Unit *u, int64_t i, const floa
 // Blocks lie anywhere in the pool, so the hardware prefetchers cannot run ahead of a block table:
 // while the first query head scores block b, this asks for this kv head's K rows of block
 // b + PF_DIST (into L1) and V rows of block b (into L2: the V pass reads them after the softmax).
-// A sequence's first kv head asks for the whole rows, every kv head's, into L2: a kv head's
-// slices of a row lie num_kv_heads apart, a stride the prefetchers do not follow, and the
-// sequence's next kv heads, which the same thread takes next, find them there.
 // always_inline: GCC 12 takes a function of prefetches alone for one without side effects and
 // drops its calls.
 static inline __attribute__((always_inline)) void prefetch_block(const Work *w, const Unit *u,
@@ -181,19 +180,14 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
   const int64_t stride = u->row_stride * elem_size, offset = u->head_offset * elem_size;
   const int64_t block_bytes = (int64_t)w->block_size * stride;
   const char *k_cache = (const char *)w->key_cache, *v_cache = (const char *)w->value_cache;
-  const char *v = v_cache + u->block_table[b] * block_bytes;
+  const char *v = v_cache + u->block_table[b] * block_bytes + offset;
   const char *k = b + PF_DIST < u->num_blocks
-                      ? k_cache + u->block_table[b + PF_DIST] * block_bytes
+                      ? k_cache + u->block_table[b + PF_DIST] * block_bytes + offset
                       : NULL;
-  if (offset == 0 && stride > row_bytes)
-    for (int64_t c = 0; c < block_bytes; c += 64) {
-      if (k != NULL) __builtin_prefetch(k + c, 0, 2);
-      __builtin_prefetch(v + c, 0, 2);
-    }
   for (int r = 0; r < w->block_size; r++)
     for (int64_t c = 0; c < row_bytes; c += 64) {
-      if (k != NULL) __builtin_prefetch(k + offset + r * stride + c, 0, 3);
-      __builtin_prefetch(v + offset + r * stride + c, 0, 2);
+      if (k != NULL) __builtin_prefetch(k + r * stride + c, 0, 3);
+      __builtin_prefetch(v + r * stride + c, 0, 2);
     }
 }
 
