@@ -139,3 +139,38 @@ def test_a_run_reads_the_overrides_before_the_model_loads(causal_lm, tmp_path, c
     assert record["probs"] == pytest.approx([expected], abs=1e-5)
     code, _, err = run_in_process(capsys, *args, "--temperature", "0.5", "--no-progress")
     assert code == 2 and "this job pools" in err, err
+
+
+@pytest.mark.parametrize(
+    "name, classifier",
+    [
+        ("gpt_neox", "GPTNeoXForSequenceClassification"),  # its own head, named embed_out
+        ("bloom", "BloomForSequenceClassification"),  # tied to word_embeddings
+        ("gpt2", "GPT2ForSequenceClassification"),  # tied to wte
+    ],
+)
+def test_token_scores_read_the_lm_head_whatever_the_checkpoint_names_it(tmp_path, name, classifier):
+    """The score head comes from the LM head as loaded: a checkpoint naming its head or
+    embedding otherwise than Llama's (GPT-NeoX's embed_out beside embed_in) scores by the
+    head's rows, not the input embedding's."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.conftest import build_tokenizer
+    from tests.test_models import COMMON, CONFIGS
+
+    config = AutoConfig.for_model(**(COMMON | CONFIGS[name]))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path)
+    build_tokenizer(tmp_path)
+    tokens = ["a", "b", "c"]
+    overrides = {"architectures": [classifier], "classifier_from_token": tokens}
+    llm = LLM(str(tmp_path), hf_overrides=overrides, kv_cache_memory=0.01, log=lambda m: None)
+    ids = llm.tokenizer.convert_tokens_to_ids(tokens)
+    prompt = [5, 9, 200, 31, 7]
+    output = llm.classify([prompt], use_tqdm=False)[0]
+    with torch.no_grad():
+        last = model(torch.tensor([prompt])).logits[0, -1]
+    torch.testing.assert_close(
+        torch.tensor(output.outputs.probs), torch.softmax(last[ids], dim=0), atol=1e-5, rtol=0
+    )

@@ -1,7 +1,7 @@
 """Sequence classification checkpoints (LlamaForSequenceClassification, ...: classifiers and
 reward models): the decoder and transformers' score head, run by the pooling runner."""
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,34 +33,29 @@ def for_sequence_classification(base: type[LlamaForCausalLM]) -> type[LlamaForCa
             super().__init__(config, backend, max_position)
             self.score = Linear(config.hidden_size, config.num_labels)
 
-        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        def derived_weights(self) -> set[str]:
+            """A causal LM read as a classifier: the score head from its LM head as loaded
+            (tied or not, whatever the checkpoint names it)."""
             token_ids = getattr(self.config, "classifier_token_ids", None)
-            if token_ids is not None:
-                weights = _score_from_lm_head(weights, token_ids)
-            super().load_weights(weights)
+            if token_ids is None:
+                return super().derived_weights()
+            rows = score_rows(self.lm_head.weight.data, token_ids)
+            self.score.load_shard("weight", rows.to(self.score.weight.dtype), None)
+            return super().derived_weights() | {"score.weight"}
 
     name = base.__name__.replace("ForCausalLM", "ForSequenceClassification")
     ForSequenceClassification.__name__ = ForSequenceClassification.__qualname__ = name
     return ForSequenceClassification
 
 
-def _score_from_lm_head(
-    weights: Iterable[tuple[str, torch.Tensor]], token_ids: list[int]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint, then a score head of its LM head's (or tied embedding's) rows for
-    token_ids: two of them [false, true] give one row, true's minus false's (in float32, as
-    vLLM's from-2-way-softmax loader), any other number the rows themselves."""
-    head = embedding = None
-    for name, tensor in weights:
-        if name == "lm_head.weight":
-            head = tensor
-        elif name.endswith("embed_tokens.weight"):
-            embedding = tensor
-        yield name, tensor
-    rows = (head if head is not None else embedding)[token_ids]
+def score_rows(lm_head: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
+    """A score head of the LM head's rows for token_ids: two of them [false, true] give one row,
+    true's minus false's (in float32, as vLLM's from-2-way-softmax loader), any other number the
+    rows themselves."""
+    rows = lm_head[token_ids]
     if len(token_ids) == 2:
         rows = (rows[1:].float() - rows[:1].float()).to(rows.dtype)
-    yield "score.weight", rows
+    return rows
 
 
 def classifier_tokens(hf_config: Any, tokenizer: Any) -> None:

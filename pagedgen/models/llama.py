@@ -258,6 +258,11 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    def derived_weights(self) -> set[str]:
+        """Sets parameters computed from loaded ones (after every checkpoint tensor, the LM head
+        tied); returns their names. None here."""
+        return set()
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads checkpoint tensors by their Hugging Face names; every parameter must be set."""
         modules = dict(self.named_modules())
@@ -289,6 +294,7 @@ class LlamaForCausalLM(nn.Module):
         if "lm_head.weight" not in loaded and embed is not None:
             self.lm_head.load_shard("weight", embed)
             loaded.add("lm_head.weight")
+        loaded |= self.derived_weights()
         missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
