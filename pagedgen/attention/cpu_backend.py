@@ -145,7 +145,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             args = (query, key, value, key_cache, value_cache, metadata, scale, out)
             return super().prefill(*args, window, softcap, sinks, alibi_slopes)
         plain = window is None and softcap is None and sinks is None and alibi_slopes is None
-        sdpa = plain and query.dtype == key_cache.dtype == torch.bfloat16
+        bfloat16 = query.dtype == key_cache.dtype == torch.bfloat16
+        sdpa = self.sdpa_min_tokens is not None and plain and bfloat16
         n = metadata.num_decode_seqs  # decode rows: one each, before the prefill rows
         query, key, value, out = query[n:], key[n:], value[n:], out[n:]
         plan = self._prefill_plan(metadata, sdpa)

@@ -50,11 +50,9 @@ def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8) -> torch.Tensor:
 
 
 def use_alibi(attention: nn.Module, slopes: torch.Tensor) -> None:
-    """Turns a LlamaAttention into an ALiBi one: no rotary embedding, and the slopes as
-    alibi_slopes, a non-persistent float32 buffer made on the device the model is built on
-    (under torch.device), so that model.to(device) moves it; the loader's only cast, to a
-    float32 compute dtype, leaves it as it is."""
+    """Turns a LlamaAttention into an ALiBi one: no rotary embedding, and the slopes as its
+    alibi_slopes buffer, made float32 on the device the model is built on (under torch.device),
+    so that model.to(device) moves it; the loader's only cast, to a float32 compute dtype,
+    leaves it as it is."""
     attention.use_rope = False
-    del attention.alibi_slopes  # the attribute (None) becomes a buffer of that name
-    buffer = torch.empty(slopes.shape, dtype=torch.float32).copy_(slopes)
-    attention.register_buffer("alibi_slopes", buffer, persistent=False)
+    attention.alibi_slopes = torch.empty(slopes.shape, dtype=torch.float32).copy_(slopes)

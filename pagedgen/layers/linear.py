@@ -113,6 +113,19 @@ class Linear(nn.Module):
             self.bias.data[start : start + size].copy_(tensor)
 
 
+class ClippedLinear(Linear):
+    """A Linear whose outputs are clamped to [-clip, clip] (OLMo's and MPT's clip_qkv)."""
+
+    def __init__(
+        self, in_features: int, output_sizes: list[int] | int, bias: bool, clip: float
+    ) -> None:
+        super().__init__(in_features, output_sizes, bias=bias)
+        self.clip = clip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).clamp_(-self.clip, self.clip)
+
+
 def load_param(param: nn.Parameter, tensor: torch.Tensor) -> None:
     """Sets a whole parameter from a checkpoint tensor: adopts the tensor itself when it already
     has the parameter's dtype, device and layout (a safetensors tensor is a private mapping of

@@ -9,7 +9,6 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.alibi import mpt_alibi_slopes
-from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
 from pagedgen.models.bloom import BloomForCausalLM
 from pagedgen.models.gpt2 import attention_shape
@@ -37,17 +36,6 @@ UNSUPPORTED_ATTN_CONFIG = {
     "qk_ln": (False, "MPT's qk_ln (q/k LayerNorms) is not supported"),
 }
 LAYER_NORMS = ("low_precision_layernorm", "layernorm")
-
-
-class ClippedLinear(Linear):
-    """A Linear whose outputs are clamped to [-clip, clip] (MPT's clip_qkv)."""
-
-    def __init__(self, in_features: int, output_sizes: list[int], clip: float) -> None:
-        super().__init__(in_features, output_sizes)
-        self.clip = clip
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x).clamp_(-self.clip, self.clip)
 
 
 class MptDecoderLayer(LayerNormDecoderLayer):
@@ -102,7 +90,6 @@ class MptForCausalLM(BloomForCausalLM):
             1 / math.sqrt(hidden / config.num_attention_heads) if scale is None else scale
         )
         if attn_config.clip_qkv:
-            sizes = attention.qkv_proj.output_sizes
-            attention.qkv_proj = ClippedLinear(hidden, sizes, attn_config.clip_qkv)
+            attention.clip_qkv(attn_config.clip_qkv)
         mlp = MLP(hidden, int(config.expansion_ratio * hidden), "gelu", bias=False)
         return MptDecoderLayer(config, attention, mlp)

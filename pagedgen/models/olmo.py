@@ -4,7 +4,6 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import ResidualNorm
 from pagedgen.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
@@ -23,17 +22,6 @@ class OlmoLayerNorm(ResidualNorm):
         return normed.to(x.dtype)
 
 
-class ClippedLinear(Linear):
-    """A Linear whose outputs are clamped to [-clip, clip] (OLMo's clip_qkv)."""
-
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool, clip: float) -> None:
-        super().__init__(in_features, output_sizes, bias=bias)
-        self.clip = clip
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x).clamp_(-self.clip, self.clip)
-
-
 class OlmoAttention(LlamaAttention):
     """Llama attention whose q, k and v are clamped to [-clip_qkv, clip_qkv] where the config
     sets it, before the rotary embedding."""
@@ -43,8 +31,7 @@ class OlmoAttention(LlamaAttention):
     ) -> None:
         super().__init__(config, backend, qkv_bias, o_bias)
         if (clip := getattr(config, "clip_qkv", None)) is not None:
-            qkv = self.qkv_proj
-            self.qkv_proj = ClippedLinear(qkv.in_features, qkv.output_sizes, qkv_bias, clip)
+            self.clip_qkv(clip)
 
 
 class OlmoDecoderLayer(LlamaDecoderLayer):
