@@ -5,11 +5,12 @@ import torch
 
 from pagedgen.attention.backend import split_qkv
 from pagedgen.attention.metadata import AttentionMetadata
-from pagedgen.attention.torch_backend import TorchAttentionBackend, prefill_sequence
-from pagedgen.cpu_features import has_amx_bf16, onednn_matmul_dtypes
+from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import cpu_ops
 from pagedgen.kernels.cpu import (
     ACTIVATION_DTYPES,
+    amx_prefill_error,
+    amx_prefill_supports,
     cpu_kernel_error,
     kernel_dtypes,
     paged_attention_decode,
@@ -29,8 +30,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
-        # bfloat16 prompts of at least this many tokens go to SDPA (sdpa_prompt_min_tokens)
-        self.sdpa_min_tokens = sdpa_prompt_min_tokens()
+        # bfloat16 prompt rows go to the AMX kernel where the CPU has AMX (amx_prefill_supports)
+        self.amx = amx_prefill_error() is None
         if device.type != "cpu":
             raise RuntimeError(f"the cpu attention backend runs on the CPU only, got {device}")
         error = cpu_kernel_error()
@@ -74,12 +75,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         super().prepare(metadata)
-        self._plans: dict[bool, PrefillPlan] = {}  # this step's, with SDPA prompts and without
-
-    def _prefill_plan(self, metadata: AttentionMetadata, sdpa: bool) -> "PrefillPlan":
-        if sdpa not in self._plans:
-            self._plans[sdpa] = prefill_plan(metadata, self.sdpa_min_tokens if sdpa else None)
-        return self._plans[sdpa]
+        self._plan: PrefillPlan | None = None  # this step's, made by its first layer
 
     @staticmethod
     def _run(
@@ -136,29 +132,25 @@ class CpuAttentionBackend(TorchAttentionBackend):
     ) -> None:
         """The step's prompt rows in one call of the tiled kernel (kernels/prefill_attention_cpu.c;
         this step's K/V are in the cache already): against one SDPA call per sequence (AVX-512,
-        SmolLM2's heads), 2.2-2.9x faster from 1,024 to 4,096 tokens, float32 or bfloat16 (with
-        AMX, long bfloat16 prompts go to SDPA instead: sdpa_prompt_min_tokens). Rows past a
-        prompt (drafts to verify, a recomputed output) go through the decode kernel, each a
-        decode row over its causal context, as the decode steps that made them did: outputs
-        stay those of plain decoding, bit for bit."""
+        SmolLM2's heads), 2.2-2.9x faster from 1,024 to 4,096 tokens, float32 or bfloat16. On a
+        CPU with AMX, bfloat16 rows go to the AMX kernel instead (prefill_attention_amx.c;
+        SmolLM2's heads, 2 x 2,048 tokens: 4.6x the tiled kernel, 1.7x SDPA). Rows past a prompt
+        (drafts to verify, a recomputed output) go through the decode kernel, each a decode row
+        over its causal context, as the decode steps that made them did: outputs stay those of
+        plain decoding, bit for bit."""
         if key_cache.dtype not in kernel_dtypes():
             args = (query, key, value, key_cache, value_cache, metadata, scale, out)
             return super().prefill(*args, window, softcap, sinks, alibi_slopes)
-        plain = window is None and softcap is None and sinks is None and alibi_slopes is None
-        bfloat16 = query.dtype == key_cache.dtype == torch.bfloat16
-        sdpa = self.sdpa_min_tokens is not None and plain and bfloat16
         n = metadata.num_decode_seqs  # decode rows: one each, before the prefill rows
-        query, key, value, out = query[n:], key[n:], value[n:], out[n:]
-        plan = self._prefill_plan(metadata, sdpa)
+        query, out = query[n:], out[n:]
+        if self._plan is None:
+            self._plan = prefill_plan(metadata)
+        plan = self._plan
         options = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
         if plan.prompt is not None:
             cache = (key_cache, value_cache, *plan.prompt, scale)
-            self._run(paged_attention_prefill, query, out, *cache, **options)
-        for seq, start, rows, context_len in plan.sdpa:
-            span = slice(start, start + rows)
-            table = metadata.block_tables[seq]
-            args = (key_cache, value_cache, table, context_len, scale)
-            out[span] = prefill_sequence(query[span], key[span], value[span], *args)
+            amx = self.amx and amx_prefill_supports(query, key_cache, softcap)
+            self._run(paged_attention_prefill, query, out, *cache, **options, amx=amx)
         if plan.sampled is not None:
             rows, tables, lens = plan.sampled
             cache = (key_cache, value_cache, tables, lens, scale)
@@ -170,22 +162,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
             out.index_copy_(0, rows, result)
 
 
-def sdpa_prompt_min_tokens() -> int | None:
-    """On a CPU with AMX, bfloat16 prompts (or chunks) of 256 tokens or more (None: none) go to
-    torch's SDPA, whose tiles run on AMX, where our prefill kernel computes in float32 FMAs
-    (AVX-512 with avx512_bf16 and AMX, SmolLM2's heads, per prompt: 2.1 against 4.6 ms at 384
-    tokens, 5.9 against 14.0 at 1,024, 17.9 against 49.0 at 2,048; MHA heads of 64 alike).
-    Below, the Python around each SDPA call costs what it saves (ShareGPT's prompts, mostly
-    shorter: 883 against 899 output tokens/s sent there whole). A layer with a window, soft
-    cap, sinks or ALiBi stays with our kernel: the torch path computes those by hand."""
-    if has_amx_bf16() and torch.bfloat16 in onednn_matmul_dtypes():
-        return SDPA_PROMPT_MIN_TOKENS
-    return None
-
-
-SDPA_PROMPT_MIN_TOKENS = 256
-
-
 class PrefillPlan(NamedTuple):
     """How the cpu backend attends a step's prefill rows (numbered from the first)."""
 
@@ -195,24 +171,19 @@ class PrefillPlan(NamedTuple):
     # Rows past a prompt, by the decode kernel (as the decode steps that made them): (the rows,
     # None for all of them; each row's block table; its causal context length).
     sampled: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None
-    # Prompt rows by SDPA instead (see sdpa_prompt_min_tokens): per sequence, (its index in the
-    # batch, its first row, its number of prompt rows, the context they end).
-    sdpa: list[tuple[int, int, int, int]]
 
 
-def prefill_plan(metadata: AttentionMetadata, sdpa_min_tokens: int | None = None) -> PrefillPlan:
+def prefill_plan(metadata: AttentionMetadata) -> PrefillPlan:
     first, num_seqs = metadata.num_decode_seqs, metadata.num_seqs
     prompt_lens = metadata.prompt_lens_cpu
     seqs, starts, lens, contexts = [], [], [], []
-    rows, row_seqs, row_lens, sdpa = [], [], [], []
+    rows, row_seqs, row_lens = [], [], []
     offset = 0
     for i in range(first, num_seqs):
         query_len, context_len = metadata.query_lens_cpu[i], metadata.context_lens_cpu[i]
         start = context_len - query_len
         n = query_len if prompt_lens is None else min(query_len, max(0, prompt_lens[i] - start))
-        if sdpa_min_tokens is not None and n >= sdpa_min_tokens:
-            sdpa.append((i, offset, n, start + n))
-        elif n:
+        if n:
             seqs.append(i), starts.append(offset), lens.append(n), contexts.append(start + n)
         rows.extend(range(offset + n, offset + query_len))
         row_seqs.extend([i] * (query_len - n))
@@ -230,4 +201,4 @@ def prefill_plan(metadata: AttentionMetadata, sdpa_min_tokens: int | None = None
         tables = metadata.block_tables.index_select(0, torch.tensor(row_seqs))
         every = len(rows) == offset
         sampled = (None if every else torch.tensor(rows), tables, int32(row_lens))
-    return PrefillPlan(prompt, sampled, sdpa)
+    return PrefillPlan(prompt, sampled)

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 
 import torch
 
-from pagedgen.cpu_features import kernel_march
+from pagedgen.cpu_features import has_amx_bf16, kernel_march
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 
 SOURCE = "paged_attention_cpu.c"
 PREFILL_SOURCE = "prefill_attention_cpu.c"
+AMX_PREFILL_SOURCE = "prefill_attention_amx.c"
 KV_DTYPE_CODES = {
     torch.float32: 0,
     torch.bfloat16: 1,
@@ -42,6 +43,35 @@ def _prefill_library(march: str) -> SimpleNamespace:
     # query_starts, query_lens, context_lens, num_seqs
     prefill = [*LEADING_TYPES, _p, _p, _p, _i64, *TRAILING_TYPES]
     return declare(lib, {"paged_attention_prefill": prefill})
+
+
+@functools.cache
+def _amx_prefill_library() -> SimpleNamespace:
+    if not has_amx_bf16() or kernel_march() != "native":
+        raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
+    lib = load_cpu_library(AMX_PREFILL_SOURCE, "native", ("-mamx-tile", "-mamx-bf16"))
+    prefill = [*LEADING_TYPES, _p, _p, _p, _i64, *TRAILING_TYPES]
+    return declare(lib, {"paged_attention_prefill_amx": prefill})
+
+
+def amx_prefill_error() -> str | None:
+    """None when the AMX prefill kernel (kernels/prefill_attention_amx.c) runs here, else why
+    not."""
+    try:
+        _amx_prefill_library()
+    except (CpuKernelUnavailable, OSError) as e:
+        return str(e)
+    return None
+
+
+def amx_prefill_supports(
+    query: torch.Tensor, key_cache: torch.Tensor, softcap: float | None
+) -> bool:
+    """Whether the AMX prefill kernel takes these rows: bfloat16 query and cache, head_dim a
+    multiple of 32 up to 256, no soft cap (windows, sinks and ALiBi it takes)."""
+    head_dim = query.shape[-1]
+    bfloat16 = query.dtype == key_cache.dtype == torch.bfloat16
+    return bfloat16 and head_dim % 32 == 0 and head_dim <= 256 and not softcap
 
 
 def cpu_kernel_error(march: str | None = None) -> str | None:
@@ -118,6 +148,7 @@ def paged_attention_prefill(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    amx: bool = False,  # by the AMX kernel, where amx_prefill_supports the rows (march unused)
 ) -> torch.Tensor:
     """Causal attention of prefill rows over their sequences' contexts in the paged cache (this
     step's K/V written already), tiles of query rows sharing each K/V row they load. Dtypes as
@@ -146,7 +177,15 @@ def paged_attention_prefill(
     options = (window, softcap, sinks, alibi_slopes)
     tail = _trailing_args(query, key_cache, scale, *options, num_threads)
     lens = (query_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr())
-    status = _prefill_library(march).paged_attention_prefill(*head, *lens, num_seqs, *tail)
+    if amx:
+        if not amx_prefill_supports(query, key_cache, softcap):
+            raise ValueError(
+                "the AMX prefill kernel takes bfloat16 heads of 32k <= 256, no softcap"
+            )
+        kernel = _amx_prefill_library().paged_attention_prefill_amx
+    else:
+        kernel = _prefill_library(march).paged_attention_prefill
+    status = kernel(*head, *lens, num_seqs, *tail)
     if status != 0:
         raise RuntimeError(f"paged_attention_prefill failed with status {status}")
     return out

@@ -1,0 +1,382 @@
+// Paged prefill attention on AMX tiles (Intel Xeon since Sapphire Rapids) for bfloat16 queries
+// and a bfloat16 cache, head_dim a multiple of 32 up to 256: flash attention's loop with both
+// matmuls, S = Q K^T and O += P V, as bfloat16 tile dot products into float32 and the online
+// softmax in AVX-512 between them. Where prefill_attention_cpu.c spends two FMAs a score and a
+// dimension, a tile dot product does 16 x 16 x 32 multiply-adds at once; what is left is the
+// softmax, so exp2 is a polynomial here, not libm's.
+//
+//   pack     each (sequence, kv head)'s context K and V once, in the layouts the tiles take
+//            (bfloat16 pairs along the dot product): Kp, [16 keys][head_dim / 32 tiles of
+//            16 dim pairs x 16 keys x 2], and Vp, [32 keys][head_dim / 16 tiles of 16 key pairs
+//            x 16 dims x 2]; every query head of the GQA group and every query block reads them;
+//   blocks   QB query rows of one head against chunks of up to KC keys that start at multiples
+//            of KC: S to memory in float32; per row the running max and sum in base 2, P rounded
+//            to bfloat16, O rescaled in memory (float32) and accumulated on tiles.
+//
+// Arguments and cache layout as paged_attention_prefill's (prefill_attention_cpu.c), with
+// windows, sinks and ALiBi; a soft cap or other dtypes return 2 (that kernel takes them). Keys
+// before a sequence's first visible position are never read (their blocks may be freed).
+//
+// A row's result depends neither on the rows beside it nor on where its block ends: chunks
+// start at multiples of KC whatever the block, and keys a row must not see add exact zeros.
+// So a prompt continued after cached blocks gives the bits the whole prompt gives.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define QB 32    // query rows a block: two tiles of 16
+#define KC 128   // keys a chunk: one softmax update (S and P of a block stay in L1)
+#define MAX_D 256
+#define LOG2E 1.4426950408889634f
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+typedef uint16_t bf16;
+
+typedef struct {
+  bf16 *out;
+  const bf16 *query, *key_cache, *value_cache;
+  const int32_t *block_tables, *query_starts, *query_lens, *context_lens;
+  int64_t query_row_stride, block_table_stride;
+  int num_heads, num_kv_heads, head_dim, block_size, sliding_window;
+  float scale;
+  const float *sinks, *alibi_slopes;
+} Args;
+
+typedef struct {  // what a block needs of its sequence and kv head
+  int64_t seq;
+  int kv_head, packed_from;  // Kp/Vp start at key packed_from, a multiple of KC
+  const bf16 *kp, *vp;
+} Packed;
+
+typedef struct {  // a thread's buffers, 64-byte aligned
+  bf16 q[QB * MAX_D], p[QB * KC];
+  float s[QB * KC], o[QB * MAX_D], m[QB], l[QB];
+} Scratch;
+
+typedef struct {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} TileConfig;
+
+static inline int round_up(int x, int n) { return (x + n - 1) / n * n; }
+
+// The first key position query position p sees.
+static inline int visible_from(const Args *a, int p) {
+  const int w = a->sliding_window;
+  return w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
+}
+
+static inline int first_query(const Args *a, int64_t s) {
+  return a->context_lens[s] - a->query_lens[s];
+}
+
+// Tiles 0-3: float32 accumulators; 4-5: left operands; 6-7: right operands; all 16 x 64 bytes.
+static void configure_tiles(void) {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+static const bf16 *cache_row(const Args *a, const bf16 *cache, const int32_t *table, int t,
+                             int h) {
+  const int64_t slot = (int64_t)table[t / a->block_size] * a->block_size + t % a->block_size;
+  return cache + (slot * a->num_kv_heads + h) * a->head_dim;
+}
+
+// Kp and Vp of keys [packed_from, round_up(end, 32)); those before `from` or past `end` zero.
+// Kp's tile rows gather one pair of dims from 16 keys; Vp's interleave two keys' rows.
+static void pack(const Args *a, const Packed *k, int from, int end, bf16 *kp, bf16 *vp) {
+  static const bf16 zeros[MAX_D];
+  const int d = a->head_dim, stop = round_up(end, 32);
+  const int32_t *table = a->block_tables + k->seq * a->block_table_stride;
+  static const int16_t interleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,
+                                         37, 6, 38, 7, 39, 8,  40, 9,  41, 10, 42,
+                                         11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i pairs = _mm512_loadu_si512(interleave);
+  for (int g = k->packed_from; g < stop; g += 16) {  // 16 keys: d / 32 tiles of Kp
+    int64_t offset[16];  // bytes from the cache's start to each key's row
+    __mmask16 present = 0;
+    for (int j = 0; j < 16; j++) {
+      const int t = g + j;
+      offset[j] = 0;
+      if (t >= from && t < end) {
+        offset[j] = (const char *)cache_row(a, a->key_cache, table, t, k->kv_head) -
+                    (const char *)a->key_cache;
+        present |= (__mmask16)(1u << j);
+      }
+    }
+    const __m512i lo = _mm512_loadu_si512(offset), hi = _mm512_loadu_si512(offset + 8);
+    uint32_t *kt = (uint32_t *)(kp + (int64_t)(g - k->packed_from) * d);
+    for (int r = 0; r < d / 2; r++) {  // a pair of dims: row r % 16 of tile r / 16
+      const char *base = (const char *)a->key_cache + 4 * r;
+      const __m256i z = _mm256_setzero_si256();
+      const __m256i a0 = _mm512_mask_i64gather_epi32(z, (__mmask8)present, lo, base, 1);
+      const __m256i a1 = _mm512_mask_i64gather_epi32(z, (__mmask8)(present >> 8), hi, base, 1);
+      __m512i row = _mm512_inserti64x4(_mm512_castsi256_si512(a0), a1, 1);
+      _mm512_storeu_si512(kt + (r / 16) * 256 + (r % 16) * 16, row);
+    }
+  }
+  for (int t = k->packed_from; t < stop; t += 2) {  // two keys: a row of each of d / 16 tiles
+    const bf16 *v[2];
+    for (int j = 0; j < 2; j++)
+      v[j] = t + j >= from && t + j < end
+                 ? cache_row(a, a->value_cache, table, t + j, k->kv_head)
+                 : zeros;
+    const int i = t - k->packed_from;
+    bf16 *vt = vp + (int64_t)(i / 32) * 32 * d + (i % 32) / 2 * 32;
+    for (int c = 0; c < d; c += 16) {
+      const __m512i v0 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v[0] + c)));
+      const __m512i v1 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v[1] + c)));
+      _mm512_storeu_si512(vt + (c / 16) * 512, _mm512_permutex2var_epi16(v0, pairs, v1));
+    }
+  }
+}
+
+// 2^x for x <= 0 (0 below -126, for -inf and NaN too): a degree-4 polynomial on the fraction,
+// relative error 3e-6, exact at 0.
+static inline __m512 exp2_nonpositive(__m512 x) {
+  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(0.013426788f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.052240517f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24128287f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69304401f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(in_range, p, n);
+}
+
+// A row's scores over a chunk's keys [kb, kb + nk), in place: -inf outside [from, pos]; with
+// ALiBi scaled into base 2 and biased. Returns their max in base 2.
+static float row_max(float *s, int nk, int kb, int pos, int from, float scale2, float slope2) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  if (slope2 == 0.0f && kb >= from && kb + nk - 1 <= pos) {  // every key seen, S as it is
+    for (int j = 0; j < nk; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j));
+    return _mm512_reduce_max_ps(top) * scale2;
+  }
+  for (int j = 0; j < nk; j += 16) {
+    const __m512i key = _mm512_add_epi32(_mm512_set1_epi32(kb + j), iota);
+    __m512 x = _mm512_loadu_ps(s + j);
+    if (slope2 != 0.0f) {
+      const __m512 distance = _mm512_cvtepi32_ps(_mm512_sub_epi32(key, _mm512_set1_epi32(pos)));
+      x = _mm512_fmadd_ps(distance, _mm512_set1_ps(slope2), _mm512_mul_ps(x, _mm512_set1_ps(scale2)));
+    }
+    const __mmask16 seen = _mm512_cmp_epi32_mask(key, _mm512_set1_epi32(from), _MM_CMPINT_NLT) &
+                           _mm512_cmp_epi32_mask(key, _mm512_set1_epi32(pos), _MM_CMPINT_LE);
+    x = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), x);
+    _mm512_storeu_ps(s + j, x);
+    top = _mm512_max_ps(top, x);
+  }
+  const float m = _mm512_reduce_max_ps(top);
+  return slope2 == 0.0f ? m * scale2 : m;
+}
+
+// P = 2^(s * scale2 - m) rounded to bfloat16 (scale2 1 for scores row_max scaled); their sum.
+static float row_exp(const float *s, bf16 *p, int nk, float scale2, float m) {
+  const __m512 shift = _mm512_set1_ps(-m), scale = _mm512_set1_ps(scale2);
+  __m512 sum = _mm512_setzero_ps();
+  for (int j = 0; j < nk; j += 16) {
+    const __m512 e = exp2_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), scale, shift));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+// The block's softmax step over a chunk: maxima, then per 16 rows the new running max and
+// alpha = 2^(old - new) (1 where it holds), P and its sums, and O's rows rescaled by alpha.
+static void softmax(Scratch *w, int nq, int nk, int kb, int p0, const Args *a, float scale2,
+                    float slope2) {
+  float top[QB], alpha[QB], sum[QB];
+  for (int i = 0; i < QB; i++) {
+    const int pos = p0 + i;
+    top[i] = i < nq ? row_max(w->s + i * KC, nk, kb, pos, visible_from(a, pos), scale2, slope2)
+                    : -INFINITY;
+  }
+  for (int i = 0; i < QB; i += 16) {
+    const __m512 m = _mm512_loadu_ps(w->m + i);
+    const __m512 m_new = _mm512_max_ps(m, _mm512_loadu_ps(top + i));
+    _mm512_storeu_ps(alpha + i, exp2_nonpositive(_mm512_sub_ps(m, m_new)));
+    _mm512_storeu_ps(w->m + i, m_new);
+  }
+  const float multiplier = slope2 == 0.0f ? scale2 : 1.0f;
+  for (int i = 0; i < nq; i++) sum[i] = row_exp(w->s + i * KC, w->p + i * KC, nk, multiplier, w->m[i]);
+  for (int i = nq; i < QB; i++) sum[i] = 0.0f;
+  for (int i = 0; i < QB; i += 16) {
+    const __m512 l = _mm512_loadu_ps(w->l + i);
+    _mm512_storeu_ps(w->l + i, _mm512_fmadd_ps(l, _mm512_loadu_ps(alpha + i), _mm512_loadu_ps(sum + i)));
+  }
+  const int d = a->head_dim;
+  for (int i = 0; i < nq; i++) {
+    if (alpha[i] == 1.0f) continue;
+    float *o = w->o + i * d;
+    for (int c = 0; c < d; c += 16)
+      _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), _mm512_set1_ps(alpha[i])));
+  }
+}
+
+// S for keys [kb, kb + nk) of the block's rows: Q (QB x d) times Kp's tiles.
+static void scores(const Scratch *w, const bf16 *kp, float *s, int nk, int d) {
+  for (int j = 0; j < nk; j += 32) {
+    const bf16 *kt = kp + (int64_t)(j / 16) * 16 * d;  // the 16-key groups j and j + 16
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int c = 0; c < d / 32; c++) {
+      _tile_loadd(4, w->q + c * 32, d * 2);
+      _tile_loadd(5, w->q + 16 * d + c * 32, d * 2);
+      _tile_loadd(6, kt + c * 512, 64);
+      _tile_loadd(7, kt + 16 * d + c * 512, 64);
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, s + j, KC * 4); _tile_stored(1, s + j + 16, KC * 4);
+    _tile_stored(2, s + 16 * KC + j, KC * 4); _tile_stored(3, s + 16 * KC + j + 16, KC * 4);
+  }
+}
+
+// O (QB x d, float32) += P (QB x nk) times Vp's tiles.
+static void accumulate(Scratch *w, const bf16 *vp, int nk, int d) {
+  for (int c = 0; c < d; c += 32) {
+    float *o = w->o + c;
+    _tile_loadd(0, o, d * 4); _tile_loadd(1, o + 16, d * 4);
+    _tile_loadd(2, o + 16 * d, d * 4); _tile_loadd(3, o + 16 * d + 16, d * 4);
+    for (int j = 0; j < nk; j += 32) {
+      const bf16 *vt = vp + (int64_t)j * d + c * 32;  // the dims c and c + 16 of keys j..j + 31
+      _tile_loadd(4, w->p + j, KC * 2); _tile_loadd(5, w->p + 16 * KC + j, KC * 2);
+      _tile_loadd(6, vt, 64); _tile_loadd(7, vt + 512, 64);
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, o, d * 4); _tile_stored(1, o + 16, d * 4);
+    _tile_stored(2, o + 16 * d, d * 4); _tile_stored(3, o + 16 * d + 16, d * 4);
+  }
+}
+
+// Query head hq's rows at positions [p0, p1) of k's sequence (p1 - p0 <= QB).
+static void attend(const Args *a, const Packed *k, int hq, int p0, int p1, Scratch *w) {
+  const int d = a->head_dim, nq = p1 - p0;
+  const int64_t row0 = a->query_starts[k->seq] + p0 - first_query(a, k->seq);
+  for (int i = 0; i < QB; i++) {
+    bf16 *q = w->q + i * d;
+    if (i < nq) memcpy(q, a->query + (row0 + i) * a->query_row_stride + hq * d, sizeof(bf16) * d);
+    else memset(q, 0, sizeof(bf16) * d);
+    w->m[i] = a->sinks ? a->sinks[hq] * LOG2E : -1e30f;  // finite: exp2(m - m) is 1
+    w->l[i] = a->sinks ? 1.0f : 0.0f;
+  }
+  memset(w->o, 0, sizeof(float) * QB * d);
+  const float scale2 = a->scale * LOG2E;
+  const float slope2 = a->alibi_slopes ? a->alibi_slopes[hq] * LOG2E : 0.0f;
+  for (int kb = visible_from(a, p0) / KC * KC; kb < p1; kb += KC) {
+    const int nk = round_up(p1, 32) - kb < KC ? round_up(p1, 32) - kb : KC;
+    const int64_t key = kb - k->packed_from;
+    scores(w, k->kp + key * d, w->s, nk, d);
+    softmax(w, nq, nk, kb, p0, a, scale2, slope2);
+    accumulate(w, k->vp + key * d, nk, d);
+  }
+  for (int i = 0; i < nq; i++) {
+    const __m512 inv = _mm512_set1_ps(1.0f / w->l[i]);
+    bf16 *out = a->out + ((row0 + i) * a->num_heads + hq) * d;
+    for (int c = 0; c < d; c += 16) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w->o + i * d + c), inv);
+      _mm256_storeu_si256((__m256i *)(out + c), (__m256i)_mm512_cvtneps_pbh(x));
+    }
+  }
+}
+
+static int request_tiles(void) {
+  static int status = -1;  // the permission is the process's: asked once
+  if (status < 0) status = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0;
+  return status;
+}
+
+int paged_attention_prefill_amx(int kv_dtype, int act_bf16, void *out, const void *query,
+                                int64_t query_row_stride, const void *key_cache,
+                                const void *value_cache, const int32_t *block_tables,
+                                int64_t block_table_stride, const int32_t *query_starts,
+                                const int32_t *query_lens, const int32_t *context_lens,
+                                int64_t num_seqs, int num_heads, int num_kv_heads, int head_dim,
+                                int block_size, float scale, int sliding_window, float softcap,
+                                const float *sinks, const float *alibi_slopes, int num_threads) {
+  if (kv_dtype != 1 || !act_bf16 || softcap != 0.0f || head_dim % 32 || head_dim > MAX_D ||
+      num_kv_heads <= 0 || num_heads % num_kv_heads)
+    return 2;
+  if (request_tiles()) return 3;
+  const Args a = {out,          query,        key_cache,    value_cache,        block_tables,
+                  query_starts, query_lens,   context_lens, query_row_stride,   block_table_stride,
+                  num_heads,    num_kv_heads, head_dim,     block_size,         sliding_window,
+                  scale,        sinks,        alibi_slopes};
+  const int64_t num_packed = num_seqs * num_kv_heads;
+  Packed *packed = (Packed *)malloc(sizeof(Packed) * (size_t)(num_packed > 0 ? num_packed : 1));
+  if (packed == NULL) return 1;
+  int64_t size = 0, num_blocks = 0;  // bfloat16 elements of Kp (and of Vp); query blocks
+  for (int64_t s = 0; s < num_seqs; s++) {
+    const int from = visible_from(&a, first_query(&a, s)) / KC * KC;
+    for (int h = 0; h < num_kv_heads; h++) {
+      packed[s * num_kv_heads + h] = (Packed){s, h, from, NULL, NULL};
+      size += (int64_t)(round_up(context_lens[s], 32) - from) * head_dim;
+    }
+    num_blocks += (query_lens[s] + QB - 1) / QB;
+  }
+  const int64_t num_items = num_blocks * num_heads;
+  bf16 *buffer = (bf16 *)aligned_alloc(64, sizeof(bf16) * (size_t)(2 * size + 32));
+  int64_t *items = (int64_t *)malloc(sizeof(int64_t) * (size_t)(num_items > 0 ? num_items : 1));
+  if (buffer == NULL || items == NULL) {
+    free(packed), free(buffer), free(items);
+    return 1;
+  }
+  int64_t offset = 0, n = 0;
+  for (int64_t i = 0; i < num_packed; i++) {
+    const int64_t s = packed[i].seq;
+    packed[i].kp = buffer + offset;
+    packed[i].vp = buffer + size + offset;
+    offset += (int64_t)(round_up(context_lens[s], 32) - packed[i].packed_from) * head_dim;
+  }
+  // Items (sequence, query block, head), each block's heads together; the latest blocks of a
+  // sequence, the costliest, first, so the threads' last items are short ones.
+  for (int64_t s = 0; s < num_seqs; s++)
+    for (int b = (query_lens[s] + QB - 1) / QB - 1; b >= 0; b--)
+      for (int hq = 0; hq < num_heads; hq++) items[n++] = ((s * 65536 + b) << 16) | hq;
+  int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_packed; i++) {
+      const Packed *k = &packed[i];
+      const int from = visible_from(&a, first_query(&a, k->seq));
+      pack(&a, k, from, context_lens[k->seq], (bf16 *)k->kp, (bf16 *)k->vp);
+    }
+    Scratch *w = (Scratch *)aligned_alloc(64, sizeof(Scratch));
+    if (w == NULL) {
+#pragma omp atomic write
+      failed = 1;
+    } else {
+      memset(w, 0, sizeof(Scratch));
+      configure_tiles();
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_items; i++) {
+      if (w == NULL) continue;
+      const int64_t s = items[i] >> 32;
+      const int b = (int)((items[i] >> 16) & 65535), hq = (int)(items[i] & 65535);
+      const int p0 = first_query(&a, s) + b * QB;
+      const int p1 = p0 + QB < context_lens[s] ? p0 + QB : context_lens[s];
+      attend(&a, &packed[s * num_kv_heads + hq / (num_heads / num_kv_heads)], hq, p0, p1, w);
+    }
+    if (w != NULL) _tile_release();
+    free(w);
+  }
+  free(packed), free(buffer), free(items);
+  return failed;
+}
