@@ -112,7 +112,8 @@ static inline void norm_mul_bf16(bf16_t *out, const bf16_t *x, float s, const bf
 // subnormal appears (torch's gives -3.7e-42 at g = -100, a subnormal that slows every later op).
 static inline float silu(float g) {
   const float e = exp_nonpositive(g < 0.0f ? g : -g);
-  return g < 0.0f ? g * e / (1.0f + e) : g / (1.0f + e);
+  const float numerator = g < 0.0f ? g * e : g;  // one division, not one a branch
+  return numerator / (1.0f + e);
 }
 
 // out = silu(gate) * up: silu rounded, then the product

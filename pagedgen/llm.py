@@ -1,4 +1,4 @@
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, replace
 from functools import partial
 from typing import Any
@@ -20,6 +20,10 @@ from pagedgen.outputs import (
 from pagedgen.pooling import PoolingParams
 from pagedgen.pooling.score import score_by_cross_encoder, score_by_embeddings, score_pairs
 from pagedgen.sampling_params import SamplingParams
+
+# What generate() and the other entry points take: text, token ids, or vLLM's TextPrompt and
+# TokensPrompt dicts.
+PromptInput = Prompt | Mapping[str, Any]
 
 
 class LLM:
@@ -59,12 +63,13 @@ class LLM:
 
     def generate(
         self,
-        prompts: Prompt | Iterable[Prompt],
+        prompts: PromptInput | Iterable[PromptInput],
         sampling_params: Params | list[Params] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Completes every prompt (text or token ids); returns the outputs in prompt order.
+        """Completes every prompt (text, token ids, or vLLM's {"prompt": text} and
+        {"prompt_token_ids": ids} dicts); returns the outputs in prompt order.
         lora_request: the LoRA adapter of every prompt, or a list of one per prompt (None for
         the base model), on an LLM built with enable_lora=True.
         use_tqdm: vLLM's "Processed prompts" bar on stderr while the call runs (prompts done,
@@ -87,7 +92,7 @@ class LLM:
 
     def embed(
         self,
-        prompts: Prompt | Iterable[Prompt],
+        prompts: PromptInput | Iterable[PromptInput],
         pooling_params: PoolingParams | list[PoolingParams] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
@@ -99,7 +104,7 @@ class LLM:
 
     def classify(
         self,
-        prompts: Prompt | Iterable[Prompt],
+        prompts: PromptInput | Iterable[PromptInput],
         pooling_params: PoolingParams | list[PoolingParams] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
@@ -135,7 +140,7 @@ class LLM:
     def _pool(
         self,
         task: str,
-        prompts: Prompt | Iterable[Prompt],
+        prompts: PromptInput | Iterable[PromptInput],
         pooling_params: PoolingParams | list[PoolingParams] | None,
         lora_request: LoRARequest | list[LoRARequest | None] | None,
         use_tqdm: bool,
@@ -181,7 +186,7 @@ class LLM:
 
     def beam_search(
         self,
-        prompts: Prompt | Iterable[Prompt],
+        prompts: PromptInput | Iterable[PromptInput],
         params: BeamSearchParams,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
@@ -261,10 +266,26 @@ def _per_prompt(value: Any, prompts: list[Prompt], what: str) -> list[Any]:
     return value
 
 
-def _prompt_list(prompts: Prompt | Iterable[Prompt]) -> list[Prompt]:
-    """One prompt (text, or a list of token ids) or many, as a list of prompts."""
-    if isinstance(prompts, str) or (
+def _prompt_list(prompts: PromptInput | Iterable[PromptInput]) -> list[Prompt]:
+    """One prompt or many, as a list of prompts: text, a list of token ids, or vLLM's prompt
+    dicts, TextPrompt {"prompt": text} and TokensPrompt {"prompt_token_ids": ids}."""
+    if isinstance(prompts, (str, Mapping)) or (
         isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
     ):
-        return [prompts]
-    return list(prompts)
+        return [_prompt(prompts)]
+    return [_prompt(p) for p in prompts]
+
+
+def _prompt(prompt: PromptInput) -> Prompt:
+    if not isinstance(prompt, Mapping):
+        return prompt
+    unsupported = sorted(k for k in ("multi_modal_data", "multi_modal_uuids") if prompt.get(k))
+    if unsupported:
+        raise ValueError(f"pagedgen runs text models: prompts with {unsupported} are not taken")
+    if "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"])
+    if "prompt" in prompt:
+        return prompt["prompt"]
+    raise ValueError(
+        f"a prompt dict needs 'prompt' (text) or 'prompt_token_ids', got {sorted(prompt)}"
+    )
