@@ -9,8 +9,8 @@ from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import cpu_ops
 from pagedgen.kernels.cpu import (
     ACTIVATION_DTYPES,
-    amx_prefill_error,
-    amx_prefill_supports,
+    amx_error,
+    amx_supports,
     cpu_kernel_error,
     kernel_dtypes,
     paged_attention_decode,
@@ -30,8 +30,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
-        # bfloat16 prompt rows go to the AMX kernel where the CPU has AMX (amx_prefill_supports)
-        self.amx = amx_prefill_error() is None
+        # bfloat16 prompt rows go to the AMX kernel where the CPU has AMX (amx_supports)
+        self.amx = amx_error() is None
         if device.type != "cpu":
             raise RuntimeError(f"the cpu attention backend runs on the CPU only, got {device}")
         error = cpu_kernel_error()
@@ -149,7 +149,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         options = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
         if plan.prompt is not None:
             cache = (key_cache, value_cache, *plan.prompt, scale)
-            amx = self.amx and amx_prefill_supports(query, key_cache, softcap)
+            amx = self.amx and amx_supports(query, key_cache, softcap)
             self._run(paged_attention_prefill, query, out, *cache, **options, amx=amx)
         if plan.sampled is not None:
             rows, tables, lens = plan.sampled

@@ -46,7 +46,7 @@ def _prefill_library(march: str) -> SimpleNamespace:
 
 
 @functools.cache
-def _amx_prefill_library() -> SimpleNamespace:
+def _amx_kernels() -> SimpleNamespace:
     if not has_amx_bf16() or kernel_march() != "native":
         raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
     lib = load_cpu_library(AMX_PREFILL_SOURCE, "native", ("-mamx-tile", "-mamx-bf16"))
@@ -54,19 +54,17 @@ def _amx_prefill_library() -> SimpleNamespace:
     return declare(lib, {"paged_attention_prefill_amx": prefill})
 
 
-def amx_prefill_error() -> str | None:
+def amx_error() -> str | None:
     """None when the AMX prefill kernel (kernels/prefill_attention_amx.c) runs here, else why
     not."""
     try:
-        _amx_prefill_library()
+        _amx_kernels()
     except (CpuKernelUnavailable, OSError) as e:
         return str(e)
     return None
 
 
-def amx_prefill_supports(
-    query: torch.Tensor, key_cache: torch.Tensor, softcap: float | None
-) -> bool:
+def amx_supports(query: torch.Tensor, key_cache: torch.Tensor, softcap: float | None) -> bool:
     """Whether the AMX prefill kernel takes these rows: bfloat16 query and cache, head_dim a
     multiple of 32 up to 256, no soft cap (windows, sinks and ALiBi it takes)."""
     head_dim = query.shape[-1]
@@ -148,7 +146,7 @@ def paged_attention_prefill(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
-    amx: bool = False,  # by the AMX kernel, where amx_prefill_supports the rows (march unused)
+    amx: bool = False,  # by the AMX kernel, where amx_supports the rows (march unused)
 ) -> torch.Tensor:
     """Causal attention of prefill rows over their sequences' contexts in the paged cache (this
     step's K/V written already), tiles of query rows sharing each K/V row they load. Dtypes as
@@ -178,11 +176,9 @@ def paged_attention_prefill(
     tail = _trailing_args(query, key_cache, scale, *options, num_threads)
     lens = (query_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr())
     if amx:
-        if not amx_prefill_supports(query, key_cache, softcap):
-            raise ValueError(
-                "the AMX prefill kernel takes bfloat16 heads of 32k <= 256, no softcap"
-            )
-        kernel = _amx_prefill_library().paged_attention_prefill_amx
+        if not amx_supports(query, key_cache, softcap):
+            raise ValueError("the AMX kernels take bfloat16 heads of 32k <= 256, no soft cap")
+        kernel = _amx_kernels().paged_attention_prefill_amx
     else:
         kernel = _prefill_library(march).paged_attention_prefill
     status = kernel(*head, *lens, num_seqs, *tail)

@@ -77,14 +77,14 @@ def test_rows_match_the_reference(options):
 def test_prompt_rows_go_to_amx_where_it_takes_them(options, dtype, monkeypatch):
     calls = []
     real = cpu_backend_module.paged_attention_prefill
-    amx_here = cpu_backend_module.amx_prefill_error() is None
+    amx_here = cpu_backend_module.amx_error() is None
 
     def recorded(*args, amx=False, **kwargs):
         calls.append(amx)
         return real(*args, amx=amx and amx_here, **kwargs)
 
     monkeypatch.setattr(cpu_backend_module, "paged_attention_prefill", recorded)
-    monkeypatch.setattr(cpu_backend_module, "amx_prefill_error", lambda: None)
+    monkeypatch.setattr(cpu_backend_module, "amx_error", lambda: None)
     out, ref = run(options, dtype)
     assert calls == [dtype == torch.bfloat16 and "softcap" not in options]
     tolerance = 1.6e-2 if dtype == torch.bfloat16 else 1e-5

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedgen.cpu_features import has_amx_bf16, kernel_march
-from pagedgen.kernels.cpu import amx_prefill_error, amx_prefill_supports, paged_attention_prefill
+from pagedgen.kernels.cpu import amx_error, amx_supports, paged_attention_prefill
 from tests.kernels.prefill_cases import PrefillCase, make_prefill_case, prefill_reference
 
 # Where the CPU has AMX, a kernel that fails to build fails these tests: it does not skip them.
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_it_builds():
-    assert amx_prefill_error() is None
+    assert amx_error() is None
 
 
 # a lone token; prompts of a block and a row, of several chunks ending mid-block; chunks after
@@ -85,8 +85,9 @@ def test_sinks(window):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_alibi(head_dim):
-    check(case(16, 16, head_dim, alibi=True, seed=head_dim))
+@pytest.mark.parametrize("sinks", [False, True])  # with a sink, a shifted bias origin shows
+def test_alibi(head_dim, sinks):
+    check(case(16, 16, head_dim, alibi=True, sinks=sinks, seed=head_dim))
 
 
 @pytest.mark.parametrize("num_threads", [1, 3, 64])
@@ -113,10 +114,10 @@ def test_a_row_does_not_depend_on_its_block_or_chunk():
 
 def test_what_it_takes():
     query, cache = torch.zeros(1, 4, 64, dtype=torch.bfloat16), torch.zeros(1, 16, 4, 64)
-    assert amx_prefill_supports(query, cache.bfloat16(), None)
-    assert not amx_prefill_supports(query, cache, None)  # a float32 cache
-    assert not amx_prefill_supports(query.float(), cache, None)
-    assert not amx_prefill_supports(query[..., :40], cache[..., :40].bfloat16(), None)
-    assert not amx_prefill_supports(query, cache.bfloat16(), 50.0)  # Gemma 2's soft cap
-    with pytest.raises(ValueError, match="AMX"):
+    assert amx_supports(query, cache.bfloat16(), None)
+    assert not amx_supports(query, cache, None)  # a float32 cache
+    assert not amx_supports(query.float(), cache, None)
+    assert not amx_supports(query[..., :40], cache[..., :40].bfloat16(), None)
+    assert not amx_supports(query, cache.bfloat16(), 50.0)  # Gemma 2's soft cap
+    with pytest.raises(ValueError, match="AMX kernels"):
         run(case(softcap=30.0))
