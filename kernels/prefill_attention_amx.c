@@ -1,43 +1,40 @@
 // Paged prefill attention on AMX tiles (Intel Xeon since Sapphire Rapids) for bfloat16 queries
-// and a bfloat16 cache, head_dim a multiple of 32 up to 256: flash attention's loop with both
+// and a bfloat16 cache, head_dim a multiple of 16 up to 256: flash attention's loop with both
 // matmuls, S = Q K^T and O += P V, as bfloat16 tile dot products into float32 and the online
 // softmax in AVX-512 between them. Where prefill_attention_cpu.c spends two FMAs a score and a
 // dimension, a tile dot product does 16 x 16 x 32 multiply-adds at once; what is left is the
-// softmax, so exp2 is a polynomial here, not libm's.
+// softmax, so exp2 is a polynomial here, not libm's (attention_amx.h).
 //
 //   pack     each (sequence, kv head)'s context K and V once, in the layouts the tiles take
-//            (bfloat16 pairs along the dot product): Kp, [16 keys][head_dim / 32 tiles of
-//            16 dim pairs x 16 keys x 2], and Vp, [32 keys][head_dim / 16 tiles of 16 key pairs
-//            x 16 dims x 2]; every query head of the GQA group and every query block reads them;
+//            (bfloat16 pairs along the dot product), head_dim padded with zeros to dp, a
+//            multiple of 32: Kp, [16 keys][dp / 32 tiles of 16 dim pairs x 16 keys x 2], and
+//            Vp, [32 keys][dp / 16 tiles of 16 key pairs x 16 dims x 2]; every query head of
+//            the GQA group and every query block reads them;
 //   blocks   QB query rows of one head against chunks of up to KC keys that start at multiples
 //            of KC: S to memory in float32; per row the running max and sum in base 2, P rounded
 //            to bfloat16, O rescaled in memory (float32) and accumulated on tiles.
 //
 // Arguments and cache layout as paged_attention_prefill's (prefill_attention_cpu.c), with
-// windows, sinks and ALiBi; a soft cap or other dtypes return 2 (that kernel takes them). Keys
-// before a sequence's first visible position are never read (their blocks may be freed).
+// windows, soft caps, sinks and ALiBi; other dtypes and head sizes return 2 (that kernel takes
+// them). Keys before a sequence's first visible position are never read (their blocks may be
+// freed).
 //
 // A row's result depends neither on the rows beside it nor on where its block ends: chunks
 // start at multiples of KC whatever the block, and keys a row must not see add exact zeros.
 // So a prompt continued after cached blocks gives the bits the whole prompt gives.
 
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "attention_amx.h"
 
 #define QB 32    // query rows a block: two tiles of 16
 #define KC 128   // keys a chunk: one softmax update (S and P of a block stay in L1)
 #define MAX_D 256
 #define LOG2E 1.4426950408889634f
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 
 typedef uint16_t bf16;
 
@@ -47,7 +44,8 @@ typedef struct {
   const int32_t *block_tables, *query_starts, *query_lens, *context_lens;
   int64_t query_row_stride, block_table_stride;
   int num_heads, num_kv_heads, head_dim, block_size, sliding_window;
-  float scale;
+  int dp;  // head_dim padded to 32: the tiles' dot products and O's columns
+  float scale, softcap;
   const float *sinks, *alibi_slopes;
 } Args;
 
@@ -62,12 +60,6 @@ typedef struct {  // a thread's buffers, 64-byte aligned
   float s[QB * KC], o[QB * MAX_D], m[QB], l[QB];
 } Scratch;
 
-typedef struct {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} TileConfig;
-
 static inline int round_up(int x, int n) { return (x + n - 1) / n * n; }
 
 // The first key position query position p sees.
@@ -80,15 +72,6 @@ static inline int first_query(const Args *a, int64_t s) {
   return a->context_lens[s] - a->query_lens[s];
 }
 
-// Tiles 0-3: float32 accumulators; 4-5: left operands; 6-7: right operands; all 16 x 64 bytes.
-static void configure_tiles(void) {
-  TileConfig cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
-}
-
 static const bf16 *cache_row(const Args *a, const bf16 *cache, const int32_t *table, int t,
                              int h) {
   const int64_t slot = (int64_t)table[t / a->block_size] * a->block_size + t % a->block_size;
@@ -99,7 +82,7 @@ static const bf16 *cache_row(const Args *a, const bf16 *cache, const int32_t *ta
 // Kp's tile rows gather one pair of dims from 16 keys; Vp's interleave two keys' rows.
 static void pack(const Args *a, const Packed *k, int from, int end, bf16 *kp, bf16 *vp) {
   static const bf16 zeros[MAX_D];
-  const int d = a->head_dim, stop = round_up(end, 32);
+  const int d = a->head_dim, dp = a->dp, stop = round_up(end, 32);
   const int32_t *table = a->block_tables + k->seq * a->block_table_stride;
   static const int16_t interleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,
                                          37, 6, 38, 7, 39, 8,  40, 9,  41, 10, 42,
@@ -118,7 +101,8 @@ static void pack(const Args *a, const Packed *k, int from, int end, bf16 *kp, bf
       }
     }
     const __m512i lo = _mm512_loadu_si512(offset), hi = _mm512_loadu_si512(offset + 8);
-    uint32_t *kt = (uint32_t *)(kp + (int64_t)(g - k->packed_from) * d);
+    uint32_t *kt = (uint32_t *)(kp + (int64_t)(g - k->packed_from) * dp);
+    for (int r = d / 2; r < dp / 2; r++) memset(kt + (r / 16) * 256 + (r % 16) * 16, 0, 64);
     for (int r = 0; r < d / 2; r++) {  // a pair of dims: row r % 16 of tile r / 16
       const char *base = (const char *)a->key_cache + 4 * r;
       const __m256i z = _mm256_setzero_si256();
@@ -135,7 +119,8 @@ static void pack(const Args *a, const Packed *k, int from, int end, bf16 *kp, bf
                  ? cache_row(a, a->value_cache, table, t + j, k->kv_head)
                  : zeros;
     const int i = t - k->packed_from;
-    bf16 *vt = vp + (int64_t)(i / 32) * 32 * d + (i % 32) / 2 * 32;
+    bf16 *vt = vp + (int64_t)(i / 32) * 32 * dp + (i % 32) / 2 * 32;
+    for (int c = d; c < dp; c += 16) memset(vt + (c / 16) * 512, 0, 64);
     for (int c = 0; c < d; c += 16) {
       const __m512i v0 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v[0] + c)));
       const __m512i v1 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v[1] + c)));
@@ -144,35 +129,29 @@ static void pack(const Args *a, const Packed *k, int from, int end, bf16 *kp, bf
   }
 }
 
-// 2^x for x <= 0 (0 below -126, for -inf and NaN too): a degree-4 polynomial on the fraction,
-// relative error 3e-6, exact at 0.
-static inline __m512 exp2_nonpositive(__m512 x) {
-  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(0.013426788f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.052240517f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24128287f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69304401f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(in_range, p, n);
-}
-
-// A row's scores over a chunk's keys [kb, kb + nk), in place: -inf outside [from, pos]; with
-// ALiBi scaled into base 2 and biased. Returns their max in base 2.
-static float row_max(float *s, int nk, int kb, int pos, int from, float scale2, float slope2) {
+// A row's scores over a chunk's keys [kb, kb + nk), in place: -inf outside [from, pos]; with a
+// soft cap or ALiBi (transformed) into base 2, capped and biased. Returns their max in base 2.
+static float row_max(const Args *a, float *s, int nk, int kb, int pos, int from, float scale2,
+                     float slope2) {
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const int transformed = slope2 != 0.0f || a->softcap != 0.0f;
   __m512 top = _mm512_set1_ps(-INFINITY);
-  if (slope2 == 0.0f && kb >= from && kb + nk - 1 <= pos) {  // every key seen, S as it is
+  if (!transformed && kb >= from && kb + nk - 1 <= pos) {  // every key seen, S as it is
     for (int j = 0; j < nk; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j));
     return _mm512_reduce_max_ps(top) * scale2;
   }
   for (int j = 0; j < nk; j += 16) {
     const __m512i key = _mm512_add_epi32(_mm512_set1_epi32(kb + j), iota);
     __m512 x = _mm512_loadu_ps(s + j);
+    if (a->softcap != 0.0f) {  // softcap * tanh(scores / softcap), in base 2
+      const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(a->scale / a->softcap));
+      x = _mm512_mul_ps(tanh_ps(y), _mm512_set1_ps(a->softcap * LOG2E));
+    } else if (transformed) {
+      x = _mm512_mul_ps(x, _mm512_set1_ps(scale2));
+    }
     if (slope2 != 0.0f) {
       const __m512 distance = _mm512_cvtepi32_ps(_mm512_sub_epi32(key, _mm512_set1_epi32(pos)));
-      x = _mm512_fmadd_ps(distance, _mm512_set1_ps(slope2), _mm512_mul_ps(x, _mm512_set1_ps(scale2)));
+      x = _mm512_fmadd_ps(distance, _mm512_set1_ps(slope2), x);
     }
     const __mmask16 seen = _mm512_cmp_epi32_mask(key, _mm512_set1_epi32(from), _MM_CMPINT_NLT) &
                            _mm512_cmp_epi32_mask(key, _mm512_set1_epi32(pos), _MM_CMPINT_LE);
@@ -181,7 +160,7 @@ static float row_max(float *s, int nk, int kb, int pos, int from, float scale2, 
     top = _mm512_max_ps(top, x);
   }
   const float m = _mm512_reduce_max_ps(top);
-  return slope2 == 0.0f ? m * scale2 : m;
+  return transformed ? m : m * scale2;
 }
 
 // P = 2^(s * scale2 - m) rounded to bfloat16 (scale2 1 for scores row_max scaled); their sum.
@@ -203,7 +182,7 @@ static void softmax(Scratch *w, int nq, int nk, int kb, int p0, const Args *a, f
   float top[QB], alpha[QB], sum[QB];
   for (int i = 0; i < QB; i++) {
     const int pos = p0 + i;
-    top[i] = i < nq ? row_max(w->s + i * KC, nk, kb, pos, visible_from(a, pos), scale2, slope2)
+    top[i] = i < nq ? row_max(a, w->s + i * KC, nk, kb, pos, visible_from(a, pos), scale2, slope2)
                     : -INFINITY;
   }
   for (int i = 0; i < QB; i += 16) {
@@ -212,14 +191,14 @@ static void softmax(Scratch *w, int nq, int nk, int kb, int p0, const Args *a, f
     _mm512_storeu_ps(alpha + i, exp2_nonpositive(_mm512_sub_ps(m, m_new)));
     _mm512_storeu_ps(w->m + i, m_new);
   }
-  const float multiplier = slope2 == 0.0f ? scale2 : 1.0f;
+  const float multiplier = slope2 == 0.0f && a->softcap == 0.0f ? scale2 : 1.0f;  // row_max's
   for (int i = 0; i < nq; i++) sum[i] = row_exp(w->s + i * KC, w->p + i * KC, nk, multiplier, w->m[i]);
   for (int i = nq; i < QB; i++) sum[i] = 0.0f;
   for (int i = 0; i < QB; i += 16) {
     const __m512 l = _mm512_loadu_ps(w->l + i);
     _mm512_storeu_ps(w->l + i, _mm512_fmadd_ps(l, _mm512_loadu_ps(alpha + i), _mm512_loadu_ps(sum + i)));
   }
-  const int d = a->head_dim;
+  const int d = a->dp;
   for (int i = 0; i < nq; i++) {
     if (alpha[i] == 1.0f) continue;
     float *o = w->o + i * d;
@@ -266,39 +245,33 @@ static void accumulate(Scratch *w, const bf16 *vp, int nk, int d) {
 
 // Query head hq's rows at positions [p0, p1) of k's sequence (p1 - p0 <= QB).
 static void attend(const Args *a, const Packed *k, int hq, int p0, int p1, Scratch *w) {
-  const int d = a->head_dim, nq = p1 - p0;
+  const int d = a->head_dim, dp = a->dp, nq = p1 - p0;
   const int64_t row0 = a->query_starts[k->seq] + p0 - first_query(a, k->seq);
   for (int i = 0; i < QB; i++) {
-    bf16 *q = w->q + i * d;
+    bf16 *q = w->q + i * dp;
+    memset(q, 0, sizeof(bf16) * dp);
     if (i < nq) memcpy(q, a->query + (row0 + i) * a->query_row_stride + hq * d, sizeof(bf16) * d);
-    else memset(q, 0, sizeof(bf16) * d);
     w->m[i] = a->sinks ? a->sinks[hq] * LOG2E : -1e30f;  // finite: exp2(m - m) is 1
     w->l[i] = a->sinks ? 1.0f : 0.0f;
   }
-  memset(w->o, 0, sizeof(float) * QB * d);
+  memset(w->o, 0, sizeof(float) * QB * dp);
   const float scale2 = a->scale * LOG2E;
   const float slope2 = a->alibi_slopes ? a->alibi_slopes[hq] * LOG2E : 0.0f;
   for (int kb = visible_from(a, p0) / KC * KC; kb < p1; kb += KC) {
     const int nk = round_up(p1, 32) - kb < KC ? round_up(p1, 32) - kb : KC;
     const int64_t key = kb - k->packed_from;
-    scores(w, k->kp + key * d, w->s, nk, d);
+    scores(w, k->kp + key * dp, w->s, nk, dp);
     softmax(w, nq, nk, kb, p0, a, scale2, slope2);
-    accumulate(w, k->vp + key * d, nk, d);
+    accumulate(w, k->vp + key * dp, nk, dp);
   }
   for (int i = 0; i < nq; i++) {
     const __m512 inv = _mm512_set1_ps(1.0f / w->l[i]);
     bf16 *out = a->out + ((row0 + i) * a->num_heads + hq) * d;
     for (int c = 0; c < d; c += 16) {
-      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w->o + i * d + c), inv);
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w->o + i * dp + c), inv);
       _mm256_storeu_si256((__m256i *)(out + c), (__m256i)_mm512_cvtneps_pbh(x));
     }
   }
-}
-
-static int request_tiles(void) {
-  static int status = -1;  // the permission is the process's: asked once
-  if (status < 0) status = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0;
-  return status;
 }
 
 int paged_attention_prefill_amx(int kv_dtype, int act_bf16, void *out, const void *query,
@@ -309,14 +282,15 @@ int paged_attention_prefill_amx(int kv_dtype, int act_bf16, void *out, const voi
                                 int64_t num_seqs, int num_heads, int num_kv_heads, int head_dim,
                                 int block_size, float scale, int sliding_window, float softcap,
                                 const float *sinks, const float *alibi_slopes, int num_threads) {
-  if (kv_dtype != 1 || !act_bf16 || softcap != 0.0f || head_dim % 32 || head_dim > MAX_D ||
-      num_kv_heads <= 0 || num_heads % num_kv_heads)
+  if (kv_dtype != 1 || !act_bf16 || head_dim % 16 || head_dim > MAX_D || num_kv_heads <= 0 ||
+      num_heads % num_kv_heads)
     return 2;
   if (request_tiles()) return 3;
   const Args a = {out,          query,        key_cache,    value_cache,        block_tables,
                   query_starts, query_lens,   context_lens, query_row_stride,   block_table_stride,
                   num_heads,    num_kv_heads, head_dim,     block_size,         sliding_window,
-                  scale,        sinks,        alibi_slopes};
+                  round_up(head_dim, 32),     scale,        softcap,            sinks,
+                  alibi_slopes};
   const int64_t num_packed = num_seqs * num_kv_heads;
   Packed *packed = (Packed *)malloc(sizeof(Packed) * (size_t)(num_packed > 0 ? num_packed : 1));
   if (packed == NULL) return 1;
@@ -325,7 +299,7 @@ int paged_attention_prefill_amx(int kv_dtype, int act_bf16, void *out, const voi
     const int from = visible_from(&a, first_query(&a, s)) / KC * KC;
     for (int h = 0; h < num_kv_heads; h++) {
       packed[s * num_kv_heads + h] = (Packed){s, h, from, NULL, NULL};
-      size += (int64_t)(round_up(context_lens[s], 32) - from) * head_dim;
+      size += (int64_t)(round_up(context_lens[s], 32) - from) * a.dp;
     }
     num_blocks += (query_lens[s] + QB - 1) / QB;
   }
@@ -341,7 +315,7 @@ int paged_attention_prefill_amx(int kv_dtype, int act_bf16, void *out, const voi
     const int64_t s = packed[i].seq;
     packed[i].kp = buffer + offset;
     packed[i].vp = buffer + size + offset;
-    offset += (int64_t)(round_up(context_lens[s], 32) - packed[i].packed_from) * head_dim;
+    offset += (int64_t)(round_up(context_lens[s], 32) - packed[i].packed_from) * a.dp;
   }
   // Items (sequence, query block, head), each block's heads together; the latest blocks of a
   // sequence, the costliest, first, so the threads' last items are short ones.

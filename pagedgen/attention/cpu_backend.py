@@ -149,7 +149,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         options = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
         if plan.prompt is not None:
             cache = (key_cache, value_cache, *plan.prompt, scale)
-            amx = self.amx and amx_supports(query, key_cache, softcap)
+            amx = self.amx and amx_supports(query, key_cache)
             self._run(paged_attention_prefill, query, out, *cache, **options, amx=amx)
         if plan.sampled is not None:
             rows, tables, lens = plan.sampled

@@ -64,12 +64,12 @@ def amx_error() -> str | None:
     return None
 
 
-def amx_supports(query: torch.Tensor, key_cache: torch.Tensor, softcap: float | None) -> bool:
+def amx_supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
     """Whether the AMX prefill kernel takes these rows: bfloat16 query and cache, head_dim a
-    multiple of 32 up to 256, no soft cap (windows, sinks and ALiBi it takes)."""
+    multiple of 16 up to 256 (windows, soft caps, sinks and ALiBi it takes)."""
     head_dim = query.shape[-1]
     bfloat16 = query.dtype == key_cache.dtype == torch.bfloat16
-    return bfloat16 and head_dim % 32 == 0 and head_dim <= 256 and not softcap
+    return bfloat16 and head_dim % 16 == 0 and head_dim <= 256
 
 
 def cpu_kernel_error(march: str | None = None) -> str | None:
@@ -176,8 +176,8 @@ def paged_attention_prefill(
     tail = _trailing_args(query, key_cache, scale, *options, num_threads)
     lens = (query_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr())
     if amx:
-        if not amx_supports(query, key_cache, softcap):
-            raise ValueError("the AMX kernels take bfloat16 heads of 32k <= 256, no soft cap")
+        if not amx_supports(query, key_cache):
+            raise ValueError("the AMX prefill kernel takes bfloat16 heads of 16k <= 256")
         kernel = _amx_kernels().paged_attention_prefill_amx
     else:
         kernel = _prefill_library(march).paged_attention_prefill

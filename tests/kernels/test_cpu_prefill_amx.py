@@ -61,7 +61,7 @@ def case(num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seqs=SEQS, **o
     )
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 256, 48, 80, 112])  # 48..: padded
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 1), (4, 4)])
 def test_head_sizes_and_groups(head_dim, num_heads, num_kv_heads):
     check(case(num_heads, num_kv_heads, head_dim, seed=head_dim + num_heads))
@@ -90,6 +90,12 @@ def test_alibi(head_dim, sinks):
     check(case(16, 16, head_dim, alibi=True, sinks=sinks, seed=head_dim))
 
 
+@pytest.mark.parametrize("window", [None, 37])
+def test_soft_caps(window):
+    """Gemma 2's: softcap * tanh(scores / softcap), the cap below the scores' spread."""
+    check(case(window=window, softcap=5.0, seed=7))
+
+
 @pytest.mark.parametrize("num_threads", [1, 3, 64])
 def test_threads(num_threads):
     check(case(), num_threads)
@@ -114,10 +120,12 @@ def test_a_row_does_not_depend_on_its_block_or_chunk():
 
 def test_what_it_takes():
     query, cache = torch.zeros(1, 4, 64, dtype=torch.bfloat16), torch.zeros(1, 16, 4, 64)
-    assert amx_supports(query, cache.bfloat16(), None)
-    assert not amx_supports(query, cache, None)  # a float32 cache
-    assert not amx_supports(query.float(), cache, None)
-    assert not amx_supports(query[..., :40], cache[..., :40].bfloat16(), None)
-    assert not amx_supports(query, cache.bfloat16(), 50.0)  # Gemma 2's soft cap
-    with pytest.raises(ValueError, match="AMX kernels"):
-        run(case(softcap=30.0))
+    assert amx_supports(query, cache.bfloat16())
+    assert not amx_supports(query, cache)  # a float32 cache
+    assert not amx_supports(query.float(), cache)
+    assert amx_supports(query[..., :48], cache[..., :48].bfloat16())
+    assert not amx_supports(query[..., :40], cache[..., :40].bfloat16())
+    big = torch.zeros(1, 1, 576, dtype=torch.bfloat16)  # MLA's latent: the tiled kernel's
+    assert not amx_supports(big, big[None])
+    with pytest.raises(ValueError, match="AMX prefill kernel"):
+        run(case(head_dim=40))
