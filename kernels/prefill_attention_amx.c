@@ -5,11 +5,9 @@
 // dimension, a tile dot product does 16 x 16 x 32 multiply-adds at once; what is left is the
 // softmax, so exp2 is a polynomial here, not libm's (attention_amx.h).
 //
-//   pack     each (sequence, kv head)'s context K and V once, in the layouts the tiles take
-//            (bfloat16 pairs along the dot product), head_dim padded with zeros to dp, a
-//            multiple of 32: Kp, [16 keys][dp / 32 tiles of 16 dim pairs x 16 keys x 2], and
-//            Vp, [32 keys][dp / 16 tiles of 16 key pairs x 16 dims x 2]; every query head of
-//            the GQA group and every query block reads them;
+//   pack     each (sequence, kv head)'s context K and V once, in the layouts the tiles take,
+//            head_dim padded with zeros to dp, a multiple of 32 (pack_kv_amx.h); every query
+//            head of the GQA group and every query block reads them;
 //   blocks   QB query rows of one head against chunks of up to KC keys that start at multiples
 //            of KC: S to memory in float32; per row the running max and sum in base 2, P rounded
 //            to bfloat16, O rescaled in memory (float32) and accumulated on tiles.
@@ -30,13 +28,13 @@
 #endif
 
 #include "attention_amx.h"
+#include "pack_kv_amx.h"
 
 #define QB 32    // query rows a block: two tiles of 16
 #define KC 128   // keys a chunk: one softmax update (S and P of a block stay in L1)
 #define MAX_D 256
 #define LOG2E 1.4426950408889634f
 
-typedef uint16_t bf16;
 
 typedef struct {
   bf16 *out;
@@ -70,63 +68,6 @@ static inline int visible_from(const Args *a, int p) {
 
 static inline int first_query(const Args *a, int64_t s) {
   return a->context_lens[s] - a->query_lens[s];
-}
-
-static const bf16 *cache_row(const Args *a, const bf16 *cache, const int32_t *table, int t,
-                             int h) {
-  const int64_t slot = (int64_t)table[t / a->block_size] * a->block_size + t % a->block_size;
-  return cache + (slot * a->num_kv_heads + h) * a->head_dim;
-}
-
-// Kp and Vp of keys [packed_from, round_up(end, 32)); those before `from` or past `end` zero.
-// Kp's tile rows gather one pair of dims from 16 keys; Vp's interleave two keys' rows.
-static void pack(const Args *a, const Packed *k, int from, int end, bf16 *kp, bf16 *vp) {
-  static const bf16 zeros[MAX_D];
-  const int d = a->head_dim, dp = a->dp, stop = round_up(end, 32);
-  const int32_t *table = a->block_tables + k->seq * a->block_table_stride;
-  static const int16_t interleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,
-                                         37, 6, 38, 7, 39, 8,  40, 9,  41, 10, 42,
-                                         11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  const __m512i pairs = _mm512_loadu_si512(interleave);
-  for (int g = k->packed_from; g < stop; g += 16) {  // 16 keys: d / 32 tiles of Kp
-    int64_t offset[16];  // bytes from the cache's start to each key's row
-    __mmask16 present = 0;
-    for (int j = 0; j < 16; j++) {
-      const int t = g + j;
-      offset[j] = 0;
-      if (t >= from && t < end) {
-        offset[j] = (const char *)cache_row(a, a->key_cache, table, t, k->kv_head) -
-                    (const char *)a->key_cache;
-        present |= (__mmask16)(1u << j);
-      }
-    }
-    const __m512i lo = _mm512_loadu_si512(offset), hi = _mm512_loadu_si512(offset + 8);
-    uint32_t *kt = (uint32_t *)(kp + (int64_t)(g - k->packed_from) * dp);
-    for (int r = d / 2; r < dp / 2; r++) memset(kt + (r / 16) * 256 + (r % 16) * 16, 0, 64);
-    for (int r = 0; r < d / 2; r++) {  // a pair of dims: row r % 16 of tile r / 16
-      const char *base = (const char *)a->key_cache + 4 * r;
-      const __m256i z = _mm256_setzero_si256();
-      const __m256i a0 = _mm512_mask_i64gather_epi32(z, (__mmask8)present, lo, base, 1);
-      const __m256i a1 = _mm512_mask_i64gather_epi32(z, (__mmask8)(present >> 8), hi, base, 1);
-      __m512i row = _mm512_inserti64x4(_mm512_castsi256_si512(a0), a1, 1);
-      _mm512_storeu_si512(kt + (r / 16) * 256 + (r % 16) * 16, row);
-    }
-  }
-  for (int t = k->packed_from; t < stop; t += 2) {  // two keys: a row of each of d / 16 tiles
-    const bf16 *v[2];
-    for (int j = 0; j < 2; j++)
-      v[j] = t + j >= from && t + j < end
-                 ? cache_row(a, a->value_cache, table, t + j, k->kv_head)
-                 : zeros;
-    const int i = t - k->packed_from;
-    bf16 *vt = vp + (int64_t)(i / 32) * 32 * dp + (i % 32) / 2 * 32;
-    for (int c = d; c < dp; c += 16) memset(vt + (c / 16) * 512, 0, 64);
-    for (int c = 0; c < d; c += 16) {
-      const __m512i v0 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v[0] + c)));
-      const __m512i v1 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v[1] + c)));
-      _mm512_storeu_si512(vt + (c / 16) * 512, _mm512_permutex2var_epi16(v0, pairs, v1));
-    }
-  }
 }
 
 // A row's scores over a chunk's keys [kb, kb + nk), in place: -inf outside [from, pos]; with a
@@ -329,7 +270,10 @@ int paged_attention_prefill_amx(int kv_dtype, int act_bf16, void *out, const voi
     for (int64_t i = 0; i < num_packed; i++) {
       const Packed *k = &packed[i];
       const int from = visible_from(&a, first_query(&a, k->seq));
-      pack(&a, k, from, context_lens[k->seq], (bf16 *)k->kp, (bf16 *)k->vp);
+      const PackedCache c = {key_cache,  value_cache,  block_tables + k->seq * block_table_stride,
+                             block_size, (int64_t)num_kv_heads * head_dim, k->kv_head * head_dim,
+                             head_dim,   a.dp};
+      pack_kv(&c, k->packed_from, from, context_lens[k->seq], (bf16 *)k->kp, (bf16 *)k->vp);
     }
     Scratch *w = (Scratch *)aligned_alloc(64, sizeof(Scratch));
     if (w == NULL) {
