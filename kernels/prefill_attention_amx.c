@@ -35,7 +35,6 @@
 #define MAX_D 256
 #define LOG2E 1.4426950408889634f
 
-
 typedef struct {
   bf16 *out;
   const bf16 *query, *key_cache, *value_cache;
