@@ -29,6 +29,26 @@ typedef struct {
   void *qv;       // [MAX_ROWS][query vectors], 64-byte aligned
 } HeadsScratch;
 
+// Kv head h0's first element of block b + 1's rows in cache (K or V), or NULL after the last
+// block.
+static inline const char *next_block_rows(const Work *w, const Unit *u, const void *cache, int b,
+                                          int h0, int elem_size) {
+  if (b + 1 >= u->num_blocks) return NULL;
+  const int64_t row = (int64_t)u->block_table[b + 1] * w->block_size * u->row_stride;
+  return (const char *)cache + (row + (int64_t)h0 * w->head_dim) * elem_size;
+}
+
+// Rows r0 .. r1 of a block (bytes of each from rows, NULL: none) into L2. always_inline: see
+// prefetch_block.
+static inline __attribute__((always_inline)) void prefetch_rows_l2(const char *rows,
+                                                                    const Unit *u, int r0, int r1,
+                                                                    int bytes, int elem_size) {
+  if (rows == NULL) return;
+  for (int r = r0; r < r1; r++)
+    for (int c = 0; c < bytes; c += 64)
+      __builtin_prefetch(rows + r * u->row_stride * elem_size + c, 0, 1);
+}
+
 // The query rows as the q . k steps take them: float32 vectors, or bfloat16 pairs for dpbf16.
 #define WIDEN_QN(HD) ((HD) / VW)
 #define WIDEN_QTYPE vf
@@ -60,17 +80,11 @@ typedef struct {
     FOR_EACH_BLOCK(w, u, {                                                                    \
       const KV##_t *k_block = (const KV##_t *)w->key_cache +                                  \
                               (int64_t)u.block_table[b] * w->block_size * row_stride;        \
-      const char *k_next = b + 1 < u.num_blocks                                               \
-                               ? (const char *)((const KV##_t *)w->key_cache +                \
-                                                (int64_t)u.block_table[b + 1] *               \
-                                                    w->block_size * row_stride + h0 * (HD))   \
-                               : NULL;                                                        \
+      const char *k_next = next_block_rows(w, &u, w->key_cache, b, h0, sizeof(KV##_t));       \
       for (int i = i_begin; i < n; i += VW) {                                                 \
         const int count = n - i < VW ? n - i : VW;                                            \
-        if (k_next != NULL)                                                                   \
-          for (int r = i; r < i + count; r++)                                                 \
-            for (int c = 0; c < (h1 - h0) * (HD) * (int)sizeof(KV##_t); c += 64)              \
-              __builtin_prefetch(k_next + r * row_stride * (int)sizeof(KV##_t) + c, 0, 1);    \
+        prefetch_rows_l2(k_next, &u, i, i + count, (h1 - h0) * (HD) * sizeof(KV##_t),         \
+                         sizeof(KV##_t));                                                     \
         for (int h = h0; h < h1; h++)                                                         \
           for (int g = 0; g < u.group; g++) {                                                 \
             const int r = (h - h0) * u.group + g;                                             \
@@ -87,16 +101,11 @@ typedef struct {
     FOR_EACH_BLOCK(w, u, {                                                                    \
       const KV##_t *v_block = (const KV##_t *)w->value_cache +                                \
                               (int64_t)u.block_table[b] * w->block_size * row_stride;        \
-      const char *v_next = b + 1 < u.num_blocks                                               \
-                               ? (const char *)((const KV##_t *)w->value_cache +              \
-                                                (int64_t)u.block_table[b + 1] *               \
-                                                    w->block_size * row_stride + h0 * (HD))   \
-                               : NULL;                                                        \
+      const char *v_next = next_block_rows(w, &u, w->value_cache, b, h0, sizeof(KV##_t));     \
       for (int i = i_begin; i < n; i++) {                                                     \
         const int t = t0 + i - u.first;                                                       \
-        if (v_next != NULL)                                                                   \
-          for (int c = 0; c < (h1 - h0) * (HD) * (int)sizeof(KV##_t); c += 64)                \
-            __builtin_prefetch(v_next + i * row_stride * (int)sizeof(KV##_t) + c, 0, 1);      \
+        prefetch_rows_l2(v_next, &u, i, i + 1, (h1 - h0) * (HD) * sizeof(KV##_t),             \
+                         sizeof(KV##_t));                                                     \
         for (int h = h0; h < h1; h++) {                                                       \
           vf v[(HD) / VW];                                                                    \
           for (int j = 0; j < (HD) / VW; j++)                                                 \

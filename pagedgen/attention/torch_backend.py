@@ -176,9 +176,11 @@ def prefill_sequence(
         span = slice(first - first_block * block_size, context_len - first_block * block_size)
         keys = gather(key_cache, blocks).flatten(0, 1)[span].to(query.dtype)
         values = gather(value_cache, blocks).flatten(0, 1)[span].to(query.dtype)
-    rows = torch.arange(context_len - query_len, context_len, device=query.device)
-    cols = torch.arange(first, context_len, device=query.device)
-    mask = None
+    mask = bias = None
+    if window is not None or context_len != query_len or alibi_slopes is not None:
+        rows = torch.arange(context_len - query_len, context_len, device=query.device)
+        cols = torch.arange(first, context_len, device=query.device)
+        bias = alibi_bias(alibi_slopes, rows, cols)
     if window is not None or context_len != query_len:
         mask = cols[None, :] <= rows[:, None]
         if window is not None:
@@ -192,7 +194,7 @@ def prefill_sequence(
         is_causal=mask is None,
         softcap=softcap,
         sinks=sinks,
-        bias=alibi_bias(alibi_slopes, rows, cols),
+        bias=bias,
     )[0].transpose(0, 1)
 
 

@@ -46,7 +46,7 @@ def _prefill_library(march: str) -> SimpleNamespace:
 
 
 @functools.cache
-def _amx_kernels() -> SimpleNamespace:
+def _amx_prefill_library() -> SimpleNamespace:
     if not has_amx_bf16() or kernel_march() != "native":
         raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
     lib = load_cpu_library(AMX_PREFILL_SOURCE, "native", ("-mamx-tile", "-mamx-bf16"))
@@ -58,7 +58,7 @@ def amx_error() -> str | None:
     """None when the AMX prefill kernel (kernels/prefill_attention_amx.c) runs here, else why
     not."""
     try:
-        _amx_kernels()
+        _amx_prefill_library()
     except (CpuKernelUnavailable, OSError) as e:
         return str(e)
     return None
@@ -178,7 +178,7 @@ def paged_attention_prefill(
     if amx:
         if not amx_supports(query, key_cache):
             raise ValueError("the AMX prefill kernel takes bfloat16 heads of 16k <= 256")
-        kernel = _amx_kernels().paged_attention_prefill_amx
+        kernel = _amx_prefill_library().paged_attention_prefill_amx
     else:
         kernel = _prefill_library(march).paged_attention_prefill
     status = kernel(*head, *lens, num_seqs, *tail)

@@ -122,6 +122,11 @@ class ClippedLinear(Linear):
         super().__init__(in_features, output_sizes, bias=bias)
         self.clip = clip
 
+    @classmethod
+    def of(cls, linear: Linear, clip: float) -> "ClippedLinear":
+        """A ClippedLinear shaped as linear (not yet loaded) would be: OLMo's and MPT's q/k/v."""
+        return cls(linear.in_features, linear.output_sizes, linear.bias is not None, clip)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x).clamp_(-self.clip, self.clip)
 

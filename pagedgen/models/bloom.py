@@ -1,20 +1,20 @@
 """BLOOM (bigscience/bloom-560m to bloom-176b, bloomz): ALiBi instead of position embeddings, a
 LayerNorm on the embeddings, and, in some checkpoints, residuals taken after the norms."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.alibi import bloom_alibi_slopes, use_alibi
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import LayerNorm, add_norm
 from pagedgen.layers.rotary import Rope
 from pagedgen.models.gpt2 import attention_shape, empty_embedding
+from pagedgen.models.gpt_neox import qkv_head_by_head
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer, norm_eps
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 from pagedgen.models.names import renamed
@@ -116,15 +116,7 @@ class BloomForCausalLM(LlamaForCausalLM):
         return hidden if self.embed_norm is None else self.embed_norm(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self.stacked_qkv(renamed(weights, self.rules)))
-
-    def stacked_qkv(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """query_key_value's rows [head 0: q k v, head 1: q k v, ...] as [q | k | v]."""
-        heads, head_dim = self.config.num_attention_heads, head_dim_of(self.config)
-        for name, tensor in weights:
-            if self.per_head_qkv and ".qkv_proj." in name:
-                rows = tensor.view(heads, 3, head_dim, *tensor.shape[1:])
-                tensor = rows.transpose(0, 1).reshape(tensor.shape)
-            yield name, tensor
+        weights = renamed(weights, self.rules)
+        if self.per_head_qkv:
+            weights = qkv_head_by_head(weights, self.config)
+        super().load_weights(weights)

@@ -54,6 +54,19 @@ def check_all_kv_heads(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
+def qkv_head_by_head(
+    weights: Iterable[tuple[str, torch.Tensor]], config: PretrainedConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A fused q/k/v laid out head by head (GPT-NeoX's, Persimmon's, BLOOM's query_key_value:
+    rows [head 0: q k v, head 1: q k v, ...]) as our [q | k | v] rows; other tensors as they are."""
+    heads, head_dim = config.num_attention_heads, head_dim_of(config)
+    for name, tensor in weights:
+        if ".qkv_proj." in name:
+            rows = tensor.view(heads, 3, head_dim, *tensor.shape[1:])
+            tensor = rows.transpose(0, 1).reshape(tensor.shape)
+        yield name, tensor
+
+
 class GPTNeoXForCausalLM(LlamaForCausalLM):
     """GPT-NeoX (Pythia, GPT-NeoX-20B, RedPajama-INCITE, Dolly v2): LayerNorms with bias; with
     use_parallel_residual, x + attn(ln1(x)) + mlp(ln2(x)), else the Llama order; the rotary
@@ -82,18 +95,8 @@ class GPTNeoXForCausalLM(LlamaForCausalLM):
         return ParallelDecoderLayer(attention, mlp, *norms)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self._qkv_split(renamed(weights, NEOX_RENAMES, NEOX_BUFFERS)))
-
-    def _qkv_split(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """query_key_value's rows [head 0: q k v, head 1: q k v, ...] as [q | k | v]."""
-        heads, head_dim = self.config.num_attention_heads, head_dim_of(self.config)
-        for name, tensor in weights:
-            if ".qkv_proj." in name:
-                rows = tensor.view(heads, 3, head_dim, *tensor.shape[1:])
-                tensor = rows.transpose(0, 1).reshape(tensor.shape)
-            yield name, tensor
+        weights = renamed(weights, NEOX_RENAMES, NEOX_BUFFERS)
+        super().load_weights(qkv_head_by_head(weights, self.config))
 
 
 class GPTJForCausalLM(LlamaForCausalLM):

@@ -8,7 +8,7 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.kv_geometry import head_dim_of, num_kv_heads_of
 from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.activation import SiluAndMul
-from pagedgen.layers.linear import ClippedLinear, Linear, load_param
+from pagedgen.layers.linear import Linear, load_param
 from pagedgen.layers.norm import RMSNorm, add_norm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
 from pagedgen.models.kv_scales import kv_scale_of, scale_value
@@ -105,12 +105,6 @@ class LlamaAttention(nn.Module):
             alibi_slopes=self.alibi_slopes,
         )
         return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
-
-    def clip_qkv(self, clip: float) -> None:
-        """Clamps q, k and v to [-clip, clip] as the projection makes them (OLMo's, MPT's)."""
-        qkv = self.qkv_proj
-        bias = qkv.bias is not None
-        self.qkv_proj = ClippedLinear(qkv.in_features, qkv.output_sizes, bias, clip)
 
     def use_kv_scales(self, enabled: bool) -> bool:
         """With enabled (an 8-bit cache), K and V go to the cache as k / k_scale and

@@ -9,6 +9,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.alibi import mpt_alibi_slopes
+from pagedgen.layers.linear import ClippedLinear
 from pagedgen.layers.mlp import MLP
 from pagedgen.models.bloom import BloomForCausalLM
 from pagedgen.models.gpt2 import attention_shape
@@ -90,6 +91,6 @@ class MptForCausalLM(BloomForCausalLM):
             1 / math.sqrt(hidden / config.num_attention_heads) if scale is None else scale
         )
         if attn_config.clip_qkv:
-            attention.clip_qkv(attn_config.clip_qkv)
+            attention.qkv_proj = ClippedLinear.of(attention.qkv_proj, attn_config.clip_qkv)
         mlp = MLP(hidden, int(config.expansion_ratio * hidden), "gelu", bias=False)
         return MptDecoderLayer(config, attention, mlp)

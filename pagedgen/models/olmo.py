@@ -4,6 +4,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
+from pagedgen.layers.linear import ClippedLinear
 from pagedgen.layers.norm import ResidualNorm
 from pagedgen.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
@@ -31,7 +32,7 @@ class OlmoAttention(LlamaAttention):
     ) -> None:
         super().__init__(config, backend, qkv_bias, o_bias)
         if (clip := getattr(config, "clip_qkv", None)) is not None:
-            self.clip_qkv(clip)
+            self.qkv_proj = ClippedLinear.of(self.qkv_proj, clip)
 
 
 class OlmoDecoderLayer(LlamaDecoderLayer):

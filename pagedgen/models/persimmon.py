@@ -1,6 +1,6 @@
 """Persimmon (Adept's persimmon-8b-base and -chat, and Fuyu-8B's language model)."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -9,7 +9,7 @@ from transformers import PretrainedConfig
 from pagedgen.attention import AttentionBackend
 from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.mlp import MLP
-from pagedgen.models.gpt_neox import check_all_kv_heads
+from pagedgen.models.gpt_neox import check_all_kv_heads, qkv_head_by_head
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.names import renamed
@@ -54,15 +54,4 @@ class PersimmonForCausalLM(LlamaForCausalLM):
         return MLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=True)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self._qkv_split(renamed(weights, PERSIMMON_RENAMES)))
-
-    def _qkv_split(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """query_key_value's rows [head 0: q k v, head 1: q k v, ...] as [q | k | v]."""
-        heads, head_dim = self.config.num_attention_heads, head_dim_of(self.config)
-        for name, tensor in weights:
-            if ".qkv_proj." in name:
-                rows = tensor.view(heads, 3, head_dim, *tensor.shape[1:])
-                tensor = rows.transpose(0, 1).reshape(tensor.shape)
-            yield name, tensor
+        super().load_weights(qkv_head_by_head(renamed(weights, PERSIMMON_RENAMES), self.config))
