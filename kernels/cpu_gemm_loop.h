@@ -1,8 +1,8 @@
 #pragma once
-// The thread loop of the CPU matmuls (cpu_gemm.c, cpu_gemm_bf16.c): OpenMP threads split W's
-// units (runs of panels) into contiguous shares; each thread takes x in blocks of block_rows rows
-// and, within a block, its units in order, so each unit is read from memory once for all the
-// block's rows.
+// The thread loop of the CPU matmuls (cpu_gemm.c, cpu_gemm_bf16.c; cpu_gemm_amx.c writes it out
+// to set up each thread's tiles first): OpenMP threads split W's units (runs of panels) into
+// contiguous shares; each thread takes x in blocks of block_rows rows and, within a block, its
+// units in order, so each unit is read from memory once for all the block's rows.
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>

@@ -122,7 +122,7 @@ def describe_cpu_compute(dtype: torch.dtype) -> str:
     if compute == torch.float32 and cpu_gemm.enabled():
         matmuls = "AVX-512 panel" if has_avx512() else "AVX2 panel"
     if compute == torch.bfloat16 and cpu_gemm_bf16.enabled():
-        matmuls = "AVX512_BF16 panel"
+        matmuls = "AMX panel" if cpu_gemm_bf16.amx_error() is None else "AVX512_BF16 panel"
     name = str(compute).removeprefix("torch.")
     if compute == dtype:
         return f"{matmuls} {name} matmuls"

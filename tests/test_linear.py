@@ -30,12 +30,14 @@ def cpu_env(monkeypatch):
         cpu_features.onednn_matmul_dtypes.cache_clear()
         cpu_gemm.enabled.cache_clear()
         cpu_gemm_bf16.enabled.cache_clear()
+        cpu_gemm_bf16.amx_error.cache_clear()
 
     yield set_env
     cpu_features.max_cpu_isa.cache_clear()
     cpu_features.onednn_matmul_dtypes.cache_clear()
     cpu_gemm.enabled.cache_clear()
     cpu_gemm_bf16.enabled.cache_clear()
+    cpu_gemm_bf16.amx_error.cache_clear()
 
 
 def make_linear(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[Linear, torch.Tensor]:
@@ -99,15 +101,17 @@ def test_half_precision_computes_in_float32_where_onednn_lacks_it(cpu_env, dtype
 )
 @pytest.mark.parametrize("disable_gemm", ["0", "1"])
 def test_bfloat16_packs_natively_where_onednn_has_it(cpu_env, disable_gemm):
-    """bfloat16 computes in bfloat16: through our dot-product kernel where AVX512_BF16 builds
-    (not with PAGEDGEN_DISABLE_CPU_GEMM=1) and the CPU has no AMX, else through oneDNN."""
+    """bfloat16 computes in bfloat16: through our panels where AVX512_BF16 builds (not with
+    PAGEDGEN_DISABLE_CPU_GEMM=1) and, on a CPU with AMX, our AMX kernel too; else through
+    oneDNN."""
     cpu_env(PAGEDGEN_DISABLE_CPU_GEMM=disable_gemm)
     assert cpu_features.cpu_compute_dtype(torch.bfloat16) == torch.bfloat16
     layer, full = make_linear(True, torch.bfloat16)
     x = torch.randn(70, 48).to(torch.bfloat16)
     assert layer.pack()
     ours = disable_gemm == "0" and cpu_gemm_bf16.cpu_gemm_bf16_error() is None
-    ours = ours and not cpu_features.has_amx_bf16()  # then oneDNN's AMX kernels
+    # AMX without our AMX kernel: oneDNN's AMX kernels
+    ours = ours and (not cpu_features.has_amx_bf16() or cpu_gemm_bf16.amx_error() is None)
     assert layer.layout == (PAIR_PANELS if ours else ONEDNN)
     assert layer.weight.dtype == (torch.int16 if ours else torch.bfloat16)
     out = layer(x)
@@ -198,8 +202,12 @@ def test_load_param_adopts_a_matching_tensor_and_copies_any_other():
 
 
 @pytest.mark.parametrize("amx", [False, True])
-def test_amx_leaves_bfloat16_to_onednn(cpu_env, monkeypatch, amx):
-    """On a CPU with AMX tiles our AVX512_BF16 kernel steps aside for oneDNN's AMX ones."""
+@pytest.mark.parametrize("amx_kernel", [False, True])
+def test_amx_without_our_amx_kernel_leaves_bfloat16_to_onednn(
+    cpu_env, monkeypatch, amx, amx_kernel
+):
+    """On a CPU with AMX tiles our panels need our AMX kernel: without it, the AVX512_BF16
+    kernel steps aside for oneDNN's AMX ones."""
     flags = cpu_features.cpu_flags() - {"amx_bf16", "amx_tile"}
     flags |= {"avx512f", "avx512_bf16"} | ({"amx_bf16", "amx_tile"} if amx else set())
     cpu_env(PAGEDGEN_MAX_CPU_ISA="avx512")  # as on such a CPU, whatever this run's cap
@@ -207,6 +215,10 @@ def test_amx_leaves_bfloat16_to_onednn(cpu_env, monkeypatch, amx):
     onednn = functools.cache(lambda: (torch.bfloat16,))  # cleared by cpu_env as the real one
     monkeypatch.setattr(cpu_features, "onednn_matmul_dtypes", onednn)
     monkeypatch.setattr(cpu_gemm_bf16, "cpu_gemm_bf16_error", lambda march=None: None)
+    amx_error = None if amx and amx_kernel else "no AMX kernel"
+    monkeypatch.setattr(cpu_gemm_bf16, "amx_error", functools.cache(lambda: amx_error))
     cpu_gemm_bf16.enabled.cache_clear()
-    assert cpu_gemm_bf16.enabled() is not amx
-    assert ("AVX512_BF16 panel" in cpu_features.describe_cpu_compute(torch.bfloat16)) is not amx
+    ours = not amx or amx_kernel
+    assert cpu_gemm_bf16.enabled() is ours
+    kernel = ("AMX" if amx else "AVX512_BF16") + " panel" if ours else "oneDNN"
+    assert cpu_features.describe_cpu_compute(torch.bfloat16).startswith(kernel)

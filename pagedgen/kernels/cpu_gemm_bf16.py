@@ -1,12 +1,17 @@
-"""bfloat16 matmul on CPUs with AVX512_BF16 (kernels/cpu_gemm_bf16.c): the weight packed once
-into 16-column panels of k pairs, then y = x @ W.T (+ bias) for bfloat16 x, summed in float32 by
-dot-product instructions and rounded once to bfloat16. At decode batches (32-96 rows) 1.15-1.3x
-oneDNN's bfloat16 kernels on an AVX-512 Zen 5, as fast at 512 rows. Rows never depend on the
-batch. Packed weights are int16 bits, which a module's .to() leaves alone.
+"""bfloat16 matmul on CPUs with AVX512_BF16: the weight packed once into 16-column panels of k
+pairs, then y = x @ W.T (+ bias) for bfloat16 x, summed in float32 and rounded once to bfloat16.
+Rows never depend on the batch. Packed weights are int16 bits, which a module's .to() leaves
+alone.
 
-Used wherever it builds (the target needs AVX512_BF16) and the CPU has no AMX tiles, which
-oneDNN's bfloat16 kernels use. PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off, as it does the float32
-panel kernel."""
+Two kernels read the panels. kernels/cpu_gemm_bf16.c sums with AVX512_BF16 dot-product
+instructions: at decode batches (32-96 rows) 1.15-1.3x oneDNN's bfloat16 kernels on an AVX-512
+Zen 5, as fast at 512 rows. On a CPU with AMX tiles, kernels/cpu_gemm_amx.c takes every layer
+whose K is a multiple of 32 (the others keep the dot-product kernel): at decode batches it
+streams the weights 1.1-1.25x faster than oneDNN's AMX kernels.
+
+Used wherever the dot-product kernel builds (the target needs AVX512_BF16), except on a CPU with
+AMX where the AMX kernel does not build: oneDNN's AMX kernels are faster than ours without tiles.
+PAGEDGEN_DISABLE_CPU_GEMM=1 turns both off, as it does the float32 panel kernel."""
 
 import ctypes
 import functools
@@ -21,19 +26,30 @@ from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_l
 from pagedgen.kernels.cpu_gemm import DISABLE_ENV
 
 SOURCE = "cpu_gemm_bf16.c"
+AMX_SOURCE = "cpu_gemm_amx.c"
 PANEL_WIDTH = 16  # NR in the source
+AMX_K_MULTIPLE = 32  # k in one tile: the AMX kernel takes whole tiles only
+LINEAR_TYPES = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 
 
 @functools.cache
 def _library(march: str) -> SimpleNamespace:
     lib = load_cpu_library(SOURCE, march)
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
     signatures = {
         "cpu_gemm_bf16_supported": [],
         "pack_weight_bf16": [p, p, i64, i64],
-        "linear_bf16": [p, p, i64, p, p, i64, i64, i64, i32],
+        "linear_bf16": LINEAR_TYPES,
     }
     return declare(lib, signatures)
+
+
+@functools.cache
+def _amx_library() -> SimpleNamespace:
+    if not cpu_features.has_amx_bf16() or kernel_march() != "native":
+        raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
+    lib = load_cpu_library(AMX_SOURCE, "native", ("-mamx-tile", "-mamx-bf16"))
+    return declare(lib, {"linear_bf16_amx": LINEAR_TYPES})
 
 
 @functools.cache
@@ -47,12 +63,24 @@ def cpu_gemm_bf16_error(march: str | None = None) -> str | None:
 
 
 @functools.cache
+def amx_error() -> str | None:
+    """None when the AMX kernel (kernels/cpu_gemm_amx.c) runs here, else why not."""
+    try:
+        _amx_library()
+    except (CpuKernelUnavailable, OSError) as e:
+        return str(e)
+    return None
+
+
+@functools.cache
 def enabled() -> bool:
-    """Read once per process: built here, not disabled, and no AMX that oneDNN's bfloat16
-    kernels would use instead (on a Xeon with AMX they ran 54 rows of a 768 x 2304 matmul in
-    0.12 ms, this kernel in 0.81; it kept batch 1, 0.05 ms against 0.07)."""
+    """Read once per process: the dot-product kernel built here, not disabled, and on a CPU with
+    AMX tiles our AMX kernel too; without it oneDNN's AMX kernels beat ours (they ran 54 rows of
+    a 768 x 2304 matmul in 0.12 ms, the dot-product kernel in 0.81)."""
     if os.environ.get(DISABLE_ENV) == "1" or cpu_gemm_bf16_error(kernel_march()) is not None:
         return False
+    if amx_error() is None:
+        return True
     amx = cpu_features.has_amx_bf16()
     return not (amx and torch.bfloat16 in cpu_features.onednn_matmul_dtypes())
 
@@ -94,7 +122,11 @@ def linear(
         bias = bias.contiguous()  # held: the C call reads it
     y = torch.empty(m, out_features, dtype=torch.bfloat16)
     if m:
-        status = _library(kernel_march()).linear_bf16(
+        if k % AMX_K_MULTIPLE == 0 and amx_error() is None:
+            kernel = _amx_library().linear_bf16_amx
+        else:
+            kernel = _library(kernel_march()).linear_bf16
+        status = kernel(
             y.data_ptr(),
             rows.data_ptr(),
             rows.stride(0),
@@ -106,5 +138,5 @@ def linear(
             torch.get_num_threads(),
         )
         if status != 0:
-            raise RuntimeError(f"cpu_gemm_bf16 linear failed with status {status}")
+            raise RuntimeError(f"{kernel.fn.__name__} failed with status {status}")
     return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)

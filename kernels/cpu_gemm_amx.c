@@ -1,0 +1,152 @@
+// bfloat16 matmul on AMX tiles: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), x, W, bias and y in
+// bfloat16, products summed in float32 by tdpbf16ps, y rounded once (to nearest even).
+//
+// W comes packed as cpu_gemm_bf16.c packs it: panels of 16 output columns, [K / 2][16][2] each, so
+// 16 pairs of k of a panel (1 KB, contiguous) are one B tile, and 16 rows of x by 32 of k one A
+// tile. K must be a multiple of 32 (every tile whole); rows past M read a zeroed copy of x's last
+// rows, so x is never read past its end.
+//
+// Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and,
+// in a block, its pairs in order, 32 rows at a time into four float32 tiles (2 x 2 of 16 x 16).
+// A pair is read from memory once a block, so a decode batch reads W once; while the first 32
+// rows read a pair, they ask for the same tiles of the next pair into L2.
+// Each row's sums run over k in the same order whatever the batch, so rows never depend on it.
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx_tiles.h"
+#include "cpu_gemm_loop.h"
+
+#define NR 16                    // output columns per panel (a tile's float32 row)
+#define KB 32                    // k per tile
+#define TILE_ELEMS (KB * NR)     // bfloat16 elements of a B tile: 16 pairs of 16 columns
+#define X_BLOCK_BYTES (1 << 20)  // x read per pass over W
+
+typedef struct {
+  uint16_t *y;
+  const uint16_t *bias;
+  int64_t n, k;
+} Out;
+
+// Rows [r, r + rows) of y, columns [col, col + 16) clipped at n, from a float32 tile: plus bias,
+// rounded to bfloat16.
+static void store_tile(const Out *o, const float *c, int64_t r, int rows, int64_t col) {
+  const int64_t cols = o->n - col < NR ? o->n - col : NR;
+  const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+  __m512 b = _mm512_setzero_ps();
+  if (o->bias != NULL)
+    b = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, o->bias + col)), 16));
+  for (int i = 0; i < rows; i++) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(c + i * NR), b));
+    _mm256_mask_storeu_epi16(o->y + (r + i) * o->n + col, mask, (__m256i)v);
+  }
+}
+
+// Prefetch of a B tile's 16 lines into L2.
+static inline void prefetch_tile(const uint16_t *tile) {
+  for (int i = 0; i < TILE_ELEMS; i += 32) _mm_prefetch((const char *)(tile + i), _MM_HINT_T1);
+}
+
+// y rows [r, r + 16 * GA) (of which `rows` are real) for the panels b0 (and b1 when GB == 2) at
+// column col: A tiles from rows a0 and a1, lda0 and lda1 bytes apart. next: the next pair's first
+// panel, to prefetch, or NULL.
+static inline __attribute__((always_inline)) void tiles(const Out *o, const uint16_t *a0,
+                                                        int64_t lda0, const uint16_t *a1,
+                                                        int64_t lda1, const uint16_t *b0,
+                                                        int64_t panel, const uint16_t *next,
+                                                        int64_t r, int rows, int64_t col,
+                                                        float *c, const int GA, const int GB) {
+  const uint16_t *b1 = b0 + panel;
+  _tile_zero(0);
+  if (GB == 2) _tile_zero(1);
+  if (GA == 2) _tile_zero(2);
+  if (GA == 2 && GB == 2) _tile_zero(3);
+  for (int64_t i = 0; i < o->k / KB; i++) {
+    if (next != NULL) {
+      prefetch_tile(next + i * TILE_ELEMS);
+      if (GB == 2) prefetch_tile(next + panel + i * TILE_ELEMS);
+    }
+    _tile_loadd(6, b0 + i * TILE_ELEMS, NR * 4);
+    if (GB == 2) _tile_loadd(7, b1 + i * TILE_ELEMS, NR * 4);
+    _tile_loadd(4, a0 + i * KB, lda0);
+    _tile_dpbf16ps(0, 4, 6);
+    if (GB == 2) _tile_dpbf16ps(1, 4, 7);
+    if (GA == 2) {
+      _tile_loadd(5, a1 + i * KB, lda1);
+      _tile_dpbf16ps(2, 5, 6);
+      if (GB == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
+  _tile_stored(0, c, NR * 4);
+  store_tile(o, c, r, rows0, col);
+  if (GB == 2) {
+    _tile_stored(1, c, NR * 4);
+    store_tile(o, c, r, rows0, col + NR);
+  }
+  if (GA == 2) {
+    _tile_stored(2, c, NR * 4);
+    store_tile(o, c, r + 16, rows1, col);
+    if (GB == 2) {
+      _tile_stored(3, c, NR * 4);
+      store_tile(o, c, r + 16, rows1, col + NR);
+    }
+  }
+}
+
+// Returns 0; 2 where k is not a multiple of 32; 3 where Linux grants no tiles; 1 out of memory.
+int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
+                    const uint16_t *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
+  if (k % KB || k <= 0) return 2;
+  if (request_tiles()) return 3;
+  // x's last m % 16 rows, then zeros: 16 whole rows, k apart.
+  const int64_t whole = m / 16 * 16;
+  uint16_t *tail = NULL;
+  if (m > whole) {
+    tail = (uint16_t *)aligned_alloc(64, (size_t)(16 * k) * sizeof(uint16_t));
+    if (tail == NULL) return 1;
+    memset(tail, 0, (size_t)(16 * k) * sizeof(uint16_t));
+    for (int64_t i = whole; i < m; i++) memcpy(tail + (i - whole) * k, x + i * ldx, (size_t)k * 2);
+  }
+  const Out o = {y, bias, n, k};
+  const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), 32);
+  int threads = num_threads < 1 ? 1 : num_threads;
+  if (threads > pairs) threads = (int)pairs;
+#pragma omp parallel num_threads(threads)
+  {
+    GEMM_THREAD_IDS;
+    const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
+    float c[16 * NR] __attribute__((aligned(64)));
+    configure_tiles();
+    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
+      const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
+      for (int64_t q = q0; q < q1; q++) {
+        const int gb = panels - 2 * q < 2 ? 1 : 2;
+        const uint16_t *b0 = w_packed + 2 * q * panel;
+        for (int64_t r = m0; r < m1; r += 32) {
+          const int rows = m1 - r < 32 ? (int)(m1 - r) : 32;
+          const uint16_t *a0 = r < whole ? x + r * ldx : tail;
+          const uint16_t *a1 = r + 16 < whole ? a0 + 16 * ldx : tail;
+          const int64_t lda0 = (r < whole ? ldx : k) * 2, lda1 = (r + 16 < whole ? ldx : k) * 2;
+          const uint16_t *next = r == m0 && q + 1 < q1 ? b0 + 2 * panel : NULL;
+          const int ga = rows > 16 ? 2 : 1;
+          if (ga == 2 && gb == 2)
+            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 2, 2);
+          else if (ga == 2)
+            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 2, 1);
+          else if (gb == 2)
+            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 1, 2);
+          else
+            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 1, 1);
+        }
+      }
+    }
+    _tile_release();
+  }
+  free(tail);
+  return 0;
+}
