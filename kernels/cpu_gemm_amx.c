@@ -3,8 +3,8 @@
 //
 // W comes packed as cpu_gemm_bf16.c packs it: panels of 16 output columns, [K / 2][16][2] each, so
 // 16 pairs of k of a panel (1 KB, contiguous) are one B tile, and 16 rows of x by 32 of k one A
-// tile. K must be a multiple of 32 (every tile whole); rows past M read a zeroed copy of x's last
-// rows, so x is never read past its end.
+// tile. K must be a multiple of 32 (every tile whole); the last rows' tiles are configured with
+// as many rows as x has left.
 //
 // Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and,
 // in a block, its pairs in order, 32 rows at a time into four float32 tiles (2 x 2 of 16 x 16).
@@ -13,7 +13,6 @@
 // Each row's sums run over k in the same order whatever the batch, so rows never depend on it.
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "amx_tiles.h"
@@ -50,16 +49,15 @@ static inline void prefetch_tile(const uint16_t *tile) {
   for (int i = 0; i < TILE_ELEMS; i += 32) _mm_prefetch((const char *)(tile + i), _MM_HINT_T1);
 }
 
-// y rows [r, r + 16 * GA) (of which `rows` are real) for the panels b0 (and b1 when GB == 2) at
-// column col: A tiles from rows a0 and a1, lda0 and lda1 bytes apart. next: the next pair's first
+// y rows [r, r + rows) for the panels b0 (and b1 when GB == 2) at column col, from x's rows a,
+// lda bytes apart, in GA tiles of up to 16 rows (as configured). next: the next pair's first
 // panel, to prefetch, or NULL.
-static inline __attribute__((always_inline)) void tiles(const Out *o, const uint16_t *a0,
-                                                        int64_t lda0, const uint16_t *a1,
-                                                        int64_t lda1, const uint16_t *b0,
+static inline __attribute__((always_inline)) void tiles(const Out *o, const uint16_t *a,
+                                                        int64_t lda, const uint16_t *b0,
                                                         int64_t panel, const uint16_t *next,
                                                         int64_t r, int rows, int64_t col,
                                                         float *c, const int GA, const int GB) {
-  const uint16_t *b1 = b0 + panel;
+  const uint16_t *b1 = b0 + panel, *a1 = a + 16 * (lda / 2);
   _tile_zero(0);
   if (GB == 2) _tile_zero(1);
   if (GA == 2) _tile_zero(2);
@@ -71,11 +69,11 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
     }
     _tile_loadd(6, b0 + i * TILE_ELEMS, NR * 4);
     if (GB == 2) _tile_loadd(7, b1 + i * TILE_ELEMS, NR * 4);
-    _tile_loadd(4, a0 + i * KB, lda0);
+    _tile_loadd(4, a + i * KB, lda);
     _tile_dpbf16ps(0, 4, 6);
     if (GB == 2) _tile_dpbf16ps(1, 4, 7);
     if (GA == 2) {
-      _tile_loadd(5, a1 + i * KB, lda1);
+      _tile_loadd(5, a1 + i * KB, lda);
       _tile_dpbf16ps(2, 5, 6);
       if (GB == 2) _tile_dpbf16ps(3, 5, 7);
     }
@@ -97,20 +95,24 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
   }
 }
 
-// Returns 0; 2 where k is not a multiple of 32; 3 where Linux grants no tiles; 1 out of memory.
+// Tiles 0-3: float32 sums for rows [0, 16) x panel 0, x panel 1, rows [16, 32) x panel 0, x panel
+// 1; 4, 5: x's rows [0, 16), [16, 32); 6, 7: panels 0 and 1. rows: the rows of x at hand (up to
+// 32); a tile past them has none, one across them only those, so no tile reads past x's end.
+static void configure_rows(int rows) {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  const int first = rows < 16 ? rows : 16, second = rows - first;
+  const uint8_t tile_rows[8] = {first, first, second, second, first, second, 16, 16};
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = tile_rows[t] ? 64 : 0, cfg.rows[t] = tile_rows[t];
+  _tile_loadconfig(&cfg);
+}
+
+// Returns 0; 2 where k is not a multiple of 32; 3 where Linux grants no tiles.
 int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
                     const uint16_t *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
   if (k % KB || k <= 0) return 2;
   if (request_tiles()) return 3;
-  // x's last m % 16 rows, then zeros: 16 whole rows, k apart.
-  const int64_t whole = m / 16 * 16;
-  uint16_t *tail = NULL;
-  if (m > whole) {
-    tail = (uint16_t *)aligned_alloc(64, (size_t)(16 * k) * sizeof(uint16_t));
-    if (tail == NULL) return 1;
-    memset(tail, 0, (size_t)(16 * k) * sizeof(uint16_t));
-    for (int64_t i = whole; i < m; i++) memcpy(tail + (i - whole) * k, x + i * ldx, (size_t)k * 2);
-  }
   const Out o = {y, bias, n, k};
   const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), 32);
@@ -121,7 +123,7 @@ int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t 
     GEMM_THREAD_IDS;
     const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
     float c[16 * NR] __attribute__((aligned(64)));
-    configure_tiles();
+    int configured = -1;  // rows the tiles are configured for
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
       const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
       for (int64_t q = q0; q < q1; q++) {
@@ -129,24 +131,21 @@ int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t 
         const uint16_t *b0 = w_packed + 2 * q * panel;
         for (int64_t r = m0; r < m1; r += 32) {
           const int rows = m1 - r < 32 ? (int)(m1 - r) : 32;
-          const uint16_t *a0 = r < whole ? x + r * ldx : tail;
-          const uint16_t *a1 = r + 16 < whole ? a0 + 16 * ldx : tail;
-          const int64_t lda0 = (r < whole ? ldx : k) * 2, lda1 = (r + 16 < whole ? ldx : k) * 2;
-          const uint16_t *next = r == m0 && q + 1 < q1 ? b0 + 2 * panel : NULL;
-          const int ga = rows > 16 ? 2 : 1;
-          if (ga == 2 && gb == 2)
-            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 2, 2);
-          else if (ga == 2)
-            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 2, 1);
+          if (rows != configured) configure_rows(rows), configured = rows;
+          const uint16_t *a = x + r * ldx, *next = r == m0 && q + 1 < q1 ? b0 + 2 * panel : NULL;
+          const int64_t col = 2 * q * NR;
+          if (rows > 16 && gb == 2)
+            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 2, 2);
+          else if (rows > 16)
+            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 2, 1);
           else if (gb == 2)
-            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 1, 2);
+            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 1, 2);
           else
-            tiles(&o, a0, lda0, a1, lda1, b0, panel, next, r, rows, 2 * q * NR, c, 1, 1);
+            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 1, 1);
         }
       }
     }
     _tile_release();
   }
-  free(tail);
   return 0;
 }
