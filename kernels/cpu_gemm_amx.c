@@ -7,9 +7,12 @@
 // as many rows as x has left.
 //
 // Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and,
-// in a block, its pairs in order, 32 rows at a time into four float32 tiles (2 x 2 of 16 x 16).
-// A pair is read from memory once a block, so a decode batch reads W once; while the first 32
-// rows read a pair, they ask for the same tiles of the next pair into L2.
+// in a block, its pairs in chunks of up to W_CHUNK_BYTES: 32 rows of x at a time (in L1) against
+// each pair of the chunk (in L2 after the first 32 rows), into four float32 tiles (2 x 2 of
+// 16 x 16). A pair is read from memory once a block, so a decode batch reads W once; while the
+// first 32 rows read a pair, they ask for the same tiles of the next pair into L2. A prompt's
+// rows write y in runs of a chunk's columns, not 32 at a time. (At 4,096 rows oneDNN's AMX
+// kernels are still 1.0-1.3x faster on SmolLM2's shapes; at decode batches this one is.)
 // Each row's sums run over k in the same order whatever the batch, so rows never depend on it.
 
 #include <stdint.h>
@@ -22,6 +25,7 @@
 #define KB 32                    // k per tile
 #define TILE_ELEMS (KB * NR)     // bfloat16 elements of a B tile: 16 pairs of 16 columns
 #define X_BLOCK_BYTES (1 << 20)  // x read per pass over W
+#define W_CHUNK_BYTES (512 << 10)  // W read for each 32 rows of x in a block
 
 typedef struct {
   uint16_t *y;
@@ -29,18 +33,25 @@ typedef struct {
   int64_t n, k;
 } Out;
 
-// Rows [r, r + rows) of y, columns [col, col + 16) clipped at n, from a float32 tile: plus bias,
-// rounded to bfloat16.
-static void store_tile(const Out *o, const float *c, int64_t r, int rows, int64_t col) {
-  const int64_t cols = o->n - col < NR ? o->n - col : NR;
-  const __mmask16 mask = (__mmask16)((1u << cols) - 1);
-  __m512 b = _mm512_setzero_ps();
-  if (o->bias != NULL)
-    b = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, o->bias + col)), 16));
+// Rows [r, r + rows) of y, columns [col, col + 32) clipped at n, from the float32 tiles c0 (the
+// first 16) and c1 (the next 16, or NULL for none): plus bias, rounded to bfloat16, each row one
+// store.
+static void store_tiles(const Out *o, const float *c0, const float *c1, int64_t r, int rows,
+                        int64_t col) {
+  const int64_t cols = o->n - col < 2 * NR ? o->n - col : 2 * NR;
+  const __mmask32 mask = (__mmask32)((1ull << cols) - 1);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (o->bias != NULL) {
+    const __m512i bias = _mm512_maskz_loadu_epi16(mask, o->bias + col);
+    const __m256i lo = _mm512_castsi512_si256(bias), hi = _mm512_extracti64x4_epi64(bias, 1);
+    b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(lo), 16));
+    b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+  }
   for (int i = 0; i < rows; i++) {
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(c + i * NR), b));
-    _mm256_mask_storeu_epi16(o->y + (r + i) * o->n + col, mask, (__m256i)v);
+    const __m512 lo = _mm512_add_ps(_mm512_loadu_ps(c0 + i * NR), b0);
+    const __m512 hi = c1 == NULL ? b1 : _mm512_add_ps(_mm512_loadu_ps(c1 + i * NR), b1);
+    const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
+    _mm512_mask_storeu_epi16(o->y + (r + i) * o->n + col, mask, (__m512i)v);
   }
 }
 
@@ -80,18 +91,12 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
   }
   const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
   _tile_stored(0, c, NR * 4);
-  store_tile(o, c, r, rows0, col);
-  if (GB == 2) {
-    _tile_stored(1, c, NR * 4);
-    store_tile(o, c, r, rows0, col + NR);
-  }
+  if (GB == 2) _tile_stored(1, c + 256, NR * 4);
+  store_tiles(o, c, GB == 2 ? c + 256 : NULL, r, rows0, col);
   if (GA == 2) {
     _tile_stored(2, c, NR * 4);
-    store_tile(o, c, r + 16, rows1, col);
-    if (GB == 2) {
-      _tile_stored(3, c, NR * 4);
-      store_tile(o, c, r + 16, rows1, col + NR);
-    }
+    if (GB == 2) _tile_stored(3, c + 256, NR * 4);
+    store_tiles(o, c, GB == 2 ? c + 256 : NULL, r + 16, rows1, col);
   }
 }
 
@@ -116,32 +121,38 @@ int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t 
   const Out o = {y, bias, n, k};
   const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), 32);
+  const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
+  const int64_t chunk = W_CHUNK_BYTES / pair_bytes > 1 ? W_CHUNK_BYTES / pair_bytes : 1;
   int threads = num_threads < 1 ? 1 : num_threads;
   if (threads > pairs) threads = (int)pairs;
 #pragma omp parallel num_threads(threads)
   {
     GEMM_THREAD_IDS;
     const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
-    float c[16 * NR] __attribute__((aligned(64)));
+    float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
     int configured = -1;  // rows the tiles are configured for
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
       const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      for (int64_t q = q0; q < q1; q++) {
-        const int gb = panels - 2 * q < 2 ? 1 : 2;
-        const uint16_t *b0 = w_packed + 2 * q * panel;
+      for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
+        const int64_t c1 = c0 + chunk < q1 ? c0 + chunk : q1;
         for (int64_t r = m0; r < m1; r += 32) {
           const int rows = m1 - r < 32 ? (int)(m1 - r) : 32;
           if (rows != configured) configure_rows(rows), configured = rows;
-          const uint16_t *a = x + r * ldx, *next = r == m0 && q + 1 < q1 ? b0 + 2 * panel : NULL;
-          const int64_t col = 2 * q * NR;
-          if (rows > 16 && gb == 2)
-            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 2, 2);
-          else if (rows > 16)
-            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 2, 1);
-          else if (gb == 2)
-            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 1, 2);
-          else
-            tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 1, 1);
+          const uint16_t *a = x + r * ldx;
+          for (int64_t q = c0; q < c1; q++) {
+            const int gb = panels - 2 * q < 2 ? 1 : 2;
+            const uint16_t *b0 = w_packed + 2 * q * panel;
+            const uint16_t *next = r == m0 && q + 1 < q1 ? b0 + 2 * panel : NULL;
+            const int64_t col = 2 * q * NR;
+            if (rows > 16 && gb == 2)
+              tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 2, 2);
+            else if (rows > 16)
+              tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 2, 1);
+            else if (gb == 2)
+              tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 1, 2);
+            else
+              tiles(&o, a, ldx * 2, b0, panel, next, r, rows, col, c, 1, 1);
+          }
         }
       }
     }
