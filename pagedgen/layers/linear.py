@@ -14,7 +14,7 @@ PACK_BATCH_SIZE = 64
 # Linear.layout: how the weight is held, and so which kernel runs.
 DENSE = "dense"  # nn.Linear's [out, in]: F.linear (GPUs, and before pack())
 PANELS = "panels"  # cpu_gemm's 16-column panels (float32 compute on AVX2/AVX-512 CPUs)
-PAIR_PANELS = "pair_panels"  # cpu_gemm_bf16's panels of k pairs (bfloat16 with AVX512_BF16)
+PAIR_PANELS = "pair_panels"  # cpu_gemm_bf16's panels of k pairs (bfloat16: AVX512_BF16, AMX)
 ONEDNN = "onednn"  # oneDNN's blocked layout (opaque)
 TRANSPOSED = "transposed"  # [in, out]: x @ W
 
@@ -26,7 +26,8 @@ class Linear(nn.Module):
     On the CPU, pack() then readies the weight for the fastest kernel at hand: in float32, our
     panel kernel (kernels/cpu_gemm.c: oneDNN's results, bit for bit, 1.05-1.3x faster); in
     bfloat16 with AVX512_BF16, our dot-product kernel (kernels/cpu_gemm_bf16.c, 1.15-1.3x
-    oneDNN's at decode batches); else oneDNN's blocked layout, whose kernels run 2-3x faster
+    oneDNN's at decode batches), or on AMX our tile kernel over the same panels
+    (kernels/cpu_gemm_amx.c); else oneDNN's blocked layout, whose kernels run 2-3x faster
     than MKL's on these machines; where oneDNN has no kernel for the dtype, a dense transposed copy
     [in_features, out_features], as x @ W is several times faster than x @ W.T below ~64 rows.
     Every packed layout gives row results that do not depend on the batch. (A half-precision
