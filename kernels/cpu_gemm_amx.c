@@ -7,9 +7,9 @@
 // as many rows as x has left.
 //
 // Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and,
-// in a block, its pairs in chunks of up to W_CHUNK_BYTES: 32 rows of x at a time (in L1) against
-// each pair of the chunk (in L2 after the first 32 rows), into four float32 tiles (2 x 2 of
-// 16 x 16). A pair is read from memory once a block, so a decode batch reads W once; while the
+// in a block, its pairs in chunks of up to W_CHUNK_BYTES: 32 rows of x at a time against each
+// pair of the chunk (in L2 after the first 32 rows; the 32 rows stay in L1 where K is up to ~700),
+// into four float32 tiles (2 x 2 of 16 x 16). A pair is read from memory once a block, so a decode batch reads W once; while the
 // first 32 rows read a pair, they ask for the same tiles of the next pair into L2. A prompt's
 // rows write y in runs of a chunk's columns, not 32 at a time. (At 4,096 rows oneDNN's AMX
 // kernels are still 1.0-1.3x faster on SmolLM2's shapes; at decode batches this one is.)
@@ -133,13 +133,13 @@ int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t 
     int configured = -1;  // rows the tiles are configured for
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
       const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
-        const int64_t c1 = c0 + chunk < q1 ? c0 + chunk : q1;
+      for (int64_t from = q0; from < q1; from += chunk) {
+        const int64_t to = from + chunk < q1 ? from + chunk : q1;
         for (int64_t r = m0; r < m1; r += 32) {
           const int rows = m1 - r < 32 ? (int)(m1 - r) : 32;
           if (rows != configured) configure_rows(rows), configured = rows;
           const uint16_t *a = x + r * ldx;
-          for (int64_t q = c0; q < c1; q++) {
+          for (int64_t q = from; q < to; q++) {
             const int gb = panels - 2 * q < 2 ? 1 : 2;
             const uint16_t *b0 = w_packed + 2 * q * panel;
             const uint16_t *next = r == m0 && q + 1 < q1 ? b0 + 2 * panel : NULL;

@@ -3,6 +3,9 @@ dot-product kernel the others. Its cases (accuracy, tails of 16-row tiles, rows 
 the batch) are the dot-product kernel's, which run on both kernels here
 (tests/kernels/test_cpu_gemm_bf16.py). Skipped without AMX."""
 
+import ctypes
+import mmap
+
 import pytest
 import torch
 
@@ -40,3 +43,26 @@ def test_layers_whose_k_is_a_multiple_of_32_take_it(k, kernel):
     out, names = kernels_called(x, cpu_gemm_bf16.pack(weight), None, 40)
     assert names == [kernel]
     assert_rounded_once(out, x, weight, None)
+
+
+@pytest.mark.parametrize("rows", [1, 15, 17, 31, 33, 54])
+def test_no_tile_reads_past_the_last_row_of_x(rows):
+    """x ends where a page that cannot be read begins: a tile configured with more rows than x
+    has left would fault."""
+    k, page = 64, mmap.PAGESIZE
+    nbytes = rows * k * 2
+    readable = -(-nbytes // page) * page
+    region = mmap.mmap(-1, readable + page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None, use_errno=True)
+    guard = ctypes.c_void_p(start + readable)
+    assert libc.mprotect(guard, page, 0) == 0  # PROT_NONE
+    try:
+        x = torch.frombuffer(region, dtype=torch.bfloat16, count=rows * k, offset=readable - nbytes)
+        x.copy_(torch.randn(rows, k).bfloat16().flatten())
+        weight = torch.randn(48, k).bfloat16()
+        out, names = kernels_called(x.view(rows, k), cpu_gemm_bf16.pack(weight), None, 48)
+        assert names == ["linear_bf16_amx"]
+        assert_rounded_once(out, x.view(rows, k), weight, None)
+    finally:
+        libc.mprotect(guard, page, mmap.PROT_READ | mmap.PROT_WRITE)
