@@ -1,7 +1,7 @@
-"""Which bfloat16 layers the AMX matmul (kernels/cpu_gemm_amx.c) takes: K a multiple of 32, the
-dot-product kernel the others. Its cases (accuracy, tails of 16-row tiles, rows independent of
-the batch) are the dot-product kernel's, which run on both kernels here
-(tests/kernels/test_cpu_gemm_bf16.py). Skipped without AMX."""
+"""Which bfloat16 layers the AMX matmul (kernels/cpu_gemm_amx.c) takes (K a multiple of 32, the
+dot-product kernel the others), and that its tiles never read past x's last row. Its other cases
+(accuracy, tails of 16-row tiles, rows independent of the batch) are the dot-product kernel's,
+which run on both kernels here (tests/kernels/test_cpu_gemm_bf16.py). Skipped without AMX."""
 
 import ctypes
 import mmap
