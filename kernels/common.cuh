@@ -119,11 +119,16 @@ struct IsSame<A, A> {
   static constexpr bool value = true;
 };
 
-// x as a cache of element type C stores it: unchanged where C is T, else rounded to C.
+// x as a cache of element type C stores it: unchanged where C is T, else rounded to C. A float16
+// NaN keeps its sign, as in torch's cast: the GPU's widening makes every NaN positive.
 template <typename C, typename T>
 __device__ __forceinline__ C to_cache(T x) {
   if constexpr (IsSame<C, T>::value) {
     return x;
+  } else if constexpr (IsSame<T, __half>::value) {
+    const float f = to_float(x);
+    const unsigned sign = static_cast<unsigned>(__half_as_ushort(x) >> 15) << 31;
+    return from_float<C>(f != f ? __uint_as_float(0x7fc00000u | sign) : f);
   } else {
     return from_float<C>(to_float(x));
   }

@@ -61,8 +61,8 @@ class RotaryEmbedding(nn.Module):
             scaling = 1.0
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-        positions = torch.arange(max_position, dtype=torch.float)
-        freqs = positions[:, None] * inv_freq.float()[None, :]
+        positions = torch.arange(max_position, dtype=torch.float)  # on the default device
+        freqs = positions[:, None] * inv_freq.float().to(positions.device)[None, :]
         self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
 

@@ -64,8 +64,8 @@ class PhimoeRotaryEmbedding(RotaryEmbedding):
             raise ValueError(f"Phimoe's rope_type {params['rope_type']!r} is not supported")
         nn.Module.__init__(self)
         inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"))
-        positions = torch.arange(max_position, dtype=torch.float)
-        freqs = positions[:, None] * inv_freq.float()[None, :]
+        positions = torch.arange(max_position, dtype=torch.float)  # on the default device
+        freqs = positions[:, None] * inv_freq.float().to(positions.device)[None, :]
         long = positions[:, None] >= params["original_max_position_embeddings"]
         mscale = torch.where(
             long, torch.tensor(params["long_mscale"]), torch.tensor(params["short_mscale"])

@@ -55,6 +55,7 @@ inline __half __float2half_rn(float x) {
   return h;
 }
 inline __half __ushort_as_half(unsigned short bits) { return {bits}; }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline float __bfloat162float(__nv_bfloat16 b) {
   const uint32_t u = uint32_t(b.bits) << 16;
   float f;
