@@ -89,7 +89,12 @@ def apply_bans_(logits: torch.Tensor, md: SamplingMetadata) -> None:
     tokens that would complete a bad word."""
     if md.banned_coords is not None:
         rows, token_ids = md.banned_coords
-        logits[rows, token_ids] = float("-inf")
+        # One fill at flat offsets: on a GPU, logits[rows, token_ids] = -inf waits for the device.
+        flat = logits.view(-1) if logits.is_contiguous() else None
+        if flat is not None:
+            flat.index_fill_(0, rows * logits.shape[1] + token_ids, float("-inf"))
+        else:
+            logits[rows, token_ids] = float("-inf")
 
 
 def apply_allowed_token_ids_(logits: torch.Tensor, md: SamplingMetadata) -> None:
