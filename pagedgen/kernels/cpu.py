@@ -7,8 +7,13 @@ from types import SimpleNamespace
 
 import torch
 
-from pagedgen.cpu_features import has_amx_bf16, kernel_march
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
+from pagedgen.cpu_features import kernel_march
+from pagedgen.kernels.cpu_build import (
+    CpuKernelUnavailable,
+    declare,
+    load_amx_library,
+    load_cpu_library,
+)
 
 SOURCE = "paged_attention_cpu.c"
 PREFILL_SOURCE = "prefill_attention_cpu.c"
@@ -47,9 +52,7 @@ def _prefill_library(march: str) -> SimpleNamespace:
 
 @functools.cache
 def _amx_prefill_library() -> SimpleNamespace:
-    if not has_amx_bf16() or kernel_march() != "native":
-        raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
-    lib = load_cpu_library(AMX_PREFILL_SOURCE, "native", ("-mamx-tile", "-mamx-bf16"))
+    lib = load_amx_library(AMX_PREFILL_SOURCE)
     prefill = [*LEADING_TYPES, _p, _p, _p, _i64, *TRAILING_TYPES]
     return declare(lib, {"paged_attention_prefill_amx": prefill})
 

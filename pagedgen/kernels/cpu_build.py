@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-from pagedgen.cpu_features import cpu_flags
+from pagedgen.cpu_features import cpu_flags, has_amx_bf16, kernel_march
 from pagedgen.kernels.source import kernel_source
 
 # Reassociation lets reductions vectorize; not -ffast-math, whose crtfastmath would turn on
@@ -80,6 +80,14 @@ def load_cpu_library(name: str, march: str, extra_flags: tuple[str, ...] = ()) -
     except CpuKernelUnavailable:  # no OpenMP (Apple clang): one thread
         path = compile_source(compiler, name, source, flags)
     return ctypes.CDLL(str(path))
+
+
+def load_amx_library(name: str) -> ctypes.CDLL:
+    """kernels/<name> built with AMX tiles; raises CpuKernelUnavailable where the CPU has none, or
+    PAGEDGEN_MAX_CPU_ISA caps the ISA below them."""
+    if not has_amx_bf16() or kernel_march() != "native":
+        raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
+    return load_cpu_library(name, "native", ("-mamx-tile", "-mamx-bf16"))
 
 
 # Called after every kernel call while record_calls() is open: (function, args, status).

@@ -22,7 +22,12 @@ import torch
 
 from pagedgen import cpu_features
 from pagedgen.cpu_features import kernel_march
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
+from pagedgen.kernels.cpu_build import (
+    CpuKernelUnavailable,
+    declare,
+    load_amx_library,
+    load_cpu_library,
+)
 from pagedgen.kernels.cpu_gemm import DISABLE_ENV
 
 SOURCE = "cpu_gemm_bf16.c"
@@ -46,10 +51,7 @@ def _library(march: str) -> SimpleNamespace:
 
 @functools.cache
 def _amx_library() -> SimpleNamespace:
-    if not cpu_features.has_amx_bf16() or kernel_march() != "native":
-        raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
-    lib = load_cpu_library(AMX_SOURCE, "native", ("-mamx-tile", "-mamx-bf16"))
-    return declare(lib, {"linear_bf16_amx": LINEAR_TYPES})
+    return declare(load_amx_library(AMX_SOURCE), {"linear_bf16_amx": LINEAR_TYPES})
 
 
 @functools.cache

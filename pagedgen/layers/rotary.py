@@ -61,14 +61,20 @@ class RotaryEmbedding(nn.Module):
             scaling = 1.0
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-        positions = torch.arange(max_position, dtype=torch.float)  # on the default device
-        freqs = positions[:, None] * inv_freq.float().to(positions.device)[None, :]
+        freqs = rope_angles(inv_freq, max_position)
         self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> "Rope":
         """The step's cos and sin rows, looked up once and shared by every layer."""
         return Rope(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+
+
+def rope_angles(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
+    """[max_position, len(inv_freq)]: each position times each frequency, on the default device
+    (a model built for CUDA builds its tables there; inv_freq may come from the CPU)."""
+    positions = torch.arange(max_position, dtype=torch.float)
+    return positions[:, None] * inv_freq.float().to(positions.device)[None, :]
 
 
 def layer_type_ropes(config: PretrainedConfig, head_dim: int, max_position: int) -> nn.ModuleDict:

@@ -90,9 +90,8 @@ def apply_bans_(logits: torch.Tensor, md: SamplingMetadata) -> None:
     if md.banned_coords is not None:
         rows, token_ids = md.banned_coords
         # One fill at flat offsets: on a GPU, logits[rows, token_ids] = -inf waits for the device.
-        flat = logits.view(-1) if logits.is_contiguous() else None
-        if flat is not None:
-            flat.index_fill_(0, rows * logits.shape[1] + token_ids, float("-inf"))
+        if logits.is_contiguous():
+            logits.view(-1).index_fill_(0, rows * logits.shape[1] + token_ids, float("-inf"))
         else:
             logits[rows, token_ids] = float("-inf")
 

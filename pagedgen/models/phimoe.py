@@ -8,7 +8,7 @@ from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.layers.norm import LayerNorm
-from pagedgen.layers.rotary import RotaryEmbedding, rope_parameters
+from pagedgen.layers.rotary import RotaryEmbedding, rope_angles, rope_parameters
 from pagedgen.models.llama import LlamaDecoderLayer, LlamaMLP
 from pagedgen.models.moe import MixtralForCausalLM
 
@@ -64,8 +64,8 @@ class PhimoeRotaryEmbedding(RotaryEmbedding):
             raise ValueError(f"Phimoe's rope_type {params['rope_type']!r} is not supported")
         nn.Module.__init__(self)
         inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"))
-        positions = torch.arange(max_position, dtype=torch.float)  # on the default device
-        freqs = positions[:, None] * inv_freq.float().to(positions.device)[None, :]
+        freqs = rope_angles(inv_freq, max_position)
+        positions = torch.arange(max_position, dtype=torch.float)
         long = positions[:, None] >= params["original_max_position_embeddings"]
         mscale = torch.where(
             long, torch.tensor(params["long_mscale"]), torch.tensor(params["short_mscale"])
