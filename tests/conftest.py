@@ -71,3 +71,20 @@ def tiny_llama_path(tmp_path_factory) -> Path:
     )
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def head64_llama_path(tmp_path_factory) -> Path:
+    """The tiny Llama with heads of 64, a size the CUDA decode kernel takes (16 is not): GPU
+    tests that need the cupy backend, and so decode CUDA graphs, use it."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("head64-llama")
+    config = LlamaConfig(vocab_size=257, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=512, initializer_range=0.3,
+                         eos_token_id=256, bos_token_id=256)  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    build_tokenizer(folder)
+    return folder

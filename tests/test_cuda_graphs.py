@@ -102,24 +102,6 @@ def test_padding_rows_touch_no_sequence_block(tiny_llama_path):
     assert changed == sorted([*slots.tolist(), pad_slot])
 
 
-@pytest.fixture(scope="module")
-def head64_llama_path(tmp_path_factory):
-    """The tiny Llama with heads of 64, a size the CUDA decode kernel takes (16 is not)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from tests.conftest import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("head64-llama")
-    config = LlamaConfig(vocab_size=257, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=512, initializer_range=0.3,
-                         eos_token_id=256, bos_token_id=256)  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    build_tokenizer(folder)
-    return folder
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

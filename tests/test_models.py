@@ -19,26 +19,39 @@ def tiny_model(request, tmp_path_factory):
     config = AutoConfig.for_model(**kwargs)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    for name, buffer in model.named_buffers():  # DeepSeek-V3's router bias, zeros at init
-        if name.endswith("e_score_correction_bias"):
-            buffer.normal_(0.0, 0.2)
-    with torch.no_grad():  # norms init to 1 and biases to 0 hide a weight or bias lost in loading
-        for name, param in model.named_parameters():
-            if "norm" in name or "ln_" in name or name.endswith("bias"):
-                param.add_(torch.randn_like(param), alpha=0.1)
+    untie_initial_values(model)
     folder = tmp_path_factory.mktemp(name)
     model.save_pretrained(folder)
     build_tokenizer(folder)
     return folder, model
 
 
-def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+def untie_initial_values(model) -> None:
+    """Values that init leaves constant made random: norms at 1 and biases at 0 hide a weight or
+    bias lost in loading; a router at 0 (DeepSeek-V3's bias; ERNIE's whole gate in transformers
+    5.17) ties every expert, and CPU and GPU top-k break ties differently."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.2)
+        for name, param in model.named_parameters():
+            if "norm" in name or "ln_" in name or name.endswith("bias"):
+                param.add_(torch.randn_like(param), alpha=0.1)
+            elif param.dim() == 2 and not param.any():
+                param.normal_(0.0, 0.3)
+
+
+def reference_greedy(
+    model, prompt: list[int], max_new_tokens: int, use_cache: bool = True
+) -> list[int]:
+    """transformers' greedy tokens; use_cache=False runs the whole sequence every step."""
     out = model.generate(
         torch.tensor([prompt]),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=None,
         pad_token_id=0,
+        use_cache=use_cache,
     )
     return out[0, len(prompt) :].tolist()
 

@@ -98,12 +98,14 @@ def test_prompt_logprobs_survive_preemption_by_recompute(tiny_llama_path, hf_mod
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_prompt_logprobs_on_a_gpu(tiny_llama_path, hf_model):
-    """Chunked prefill with decode graphs and async scheduling: the prompt logprobs come back
-    with the step's samples."""
+def test_prompt_logprobs_on_a_gpu(head64_llama_path):
+    """Chunked prefill with decode graphs and async scheduling, in float32 as the reference: the
+    prompt logprobs come back with the step's samples (heads of 64 for the cupy kernels)."""
+    hf_model = AutoModelForCausalLM.from_pretrained(head64_llama_path, dtype=torch.float32)
     llm = LLM(
-        str(tiny_llama_path),
+        str(head64_llama_path),
         device="cuda",
+        dtype="float32",
         block_size=16,
         max_num_batched_tokens=16,
         kv_cache_memory=0.01,
@@ -111,9 +113,10 @@ def test_prompt_logprobs_on_a_gpu(tiny_llama_path, hf_model):
         async_scheduling=True,
         log=lambda m: None,
     )
+    assert llm.engine.runner.decode_graphs is not None
     params = SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=2, ignore_eos=True)
     for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, params)):
-        check(hf_model, prompt, output.prompt_logprobs, 2, tol=1e-3)
+        check(hf_model.eval(), prompt, output.prompt_logprobs, 2, tol=1e-3)
 
 
 def test_prompt_logprobs_must_not_be_negative():

@@ -10,6 +10,7 @@ from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
 SWIGLU_ALPHA = 1.702  # configs before transformers 5 do not name it
+SWIGLU_LIMIT = 7.0  # nor do those of transformers 5.17, whose modeling fixes it at 7.0
 
 
 class GptOssAttention(LlamaAttention):
@@ -32,7 +33,7 @@ class GptOssExpert(nn.Module):
         self.gate_up_proj = Linear(hidden, [inter, inter], bias=True)
         self.down_proj = Linear(inter, hidden, bias=True)
         self.alpha = getattr(config, "swiglu_alpha", SWIGLU_ALPHA)
-        self.limit = config.swiglu_limit
+        self.limit = getattr(config, "swiglu_limit", SWIGLU_LIMIT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
