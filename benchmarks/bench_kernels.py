@@ -1,7 +1,8 @@
 """Micro-benchmark of the CUDA kernels: achieved GB/s against the device's peak bandwidth.
 
 Decode attention runs every shape with the per-head kernel and the GQA-grouped one
-(PAGEDGEN_CUDA_GROUPED_DECODE), each planned once and timed two ways: "GPU ms" replays `iters`
+(PAGEDGEN_CUDA_GROUPED_DECODE), each without and with L2 prefetch of the next KV block
+(PAGEDGEN_CUDA_DECODE_PREFETCH), each planned once and timed two ways: "GPU ms" replays `iters`
 repetitions captured in one CUDA graph (the kernels alone, no host overhead), "host ms" plans
 and launches from Python every repetition, as an engine step without graphs does. Bytes are
 counted once: each kv head's K/V of every context token, the queries and the outputs. Repetitions
@@ -144,9 +145,12 @@ def plan_name(launches: list[KernelLaunch]) -> str:
     return f"v2 x{launches[0].grid[2]} partitions"
 
 
-def time_attention(batch: AttentionBatch, grouped: bool, iters: int) -> AttentionTiming:
+def time_attention(
+    batch: AttentionBatch, grouped: bool, l2_prefetch: bool, iters: int
+) -> AttentionTiming:
+    options = dict(grouped=grouped, l2_prefetch=l2_prefetch)
     plans = [
-        paged_attention_launches(*batch.args(copy), grouped=grouped)
+        paged_attention_launches(*batch.args(copy), **options)
         for copy in range(len(batch.block_tables))
     ]
 
@@ -155,7 +159,7 @@ def time_attention(batch: AttentionBatch, grouped: bool, iters: int) -> Attentio
             loader.launch(kernel_launch)
 
     def host_launched() -> None:
-        for kernel_launch in paged_attention_launches(*batch.args(0), grouped=grouped):
+        for kernel_launch in paged_attention_launches(*batch.args(0), **options):
             loader.launch(kernel_launch)
 
     gpu_ms = graph_time_ms(repetition, iters)
@@ -165,12 +169,19 @@ def time_attention(batch: AttentionBatch, grouped: bool, iters: int) -> Attentio
 def add_attention_rows(
     table: Table, shape: tuple[int, ...], dtype: torch.dtype, iters: int, peak: float
 ) -> None:
-    """The per-head and grouped kernels on one shape, then torch's decode attention."""
+    """The per-head and grouped kernels on one shape, each without and with L2 prefetch, then
+    torch's decode attention."""
     batch = attention_batch(shape, dtype)
     label = "seqs={} ctx={} heads={}/{} head={} block={}".format(*shape)
-    per_head = time_attention(batch, grouped=False, iters=iters)
-    grouped = time_attention(batch, grouped=True, iters=iters)
-    for name, timing in (("per-head", per_head), ("grouped", grouped)):
+    timings = {
+        f"{kind}{' +prefetch' if l2_prefetch else ''}": time_attention(
+            batch, kind == "grouped", l2_prefetch, iters
+        )
+        for kind in ("per-head", "grouped")
+        for l2_prefetch in (False, True)
+    }
+    per_head = timings["per-head"]
+    for name, timing in timings.items():
         gbps = batch.bytes_moved / timing.gpu_ms / 1e6
         table.add_row(
             f"paged_attention {name} {timing.plan}",

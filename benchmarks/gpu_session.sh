@@ -12,8 +12,11 @@
 #   smollm2-async    graphs and async scheduling (--async-scheduling)
 #   smollm2-grouped  graphs, async scheduling and the GQA-grouped decode kernel
 #                    (PAGEDGEN_CUDA_GROUPED_DECODE=1)
-#   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped   the same on a random-weight
-#                    Llama-3-8B shape
+#   smollm2-prefetch graphs and async scheduling, decode warps prefetching their next KV block
+#                    into L2 (PAGEDGEN_CUDA_DECODE_PREFETCH=1)
+#   smollm2-grouped-prefetch   both
+#   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
+#   llama8b-grouped-prefetch   the same on a random-weight Llama-3-8B shape
 #   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
 #                    torch backend, 64 experts: eager, as every mixture runs)
 # The baselines run in the first bench stage of each shape only (BASELINES_EVERY=1: in every
@@ -21,9 +24,10 @@
 # pagedgen the same KV pool, KV_CACHE_GIB (24: room for 256 sequences of 639 tokens of the 8B
 # shape), so that stages with and without baselines compare.
 # A call lasts at most 600 s, so a session splits its stages, e.g.
-#   call 1: STAGES="tests kernels"                                    (~5 min)
-#   call 2: STAGES="llama8b-graphs llama8b-async llama8b-grouped"     (~7 min)
-#   call 3: STAGES="smollm2-graphs smollm2-async smollm2-grouped"     (~4 min)
+#   call 1: STAGES="tests"                                                       (~8 min)
+#   call 2: STAGES="kernels llama8b-async"                                       (~8 min)
+#   call 3: STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch"   (~6 min)
+#   call 4: STAGES="smollm2-async smollm2-grouped smollm2-prefetch"              (~4 min)
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
 # the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
 # machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
@@ -45,34 +49,40 @@ run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     echo "exit $?" >> "$OUT/$name.txt"
     tail -n "${TAIL:-30}" "$OUT/$name.txt"
 }
-bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async or grouped (see above)
+bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, prefetch, grouped-prefetch
     local preset=$1 mode=$2 model=/tmp/pagedgen-$1
     [ -d "$model" ] || python benchmarks/random_models.py "$preset" "$model" --device cuda \
         --dtype bfloat16 "${tokenizer[@]}" > "$OUT/model-$preset.txt" 2>&1
     local flags=(--enforce-eager)
     [ "$mode" = graphs ] && flags=(--no-enforce-eager)
-    [ "$mode" = async ] || [ "$mode" = grouped ] && flags=(--no-enforce-eager --async-scheduling)
-    local grouped=0; [ "$mode" = grouped ] && grouped=1
+    [ "$mode" != eager ] && [ "$mode" != graphs ] && flags=(--no-enforce-eager --async-scheduling)
+    local grouped=0 prefetch=0
+    [[ $mode == grouped* ]] && grouped=1
+    [[ $mode == *prefetch ]] && prefetch=1
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
-    PAGEDGEN_CUDA_GROUPED_DECODE=$grouped run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+    PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
         --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 for stage in $STAGES; do case $stage in
-    tests) TAIL=40 run gpu-tests 170 python -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests ;;
-    kernels) run kernels 150 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
+    tests) TAIL=40 run gpu-tests 500 python -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests ;;
+    kernels) run kernels 240 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
     smollm2-eager) bench smollm2-135m eager 200 ;;
     smollm2-graphs) bench smollm2-135m graphs 200 ;;
     smollm2-async) bench smollm2-135m async 200 ;;
     smollm2-grouped) bench smollm2-135m grouped 200 ;;
+    smollm2-prefetch) bench smollm2-135m prefetch 200 ;;
+    smollm2-grouped-prefetch) bench smollm2-135m grouped-prefetch 200 ;;
     llama8b-eager) bench llama-8b eager 300 ;;
     llama8b-graphs) bench llama-8b graphs 300 ;;
     llama8b-async) bench llama-8b async 300 ;;
     llama8b-grouped) bench llama-8b grouped 300 ;;
+    llama8b-prefetch) bench llama-8b prefetch 300 ;;
+    llama8b-grouped-prefetch) bench llama-8b grouped-prefetch 300 ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;
     *) echo "unknown stage $stage" ;;
 esac; done

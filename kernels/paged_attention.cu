@@ -16,6 +16,7 @@
 // alibi_slopes (not nullptr: one slope per head, BLOOM, MPT) the score of token t gains
 // slope * (t - (context_len - 1)) after any soft cap.
 #include "common.cuh"
+#include "kv_prefetch.cuh"
 
 namespace pagedgen {
 
@@ -87,6 +88,12 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
     const int num_tokens = min(BLOCK_SIZE, end_token - b * BLOCK_SIZE);
     const int skipped = max(0, start_token - b * BLOCK_SIZE);  // the first block's, if partial
     const bool valid = token_in_block < num_tokens && token_in_block >= skipped;
+    if (PAGEDGEN_L2_PREFETCH && b + NUM_WARPS < end_block) {
+      prefetch_kv_block<CACHE_T, HEAD_SIZE, BLOCK_SIZE>(
+          key_cache, value_cache,
+          (long long)block_table[b + NUM_WARPS] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE,
+          token_stride, lane);
+    }
 
     float score = 0.f;
     if (valid) {
@@ -122,8 +129,11 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[i][e] *= alpha;
     }
-    for (int t = v_row; t < num_tokens; t += V_ROWS) {
-      if (t < skipped) continue;  // out of the window: never read
+    // A fixed trip count, unrolled, so that the loads of every row's tokens are in flight at once.
+#pragma unroll
+    for (int j = 0; j < (BLOCK_SIZE + V_ROWS - 1) / V_ROWS; ++j) {
+      const int t = v_row + j * V_ROWS;
+      if (t < skipped || t >= num_tokens) continue;  // out of the window or the context
       const float pt = s_p[warp][t];
       const CACHE_T* v_token = value_cache + block_offset + (long long)t * token_stride;
 #pragma unroll

@@ -9,6 +9,7 @@
 //   grid.x = num_kv_heads * num_tiles, tile i of a group holds heads i * GROUP_TILE ... (at most
 //   GROUP_TILE; the missing heads of the last tile get zero queries and are not written)
 #include "common.cuh"
+#include "kv_prefetch.cuh"
 
 namespace pagedgen {
 
@@ -48,6 +49,10 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
   constexpr int V_ROWS = kWarpSize / (V_LANES * V_SLICES);
   constexpr int SLICE_HEADS = GROUP_TILE / V_SLICES;
   constexpr int V_VECS = (NUM_VECS + V_LANES - 1) / V_LANES;
+  // Key vectors and value tokens in flight per lane, as many as the registers left beside the
+  // scores (GROUP_TILE) and the accumulators (SLICE_HEADS * V_VECS * VEC) allow without spills.
+  constexpr int K_UNROLL = GROUP_TILE > 4 ? 2 : 8;
+  constexpr int V_UNROLL = SLICE_HEADS * V_VECS * VEC > 16 ? 4 : 8;
   static_assert(HEAD_SIZE % VEC == 0 && VEC % 4 == 0, "whole vectors of whole float4s");
   static_assert(kWarpSize % BLOCK_SIZE == 0, "a warp scores a whole KV block at once");
   static_assert(NUM_THREADS % kWarpSize == 0, "NUM_THREADS must be whole warps");
@@ -100,11 +105,17 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
     const long long block_offset =
         (long long)block_table[b] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE;
     const int num_tokens = min(BLOCK_SIZE, end_token - b * BLOCK_SIZE);
+    if (PAGEDGEN_L2_PREFETCH && b + NUM_WARPS < end_block) {
+      prefetch_kv_block<CACHE_T, HEAD_SIZE, BLOCK_SIZE>(
+          key_cache, value_cache,
+          (long long)block_table[b + NUM_WARPS] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE,
+          token_stride, lane);
+    }
 
     float score[GROUP_TILE] = {};
     if (token_in_block < num_tokens) {
       const CACHE_T* k = key_cache + block_offset + (long long)token_in_block * token_stride;
-#pragma unroll 2
+#pragma unroll K_UNROLL
       for (int i = 0; i < K_VECS; ++i) {
         const int v = part + i * THREADS_PER_TOKEN;
         if (v < NUM_VECS) {
@@ -157,7 +168,7 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
         for (int e = 0; e < VEC; ++e) acc[h][i][e] *= alpha;
       }
     }
-#pragma unroll 4
+#pragma unroll V_UNROLL
     for (int t = v_row; t < BLOCK_SIZE; t += V_ROWS) {
       if (t < num_tokens) {
         const CACHE_T* v_token = value_cache + block_offset + (long long)t * token_stride;

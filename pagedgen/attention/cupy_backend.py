@@ -22,7 +22,8 @@ class CupyAttentionBackend(TorchAttentionBackend):
     every prefill and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu;
     its tiles use no tensor cores yet), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA,
     one call per sequence. PAGEDGEN_CUDA_GROUPED_DECODE=1 decodes GQA layers with the grouped
-    kernel, which reads each kv head's K/V once for its group. Reads the same cache layout as
+    kernel, which reads each kv head's K/V once for its group; PAGEDGEN_CUDA_DECODE_PREFETCH=1
+    has decode warps prefetch their next KV block into L2. Reads the same cache layout as
     the torch backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES, and fp8
     caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside caches of the model's dtype: every
     kernel rounds K/V into them as to_cache_dtype does, and attention reads this step's K/V
@@ -36,6 +37,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
     # One thread block per kv head for its whole GQA group (kernels/paged_attention_grouped.cu);
     # off until a GPU run measures it against the per-head kernel.
     use_grouped_decode = os.environ.get("PAGEDGEN_CUDA_GROUPED_DECODE", "0") == "1"
+    # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh); off until a GPU
+    # run measures it (benchmarks/bench_kernels.py times both).
+    use_l2_prefetch = os.environ.get("PAGEDGEN_CUDA_DECODE_PREFETCH", "0") == "1"
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
@@ -116,6 +120,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             max(metadata.context_lens_cpu[:num_decode]),
             scale,
             grouped=self.use_grouped_decode,
+            l2_prefetch=self.use_l2_prefetch,
             window=window,
             softcap=softcap,
             sinks=sinks,

@@ -97,3 +97,9 @@ def check_tensor(
     check(t.dim() == ndim, f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if contiguous:
         check(t.is_contiguous(), f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def prefetch_defines(l2_prefetch: bool) -> tuple[str, ...]:
+    """The decode kernels' -D for kernels/kv_prefetch.cuh: while a warp attends a KV block, it
+    asks L2 for the next one it will read."""
+    return ("PAGEDGEN_L2_PREFETCH=1",) if l2_prefetch else ()

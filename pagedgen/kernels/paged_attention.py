@@ -10,6 +10,7 @@ from pagedgen.kernels.launch import (
     check_cache_dtype,
     check_dtype,
     check_tensor,
+    prefetch_defines,
 )
 from pagedgen.kernels.paged_attention_grouped import NUM_THREADS as GROUPED_NUM_THREADS
 from pagedgen.kernels.paged_attention_grouped import (
@@ -39,6 +40,7 @@ def paged_attention_module(
     block_size: int,
     partition_size: int = PARTITION_SIZE,
     cache_dtype: torch.dtype | None = None,  # None: dtype
+    l2_prefetch: bool = False,  # kernels/kv_prefetch.cuh
 ) -> KernelModule:
     c_type = C_TYPES[dtype]
     cache_type = cache_c_type(dtype, cache_dtype or dtype)
@@ -49,6 +51,7 @@ def paged_attention_module(
             f"PAGEDGEN_CACHE_T={cache_type}",
             f"PAGEDGEN_HEAD_SIZE={head_size}",
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
+            *prefetch_defines(l2_prefetch),
         ),
         name_expressions=(
             f"pagedgen::paged_attention_v1_kernel<{c_type}, {cache_type}, {head_size}, "
@@ -134,6 +137,7 @@ def paged_attention_launches(
     version: int | None = None,
     partition_size: int | None = None,
     grouped: bool = False,
+    l2_prefetch: bool = False,
     window: int | None = None,  # a query sees its last `window` tokens; earlier blocks unread
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
@@ -146,7 +150,8 @@ def paged_attention_launches(
 
     grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
     its GQA group (layers without GQA, or with a window, soft cap, sinks or ALiBi, which it lacks,
-    keep the per-head kernel).
+    keep the per-head kernel). l2_prefetch has each warp ask L2 for its next KV block while it
+    attends one (kernels/kv_prefetch.cuh), a hint that changes no result.
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -192,11 +197,13 @@ def paged_attention_launches(
     partition_size = partition_size or PARTITION_SIZE
     check(partition_size % block_size == 0, f"partition_size {partition_size} % {block_size}")
     cache_dtype = key_cache.dtype
-    module = paged_attention_module(dtype, head_size, block_size, partition_size, cache_dtype)
+    module = paged_attention_module(
+        dtype, head_size, block_size, partition_size, cache_dtype, l2_prefetch
+    )
     # The grouped kernels' partial results have the per-head layout of the v2 reduce's.
     main_module = module
     if grouped:
-        main_module = grouped_module(dtype, head_size, block_size, tile, cache_dtype)
+        main_module = grouped_module(dtype, head_size, block_size, tile, cache_dtype, l2_prefetch)
     v1_name, v2_name = main_module.name_expressions[:2]
     block = (NUM_THREADS, 1, 1)
     main_block = (GROUPED_NUM_THREADS, 1, 1) if grouped else block
@@ -267,6 +274,7 @@ def paged_attention(
     max_context_len: int,
     scale: float,
     grouped: bool = False,
+    l2_prefetch: bool = False,
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
@@ -285,6 +293,7 @@ def paged_attention(
         max_context_len,
         scale,
         grouped=grouped,
+        l2_prefetch=l2_prefetch,
         window=window,
         softcap=softcap,
         sinks=sinks,

@@ -6,7 +6,13 @@ import functools
 
 import torch
 
-from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_c_type, cache_dtypes
+from pagedgen.kernels.launch import (
+    C_TYPES,
+    KernelModule,
+    cache_c_type,
+    cache_dtypes,
+    prefetch_defines,
+)
 
 # Instantiated with these in kernels/paged_attention_grouped.cu.
 NUM_THREADS = 128
@@ -32,6 +38,7 @@ def grouped_module(
     block_size: int,
     tile: int,
     cache_dtype: torch.dtype | None = None,  # None: dtype
+    l2_prefetch: bool = False,  # kernels/kv_prefetch.cuh
 ) -> KernelModule:
     c_type = C_TYPES[dtype]
     cache_type = cache_c_type(dtype, cache_dtype or dtype)
@@ -44,6 +51,7 @@ def grouped_module(
             f"PAGEDGEN_HEAD_SIZE={head_size}",
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
             f"PAGEDGEN_GROUP_TILE={tile}",
+            *prefetch_defines(l2_prefetch),
         ),
         name_expressions=(
             f"pagedgen::paged_attention_grouped_v1_kernel<{args}>",

@@ -88,6 +88,16 @@ inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
+// L2 prefetches (kernels/kv_prefetch.cuh) change nothing on a CPU: their addresses are recorded
+// for the tests, which read them with emu_prefetched and empty the record with emu_clear_prefetched.
+static std::vector<uintptr_t> emu_prefetches;  // one per library (an inline one is shared)
+inline void emu_prefetch_l2(const void* p) {
+  emu_prefetches.push_back(reinterpret_cast<uintptr_t>(p));
+}
+extern "C" size_t emu_num_prefetched() { return emu_prefetches.size(); }
+extern "C" uintptr_t emu_prefetched(size_t i) { return emu_prefetches[i]; }
+extern "C" void emu_clear_prefetched() { emu_prefetches.clear(); }
+
 namespace emu {
 
 enum class State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kExited };

@@ -109,6 +109,16 @@ class Emulator:
         if error:
             raise EmulationError(f"{kernel_launch.name_expression}: {error}")
 
+    def take_prefetched(self) -> list[int]:
+        """The addresses that L2 prefetches asked for since the last call, in issue order."""
+        library = self.library
+        library.emu_num_prefetched.restype = ctypes.c_size_t
+        library.emu_prefetched.restype = ctypes.c_uint64
+        library.emu_prefetched.argtypes = [ctypes.c_size_t]
+        addresses = [library.emu_prefetched(i) for i in range(library.emu_num_prefetched())]
+        library.emu_clear_prefetched()
+        return addresses
+
     @staticmethod
     def _c_value(arg: object) -> ctypes._SimpleCData:
         if isinstance(arg, torch.Tensor):

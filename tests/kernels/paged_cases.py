@@ -148,6 +148,7 @@ def run_decode(
     partition_size: int = PARTITION_SIZE,
     query: torch.Tensor | None = None,
     grouped: bool = False,
+    l2_prefetch: bool = False,
 ) -> torch.Tensor:
     query = case.query if query is None else query
     out = torch.full_like(case.query, float("nan"))
@@ -163,6 +164,7 @@ def run_decode(
         version=version,
         partition_size=partition_size,
         grouped=grouped,
+        l2_prefetch=l2_prefetch,
         window=case.window,
         softcap=case.softcap,
         sinks=case.sinks,
@@ -178,9 +180,12 @@ def check_decode(
     version: int | None,
     partition_size: int = PARTITION_SIZE,
     grouped: bool = False,
+    l2_prefetch: bool = False,
 ) -> None:
     """Runs the kernels through launch and asserts they match the reference (NaN never does)."""
-    out = run_decode(launch, case, version, partition_size, grouped=grouped)
+    out = run_decode(
+        launch, case, version, partition_size, grouped=grouped, l2_prefetch=l2_prefetch
+    )
     tolerance = TOLERANCES[case.query.dtype]
     torch.testing.assert_close(
         out.cpu().float(), reference(case).float(), atol=tolerance, rtol=tolerance

@@ -20,7 +20,7 @@ from pagedgen.kernels.cache_ops import COPY_BLOCKS, reshape_and_cache_module
 from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_dtypes
 from pagedgen.kernels.layer_ops import RMS_NORM, SILU_AND_MUL, rope_and_cache_module
 from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention_module
-from pagedgen.kernels.paged_attention_grouped import grouped_modules
+from pagedgen.kernels.paged_attention_grouped import grouped_module, grouped_modules
 from pagedgen.kernels.prefill_attention import prefill_attention_module
 from pagedgen.kernels.source import kernel_names, kernel_source
 
@@ -34,6 +34,12 @@ OFFLINE_BUILDS = [
     for source in SOURCES
     for arch in ARCHS
     if source != "paged_attention_grouped.cu" or arch == "90"
+]
+# The decode kernels with L2 prefetch on (l2_prefetch, kernels/kv_prefetch.cuh) as well: a build
+# of their own, for sm_90, keyed "<source>+prefetch".
+PREFETCH = "+prefetch"
+OFFLINE_BUILDS += [
+    (f"{s}{PREFETCH}", "90") for s in ("paged_attention.cu", "paged_attention_grouped.cu")
 ]
 # What CuPy appends to a RawModule's options: cupy.cuda.compiler._compile_with_cache_cuda adds
 # -ftz=true, _compile_using_nvrtc_no_warning the device's -arch=sm_XX and the execution space.
@@ -75,10 +81,15 @@ def runtime_modules(
 
 def nvrtc_modules() -> list[KernelModule]:
     """What NVRTC compiles in the tests: every source, dtype and group tile at a few head and
-    block sizes, and with fp8 caches at head size 128 (the offline build and the demangled names
-    cover every instantiation)."""
+    block sizes, and with fp8 caches and with L2 prefetch at head size 128 (the offline build and
+    the demangled names cover every instantiation)."""
     auto = [m for m in runtime_modules((64, 128, 256), (16,)) if not has_fp8_cache(m)]
-    return auto + [m for m in runtime_modules((128,), (16,)) if has_fp8_cache(m)]
+    prefetching = [
+        module(dtype, 128, 16, *args, l2_prefetch=True)
+        for dtype in C_TYPES
+        for module, args in ((paged_attention_module, (512, None)), (grouped_module, (4, None)))
+    ]
+    return auto + [m for m in runtime_modules((128,), (16,)) if has_fp8_cache(m)] + prefetching
 
 
 def has_fp8_cache(module: KernelModule) -> bool:
@@ -91,9 +102,10 @@ def nvcc_builds() -> dict[tuple[str, str], dict[str, PtxasInfo]]:
     work = Path(tempfile.mkdtemp(prefix="pagedgen-nvcc-"))
     processes = {}
     for source, arch in OFFLINE_BUILDS:
-        path = work / source
-        path.write_text(kernel_source(source))
+        path = work / source.replace(PREFETCH, ".prefetch.cu")
+        path.write_text(kernel_source(source.removesuffix(PREFETCH)))
         command = ["nvcc", "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-Xptxas", "-v"]
+        command += ["-DPAGEDGEN_L2_PREFETCH=1"] if source.endswith(PREFETCH) else []
         command += ["-o", str(work / f"{source}.sm_{arch}.cubin"), str(path)]
         processes[source, arch] = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
