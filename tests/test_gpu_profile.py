@@ -18,6 +18,8 @@ from pagedgen.bench.gpu_profile import (
     busy_time,
     covered,
     event_kind,
+    kernel_label,
+    kernel_times,
     launch_kind,
     merge,
     profile_decode_steps,
@@ -148,6 +150,8 @@ def test_summarize_counts_only_inside_the_decode_steps():
     assert profile.busy_s == pytest.approx((5 + 1 + 1) / 1000)
     assert profile.busy_perc == pytest.approx(35.0)
     assert (profile.num_kernel_launches, profile.num_graph_launches) == (2, 1)
+    assert [label for label, _ in profile.kernel_s] == ["gemm", "attention"]  # most time first
+    assert dict(profile.kernel_s) == pytest.approx({"gemm": 0.004, "attention": 0.002})
     figures = profile.to_dict()
     assert figures["kernel_launches_per_step"] == 1.0 and figures["graph_launches_per_step"] == 0.5
     assert json.loads(json.dumps(figures)) == figures
@@ -172,12 +176,36 @@ def test_summarize_with_no_decode_step():
     )
 
 
+def test_kernel_times_clip_to_the_steps_and_group_by_name():
+    windows = [(10e6, 20e6), (30e6, 40e6)]  # ns
+    name = "void pagedgen::paged_attention_v1_kernel<__nv_bfloat16, 128>(float*, int)"
+    events = [
+        _event(name, "kernel", 12, 14),
+        _event(name.replace("128", "64"), "kernel", 31, 32),  # another instantiation
+        _event("void at::(anonymous namespace)::softmax<float>(float*)", "kernel", 18, 23),
+        _event("nvjet_hsh_128x256_64x4_2x1_v_bz", "kernel", 5, 9),  # outside every step
+        _event("Memcpy HtoD", "gpu_memcpy", 12, 20),
+    ]
+    times = kernel_times(events, windows)
+    assert [label for label, _ in times] == ["pagedgen::paged_attention_v1_kernel", "at::softmax"]
+    assert dict(times) == pytest.approx(
+        {"pagedgen::paged_attention_v1_kernel": 0.003, "at::softmax": 0.002}
+    )
+    assert kernel_times(events, windows, top=1)[0][0] == "pagedgen::paged_attention_v1_kernel"
+    assert kernel_label("nvjet_hsh_128x256_64x4_2x1_v_bz") == "nvjet_hsh_128x256_64x4_2x1_v_bz"
+
+
 def test_gpu_profile_line():
     profile = GpuProfile(32, 0.4, 0.1096, 32 * 3530, 0)
     assert gpu_profile_line(profile.to_dict()) == (
         "GPU busy 27.4 % over 32 decode steps (400.0 ms, under torch.profiler); "
         "3,530 kernel launches per decode step (0 graph replays)"
     )
+    timed = GpuProfile(32, 0.4, 0.1096, 32 * 6, 32, (("nvjet_gemm", 0.064), ("softmax", 0.0032)))
+    assert gpu_profile_line(timed.to_dict()).splitlines()[1:] == [
+        "     2.000 ms/step  16.0 %  nvjet_gemm",
+        "     0.100 ms/step   0.8 %  softmax",
+    ]
 
 
 def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_path):

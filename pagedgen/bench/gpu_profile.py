@@ -34,6 +34,7 @@ KERNEL_LAUNCHES = frozenset(
 )
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 STEP_ANNOTATION = "pagedgen::step#"
+TOP_KERNELS = 10
 _API_SUFFIX = re.compile(r"(_ptsz|_ptds)?(_v\d+)?$")  # CUPTI's per-stream and version suffixes
 
 Interval = tuple[float, float]
@@ -55,6 +56,8 @@ class GpuProfile(NamedTuple):
     busy_s: float | None
     num_kernel_launches: int
     num_graph_launches: int
+    # The kernels that took the most device time within the steps, (label, seconds), most first
+    kernel_s: tuple[tuple[str, float], ...] = ()
 
     @property
     def busy_perc(self) -> float | None:
@@ -71,6 +74,7 @@ class GpuProfile(NamedTuple):
             "busy_perc": self.busy_perc,
             "kernel_launches_per_step": self.per_step(self.num_kernel_launches),
             "graph_launches_per_step": self.per_step(self.num_graph_launches),
+            "kernel_s": dict(self.kernel_s),
         }
 
 
@@ -102,6 +106,28 @@ def busy_time(device: Iterable[Interval], windows: Iterable[Interval]) -> float:
     several streams count once."""
     merged = merge(device)
     return sum(covered(merged, window) for window in windows)
+
+
+def kernel_label(name: str) -> str:
+    """A kernel's name without its template arguments and parameters:
+    "void pagedgen::paged_attention_v1_kernel<__nv_bfloat16, ...>(...)" is
+    "pagedgen::paged_attention_v1_kernel"."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    return re.split(r"[<(]", name, maxsplit=1)[0].strip() or name
+
+
+def kernel_times(
+    events: Iterable[ProfiledEvent], windows: list[Interval], top: int = TOP_KERNELS
+) -> tuple[tuple[str, float], ...]:
+    """Device seconds within the (sorted, disjoint) windows by kernel label, the top ones."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.kind == "kernel":
+            inside = covered(windows, (e.start, e.end))  # the kernel's time inside them
+            if inside > 0:
+                label = kernel_label(e.name)
+                totals[label] = totals.get(label, 0.0) + inside / 1e9
+    return tuple(sorted(totals.items(), key=lambda item: -item[1])[:top])
 
 
 def launch_kind(name: str) -> str | None:
@@ -137,6 +163,7 @@ def summarize(
         busy_s=busy_time(device, windows) / 1e9 if device_traced else None,
         num_kernel_launches=kinds.count("kernel"),
         num_graph_launches=kinds.count("graph"),
+        kernel_s=kernel_times(events, windows) if device_traced else (),
     )
 
 

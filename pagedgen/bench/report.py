@@ -76,7 +76,16 @@ def gpu_profile_line(profile: dict) -> str:
         f"({1000 * profile['window_s']:.1f} ms, under torch.profiler); "
         f"{profile['kernel_launches_per_step']:,.0f} kernel launches per decode step "
         f"({profile['graph_launches_per_step']:.3g} graph replays)"
-    )
+    ) + "".join(kernel_lines(profile))
+
+
+def kernel_lines(profile: dict, top: int = 6) -> list[str]:
+    """The kernels with the most device time, per decode step and as a share of the steps."""
+    steps, window_s = profile["num_decode_steps"], profile["window_s"]
+    return [
+        f"\n  {1000 * seconds / steps:8.3f} ms/step {100 * seconds / window_s:5.1f} %  {label}"
+        for label, seconds in list(profile.get("kernel_s", {}).items())[:top]
+    ]
 
 
 def _render_throughput(report: dict, console: Console) -> None:
