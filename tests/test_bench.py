@@ -103,7 +103,7 @@ def test_bench_options_reject_bad_values():
 def test_step_timers_time_a_pass_of_their_own_on_a_gpu(
     tiny_llama_path, monkeypatch, device, timed_profiled
 ):
-    """On a GPU the step timers synchronize at every boundary: the timed passes run without them
+    """On a GPU the step timers synchronize at their sections: the timed passes run without them
     and the overhead figures come from one extra pass; on a CPU they time the first pass."""
     from pagedgen import LLM
     from pagedgen.bench import benchmark, engines
@@ -126,3 +126,25 @@ def test_step_timers_time_a_pass_of_their_own_on_a_gpu(
     figures = benchmark._throughput_runs(options, llm, None, workload, 0, None, None, print)
     assert profiled == timed_profiled
     assert set(figures["overhead"]["all_steps"]["shares"]) == set(PARTS)
+
+
+def test_step_timers_synchronize_at_outermost_sections_only():
+    """A section's device work counts in it (a sync at its start and end), but the block
+    manager's calls inside the scheduler's section do not sync: they queue no device work, and
+    hundreds of syncs a step would be timed as theirs."""
+    import torch
+
+    profiler = StepProfiler(torch.device("cpu"))
+    syncs: list[int] = []
+    profiler._sync = lambda: syncs.append(len(profiler._stack))
+    allocate = profiler.wrap("block_manager", lambda: None)
+    profiler.wrap_step(lambda: None)()  # a record to time into
+    with profiler.section("scheduler"):
+        for _ in range(3):
+            allocate()
+    with profiler.section("model_forward"):
+        pass
+    allocate()  # outside every section: it syncs as the outermost one
+    assert syncs == [0, 1, 0, 1, 0, 1]  # stack depth at each sync: entry 0, exit 1
+    shares = profiler.steps[-1].parts
+    assert shares["block_manager"] > 0 and shares["scheduler"] > 0
