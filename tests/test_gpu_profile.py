@@ -137,6 +137,8 @@ def test_summarize_counts_only_inside_the_decode_steps():
         _event("cudaLaunchKernel", "cuda_runtime", 21, 21.1),  # the prefill step's
         _event("cudaGraphLaunch", "cuda_runtime", 31, 31.1),
         _event("cudaLaunchKernel", "cpu_op", 32, 33),  # a host op of that name is no launch
+        _event("cudaEventSynchronize", "cuda_runtime", 16, 18.5),  # the host waits 2.5 ms
+        _event("cudaStreamSynchronize_v3020", "cuda_runtime", 25, 26),  # in the prefill step
         _event("gemm", "kernel", 11, 15),
         _event("attention", "kernel", 14, 16),  # overlaps gemm on another stream
         _event("Memcpy HtoD", "gpu_memcpy", 19, 22),  # spans a step boundary: 1 ms in step 1
@@ -150,6 +152,7 @@ def test_summarize_counts_only_inside_the_decode_steps():
     assert profile.busy_s == pytest.approx((5 + 1 + 1) / 1000)
     assert profile.busy_perc == pytest.approx(35.0)
     assert (profile.num_kernel_launches, profile.num_graph_launches) == (2, 1)
+    assert profile.sync_wait_s == pytest.approx(0.0025)
     assert [label for label, _ in profile.kernel_s] == ["gemm", "attention"]  # most time first
     assert dict(profile.kernel_s) == pytest.approx({"gemm": 0.004, "attention": 0.002})
     figures = profile.to_dict()
@@ -199,10 +202,14 @@ def test_gpu_profile_line():
     profile = GpuProfile(32, 0.4, 0.1096, 32 * 3530, 0)
     assert gpu_profile_line(profile.to_dict()) == (
         "GPU busy 27.4 % over 32 decode steps (400.0 ms, under torch.profiler); "
-        "3,530 kernel launches per decode step (0 graph replays)"
+        "3,530 kernel launches per decode step (0 graph replays); "
+        "the host waited for the device 0.0 % of them"
     )
-    timed = GpuProfile(32, 0.4, 0.1096, 32 * 6, 32, (("nvjet_gemm", 0.064), ("softmax", 0.0032)))
-    assert gpu_profile_line(timed.to_dict()).splitlines()[1:] == [
+    kernels = (("nvjet_gemm", 0.064), ("softmax", 0.0032))
+    timed = GpuProfile(32, 0.4, 0.1096, 32 * 6, 32, kernels, sync_wait_s=0.1)
+    lines = gpu_profile_line(timed.to_dict()).splitlines()
+    assert lines[0].endswith("(1 graph replays); the host waited for the device 25.0 % of them")
+    assert lines[1:] == [
         "     2.000 ms/step  16.0 %  nvjet_gemm",
         "     0.100 ms/step   0.8 %  softmax",
     ]
@@ -281,5 +288,6 @@ def test_on_a_gpu_the_bench_reports_busy_share_and_launches(tiny_llama_path):
     assert profile["num_decode_steps"] == 4 and profile["window_s"] > 0
     assert 0 < profile["busy_perc"] <= 100
     assert profile["kernel_launches_per_step"] > 0
-    assert profile["graph_launches_per_step"] == 0  # no CUDA graphs yet
+    assert profile["graph_launches_per_step"] == 0  # heads of 16: no cupy kernels, no graphs
+    assert profile["kernel_s"] and 0 <= profile["sync_wait_perc"] <= 100
     assert gpu_profile_line(profile).startswith("GPU busy ")

@@ -33,6 +33,18 @@ KERNEL_LAUNCHES = frozenset(
     }
 )
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+# Calls in which the host waits for the device
+SYNC_CALLS = frozenset(
+    {
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+    }
+)
 STEP_ANNOTATION = "pagedgen::step#"
 TOP_KERNELS = 10
 _API_SUFFIX = re.compile(r"(_ptsz|_ptds)?(_v\d+)?$")  # CUPTI's per-stream and version suffixes
@@ -58,6 +70,9 @@ class GpuProfile(NamedTuple):
     num_graph_launches: int
     # The kernels that took the most device time within the steps, (label, seconds), most first
     kernel_s: tuple[tuple[str, float], ...] = ()
+    # Time within the steps that the host spent in calls that wait for the device (SYNC_CALLS):
+    # with the device idle too, the steps are serialized rather than host-bound.
+    sync_wait_s: float = 0.0
 
     @property
     def busy_perc(self) -> float | None:
@@ -75,6 +90,7 @@ class GpuProfile(NamedTuple):
             "kernel_launches_per_step": self.per_step(self.num_kernel_launches),
             "graph_launches_per_step": self.per_step(self.num_graph_launches),
             "kernel_s": dict(self.kernel_s),
+            "sync_wait_perc": 100 * self.sync_wait_s / self.window_s if self.window_s else None,
         }
 
 
@@ -156,6 +172,11 @@ def summarize(
         return i >= 0 and t <= windows[i][1]
 
     kinds = [launch_kind(e.name) for e in events if e.kind in API_KINDS and in_window(e.start)]
+    waits = [
+        (e.start, e.end)
+        for e in events
+        if e.kind in API_KINDS and _API_SUFFIX.sub("", e.name) in SYNC_CALLS
+    ]
     device = [(e.start, e.end) for e in events if e.kind in DEVICE_KINDS]
     return GpuProfile(
         num_decode_steps=len(windows),
@@ -164,6 +185,7 @@ def summarize(
         num_kernel_launches=kinds.count("kernel"),
         num_graph_launches=kinds.count("graph"),
         kernel_s=kernel_times(events, windows) if device_traced else (),
+        sync_wait_s=busy_time(waits, windows) / 1e9,
     )
 
 

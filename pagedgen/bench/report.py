@@ -76,6 +76,11 @@ def gpu_profile_line(profile: dict) -> str:
         f"({1000 * profile['window_s']:.1f} ms, under torch.profiler); "
         f"{profile['kernel_launches_per_step']:,.0f} kernel launches per decode step "
         f"({profile['graph_launches_per_step']:.3g} graph replays)"
+        + (
+            f"; the host waited for the device {profile['sync_wait_perc']:.1f} % of them"
+            if profile.get("sync_wait_perc") is not None
+            else ""
+        )
     ) + "".join(kernel_lines(profile))
 
 
