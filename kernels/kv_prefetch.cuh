@@ -1,7 +1,8 @@
 // L2 prefetch for the decode kernels: while a warp attends one KV block, it asks L2 for the K
 // and V rows of the next block it will read, so that those loads find their lines in L2 and the
 // GPU keeps more bytes in flight than the warp's own loads do. A hint only: results never change.
-// -DPAGEDGEN_L2_PREFETCH=1 turns it on (pagedgen/kernels/paged_attention.py says when).
+// -DPAGEDGEN_L2_PREFETCH=1 turns it on: paged_attention_launches(l2_prefetch=True), which the
+// cupy backend passes under PAGEDGEN_CUDA_DECODE_PREFETCH=1.
 #pragma once
 
 #include "common.cuh"
