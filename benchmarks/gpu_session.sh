@@ -11,7 +11,8 @@
 #   smollm2-graphs   the same with decode CUDA graphs (--no-enforce-eager)
 #   smollm2-async    graphs and async scheduling (--async-scheduling)
 #   smollm2-grouped  graphs, async scheduling and the GQA-grouped decode kernel
-#                    (PAGEDGEN_CUDA_GROUPED_DECODE=1)
+#                    (PAGEDGEN_CUDA_GROUPED_DECODE=1; the other stages set it to 0, the per-head
+#                    kernel, where the default would pick by shape)
 #   smollm2-prefetch graphs and async scheduling, decode warps prefetching their next KV block
 #                    into L2 (PAGEDGEN_CUDA_DECODE_PREFETCH=1)
 #   smollm2-grouped-prefetch   both

@@ -21,22 +21,26 @@ class CupyAttentionBackend(TorchAttentionBackend):
     paged attention v1/v2 serves decode rows, and one prefill attention launch per layer serves
     every prefill and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu;
     its tiles use no tensor cores yet), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA,
-    one call per sequence. PAGEDGEN_CUDA_GROUPED_DECODE=1 decodes GQA layers with the grouped
-    kernel, which reads each kv head's K/V once for its group; PAGEDGEN_CUDA_DECODE_PREFETCH=1
-    has decode warps prefetch their next KV block into L2. Reads the same cache layout as
-    the torch backend. Supports the head sizes HEAD_SIZES and block sizes BLOCK_SIZES, and fp8
-    caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside caches of the model's dtype: every
-    kernel rounds K/V into them as to_cache_dtype does, and attention reads this step's K/V
-    back from the cache, so it sees them as later steps will. Sliding windows
-    (Mistral, Gemma 2/3, gpt-oss), soft-capped scores (Gemma 2), attention sinks (gpt-oss) and
-    ALiBi slopes (BLOOM, MPT) are read by every attention kernel but the grouped one, which
-    declines such layers."""
+    one call per sequence. GQA layers with groups of 4 or more and heads of 128 or more decode
+    with the grouped kernel, which reads each kv head's K/V once for its group
+    (PAGEDGEN_CUDA_GROUPED_DECODE=1 for every GQA layer, 0 for none);
+    PAGEDGEN_CUDA_DECODE_PREFETCH=1 has decode warps prefetch their next KV block into L2.
+    Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES and
+    block sizes BLOCK_SIZES, and fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside
+    caches of the model's dtype: every kernel rounds K/V into them as to_cache_dtype does, and
+    attention reads this step's K/V back from the cache, so it sees them as later steps will.
+    Sliding windows (Mistral, Gemma 2/3, gpt-oss), soft-capped scores (Gemma 2), attention sinks
+    (gpt-oss) and ALiBi slopes (BLOOM, MPT) are read by every attention kernel but the grouped
+    one, which declines such layers."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
-    # One thread block per kv head for its whole GQA group (kernels/paged_attention_grouped.cu);
-    # off until a GPU run measures it against the per-head kernel.
-    use_grouped_decode = os.environ.get("PAGEDGEN_CUDA_GROUPED_DECODE", "0") == "1"
+    # One thread block per kv head for its whole GQA group (kernels/paged_attention_grouped.cu):
+    # None where it measured faster (paged_attention.AUTO_GROUPED_*), True for every GQA layer,
+    # False for none.
+    use_grouped_decode = {"1": True, "0": False}.get(
+        os.environ.get("PAGEDGEN_CUDA_GROUPED_DECODE", "")
+    )
     # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh); off until a GPU
     # run measures it (benchmarks/bench_kernels.py times both).
     use_l2_prefetch = os.environ.get("PAGEDGEN_CUDA_DECODE_PREFETCH", "0") == "1"

@@ -25,6 +25,12 @@ BLOCK_SIZES = (8, 16, 32)
 # Instantiated with these in kernels/paged_attention.cu.
 NUM_THREADS = 128
 PARTITION_SIZE = 512
+# When not told (grouped=None), decode takes the grouped kernel for groups of at least this many
+# query heads a kv head, with heads of at least AUTO_GROUPED_MIN_HEAD_SIZE: on an H100
+# (benchmarks/bench_kernels.py, bfloat16) it ran 1.4-2.0x the per-head kernel at 4:1 with heads
+# of 128, from 1 x 4,096 to 256 x 512 tokens, and 0.63x at SmolLM2's 3:1 with heads of 64.
+AUTO_GROUPED_MIN_GROUP = 4
+AUTO_GROUPED_MIN_HEAD_SIZE = 128
 
 
 def use_v1(max_context_len: int, num_seqs: int, num_heads: int, partition_size: int) -> bool:
@@ -136,7 +142,7 @@ def paged_attention_launches(
     scale: float,
     version: int | None = None,
     partition_size: int | None = None,
-    grouped: bool = False,
+    grouped: bool | None = False,
     l2_prefetch: bool = False,
     window: int | None = None,  # a query sees its last `window` tokens; earlier blocks unread
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
@@ -150,8 +156,9 @@ def paged_attention_launches(
 
     grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
     its GQA group (layers without GQA, or with a window, soft cap, sinks or ALiBi, which it lacks,
-    keep the per-head kernel). l2_prefetch has each warp ask L2 for its next KV block while it
-    attends one (kernels/kv_prefetch.cuh), a hint that changes no result.
+    keep the per-head kernel); None picks it where it was measured faster (AUTO_GROUPED_*).
+    l2_prefetch has each warp ask L2 for its next KV block while it attends one
+    (kernels/kv_prefetch.cuh), a hint that changes no result.
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -179,6 +186,8 @@ def paged_attention_launches(
     check(max_context_len >= 1, f"max_context_len must be >= 1, got {max_context_len}")
 
     group_size = num_heads // num_kv_heads
+    if grouped is None:
+        grouped = group_size >= AUTO_GROUPED_MIN_GROUP and head_size >= AUTO_GROUPED_MIN_HEAD_SIZE
     plain = window is None and softcap is None and sinks is None and alibi_slopes is None
     grouped = grouped and group_size > 1 and plain
     tile = group_tile(group_size, head_size)
@@ -273,7 +282,7 @@ def paged_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32, each >= 1
     max_context_len: int,
     scale: float,
-    grouped: bool = False,
+    grouped: bool | None = False,
     l2_prefetch: bool = False,
     window: int | None = None,
     softcap: float | None = None,

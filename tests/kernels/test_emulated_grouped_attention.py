@@ -130,3 +130,26 @@ def test_group_tiles() -> None:
 )
 def test_partition_rule(num_seqs: int, context_len: int, num_work_blocks: int, expected) -> None:
     assert grouped_partition_size(context_len, num_work_blocks, 16, 132) == expected
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_size", "grouped"),
+    [
+        (32, 8, 128, True),  # Llama-3-8B: measured 1.4-2.0x the per-head kernel
+        (16, 2, 256, True),
+        (9, 3, 64, False),  # SmolLM2: measured 0.63x
+        (8, 2, 64, False),
+        (4, 2, 128, False),  # groups of 2: half of each tile idle
+        (8, 8, 128, False),  # no GQA
+    ],
+    ids=str,
+)
+def test_unset_grouped_takes_the_kernel_where_it_measured_faster(
+    num_heads: int, num_kv_heads: int, head_size: int, grouped: bool
+) -> None:
+    case = make_decode_case(torch.bfloat16, num_heads, num_kv_heads, head_size, 16, (40,))
+    args = (torch.empty_like(case.query), *case[:5], case.max_context_len, case.scale)
+    [launch] = paged_attention_launches(*args, version=1, grouped=None)
+    assert ("grouped" in launch.name_expression) == grouped
+    windowed = paged_attention_launches(*args, version=1, grouped=None, window=8)
+    assert "grouped" not in windowed[0].name_expression  # it declines windows whatever is asked
