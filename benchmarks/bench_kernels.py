@@ -215,7 +215,7 @@ def main() -> None:
         raise SystemExit("this benchmark needs a CUDA GPU and CuPy (pip install 'pagedgen[cuda]')")
     dtype = getattr(torch, options.dtype)
     peak = peak_bandwidth() / 1e9
-    console = Console()
+    console = Console(width=220)  # the table whole in a log, not folded to a terminal
     console.print(f"{torch.cuda.get_device_name()}: peak {peak:.0f} GB/s, {options.dtype}")
 
     table = Table(
