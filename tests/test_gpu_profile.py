@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from pagedgen.bench import benchmark
 from pagedgen.bench.benchmark import BenchOptions
+from pagedgen.bench.decode_bound import decode_bound, decode_bound_line, hbm_peak_bytes_per_s
 from pagedgen.bench.gpu_profile import (
     STEP_ANNOTATION,
     GpuProfile,
@@ -231,6 +232,8 @@ def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_pat
     assert profile.num_decode_steps == 3 and profile.window_s > 0
     assert profile.busy_s is None and profile.busy_perc is None
     assert profile.num_kernel_launches == profile.num_graph_launches == 0
+    # decode steps 3, 4 and 5 of 4 sequences of 24 prompt tokens read 27, 28 and 29 tokens each
+    assert profile.kv_tokens == 4 * (27 + 28 + 29)
     assert "execute" not in vars(engine.runner) and "step" not in vars(engine)
     assert not engine.requests and not engine.rejected and not engine.has_unfinished_requests()
     assert run_pagedgen(llm, workload).output_token_ids == before.output_token_ids
@@ -290,4 +293,21 @@ def test_on_a_gpu_the_bench_reports_busy_share_and_launches(tiny_llama_path):
     assert profile["kernel_launches_per_step"] > 0
     assert profile["graph_launches_per_step"] == 0  # heads of 16: no cupy kernels, no graphs
     assert profile["kernel_s"] and 0 <= profile["sync_wait_perc"] <= 100
+    assert profile["kv_tokens"] > 0 and profile["bound"]["ratio"] > 1  # host-bound tiny steps
     assert gpu_profile_line(profile).startswith("GPU busy ")
+
+
+def test_decode_bound_weighs_the_steps_against_their_bytes():
+    # 4 steps of 20 ms reading 1,000 context tokens each, an 8B model's 16 GB at 3.2 TB/s
+    profile = GpuProfile(4, 0.08, 0.07, 0, 4, kv_tokens=4 * 1000)
+    bound = decode_bound(profile, 16e9, 131072, 3.2e12)
+    assert bound["step_ms"] == pytest.approx(20.0)
+    assert bound["kv_gb_per_step"] == pytest.approx(0.131072)
+    assert bound["bound_ms"] == pytest.approx((16e9 + 131072e3) / 3.2e12 * 1000)
+    assert bound["ratio"] == pytest.approx(20.0 / bound["bound_ms"])
+    assert decode_bound_line(bound) == (
+        "decode steps 20.00 ms (under torch.profiler) against 5.04 ms to move their bytes "
+        "(16.00 GB of weights + 0.13 GB of K/V a step at 3,200 GB/s): 3.97x"
+    )
+    assert decode_bound(GpuProfile(0, 0.0, None, 0, 0), 16e9, 131072, 3.2e12) is None
+    assert hbm_peak_bytes_per_s(torch.device("cpu")) is None

@@ -8,6 +8,7 @@ from transformers import PreTrainedModel
 
 from pagedgen.batch.requests import vocab_size_of
 from pagedgen.bench import engines, latency, vllm_baseline
+from pagedgen.bench.decode_bound import llm_decode_bound
 from pagedgen.bench.gpu_memory import bench_gpu_memory_utilization
 from pagedgen.bench.gpu_profile import profile_decode_steps
 from pagedgen.bench.overhead import profile_engine, step_timers_synchronize
@@ -165,7 +166,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
     if options.gpu_profile and engine.runner.device.type == "cuda":
         log(f"profiling pagedgen's decode steps (at most {options.gpu_profile_steps})")
         profiled = profile_decode_steps(llm, workload, options.gpu_profile_steps)
-        report["gpu_profile"] = profiled.to_dict()
+        report["gpu_profile"] = {**profiled.to_dict(), "bound": llm_decode_bound(llm, profiled)}
     report["machine_end"] = machine_state(since=start)
     return report
 

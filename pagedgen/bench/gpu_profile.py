@@ -73,6 +73,7 @@ class GpuProfile(NamedTuple):
     # Time within the steps that the host spent in calls that wait for the device (SYNC_CALLS):
     # with the device idle too, the steps are serialized rather than host-bound.
     sync_wait_s: float = 0.0
+    kv_tokens: int = 0  # context tokens the steps' attention read, all steps together
 
     @property
     def busy_perc(self) -> float | None:
@@ -203,8 +204,10 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
     if not llm.reset_prefix_cache():  # its prompts are computed, as in the timed passes
         raise RuntimeError("requests are still running: the prefix cache cannot be reset")
     is_decode: list[bool] = []  # per step that ran the model: did it compute decodes only
-    runner.execute = _observe(runner.execute, is_decode)
-    runner.execute_async = _observe(runner.execute_async, is_decode)
+    context_tokens: list[int] = []  # and the tokens its attention read
+    runner.execute = _observe(runner.execute, is_decode, context_tokens)
+    runner.execute_async = _observe(runner.execute_async, is_decode, context_tokens)
+    kv_tokens = 0
     request_ids = [f"gpu-profile-{i}" for i in range(workload.num_requests)]
     step_names: list[str] = []
     try:
@@ -227,6 +230,7 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
                 # Step 0 is left out: the first records after the profiler starts cost more.
                 if i and len(is_decode) > num_executed and is_decode[-1]:
                     step_names.append(f"{STEP_ANNOTATION}{i}")
+                    kv_tokens += context_tokens[-1]
             if on_gpu:
                 torch.cuda.synchronize(runner.device)
     finally:
@@ -240,14 +244,15 @@ def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gp
     events = _events(profiler)
     # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
     traced = on_gpu and any(e.kind in DEVICE_KINDS for e in events)
-    return summarize(events, set(step_names), device_traced=traced)
+    return summarize(events, set(step_names), device_traced=traced)._replace(kv_tokens=kv_tokens)
 
 
 def _observe(
-    execute: Callable[[SchedulerOutput], T], is_decode: list[bool]
+    execute: Callable[[SchedulerOutput], T], is_decode: list[bool], context_tokens: list[int]
 ) -> Callable[[SchedulerOutput], T]:
     def observed(scheduled: SchedulerOutput) -> T:
         is_decode.append(scheduled.num_decode_seqs == len(scheduled.seqs))
+        context_tokens.append(sum(scheduled.num_computed_tokens) + scheduled.num_batched_tokens)
         return execute(scheduled)
 
     return observed

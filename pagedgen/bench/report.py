@@ -1,6 +1,7 @@
 from rich.console import Console
 from rich.table import Table
 
+from pagedgen.bench.decode_bound import decode_bound_line
 from pagedgen.bench.overhead import PARTS
 
 
@@ -40,6 +41,8 @@ def render(report: dict, console: Console) -> None:
             _render_overhead(report["overhead"], console)
     if report.get("gpu_profile"):
         console.print(gpu_profile_line(report["gpu_profile"]), highlight=False)
+        if report["gpu_profile"].get("bound"):
+            console.print(decode_bound_line(report["gpu_profile"]["bound"]), highlight=False)
     console.print(_machine_line("end", report["machine_end"], "during the bench"), highlight=False)
 
 
