@@ -37,16 +37,6 @@ ATTENTION_SHAPES = [
 ]
 
 
-def peak_bandwidth() -> float:
-    """Bytes/s: memory clock (kHz) x bus width (bits) x 2 (double data rate) / 8."""
-    import cupy
-
-    attribute = cupy.cuda.runtime.deviceGetAttribute
-    clock_khz = attribute(cupy.cuda.runtime.cudaDevAttrMemoryClockRate, 0)
-    bus_bits = attribute(cupy.cuda.runtime.cudaDevAttrGlobalMemoryBusWidth, 0)
-    return clock_khz * 1e3 * bus_bits * 2 / 8
-
-
 def time_ms(fn: Callable[[], None], iters: int) -> float:
     """Per call, launched from the host: includes whatever host work starves the GPU."""
     for _ in range(3):
@@ -214,7 +204,7 @@ def main() -> None:
     if not (torch.cuda.is_available() and loader.cupy_available()):
         raise SystemExit("this benchmark needs a CUDA GPU and CuPy (pip install 'pagedgen[cuda]')")
     dtype = getattr(torch, options.dtype)
-    peak = peak_bandwidth() / 1e9
+    peak = loader.peak_memory_bandwidth(torch.cuda.current_device()) / 1e9
     console = Console(width=220)  # the table whole in a log, not folded to a terminal
     console.print(f"{torch.cuda.get_device_name()}: peak {peak:.0f} GB/s, {options.dtype}")
 

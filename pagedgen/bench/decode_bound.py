@@ -10,19 +10,14 @@ from pagedgen.llm import LLM
 
 
 def hbm_peak_bytes_per_s(device: torch.device) -> float | None:
-    """The device's peak memory bandwidth: memory clock (kHz) x bus width (bits) x 2 (double data
-    rate) / 8, from CuPy's device attributes; None without CuPy or a GPU."""
-    if device.type != "cuda":
-        return None
-    try:
-        import cupy
-    except ImportError:
+    """The device's peak memory bandwidth (kernels.loader, through CuPy); None without CuPy or
+    a GPU."""
+    from pagedgen.kernels import loader
+
+    if device.type != "cuda" or not loader.cupy_available():
         return None
     index = torch.cuda.current_device() if device.index is None else device.index
-    attribute = cupy.cuda.runtime.deviceGetAttribute
-    clock_khz = attribute(cupy.cuda.runtime.cudaDevAttrMemoryClockRate, index)
-    bus_bits = attribute(cupy.cuda.runtime.cudaDevAttrGlobalMemoryBusWidth, index)
-    return clock_khz * 1e3 * bus_bits * 2 / 8
+    return loader.peak_memory_bandwidth(index)
 
 
 def decode_bound(

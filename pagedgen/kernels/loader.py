@@ -84,3 +84,14 @@ def copy_async(dst_ptr: int, src_ptr: int, num_bytes: int, stream_ptr: int) -> N
     cupy.cuda.runtime.memcpyAsync(
         dst_ptr, src_ptr, num_bytes, cupy.cuda.runtime.memcpyDefault, stream_ptr
     )
+
+
+def peak_memory_bandwidth(device_index: int) -> float:
+    """Bytes/s at the device's peak: memory clock (kHz) x bus width (bits) x 2 (double data
+    rate) / 8."""
+    import cupy
+
+    attribute = cupy.cuda.runtime.deviceGetAttribute
+    clock_khz = attribute(cupy.cuda.runtime.cudaDevAttrMemoryClockRate, device_index)
+    bus_bits = attribute(cupy.cuda.runtime.cudaDevAttrGlobalMemoryBusWidth, device_index)
+    return clock_khz * 1e3 * bus_bits * 2 / 8
