@@ -71,12 +71,8 @@ __device__ Stats attend(O* __restrict__ out, const T* __restrict__ q,
     const int num_tokens = min(BLOCK_SIZE, end_token - b * BLOCK_SIZE);
     const int skipped = max(0, start_token - b * BLOCK_SIZE);  // the first block's, if partial
     const bool valid = token_in_block < num_tokens && token_in_block >= skipped;
-    if (PAGEDGEN_L2_PREFETCH && b + NUM_WARPS < end_block) {
-      prefetch_kv_block<CACHE_T, HEAD_SIZE, BLOCK_SIZE>(
-          key_cache, value_cache,
-          (long long)block_table[b + NUM_WARPS] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE,
-          token_stride, lane);
-    }
+    prefetch_next_kv_block<CACHE_T, HEAD_SIZE, BLOCK_SIZE>(
+        key_cache, value_cache, block_table, b + NUM_WARPS, end_block, kv_head, token_stride, lane);
 
     float score = 0.f;
     if (valid) {

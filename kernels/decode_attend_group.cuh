@@ -97,12 +97,8 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
     const long long block_offset =
         (long long)block_table[b] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE;
     const int num_tokens = min(BLOCK_SIZE, end_token - b * BLOCK_SIZE);
-    if (PAGEDGEN_L2_PREFETCH && b + NUM_WARPS < end_block) {
-      prefetch_kv_block<CACHE_T, HEAD_SIZE, BLOCK_SIZE>(
-          key_cache, value_cache,
-          (long long)block_table[b + NUM_WARPS] * BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE,
-          token_stride, lane);
-    }
+    prefetch_next_kv_block<CACHE_T, HEAD_SIZE, BLOCK_SIZE>(
+        key_cache, value_cache, block_table, b + NUM_WARPS, end_block, kv_head, token_stride, lane);
 
     float score[GROUP_TILE] = {};
     if (token_in_block < num_tokens) {

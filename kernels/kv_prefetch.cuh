@@ -48,4 +48,20 @@ __device__ __forceinline__ void prefetch_kv_block(const CACHE_T* key_cache,
   }
 }
 
+// Where L2 prefetch is on: the lines of block next_block of the sequence's block_table, if it
+// is before end_block (a warp's next block: its current one + NUM_WARPS).
+template <typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE>
+__device__ __forceinline__ void prefetch_next_kv_block(const CACHE_T* key_cache,
+                                                       const CACHE_T* value_cache,
+                                                       const int* block_table, int next_block,
+                                                       int end_block, int kv_head,
+                                                       int token_stride, int lane) {
+  if (PAGEDGEN_L2_PREFETCH && next_block < end_block) {
+    const long long block_offset =
+        kv_head * HEAD_SIZE + (long long)block_table[next_block] * BLOCK_SIZE * token_stride;
+    prefetch_kv_block<CACHE_T, HEAD_SIZE, BLOCK_SIZE>(key_cache, value_cache, block_offset,
+                                                      token_stride, lane);
+  }
+}
+
 }  // namespace pagedgen

@@ -73,6 +73,10 @@ def tiny_llama_path(tmp_path_factory) -> Path:
     return folder
 
 
+# Two heads of 64 over one kv head: the smallest shape the cupy decode kernels take.
+HEAD64 = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
+
+
 @pytest.fixture(scope="session")
 def head64_llama_path(tmp_path_factory) -> Path:
     """The tiny Llama with heads of 64, a size the CUDA decode kernel takes (16 is not): GPU
@@ -80,10 +84,9 @@ def head64_llama_path(tmp_path_factory) -> Path:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     folder = tmp_path_factory.mktemp("head64-llama")
-    config = LlamaConfig(vocab_size=257, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=512, initializer_range=0.3,
-                         eos_token_id=256, bos_token_id=256)  # fmt: skip
+    config = LlamaConfig(vocab_size=257, num_hidden_layers=2, max_position_embeddings=512,
+                         initializer_range=0.3, eos_token_id=256, bos_token_id=256,
+                         **HEAD64)  # fmt: skip
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     build_tokenizer(folder)

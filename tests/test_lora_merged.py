@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, LoRARequest, SamplingParams
-from tests.conftest import build_tokenizer
+from tests.conftest import HEAD64, build_tokenizer
 from tests.test_models import COMMON, CONFIGS, reference_greedy
 
 RANK, ALPHA = 4, 8.0
@@ -71,8 +71,7 @@ def adapters(tmp_path_factory):
 def head64_adapters(tmp_path_factory):
     """Heads of 64, which the cupy decode kernels (and so CUDA graphs) take."""
     root = tmp_path_factory.mktemp("lora-merged-head64")
-    return build_adapters(root, hidden_size=128, intermediate_size=256, num_attention_heads=2,
-                          num_key_value_heads=1)  # fmt: skip
+    return build_adapters(root, **HEAD64)
 
 
 DEVICES = [

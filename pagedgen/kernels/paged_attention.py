@@ -206,8 +206,9 @@ def paged_attention_launches(
     partition_size = partition_size or PARTITION_SIZE
     check(partition_size % block_size == 0, f"partition_size {partition_size} % {block_size}")
     cache_dtype = key_cache.dtype
+    # Grouped, this module serves the v2 reduce only, which prefetches nothing.
     module = paged_attention_module(
-        dtype, head_size, block_size, partition_size, cache_dtype, l2_prefetch
+        dtype, head_size, block_size, partition_size, cache_dtype, l2_prefetch and not grouped
     )
     # The grouped kernels' partial results have the per-head layout of the v2 reduce's.
     main_module = module

@@ -141,20 +141,19 @@ def reference(case: DecodeCase) -> torch.Tensor:
     )
 
 
-def run_decode(
-    launch: Callable[[KernelLaunch], None],
+def decode_launches(
     case: DecodeCase,
+    out: torch.Tensor,
     version: int | None,
-    partition_size: int = PARTITION_SIZE,
+    partition_size: int | None = PARTITION_SIZE,
     query: torch.Tensor | None = None,
     grouped: bool = False,
     l2_prefetch: bool = False,
-) -> torch.Tensor:
-    query = case.query if query is None else query
-    out = torch.full_like(case.query, float("nan"))
-    for kernel_launch in paged_attention_launches(
+) -> list[KernelLaunch]:
+    """The case's decode planned into out (query: the case's by default)."""
+    return paged_attention_launches(
         out,
-        query,
+        case.query if query is None else query,
         case.key_cache,
         case.value_cache,
         case.block_tables,
@@ -169,6 +168,21 @@ def run_decode(
         softcap=case.softcap,
         sinks=case.sinks,
         alibi_slopes=case.alibi_slopes,
+    )
+
+
+def run_decode(
+    launch: Callable[[KernelLaunch], None],
+    case: DecodeCase,
+    version: int | None,
+    partition_size: int = PARTITION_SIZE,
+    query: torch.Tensor | None = None,
+    grouped: bool = False,
+    l2_prefetch: bool = False,
+) -> torch.Tensor:
+    out = torch.full_like(case.query, float("nan"))
+    for kernel_launch in decode_launches(
+        case, out, version, partition_size, query, grouped, l2_prefetch
     ):
         launch(kernel_launch)
     return out

@@ -18,6 +18,7 @@ from tests.kernels.emulator import Emulator, have_gxx
 from tests.kernels.paged_cases import (
     DecodeCase,
     check_decode,
+    decode_launches,
     make_decode_case,
     run_decode,
 )
@@ -62,17 +63,8 @@ def make_case(spec) -> DecodeCase:
 
 
 def plan(case: DecodeCase, grouped: bool, version: int, partition_size: int | None):
-    return paged_attention_launches(
-        torch.empty_like(case.query),
-        *case[:5],
-        case.max_context_len,
-        case.scale,
-        version=version,
-        partition_size=partition_size,
-        grouped=grouped,
-        l2_prefetch=True,
-        window=case.window,
-    )
+    out = torch.empty_like(case.query)
+    return decode_launches(case, out, version, partition_size, grouped=grouped, l2_prefetch=True)
 
 
 def build_emulators(sources: dict[str, str] | None = None) -> dict[str, Emulator]:
@@ -166,26 +158,26 @@ def test_prefetches_ask_for_the_next_blocks_lines(
 MUTATIONS = {
     "per_head_prefetches_the_following_block": (
         "paged_attention.cu",
-        "block_table[b + NUM_WARPS] * BLOCK_SIZE",
-        "block_table[b + 1] * BLOCK_SIZE",
+        "block_table, b + NUM_WARPS, end_block",
+        "block_table, b + 1, end_block",
         1,
     ),
     "grouped_prefetches_the_following_block": (
         "paged_attention_grouped.cu",
-        "block_table[b + NUM_WARPS] * BLOCK_SIZE",
-        "block_table[b + 1] * BLOCK_SIZE",
+        "block_table, b + NUM_WARPS, end_block",
+        "block_table, b + 1, end_block",
         1,
     ),
     "prefetch_past_the_last_block": (
         "paged_attention_grouped.cu",
-        "b + NUM_WARPS < end_block) {",
-        "b + NUM_WARPS <= end_block) {",
+        "next_block < end_block) {",
+        "next_block <= end_block) {",
         1,
     ),
     "prefetch_without_the_kv_head": (
         "paged_attention.cu",
-        "BLOCK_SIZE * token_stride + kv_head * HEAD_SIZE,\n",
-        "BLOCK_SIZE * token_stride,\n",
+        "kv_head * HEAD_SIZE + (long long)block_table[next_block]",
+        "(long long)block_table[next_block]",
         1,
     ),
     "values_not_prefetched": (
