@@ -16,8 +16,10 @@
 #   smollm2-prefetch graphs and async scheduling, decode warps prefetching their next KV block
 #                    into L2 (PAGEDGEN_CUDA_DECODE_PREFETCH=1)
 #   smollm2-grouped-prefetch   both
+#   smollm2-auto     graphs and async scheduling, each decode kernel and its prefetch as pagedgen
+#                    picks them by shape (neither variable set): what a user gets
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
-#   llama8b-grouped-prefetch   the same on a random-weight Llama-3-8B shape
+#   llama8b-grouped-prefetch, llama8b-auto   the same on a random-weight Llama-3-8B shape
 #   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
 #                    torch backend, 64 experts: eager, as every mixture runs)
 # The baselines run in the first bench stage of each shape only (BASELINES_EVERY=1: in every
@@ -60,6 +62,7 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     local grouped=0 prefetch=0
     [[ $mode == grouped* ]] && grouped=1
     [[ $mode == *prefetch ]] && prefetch=1
+    [ "$mode" = auto ] && grouped='' prefetch=''  # unset: the shape decides
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
@@ -78,12 +81,14 @@ for stage in $STAGES; do case $stage in
     smollm2-grouped) bench smollm2-135m grouped 200 ;;
     smollm2-prefetch) bench smollm2-135m prefetch 200 ;;
     smollm2-grouped-prefetch) bench smollm2-135m grouped-prefetch 200 ;;
+    smollm2-auto) bench smollm2-135m auto 200 ;;
     llama8b-eager) bench llama-8b eager 300 ;;
     llama8b-graphs) bench llama-8b graphs 300 ;;
     llama8b-async) bench llama-8b async 300 ;;
     llama8b-grouped) bench llama-8b grouped 300 ;;
     llama8b-prefetch) bench llama-8b prefetch 300 ;;
     llama8b-grouped-prefetch) bench llama-8b grouped-prefetch 300 ;;
+    llama8b-auto) bench llama-8b auto 300 ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;
     *) echo "unknown stage $stage" ;;
 esac; done

@@ -23,9 +23,9 @@ from pagedgen.bench.gpu_profile import (
     kernel_times,
     launch_kind,
     merge,
-    profile_decode_steps,
     summarize,
 )
+from pagedgen.bench.profile_steps import profile_decode_steps, profile_mixed_steps
 from pagedgen.bench.report import gpu_profile_line, render
 from pagedgen.cli.main import app
 
@@ -145,10 +145,19 @@ def test_summarize_counts_only_inside_the_decode_steps():
         _event("Memcpy HtoD", "gpu_memcpy", 19, 22),  # spans a step boundary: 1 ms in step 1
         _event("Memset", "gpu_memset", 31, 32),
         _event("aten::mm", "cpu_op", 10, 40),
+        # host sections: step 1's scheduler and forward, the prefill step's forward (left out),
+        # a forward of step 3 that runs past it, and an annotation that is no section
+        _event("pagedgen::scheduler", "user_annotation", 10, 11),
+        _event("pagedgen::model_forward", "user_annotation", 11, 14),
+        _event("pagedgen::model_forward", "user_annotation", 21, 29),
+        _event("pagedgen::model_forward", "user_annotation", 38, 42),
+        _event("pagedgen::mystery", "user_annotation", 30, 40),
     ]
     names = {f"{step}1", f"{step}3"}
     profile = summarize(events, names, device_traced=True)
-    assert profile.num_decode_steps == 2
+    assert [part for part, _ in profile.host_s] == ["scheduler", "model_forward"]
+    assert dict(profile.host_s) == pytest.approx({"scheduler": 0.001, "model_forward": 0.005})
+    assert profile.num_steps == 2
     assert profile.window_s == pytest.approx(0.020)
     assert profile.busy_s == pytest.approx((5 + 1 + 1) / 1000)
     assert profile.busy_perc == pytest.approx(35.0)
@@ -175,9 +184,7 @@ def test_summarize_with_no_decode_step():
     assert profile == GpuProfile(0, 0.0, 0.0, 0, 0)
     figures = profile.to_dict()
     assert figures["busy_perc"] is None and figures["kernel_launches_per_step"] is None
-    assert (
-        gpu_profile_line(figures) == "GPU profile: no decode-only step ran in the profiled window"
-    )
+    assert gpu_profile_line(figures) == "GPU profile: no decode step ran in the profiled window"
 
 
 def test_kernel_times_clip_to_the_steps_and_group_by_name():
@@ -203,7 +210,7 @@ def test_gpu_profile_line():
     profile = GpuProfile(32, 0.4, 0.1096, 32 * 3530, 0)
     assert gpu_profile_line(profile.to_dict()) == (
         "GPU busy 27.4 % over 32 decode steps (400.0 ms, under torch.profiler); "
-        "3,530 kernel launches per decode step (0 graph replays); "
+        "3,530 kernel launches a step (0 graph replays); "
         "the host waited for the device 0.0 % of them"
     )
     kernels = (("nvjet_gemm", 0.064), ("softmax", 0.0032))
@@ -214,6 +221,11 @@ def test_gpu_profile_line():
         "     2.000 ms/step  16.0 %  nvjet_gemm",
         "     0.100 ms/step   0.8 %  softmax",
     ]
+    host = (("scheduler", 0.016), ("model_forward", 0.0032))
+    mixed = timed._replace(host_s=host, phase="mixed").to_dict()
+    lines = gpu_profile_line(mixed).splitlines()
+    assert lines[0].startswith("GPU busy 27.4 % over 32 mixed steps (400.0 ms")
+    assert lines[-1] == "  host ms/step: scheduler 0.50, model_forward 0.10"
 
 
 def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_path):
@@ -229,7 +241,7 @@ def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_pat
     before = run_pagedgen(llm, workload)
     engine = llm.engine
     profile = profile_decode_steps(llm, workload, 3)
-    assert profile.num_decode_steps == 3 and profile.window_s > 0
+    assert profile.num_steps == 3 and profile.window_s > 0
     assert profile.busy_s is None and profile.busy_perc is None
     assert profile.num_kernel_launches == profile.num_graph_launches == 0
     # decode steps 3, 4 and 5 of 4 sequences of 24 prompt tokens read 27, 28 and 29 tokens each
@@ -239,9 +251,45 @@ def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_pat
     assert run_pagedgen(llm, workload).output_token_ids == before.output_token_ids
 
     # 11 decode steps after the prefill: less the one that opens the window and the warm-up
-    assert profile_decode_steps(llm, workload, 100).num_decode_steps == 11 - 2
+    assert profile_decode_steps(llm, workload, 100).num_steps == 11 - 2
     one_token = random_workload(llm.tokenizer, 2, 8, 1)  # no decode step at all
-    assert profile_decode_steps(llm, one_token, 3).num_decode_steps == 0
+    assert profile_decode_steps(llm, one_token, 3).num_steps == 0
+
+
+def test_the_window_is_a_full_batch_decoding_with_nothing_waiting(tiny_llama_path):
+    """More requests than max_num_seqs: only the first max_num_seqs run, so every step after
+    their prefill decodes the full batch and none is a waiting request's prefill."""
+    from pagedgen import LLM
+    from pagedgen.bench.workloads import random_workload
+
+    llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01, max_num_seqs=2)
+    workload = random_workload(llm.tokenizer, 5, 24, 12)
+    profile = profile_decode_steps(llm, workload, 100)
+    assert profile.num_steps == 11 - 2  # as with 2 requests alone
+    # 2 sequences; decode steps 3 to 11 read 27 to 35 tokens each
+    assert profile.kv_tokens == 2 * sum(range(27, 36))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_mixed_steps_are_those_that_add_prompts_to_a_running_batch(tiny_llama_path):
+    """The whole workload runs; once a request finishes, the next ones' prompts join the batch:
+    the window holds those steps only, each with its host sections."""
+    from pagedgen import LLM
+    from pagedgen.bench.workloads import random_workload
+
+    llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01, max_num_seqs=2)
+    workload = random_workload(llm.tokenizer, 6, 24, 12)
+    workload.max_tokens = [3, 30, 3, 3, 3, 3]  # request 2 decodes while the others take turns
+    profile = profile_mixed_steps(llm, workload, 100)
+    # requests 1, 3, 4, 5 and 6 prefill in steps 1, 4, 7, 10 and 13, beside request 2's decodes;
+    # the window opens once request 1 finishes (step 3), and its first step (4) warms up
+    assert profile.phase == "mixed" and profile.num_steps == 3
+    host = dict(profile.host_s)
+    assert {"scheduler", "prepare_inputs", "model_forward", "detokenize_stop"} <= set(host)
+    assert 0 < sum(host.values()) <= profile.window_s
+    assert not llm.engine.has_unfinished_requests()
+    decode = profile_decode_steps(llm, workload, 3)
+    assert decode.phase == "decode" and "model_forward" in dict(decode.host_s)
 
 
 def test_a_cpu_bench_neither_profiles_nor_prints_it(tiny_llama_path, tmp_path, monkeypatch):
@@ -249,6 +297,7 @@ def test_a_cpu_bench_neither_profiles_nor_prints_it(tiny_llama_path, tmp_path, m
         raise AssertionError("the GPU profile ran on the CPU")
 
     monkeypatch.setattr(benchmark, "profile_decode_steps", fail)
+    monkeypatch.setattr(benchmark, "profile_mixed_steps", fail)
     out = tmp_path / "bench.json"
     args = ["bench", "-m", str(tiny_llama_path), "--workload", "fixed", "--num-prompts", "2"]
     args += ["--input-len", "8", "--output-len", "3", "--kv-cache-memory", "0.01"]
@@ -257,7 +306,7 @@ def test_a_cpu_bench_neither_profiles_nor_prints_it(tiny_llama_path, tmp_path, m
     assert result.exit_code == 0, result.output
     assert "GPU" not in result.output
     report = json.loads(out.read_text())
-    assert report["gpu_profile"] is None
+    assert report["gpu_profile"] is None and report["gpu_profile_mixed"] is None
 
     report["gpu_profile"] = GpuProfile(4, 0.01, 0.005, 40, 0).to_dict()  # as a cuda run has it
     console = Console(record=True, width=200)
@@ -288,13 +337,15 @@ def test_on_a_gpu_the_bench_reports_busy_share_and_launches(tiny_llama_path):
     )
     report = benchmark.run_bench(options, log=lambda message: None)
     profile = report["gpu_profile"]
-    assert profile["num_decode_steps"] == 4 and profile["window_s"] > 0
+    assert profile["num_steps"] == 4 and profile["window_s"] > 0
     assert 0 < profile["busy_perc"] <= 100
     assert profile["kernel_launches_per_step"] > 0
     assert profile["graph_launches_per_step"] == 0  # heads of 16: no cupy kernels, no graphs
     assert profile["kernel_s"] and 0 <= profile["sync_wait_perc"] <= 100
     assert profile["kv_tokens"] > 0 and profile["bound"]["ratio"] > 1  # host-bound tiny steps
     assert gpu_profile_line(profile).startswith("GPU busy ")
+    assert "model_forward" in profile["host_s"]
+    assert report["gpu_profile_mixed"]["phase"] == "mixed"  # all finish at once: no such step
 
 
 def test_decode_bound_weighs_the_steps_against_their_bytes():

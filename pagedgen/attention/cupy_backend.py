@@ -24,7 +24,8 @@ class CupyAttentionBackend(TorchAttentionBackend):
     one call per sequence. GQA layers with groups of 4 or more and heads of 128 or more decode
     with the grouped kernel, which reads each kv head's K/V once for its group
     (PAGEDGEN_CUDA_GROUPED_DECODE=1 for every GQA layer, 0 for none);
-    PAGEDGEN_CUDA_DECODE_PREFETCH=1 has decode warps prefetch their next KV block into L2.
+    per-head decode warps prefetch their next KV block into L2, grouped ones do not
+    (PAGEDGEN_CUDA_DECODE_PREFETCH=1 for both, 0 for neither).
     Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES and
     block sizes BLOCK_SIZES, and fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside
     caches of the model's dtype: every kernel rounds K/V into them as to_cache_dtype does, and
@@ -41,9 +42,11 @@ class CupyAttentionBackend(TorchAttentionBackend):
     use_grouped_decode = {"1": True, "0": False}.get(
         os.environ.get("PAGEDGEN_CUDA_GROUPED_DECODE", "")
     )
-    # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh); off until a GPU
-    # run measures it (benchmarks/bench_kernels.py times both).
-    use_l2_prefetch = os.environ.get("PAGEDGEN_CUDA_DECODE_PREFETCH", "0") == "1"
+    # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh): None where it
+    # measured faster (paged_attention.AUTO_PREFETCH), True for both kernels, False for neither.
+    use_l2_prefetch = {"1": True, "0": False}.get(
+        os.environ.get("PAGEDGEN_CUDA_DECODE_PREFETCH", "")
+    )
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":

@@ -10,8 +10,8 @@ from pagedgen.batch.requests import vocab_size_of
 from pagedgen.bench import engines, latency, vllm_baseline
 from pagedgen.bench.decode_bound import llm_decode_bound
 from pagedgen.bench.gpu_memory import bench_gpu_memory_utilization
-from pagedgen.bench.gpu_profile import profile_decode_steps
 from pagedgen.bench.overhead import profile_engine, step_timers_synchronize
+from pagedgen.bench.profile_steps import profile_decode_steps, profile_mixed_steps
 from pagedgen.bench.result import RunResult, agreement, ratios
 from pagedgen.bench.roofline import Roofline, measure_roofline
 from pagedgen.bench.system import machine_info, machine_state, sample_cpu
@@ -162,11 +162,13 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         report.update(
             _throughput_runs(options, llm, model, workload, pad_token_id, roofline, resolved, log)
         )
-    report["gpu_profile"] = None
+    report["gpu_profile"] = report["gpu_profile_mixed"] = None
     if options.gpu_profile and engine.runner.device.type == "cuda":
-        log(f"profiling pagedgen's decode steps (at most {options.gpu_profile_steps})")
+        log(f"profiling pagedgen's decode and mixed steps (at most {options.gpu_profile_steps})")
         profiled = profile_decode_steps(llm, workload, options.gpu_profile_steps)
         report["gpu_profile"] = {**profiled.to_dict(), "bound": llm_decode_bound(llm, profiled)}
+        mixed = profile_mixed_steps(llm, workload, options.gpu_profile_steps)
+        report["gpu_profile_mixed"] = mixed.to_dict()
     report["machine_end"] = machine_state(since=start)
     return report
 

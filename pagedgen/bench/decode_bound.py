@@ -24,7 +24,7 @@ def decode_bound(
     profile: GpuProfile, weight_bytes: float, kv_bytes_per_token: int, peak_bytes_per_s: float
 ) -> dict | None:
     """The steps' mean time against their bytes bound; None without a decode step."""
-    steps = profile.num_decode_steps
+    steps = profile.num_steps
     if not steps:
         return None
     kv_bytes = profile.kv_tokens * kv_bytes_per_token / steps

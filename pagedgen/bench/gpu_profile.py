@@ -1,21 +1,16 @@
-"""How busy the GPU is during pagedgen's decode steps, and how many kernels each step launches:
-torch.profiler over a bounded window of engine steps, run apart from the timed passes."""
+"""How busy the GPU is during pagedgen's steps, which kernels take its time, how many each step
+launches and where the host spends each step: the arithmetic over torch.profiler's raw events of
+annotated engine steps (bench.profile_steps runs and annotates them)."""
 
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Collection, Iterable
-from contextlib import suppress
-from typing import NamedTuple, TypeVar
+from collections.abc import Collection, Iterable
+from typing import NamedTuple
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import profile
 
-from pagedgen.bench.engines import greedy_params
-from pagedgen.bench.workloads import Workload
-from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.llm import LLM
-
-T = TypeVar("T")
+from pagedgen.engine.step_timer import STEP_PARTS
 
 # Kineto's activity types (libkineto ActivityType.cpp), as _KinetoEvent.activity_type() names them.
 # Only these mark the device as busy: "gpu_user_annotation" (a record_function projected onto the
@@ -46,6 +41,7 @@ SYNC_CALLS = frozenset(
     }
 )
 STEP_ANNOTATION = "pagedgen::step#"
+SECTION_ANNOTATION = "pagedgen::"  # + a StepTimer section's name: host time of that part
 TOP_KERNELS = 10
 _API_SUFFIX = re.compile(r"(_ptsz|_ptds)?(_v\d+)?$")  # CUPTI's per-stream and version suffixes
 
@@ -60,10 +56,10 @@ class ProfiledEvent(NamedTuple):
 
 
 class GpuProfile(NamedTuple):
-    """The profiled decode steps: their summed wall time, the part of it in which the device ran
-    at least one kernel, copy or memset (None where no device was traced), and their launches."""
+    """The profiled steps: their summed wall time, the part of it in which the device ran at
+    least one kernel, copy or memset (None where no device was traced), and their launches."""
 
-    num_decode_steps: int
+    num_steps: int
     window_s: float
     busy_s: float | None
     num_kernel_launches: int
@@ -74,6 +70,10 @@ class GpuProfile(NamedTuple):
     # with the device idle too, the steps are serialized rather than host-bound.
     sync_wait_s: float = 0.0
     kv_tokens: int = 0  # context tokens the steps' attention read, all steps together
+    # Host seconds within the steps in each StepTimer section (SECTION_ANNOTATION + name), in
+    # STEP_PARTS order: with async scheduling a step's device work overlaps them.
+    host_s: tuple[tuple[str, float], ...] = ()
+    phase: str = "decode"  # which steps: "decode" (decode-only) or "mixed" (with prompt tokens)
 
     @property
     def busy_perc(self) -> float | None:
@@ -82,7 +82,7 @@ class GpuProfile(NamedTuple):
         return 100 * self.busy_s / self.window_s
 
     def per_step(self, count: int) -> float | None:
-        return count / self.num_decode_steps if self.num_decode_steps else None
+        return count / self.num_steps if self.num_steps else None
 
     def to_dict(self) -> dict:
         return {
@@ -91,6 +91,7 @@ class GpuProfile(NamedTuple):
             "kernel_launches_per_step": self.per_step(self.num_kernel_launches),
             "graph_launches_per_step": self.per_step(self.num_graph_launches),
             "kernel_s": dict(self.kernel_s),
+            "host_s": dict(self.host_s),
             "sync_wait_perc": 100 * self.sync_wait_s / self.window_s if self.window_s else None,
         }
 
@@ -158,7 +159,7 @@ def launch_kind(name: str) -> str | None:
 def summarize(
     events: list[ProfiledEvent], step_names: Collection[str], device_traced: bool
 ) -> GpuProfile:
-    """Busy time and launches within the steps annotated with step_names (the decode steps).
+    """Busy time, launches and host sections within the steps annotated with step_names.
 
     A launch counts for the step its host call starts in; device time counts wherever it falls
     inside a step, whichever step launched it.
@@ -179,86 +180,27 @@ def summarize(
         if e.kind in API_KINDS and _API_SUFFIX.sub("", e.name) in SYNC_CALLS
     ]
     device = [(e.start, e.end) for e in events if e.kind in DEVICE_KINDS]
+    sections: dict[str, list[Interval]] = {}
+    for e in events:
+        part = e.name.removeprefix(SECTION_ANNOTATION)
+        if e.kind == "user_annotation" and part in STEP_PARTS and part != e.name:
+            sections.setdefault(part, []).append((e.start, e.end))
+    host = [
+        (part, busy_time(sections[part], windows) / 1e9) for part in STEP_PARTS if part in sections
+    ]
     return GpuProfile(
-        num_decode_steps=len(windows),
+        num_steps=len(windows),
         window_s=sum(end - start for start, end in windows) / 1e9,
         busy_s=busy_time(device, windows) / 1e9 if device_traced else None,
         num_kernel_launches=kinds.count("kernel"),
         num_graph_launches=kinds.count("graph"),
         kernel_s=kernel_times(events, windows) if device_traced else (),
         sync_wait_s=busy_time(waits, windows) / 1e9,
+        host_s=tuple(host),
     )
 
 
-def profile_decode_steps(llm: LLM, workload: Workload, max_num_steps: int) -> GpuProfile:
-    """Runs the workload afresh up to its first decode-only step, then profiles the next
-    max_num_steps steps (after one warm-up step) and aborts the rest of the workload.
-
-    Each step is annotated whole (schedule, model, sampling, stop checks), so host time between
-    kernels shows as idle device time. Steps that compute any prompt token are left out. The
-    figures are taken under the profiler, which adds its own cost to every CUDA call. The engine
-    is left as it was found: unpatched, with no request of this pass.
-    """
-    engine, runner = llm.engine, llm.engine.runner
-    on_gpu = runner.device.type == "cuda"
-    if not llm.reset_prefix_cache():  # its prompts are computed, as in the timed passes
-        raise RuntimeError("requests are still running: the prefix cache cannot be reset")
-    is_decode: list[bool] = []  # per step that ran the model: did it compute decodes only
-    context_tokens: list[int] = []  # and the tokens its attention read
-    runner.execute = _observe(runner.execute, is_decode, context_tokens)
-    runner.execute_async = _observe(runner.execute_async, is_decode, context_tokens)
-    kv_tokens = 0
-    request_ids = [f"gpu-profile-{i}" for i in range(workload.num_requests)]
-    step_names: list[str] = []
-    try:
-        for request_id, prompt, params in zip(
-            request_ids, workload.prompts, greedy_params(workload)
-        ):
-            engine.add_request(request_id, prompt, params)
-        while engine.has_unfinished_requests() and not (is_decode and is_decode[-1]):
-            engine.step()
-        activities = (
-            [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
-        )
-        with profile(activities=activities) as profiler:
-            for i in range(max_num_steps + 1):
-                if not engine.has_unfinished_requests():
-                    break
-                num_executed = len(is_decode)
-                with record_function(f"{STEP_ANNOTATION}{i}"):
-                    engine.step()
-                # Step 0 is left out: the first records after the profiler starts cost more.
-                if i and len(is_decode) > num_executed and is_decode[-1]:
-                    step_names.append(f"{STEP_ANNOTATION}{i}")
-                    kv_tokens += context_tokens[-1]
-            if on_gpu:
-                torch.cuda.synchronize(runner.device)
-    finally:
-        for name in ("execute", "execute_async"):
-            with suppress(AttributeError):
-                delattr(runner, name)
-        for request_id in request_ids:
-            engine.abort_request(request_id)
-        ours = set(request_ids)
-        engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
-    events = _events(profiler)
-    # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
-    traced = on_gpu and any(e.kind in DEVICE_KINDS for e in events)
-    return summarize(events, set(step_names), device_traced=traced)._replace(kv_tokens=kv_tokens)
-
-
-def _observe(
-    execute: Callable[[SchedulerOutput], T], is_decode: list[bool], context_tokens: list[int]
-) -> Callable[[SchedulerOutput], T]:
-    def observed(scheduled: SchedulerOutput) -> T:
-        is_decode.append(scheduled.num_decode_seqs == len(scheduled.seqs))
-        context_tokens.append(sum(scheduled.num_computed_tokens) + scheduled.num_batched_tokens)
-        return execute(scheduled)
-
-    return observed
-
-
-def _events(profiler: profile) -> list[ProfiledEvent]:
+def profiled_events(profiler: profile) -> list[ProfiledEvent]:
     # The raw kineto events, not profiler.events(): building FunctionEvents costs ~25x more,
     # tens of seconds for the ~10^5 events of a few thousand launches per step.
     results = profiler.profiler.kineto_results

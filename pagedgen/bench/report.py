@@ -43,6 +43,8 @@ def render(report: dict, console: Console) -> None:
         console.print(gpu_profile_line(report["gpu_profile"]), highlight=False)
         if report["gpu_profile"].get("bound"):
             console.print(decode_bound_line(report["gpu_profile"]["bound"]), highlight=False)
+    if report.get("gpu_profile_mixed"):
+        console.print(gpu_profile_line(report["gpu_profile_mixed"]), highlight=False)
     console.print(_machine_line("end", report["machine_end"], "during the bench"), highlight=False)
 
 
@@ -67,33 +69,43 @@ def _roofline_line(roof: dict) -> str:
 
 
 def gpu_profile_line(profile: dict) -> str:
-    if not profile["num_decode_steps"]:
-        return "GPU profile: no decode-only step ran in the profiled window"
+    steps = f"{profile['num_steps']} {profile.get('phase', 'decode')} steps"
+    if not profile["num_steps"]:
+        return f"GPU profile: no {profile.get('phase', 'decode')} step ran in the profiled window"
     if profile["busy_perc"] is None:
         return (
-            f"GPU profile: torch.profiler traced no device activity over "
-            f"{profile['num_decode_steps']} decode steps (is CUPTI available?)"
+            f"GPU profile: torch.profiler traced no device activity over {steps} "
+            "(is CUPTI available?)"
         )
-    return (
-        f"GPU busy {profile['busy_perc']:.1f} % over {profile['num_decode_steps']} decode steps "
+    line = (
+        f"GPU busy {profile['busy_perc']:.1f} % over {steps} "
         f"({1000 * profile['window_s']:.1f} ms, under torch.profiler); "
-        f"{profile['kernel_launches_per_step']:,.0f} kernel launches per decode step "
+        f"{profile['kernel_launches_per_step']:,.0f} kernel launches a step "
         f"({profile['graph_launches_per_step']:.3g} graph replays)"
-        + (
-            f"; the host waited for the device {profile['sync_wait_perc']:.1f} % of them"
-            if profile.get("sync_wait_perc") is not None
-            else ""
-        )
-    ) + "".join(kernel_lines(profile))
+    )
+    if profile.get("sync_wait_perc") is not None:
+        line += f"; the host waited for the device {profile['sync_wait_perc']:.1f} % of them"
+    return line + "".join(kernel_lines(profile)) + host_line(profile)
 
 
 def kernel_lines(profile: dict, top: int = 6) -> list[str]:
-    """The kernels with the most device time, per decode step and as a share of the steps."""
-    steps, window_s = profile["num_decode_steps"], profile["window_s"]
+    """The kernels with the most device time, per step and as a share of the steps."""
+    steps, window_s = profile["num_steps"], profile["window_s"]
     return [
         f"\n  {1000 * seconds / steps:8.3f} ms/step {100 * seconds / window_s:5.1f} %  {label}"
         for label, seconds in list(profile.get("kernel_s", {}).items())[:top]
     ]
+
+
+def host_line(profile: dict) -> str:
+    """The host's time a step in each part of it (the StepTimer sections)."""
+    parts = profile.get("host_s") or {}
+    steps = profile["num_steps"]
+    if not parts:
+        return ""
+    return "\n  host ms/step: " + ", ".join(
+        f"{part} {1000 * seconds / steps:.2f}" for part, seconds in parts.items()
+    )
 
 
 def _render_throughput(report: dict, console: Console) -> None:

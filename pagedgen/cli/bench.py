@@ -51,7 +51,9 @@ def bench(
     gpu_profile: bool = typer.Option(
         True, help="on cuda: GPU busy % and kernel launches per decode step, under torch.profiler"
     ),
-    gpu_profile_steps: int = typer.Option(32, help="decode steps the GPU profile covers, at most"),
+    gpu_profile_steps: int = typer.Option(
+        32, help="steps each GPU profile (decode, mixed) covers, at most"
+    ),
     generate_batch_timeout: float = typer.Option(
         600.0, help="stop generate_batch after this many seconds; figures then cover the done"
     ),

@@ -223,3 +223,18 @@ def test_without_the_flag_nothing_is_prefetched(emulators) -> None:
     out = run_decode(emulator.launch, case, version=1)
     assert not out.isnan().any()
     assert emulator.take_prefetched() == []
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_unless_told_only_the_per_head_kernel_prefetches(grouped: bool) -> None:
+    """l2_prefetch=None, as the cupy backend passes it: the per-head kernel is built with
+    prefetch (faster on every measured shape), the grouped one without."""
+    case = make_case(CASES[0])
+    launches = paged_attention_launches(
+        torch.empty_like(case.query), *case[:5], case.max_context_len, case.scale,
+        version=2, partition_size=512, grouped=grouped, l2_prefetch=None,
+    )  # fmt: skip
+    main, reduce = launches
+    assert ("grouped" in main.name_expression) == grouped
+    for launch in (main, reduce):  # a grouped plan's reduce is per-head code, built plain
+        assert ("PAGEDGEN_L2_PREFETCH=1" in launch.module.defines) != grouped
