@@ -221,6 +221,20 @@ def test_gpu_profile_line():
         "     2.000 ms/step  16.0 %  nvjet_gemm",
         "     0.100 ms/step   0.8 %  softmax",
     ]
+    # unprofiled, the steps take 5 ms: the device's 3.425 ms a step is 68.5 % of that
+    plain = timed._replace(plain_step_s=0.005).to_dict()
+    assert plain["plain_busy_perc"] == pytest.approx(68.5)
+    assert (
+        gpu_profile_line(plain)
+        .splitlines()[0]
+        .endswith(
+            "(1 graph replays); 68.5 % of their 5.00 ms a step unprofiled; "
+            "the host waited for the device 25.0 % of them"
+        )
+    )
+    fast = timed._replace(plain_step_s=0.001)  # device work spills past a step's wall time
+    assert fast.plain_busy_perc == 100.0
+    assert timed.plain_busy_perc is None and GpuProfile(0, 0.0, None, 0, 0).plain_busy_perc is None
     host = (("scheduler", 0.016), ("model_forward", 0.0032))
     mixed = timed._replace(host_s=host, phase="mixed").to_dict()
     lines = gpu_profile_line(mixed).splitlines()
@@ -243,6 +257,7 @@ def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_pat
     profile = profile_decode_steps(llm, workload, 3)
     assert profile.num_steps == 3 and profile.window_s > 0
     assert profile.busy_s is None and profile.busy_perc is None
+    assert profile.plain_step_s > 0 and profile.plain_busy_perc is None  # timed, nothing traced
     assert profile.num_kernel_launches == profile.num_graph_launches == 0
     # decode steps 3, 4 and 5 of 4 sequences of 24 prompt tokens read 27, 28 and 29 tokens each
     assert profile.kv_tokens == 4 * (27 + 28 + 29)
@@ -338,7 +353,7 @@ def test_on_a_gpu_the_bench_reports_busy_share_and_launches(tiny_llama_path):
     report = benchmark.run_bench(options, log=lambda message: None)
     profile = report["gpu_profile"]
     assert profile["num_steps"] == 4 and profile["window_s"] > 0
-    assert 0 < profile["busy_perc"] <= 100
+    assert 0 < profile["busy_perc"] <= 100 and 0 < profile["plain_busy_perc"] <= 100
     assert profile["kernel_launches_per_step"] > 0
     assert profile["graph_launches_per_step"] == 0  # heads of 16: no cupy kernels, no graphs
     assert profile["kernel_s"] and 0 <= profile["sync_wait_perc"] <= 100
@@ -360,5 +375,10 @@ def test_decode_bound_weighs_the_steps_against_their_bytes():
         "decode steps 20.00 ms (under torch.profiler) against 5.04 ms to move their bytes "
         "(16.00 GB of weights + 0.13 GB of K/V a step at 3,200 GB/s): 3.97x"
     )
+    assert bound["plain_step_ms"] is None and bound["plain_ratio"] is None
+    # the same steps unprofiled: 10.08 ms each, twice the bound
+    plain = decode_bound(profile._replace(plain_step_s=0.01008), 16e9, 131072, 3.2e12)
+    assert plain["plain_ratio"] == pytest.approx(10.08 / plain["bound_ms"])
+    assert decode_bound_line(plain).endswith("3.97x; unprofiled 10.08 ms: 2.00x")
     assert decode_bound(GpuProfile(0, 0.0, None, 0, 0), 16e9, 131072, 3.2e12) is None
     assert hbm_peak_bytes_per_s(torch.device("cpu")) is None

@@ -30,6 +30,7 @@ def decode_bound(
     kv_bytes = profile.kv_tokens * kv_bytes_per_token / steps
     bound_s = (weight_bytes + kv_bytes) / peak_bytes_per_s
     step_s = profile.window_s / steps
+    plain_s = profile.plain_step_s
     return {
         "step_ms": 1000 * step_s,
         "bound_ms": 1000 * bound_s,
@@ -37,6 +38,8 @@ def decode_bound(
         "kv_gb_per_step": kv_bytes / 1e9,
         "peak_gbps": peak_bytes_per_s / 1e9,
         "ratio": step_s / bound_s,
+        "plain_step_ms": None if plain_s is None else 1000 * plain_s,
+        "plain_ratio": None if plain_s is None else plain_s / bound_s,
     }
 
 
@@ -51,9 +54,12 @@ def llm_decode_bound(llm: LLM, profile: GpuProfile) -> dict | None:
 
 
 def decode_bound_line(bound: dict) -> str:
-    return (
+    line = (
         f"decode steps {bound['step_ms']:.2f} ms (under torch.profiler) against "
         f"{bound['bound_ms']:.2f} ms to move their bytes ({bound['weight_gb']:.2f} GB of weights "
         f"+ {bound['kv_gb_per_step']:.2f} GB of K/V a step at {bound['peak_gbps']:,.0f} GB/s): "
         f"{bound['ratio']:.2f}x"
     )
+    if bound.get("plain_step_ms") is not None:
+        line += f"; unprofiled {bound['plain_step_ms']:.2f} ms: {bound['plain_ratio']:.2f}x"
+    return line

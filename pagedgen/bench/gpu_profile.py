@@ -74,12 +74,23 @@ class GpuProfile(NamedTuple):
     # STEP_PARTS order: with async scheduling a step's device work overlaps them.
     host_s: tuple[tuple[str, float], ...] = ()
     phase: str = "decode"  # which steps: "decode" (decode-only) or "mixed" (with prompt tokens)
+    # The same steps' mean wall time run again without the profiler, whose cost on every op and
+    # CUDA call slows the host but not the device: None where not measured.
+    plain_step_s: float | None = None
 
     @property
     def busy_perc(self) -> float | None:
         if self.busy_s is None or self.window_s <= 0:
             return None
         return 100 * self.busy_s / self.window_s
+
+    @property
+    def plain_busy_perc(self) -> float | None:
+        """The device's time a step, as traced, against the steps' wall time unprofiled (at
+        most 100: a bound, as a step's device work may overlap the next step's wall time)."""
+        if self.busy_s is None or not self.plain_step_s or not self.num_steps:
+            return None
+        return min(100.0, 100 * self.busy_s / self.num_steps / self.plain_step_s)
 
     def per_step(self, count: int) -> float | None:
         return count / self.num_steps if self.num_steps else None
@@ -88,6 +99,7 @@ class GpuProfile(NamedTuple):
         return {
             **self._asdict(),
             "busy_perc": self.busy_perc,
+            "plain_busy_perc": self.plain_busy_perc,
             "kernel_launches_per_step": self.per_step(self.num_kernel_launches),
             "graph_launches_per_step": self.per_step(self.num_graph_launches),
             "kernel_s": dict(self.kernel_s),

@@ -1,9 +1,10 @@
 """Runs engine steps under torch.profiler, apart from the timed passes, for bench.gpu_profile:
 a window of steady decode steps, and one of mixed steps, where new prompts join a full batch."""
 
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from typing import TypeVar
+from contextlib import contextmanager, nullcontext, suppress
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -54,11 +55,44 @@ def profile_mixed_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gpu
     return _profile(llm, workload, workload.num_requests, max_num_steps, phase="mixed")
 
 
+class Window(NamedTuple):
+    """One run of a profile's window: the steps it counts (their index in the window), their
+    host wall times, the context tokens their attention read, and the profiler if one ran."""
+
+    steps: list[int]
+    step_s: list[float]
+    kv_tokens: int
+    profiler: profile | None
+
+
 def _profile(
     llm: LLM, workload: Workload, num_requests: int, max_num_steps: int, phase: str
 ) -> GpuProfile:
+    """The window run twice, alike: timed alone, then under the profiler, whose own cost on
+    every op and CUDA call slows the host; the device's work is the same in both."""
+    plain = _run_window(llm, workload, num_requests, max_num_steps, phase, traced=False)
+    traced = _run_window(llm, workload, num_requests, max_num_steps, phase, traced=True)
+    events = profiled_events(traced.profiler)
+    # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
+    on_gpu = llm.engine.runner.device.type == "cuda"
+    device_traced = on_gpu and any(e.kind in DEVICE_KINDS for e in events)
+    names = {f"{STEP_ANNOTATION}{i}" for i in traced.steps}
+    profiled = summarize(events, names, device_traced=device_traced)
+    plain_step_s = sum(plain.step_s) / len(plain.step_s) if plain.step_s else None
+    return profiled._replace(kv_tokens=traced.kv_tokens, phase=phase, plain_step_s=plain_step_s)
+
+
+def _run_window(
+    llm: LLM,
+    workload: Workload,
+    num_requests: int,
+    max_num_steps: int,
+    phase: str,
+    traced: bool,
+) -> Window:
     engine, runner = llm.engine, llm.engine.runner
     on_gpu = runner.device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(runner.device)) if on_gpu else (lambda: None)
     if not llm.reset_prefix_cache():  # its prompts are computed, as in the timed passes
         raise RuntimeError("requests are still running: the prefix cache cannot be reset")
     decode = phase == "decode"
@@ -66,9 +100,8 @@ def _profile(
     context_tokens: list[int] = []  # and the tokens its attention read
     runner.execute = _observe(runner.execute, is_decode, context_tokens)
     runner.execute_async = _observe(runner.execute_async, is_decode, context_tokens)
-    kv_tokens = 0
     request_ids = [f"gpu-profile-{i}" for i in range(num_requests)]
-    step_names: list[str] = []
+    window = Window([], [], 0, None)
     try:
         for request_id, prompt, params in zip(
             request_ids, workload.prompts, greedy_params(workload)
@@ -77,20 +110,24 @@ def _profile(
         ready = (lambda: is_decode and is_decode[-1]) if decode else _first_finish(engine)
         while engine.has_unfinished_requests() and not ready():
             engine.step()
+        sync()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-        with profile(activities=activities) as profiler, _annotated(engine):
+        profiler = profile(activities=activities) if traced else None
+        with profiler or nullcontext(), _annotated(engine) if traced else nullcontext():
             for i in range(max_num_steps + 1):
                 if not engine.has_unfinished_requests():
                     break
                 num_executed = len(is_decode)
-                with record_function(f"{STEP_ANNOTATION}{i}"):
+                start = time.perf_counter()
+                with record_function(f"{STEP_ANNOTATION}{i}") if traced else nullcontext():
                     engine.step()
+                elapsed = time.perf_counter() - start
                 # Step 0 is left out: the first records after the profiler starts cost more.
                 if i and len(is_decode) > num_executed and is_decode[-1] == decode:
-                    step_names.append(f"{STEP_ANNOTATION}{i}")
-                    kv_tokens += context_tokens[-1]
-            if on_gpu:
-                torch.cuda.synchronize(runner.device)
+                    window.steps.append(i)
+                    window.step_s.append(elapsed)
+                    window = window._replace(kv_tokens=window.kv_tokens + context_tokens[-1])
+            sync()
     finally:
         for name in ("execute", "execute_async"):
             with suppress(AttributeError):
@@ -99,11 +136,7 @@ def _profile(
             engine.abort_request(request_id)
         ours = set(request_ids)
         engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
-    events = profiled_events(profiler)
-    # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
-    traced = on_gpu and any(e.kind in DEVICE_KINDS for e in events)
-    profiled = summarize(events, set(step_names), device_traced=traced)
-    return profiled._replace(kv_tokens=kv_tokens, phase=phase)
+    return window._replace(profiler=profiler)
 
 
 def _first_finish(engine) -> Callable[[], bool]:

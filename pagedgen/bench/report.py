@@ -83,6 +83,11 @@ def gpu_profile_line(profile: dict) -> str:
         f"{profile['kernel_launches_per_step']:,.0f} kernel launches a step "
         f"({profile['graph_launches_per_step']:.3g} graph replays)"
     )
+    if profile.get("plain_busy_perc") is not None:
+        line += (
+            f"; {profile['plain_busy_perc']:.1f} % of their "
+            f"{1000 * profile['plain_step_s']:.2f} ms a step unprofiled"
+        )
     if profile.get("sync_wait_perc") is not None:
         line += f"; the host waited for the device {profile['sync_wait_perc']:.1f} % of them"
     return line + "".join(kernel_lines(profile)) + host_line(profile)
