@@ -97,8 +97,9 @@ def generate(
     checker: StopChecker | None = None,
     **kwargs,
 ) -> Sequence:
-    """Feeds output_token_ids one by one, as the engine would, until the sequence finishes."""
-    params = SamplingParams(**{"max_tokens": None, **kwargs})
+    """Feeds output_token_ids one by one, as the engine would, until the sequence finishes: at
+    the last one unless told (max_tokens), as then its text is all decoded."""
+    params = SamplingParams(**{"max_tokens": len(output_token_ids), **kwargs})
     params.all_stop_token_ids = {tokenizer.eos_token_id, *params.stop_token_ids}
     seq = Sequence(0, "request-0", tokenizer.encode(prompt), params)
     seq.status = SequenceStatus.RUNNING
@@ -127,24 +128,67 @@ def reference_text(
     return full[len(prompt) :]
 
 
-def test_multi_byte_text_matches_full_decode(tokenizer: PreTrainedTokenizerFast) -> None:
+# Text decoded once at the finish (no stop strings), or as it grows (a stop string never met)
+DECODES = {"at-finish": [], "incremental": ["\x00never"]}
+
+
+@pytest.mark.parametrize("stop", DECODES.values(), ids=DECODES)
+def test_multi_byte_text_matches_full_decode(
+    tokenizer: PreTrainedTokenizerFast, stop: list[str]
+) -> None:
     output_token_ids = tokenizer.encode(MULTI_BYTE_TEXT)
     partial = [t for t in output_token_ids if "\ufffd" in tokenizer.decode([t])]
     assert len(partial) >= 6  # the test must split characters across tokens
-    seq = generate(tokenizer, output_token_ids)
-    assert not seq.is_finished
+    seq = generate(tokenizer, output_token_ids, stop=stop)
+    assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
     assert seq.output_text == reference_text(tokenizer, seq)
     assert seq.output_text.strip() == MULTI_BYTE_TEXT.strip()
 
 
+@pytest.mark.parametrize("stop", DECODES.values(), ids=DECODES)
 @pytest.mark.parametrize("case", range(30))
-def test_random_text_matches_full_decode(tokenizer: PreTrainedTokenizerFast, case: int) -> None:
+def test_random_text_matches_full_decode(
+    tokenizer: PreTrainedTokenizerFast, case: int, stop: list[str]
+) -> None:
     rng = random.Random(case)
     pieces = ["the", " quick", " fox", "é", "日本", "🙂", "€", " ", ",", "<sep>", "world", "\n"]
     text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 25)))
     skip = rng.random() < 0.5
-    seq = generate(tokenizer, tokenizer.encode(text), skip_special_tokens=skip)
+    seq = generate(tokenizer, tokenizer.encode(text), skip_special_tokens=skip, stop=stop)
     assert seq.output_text == reference_text(tokenizer, seq, skip)
+
+
+def test_a_character_left_incomplete_is_left_out_alike(tokenizer: PreTrainedTokenizerFast) -> None:
+    """Outputs that end inside a multi-byte character: both decodes give the text of the
+    characters before it, which a full decode ends with U+FFFD (byte-fallback decoders blank
+    the complete characters of the same run of byte tokens too)."""
+    output_token_ids = tokenizer.encode(" ok 日本語 🙂")
+    whole = reference_text(tokenizer, generate(tokenizer, output_token_ids))
+    num_cut = 0
+    for end in range(1, len(output_token_ids) + 1):
+        texts = {
+            name: generate(tokenizer, output_token_ids[:end], stop=stop).output_text
+            for name, stop in DECODES.items()
+        }
+        assert texts["at-finish"] == texts["incremental"]
+        full = reference_text(tokenizer, generate(tokenizer, output_token_ids[:end]))
+        assert whole.startswith(texts["at-finish"])
+        assert texts["at-finish"].startswith(full.rstrip("\ufffd"))
+        num_cut += full.endswith("\ufffd")
+    assert num_cut >= 3
+
+
+def test_without_stop_strings_the_text_is_decoded_once(tokenizer: PreTrainedTokenizerFast) -> None:
+    counting = CountingTokenizer(getattr(tokenizer, "tokenizer", tokenizer))
+    checker = StopChecker(counting, 10_000)
+    output_token_ids = tokenizer.encode(MULTI_BYTE_TEXT)
+    running = generate(tokenizer, output_token_ids, checker=checker, max_tokens=None)
+    assert not running.is_finished and running.output_text == ""
+    assert counting.decoded_lengths == [] and not checker._offsets
+    seq = generate(tokenizer, output_token_ids, checker=checker)
+    assert seq.output_text == reference_text(tokenizer, seq)
+    context = min(len(seq.prompt_token_ids), 5)
+    assert counting.decoded_lengths == [context, context + len(output_token_ids)]
 
 
 def test_takes_the_fast_path_when_it_can(tokenizer: PreTrainedTokenizerFast) -> None:
@@ -158,7 +202,8 @@ def test_takes_the_fast_path_when_it_can(tokenizer: PreTrainedTokenizerFast) -> 
 def test_decodes_only_a_small_window(tokenizer: PreTrainedTokenizerFast) -> None:
     counting = CountingTokenizer(getattr(tokenizer, "tokenizer", tokenizer))
     output_token_ids = tokenizer.encode(MULTI_BYTE_TEXT * 20)
-    seq = generate(tokenizer, output_token_ids, checker=StopChecker(counting, 10_000))
+    checker = StopChecker(counting, 10_000)
+    seq = generate(tokenizer, output_token_ids, checker=checker, stop=DECODES["incremental"])
     assert seq.output_text == reference_text(tokenizer, seq)
     assert len(output_token_ids) > 200
     assert max(counting.decoded_lengths) <= 10
@@ -224,7 +269,7 @@ def test_eos(tokenizer: PreTrainedTokenizerFast) -> None:
     assert seq.output_text == " hello world"
 
     seq = generate(tokenizer, output_token_ids, ignore_eos=True, skip_special_tokens=False)
-    assert not seq.is_finished
+    assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
     assert seq.output_text == " hello world<eos> more"
 
 
@@ -266,7 +311,10 @@ def test_state_is_freed_on_finish(tokenizer: PreTrainedTokenizerFast) -> None:
     checker = StopChecker(tokenizer, 10_000)
     output_token_ids = tokenizer.encode(" the quick brown fox")
     generate(tokenizer, output_token_ids, checker=checker, max_tokens=2)
-    running = generate(tokenizer, output_token_ids[:2], checker=checker)
+    # the incremental decode's state, kept while the sequence runs
+    stop = DECODES["incremental"]
+    generate(tokenizer, output_token_ids, checker=checker, max_tokens=2, stop=stop)
+    running = generate(tokenizer, output_token_ids[:2], checker=checker, max_tokens=None, stop=stop)
     assert list(checker._offsets) == [running.seq_id]
     checker.free(running)
     assert not checker._offsets

@@ -1,6 +1,7 @@
 """The Rust fast path of StopChecker against its transformers decode path, on SmolLM2's tokenizer:
 the same output_text after every token, the same stop decisions, stop_reason and status."""
 
+import copy
 import random
 from pathlib import Path
 
@@ -140,3 +141,30 @@ def test_fast_path_max_model_len(tokenizer: PreTrainedTokenizerBase) -> None:
     fast = run_interleaved(StopChecker(tokenizer, 20), cases)
     slow = run_interleaved(StopChecker(CountingTokenizer(tokenizer), 20), cases)
     assert fast == slow
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_text_decoded_at_the_finish_is_the_incremental_text(
+    tokenizer: PreTrainedTokenizerBase, seed: int
+) -> None:
+    """Sequences without stop strings decode their text once, when they finish: the same text,
+    stop decisions and reasons as with a stop string that never matches, which decodes it as it
+    grows."""
+    rng = random.Random(100 + seed)
+    cases, forced = [], []
+    for prompt, output, params in (random_case(tokenizer, rng) for _ in range(NUM_STREAMS // 4)):
+        params.max_tokens = min(params.max_tokens or len(output), len(output))  # all finish
+        incremental = copy.copy(params)
+        incremental.stop = params.stop or ["\x00never"]
+        cases.append((prompt, output, params))
+        forced.append((prompt, output, incremental))
+    at_finish = run_interleaved(StopChecker(tokenizer, 10_000), cases)
+    as_it_grows = run_interleaved(StopChecker(tokenizer, 10_000), forced)
+    num_deferred = 0
+    for (_, _, params), deferred, grown in zip(cases, at_finish, as_it_grows):
+        assert deferred[-1] == grown[-1] and deferred[-1][1].is_finished
+        if not params.stop and params.detokenize:
+            num_deferred += 1
+            assert all(text == "" for text, _, _ in deferred[:-1])
+    assert num_deferred >= 10
+    assert any("\ufffd" in tokenizer.decode(case[1][:i]) for case in cases for i in range(9))

@@ -137,7 +137,6 @@ class OutputProcessor:
         when it must: a complete grammar stops it, a failed one ends it with the error."""
         grammar = self.structured_output.advance(seq)
         if grammar.error is not None:
-            seq.finish(SequenceStatus.FINISHED_IGNORED, grammar.error)
-            self.stop_checker.free(seq)
+            self.stop_checker.finish(seq, SequenceStatus.FINISHED_IGNORED, error=grammar.error)
         else:
             self.stop_checker.check(seq, grammar_terminated=grammar.is_terminated)

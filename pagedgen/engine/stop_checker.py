@@ -2,6 +2,7 @@ import sys
 from typing import Any, Protocol
 
 from pagedgen.engine.sequence import Sequence, SequenceStatus
+from pagedgen.sampling_params import SamplingParams
 
 # Prompt tokens decoded ahead of the first output token, so that tokenizers that strip the
 # leading space of a text (SentencePiece) see the first output token mid-text. vLLM uses 5.
@@ -48,7 +49,13 @@ class StopChecker:
     - Otherwise max_tokens output tokens or max_model_len tokens in all finish the sequence as
       FINISHED_LENGTH_CAPPED; a stop on the same token wins over the length cap.
 
-    Detokenization is incremental, as vLLM's detokenize_incrementally: per sequence,
+    Text is decoded once, when the sequence finishes, unless it has stop strings: only they need
+    the text as it grows (output_text is set on every finished sequence, and on running ones
+    only with stop strings). Decoded once, the text is what the incremental decode below gives:
+    the output decoded after the same prompt context (replayed token by token in the rare
+    output that ends inside a multi-byte character).
+
+    Incremental detokenization is vLLM's detokenize_incrementally: per sequence,
     token_ids[prefix_offset:read_offset] is text already emitted, kept only as context, and
     token_ids[read_offset:] is not emitted yet. Each step decodes the two small windows
     [prefix_offset:read_offset] and [prefix_offset:] and emits the difference, unless the latter
@@ -77,15 +84,16 @@ class StopChecker:
             or (not params.ignore_eos and token_id in params.all_stop_token_ids)
         )
         new_text = ""
-        detokenize = params.detokenize and self.tokenizer is not None
-        if detokenize and (not is_stop_token or params.include_stop_str_in_output):
+        incremental = bool(params.stop) and params.detokenize and self.tokenizer is not None
+        if incremental and (not is_stop_token or params.include_stop_str_in_output):
             new_text = self._decode_new_text(seq)
             if new_text:
                 seq.output_text += new_text
 
         if is_stop_token:
             stop_reason = token_id if token_id in params.stop_token_ids else None
-            self._finish(seq, SequenceStatus.FINISHED_STOPPED, stop_reason)
+            drop = not params.include_stop_str_in_output  # the stop token's text is left out
+            self.finish(seq, SequenceStatus.FINISHED_STOPPED, stop_reason, drop_last_token=drop)
             return
         if can_stop and params.stop and new_text:
             found = find_stop_string(seq.output_text, len(new_text), params.stop)
@@ -94,29 +102,78 @@ class StopChecker:
                 if params.include_stop_str_in_output:
                     index += len(stop_str)
                 seq.output_text = seq.output_text[:index]
-                self._finish(seq, SequenceStatus.FINISHED_STOPPED, stop_str)
+                self.finish(seq, SequenceStatus.FINISHED_STOPPED, stop_str)
                 return
         if grammar_terminated:
-            self._finish(seq, SequenceStatus.FINISHED_STOPPED, None)
+            self.finish(seq, SequenceStatus.FINISHED_STOPPED)
             return
         if seq.num_tokens >= self.max_model_len or (
             params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
         ):
-            self._finish(seq, SequenceStatus.FINISHED_LENGTH_CAPPED, None)
+            self.finish(seq, SequenceStatus.FINISHED_LENGTH_CAPPED)
 
     def free(self, seq: Sequence) -> None:
         """Drops the detokenizer state of a sequence finished elsewhere (an abort)."""
         self._offsets.pop(seq.seq_id, None)
 
-    def _finish(self, seq: Sequence, status: SequenceStatus, stop_reason: int | str | None) -> None:
-        seq.finish(status)
+    def finish(
+        self,
+        seq: Sequence,
+        status: SequenceStatus,
+        stop_reason: int | str | None = None,
+        error: str | None = None,
+        drop_last_token: bool = False,  # a stop token, whose text the output leaves out
+    ) -> None:
+        """Ends seq, its text decoded where it was not as it grew, and drops its state."""
+        params = seq.sampling_params
+        if not params.stop and params.detokenize and self.tokenizer is not None:
+            seq.output_text = self._decode_output(seq, seq.num_output_tokens - drop_last_token)
+        seq.finish(status, error)
         seq.stop_reason = stop_reason
         self.free(seq)
 
+    def _decode_output(self, seq: Sequence, num_output_tokens: int) -> str:
+        """The text of seq's first num_output_tokens, in one decode after the prompt context
+        that the incremental decode starts from."""
+        output_token_ids = seq.output_token_ids[:num_output_tokens]
+        if not output_token_ids:
+            return ""
+        prompt_token_ids = seq.prompt_token_ids
+        context = prompt_token_ids[max(len(prompt_token_ids) - NUM_PROMPT_CONTEXT_TOKENS, 0) :]
+        skip_special_tokens = seq.sampling_params.skip_special_tokens
+        prefix_text = self._decode_fn(context, skip_special_tokens) if context else ""
+        text = self._decode_fn(context + output_token_ids, skip_special_tokens)
+        if not text.endswith("\ufffd"):
+            return text[len(prefix_text) :] if len(text) > len(prefix_text) else ""
+        # The output ends inside a character, which byte-fallback decoders may blank together
+        # with the complete ones before it: replay the incremental decode, token by token.
+        text, offsets = "", None
+        for end in range(1, len(output_token_ids) + 1):
+            new_text, offsets = self._next_text(
+                prompt_token_ids, output_token_ids[:end], offsets, seq.sampling_params
+            )
+            text += new_text
+        return text
+
     def _decode_new_text(self, seq: Sequence) -> str:
-        prompt_token_ids, output_token_ids = seq.prompt_token_ids, seq.output_token_ids
-        num_prompt_tokens = len(prompt_token_ids)
         offsets = self._offsets.get(seq.seq_id)
+        new_text, offsets = self._next_text(
+            seq.prompt_token_ids, seq.output_token_ids, offsets, seq.sampling_params
+        )
+        if new_text:
+            self._offsets[seq.seq_id] = offsets
+        return new_text
+
+    def _next_text(
+        self,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        offsets: tuple[int, int] | None,
+        params: SamplingParams,
+    ) -> tuple[str, tuple[int, int]]:
+        """The text the last output token adds, and the offsets after it (unchanged where it
+        adds none); offsets None: before the first output token."""
+        num_prompt_tokens = len(prompt_token_ids)
         if offsets is None:
             prefix_offset = max(num_prompt_tokens - NUM_PROMPT_CONTEXT_TOKENS, 0)
             read_offset = num_prompt_tokens
@@ -126,15 +183,14 @@ class StopChecker:
             window = output_token_ids[prefix_offset - num_prompt_tokens :]
         else:
             window = prompt_token_ids[prefix_offset:] + output_token_ids
-        skip_special_tokens = seq.sampling_params.skip_special_tokens
+        skip_special_tokens = params.skip_special_tokens
         decode = self._decode_fn
         prefix_window = window[: read_offset - prefix_offset]
         prefix_text = decode(prefix_window, skip_special_tokens) if prefix_window else ""
         text = decode(window, skip_special_tokens)  # never empty: it ends with the new token
         if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
-            return ""
-        self._offsets[seq.seq_id] = (read_offset, seq.num_tokens)
-        return text[len(prefix_text) :]
+            return "", (prefix_offset, read_offset)
+        return text[len(prefix_text) :], (read_offset, num_prompt_tokens + len(output_token_ids))
 
     def _decode_slow(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         return self.tokenizer.decode(
