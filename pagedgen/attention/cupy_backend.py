@@ -5,9 +5,10 @@ import torch
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import loader
+from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
 from pagedgen.kernels.layer_ops import rope_and_cache
-from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention
+from pagedgen.kernels.paged_attention import paged_attention
 from pagedgen.kernels.prefill_attention import prefill_attention
 
 

@@ -1,6 +1,11 @@
 import numpy as np
 import torch
 
+from pagedgen.kernels.attention_args import (
+    check_attention_args,
+    check_attention_options,
+    per_head_arg,
+)
 from pagedgen.kernels.launch import (
     C_TYPES,
     KernelLaunch,
@@ -8,11 +13,6 @@ from pagedgen.kernels.launch import (
     cache_c_type,
     check,
     check_tensor,
-)
-from pagedgen.kernels.paged_attention import (
-    check_attention_args,
-    check_attention_options,
-    per_head_arg,
 )
 
 # Instantiated with these in kernels/prefill_attention.cu.

@@ -1,14 +1,10 @@
 import pytest
 import torch
 
+from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import COPY_BLOCKS, reshape_and_cache_module
 from pagedgen.kernels.launch import C_TYPES, cache_dtypes
-from pagedgen.kernels.paged_attention import (
-    BLOCK_SIZES,
-    HEAD_SIZES,
-    PARTITION_SIZE,
-    paged_attention_module,
-)
+from pagedgen.kernels.paged_attention import PARTITION_SIZE, paged_attention_module
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import Emulator, have_gxx
 from tests.kernels.paged_cases import SMALL_PARTITION_SIZE

@@ -16,10 +16,11 @@ from typing import NamedTuple
 
 import pytest
 
+from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import COPY_BLOCKS, reshape_and_cache_module
 from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_dtypes
 from pagedgen.kernels.layer_ops import RMS_NORM, SILU_AND_MUL, rope_and_cache_module
-from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES, paged_attention_module
+from pagedgen.kernels.paged_attention import paged_attention_module
 from pagedgen.kernels.paged_attention_grouped import grouped_module, grouped_modules
 from pagedgen.kernels.prefill_attention import prefill_attention_module
 from pagedgen.kernels.source import kernel_names, kernel_source

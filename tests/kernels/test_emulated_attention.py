@@ -8,12 +8,8 @@ blocks in a NaN-poisoned cache.
 import pytest
 import torch
 
-from pagedgen.kernels.paged_attention import (
-    HEAD_SIZES,
-    PARTITION_SIZE,
-    paged_attention_launches,
-    use_v1,
-)
+from pagedgen.kernels.attention_args import HEAD_SIZES
+from pagedgen.kernels.paged_attention import PARTITION_SIZE, paged_attention_launches, use_v1
 from tests.kernels.paged_cases import (
     DTYPES,
     SMALL_PARTITION_SIZE,

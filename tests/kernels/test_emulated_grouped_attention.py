@@ -11,8 +11,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from pagedgen.kernels.attention_args import HEAD_SIZES
 from pagedgen.kernels.launch import KernelLaunch
-from pagedgen.kernels.paged_attention import HEAD_SIZES, paged_attention_launches
+from pagedgen.kernels.paged_attention import paged_attention_launches
 from pagedgen.kernels.paged_attention_grouped import (
     group_tile,
     grouped_module,

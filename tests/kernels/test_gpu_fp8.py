@@ -9,8 +9,8 @@ import torch
 from pagedgen.attention.kv_cache_dtype import to_cache_dtype
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
+from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import copy_blocks, swap_blocks
-from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES
 from tests.kernels.fp8_cases import READ_KERNELS, check_reads, check_writes
 from tests.kernels.paged_cases import (
     DTYPES,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedgen.kernels import loader
-from pagedgen.kernels.paged_attention import HEAD_SIZES
+from pagedgen.kernels.attention_args import HEAD_SIZES
 from tests.kernels.paged_cases import (
     DTYPES,
     TOLERANCES,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagedgen.kernels import loader
-from pagedgen.kernels.paged_attention import BLOCK_SIZES, HEAD_SIZES
+from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from tests.kernels.paged_cases import DTYPES
 from tests.kernels.prefill_cases import check_prefill, make_prefill_case
 
