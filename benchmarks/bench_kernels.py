@@ -23,6 +23,7 @@ from rich.table import Table
 from pagedgen.attention.torch_backend import decode_attention
 from pagedgen.kernels import loader
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.paged_attention import paged_attention_launches
 
@@ -136,9 +137,13 @@ def plan_name(launches: list[KernelLaunch]) -> str:
 
 
 def time_attention(
-    batch: AttentionBatch, grouped: bool, l2_prefetch: bool, iters: int
+    batch: AttentionBatch,
+    grouped: bool,
+    l2_prefetch: bool,
+    iters: int,
+    tuning: DecodeTuning = DEFAULT_TUNING,
 ) -> AttentionTiming:
-    options = dict(grouped=grouped, l2_prefetch=l2_prefetch)
+    options = dict(grouped=grouped, l2_prefetch=l2_prefetch, tuning=tuning)
     plans = [
         paged_attention_launches(*batch.args(copy), **options)
         for copy in range(len(batch.block_tables))

@@ -6,6 +6,8 @@
 # Stages (figures and full logs land in $OUT):
 #   tests            every GPU test (the CUDA kernels, CUDA graphs against eager, the GPU profile)
 #   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak
+#   sweep            benchmarks/sweep_decode.py: the decode kernels' compile-time knobs on the same
+#                    shapes (~4 min), every variant in $OUT/sweep.json
 #   smollm2-eager    pagedgen bench on a random-weight SmolLM2-135M shape, bfloat16, eager,
 #                    with the baselines in $BASELINES (default generate_batch)
 #   smollm2-graphs   the same with decode CUDA graphs (--no-enforce-eager)
@@ -75,6 +77,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/
 for stage in $STAGES; do case $stage in
     tests) TAIL=40 run gpu-tests 500 python -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests ;;
     kernels) run kernels 240 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
+    sweep) TAIL=20 run sweep 420 python benchmarks/sweep_decode.py --dtype bfloat16 \
+        --output-json "$OUT/sweep.json" ;;
     smollm2-eager) bench smollm2-135m eager 200 ;;
     smollm2-graphs) bench smollm2-135m graphs 200 ;;
     smollm2-async) bench smollm2-135m async 200 ;;

@@ -43,8 +43,17 @@ __device__ void attend_group(O* __restrict__ out, long long out_head_stride,
   constexpr int V_VECS = (NUM_VECS + V_LANES - 1) / V_LANES;
   // Key vectors and value tokens in flight per lane, as many as the registers left beside the
   // scores (GROUP_TILE) and the accumulators (SLICE_HEADS * V_VECS * VEC) allow without spills.
+  // (-D PAGEDGEN_K_UNROLL / PAGEDGEN_V_UNROLL override them for benchmarks/sweep_decode.py.)
+#ifdef PAGEDGEN_K_UNROLL
+  constexpr int K_UNROLL = PAGEDGEN_K_UNROLL;
+#else
   constexpr int K_UNROLL = GROUP_TILE > 4 ? 2 : 8;
+#endif
+#ifdef PAGEDGEN_V_UNROLL
+  constexpr int V_UNROLL = PAGEDGEN_V_UNROLL;
+#else
   constexpr int V_UNROLL = SLICE_HEADS * V_VECS * VEC > 16 ? 4 : 8;
+#endif
   static_assert(HEAD_SIZE % VEC == 0 && VEC % 4 == 0, "whole vectors of whole float4s");
   static_assert(kWarpSize % BLOCK_SIZE == 0, "a warp scores a whole KV block at once");
   static_assert(NUM_THREADS % kWarpSize == 0, "NUM_THREADS must be whole warps");

@@ -16,13 +16,14 @@
 // alibi_slopes (not nullptr: one slope per head, BLOOM, MPT) the score of token t gains
 // slope * (t - (context_len - 1)) after any soft cap.
 #include "common.cuh"
+#include "decode_tuning.cuh"
 #include "decode_attend.cuh"
 
 namespace pagedgen {
 
 // Caps registers at 128 per thread: without a cap ptxas trades a few spills for occupancy, and the
 // unrolled 16-byte loads already keep enough bytes in flight at 4 blocks of 128 threads per SM.
-constexpr int kMinBlocksPerSm = 4;
+constexpr int kMinBlocksPerSm = PAGEDGEN_DECODE_MIN_BLOCKS;
 
 // grid (num_heads, num_seqs), block NUM_THREADS
 template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS>
@@ -128,10 +129,12 @@ __global__ void __launch_bounds__(NUM_THREADS, kMinBlocksPerSm) paged_attention_
 // with -D; offline builds (nvcc -cubin in the tests) get every supported combination. The reduce
 // kernel reads float partials only: one per scalar and head size, whatever the cache.
 #define PAGEDGEN_PA_BLOCK(T, C, HEAD, BLOCK)                                                     \
-  template __global__ void pagedgen::paged_attention_v1_kernel<T, C, HEAD, BLOCK, 128>(         \
+  template __global__ void                                                                       \
+  pagedgen::paged_attention_v1_kernel<T, C, HEAD, BLOCK, PAGEDGEN_DECODE_THREADS>(               \
       T*, const T*, const C*, const C*, const int*, const int*, int, int, int, float, int,     \
       float, const float*, const float*);                                                       \
-  template __global__ void pagedgen::paged_attention_v2_kernel<T, C, HEAD, BLOCK, 128, 512>(    \
+  template __global__ void                                                                       \
+  pagedgen::paged_attention_v2_kernel<T, C, HEAD, BLOCK, PAGEDGEN_DECODE_THREADS, 512>(          \
       float*, float*, float*, const T*, const C*, const C*, const int*, const int*, int, int,   \
       int, float, int, float, const float*);
 #define PAGEDGEN_PA_REDUCE(T, HEAD)                                                              \

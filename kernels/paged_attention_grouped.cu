@@ -9,12 +9,13 @@
 //   grid.x = num_kv_heads * num_tiles, tile i of a group holds heads i * GROUP_TILE ... (at most
 //   GROUP_TILE; the missing heads of the last tile get zero queries and are not written)
 #include "common.cuh"
+#include "decode_tuning.cuh"
 #include "decode_attend_group.cuh"
 
 namespace pagedgen {
 
 // 128 registers per thread, as in paged_attention.cu: 4 blocks of 128 threads per SM.
-constexpr int kGroupedMinBlocksPerSm = 4;
+constexpr int kGroupedMinBlocksPerSm = PAGEDGEN_DECODE_MIN_BLOCKS;
 
 // The tile of query heads that blockIdx.x stands for: kv_head, first query head and count.
 struct GroupTile {
@@ -95,10 +96,10 @@ __global__ void __launch_bounds__(NUM_THREADS, kGroupedMinBlocksPerSm)
 // the tests) get every supported combination.
 #define PAGEDGEN_PAG_TILE(T, C, HEAD, BLOCK, TILE)                                                \
   template __global__ void                                                                       \
-  pagedgen::paged_attention_grouped_v1_kernel<T, C, HEAD, BLOCK, 128, TILE>(                     \
+  pagedgen::paged_attention_grouped_v1_kernel<T, C, HEAD, BLOCK, PAGEDGEN_DECODE_THREADS, TILE>( \
       T*, const T*, const C*, const C*, const int*, const int*, int, int, int, float, int);     \
   template __global__ void                                                                       \
-  pagedgen::paged_attention_grouped_v2_kernel<T, C, HEAD, BLOCK, 128, TILE>(                     \
+  pagedgen::paged_attention_grouped_v2_kernel<T, C, HEAD, BLOCK, PAGEDGEN_DECODE_THREADS, TILE>( \
       float*, float*, float*, const T*, const C*, const C*, const int*, const int*, int, int,   \
       int, float, int, int);
 #define PAGEDGEN_PAG_HEAD(T, C, HEAD, TILE) \

@@ -6,6 +6,7 @@ from pagedgen.kernels.attention_args import (
     check_attention_options,
     per_head_arg,
 )
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import (
     C_TYPES,
     KernelLaunch,
@@ -15,7 +16,6 @@ from pagedgen.kernels.launch import (
     check_tensor,
     prefetch_defines,
 )
-from pagedgen.kernels.paged_attention_grouped import NUM_THREADS as GROUPED_NUM_THREADS
 from pagedgen.kernels.paged_attention_grouped import (
     group_tile,
     grouped_module,
@@ -52,9 +52,11 @@ def paged_attention_module(
     partition_size: int = PARTITION_SIZE,
     cache_dtype: torch.dtype | None = None,  # None: dtype
     l2_prefetch: bool = False,  # kernels/kv_prefetch.cuh
+    tuning: DecodeTuning = DEFAULT_TUNING,
 ) -> KernelModule:
     c_type = C_TYPES[dtype]
     cache_type = cache_c_type(dtype, cache_dtype or dtype)
+    threads = tuning.num_threads
     return KernelModule(
         source="paged_attention.cu",
         defines=(
@@ -63,12 +65,13 @@ def paged_attention_module(
             f"PAGEDGEN_HEAD_SIZE={head_size}",
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
             *prefetch_defines(l2_prefetch),
+            *tuning.defines,
         ),
         name_expressions=(
             f"pagedgen::paged_attention_v1_kernel<{c_type}, {cache_type}, {head_size}, "
-            f"{block_size}, {NUM_THREADS}>",
+            f"{block_size}, {threads}>",
             f"pagedgen::paged_attention_v2_kernel<{c_type}, {cache_type}, {head_size}, "
-            f"{block_size}, {NUM_THREADS}, {partition_size}>",
+            f"{block_size}, {threads}, {partition_size}>",
             f"pagedgen::paged_attention_v2_reduce_kernel<{c_type}, {head_size}, {NUM_THREADS}, "
             f"{partition_size}>",
         ),
@@ -93,6 +96,7 @@ def paged_attention_launches(
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
     # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
     alibi_slopes: torch.Tensor | None = None,
+    tuning: DecodeTuning = DEFAULT_TUNING,  # the main kernel's compile-time knobs
 ) -> list[KernelLaunch]:
     """Checks the arguments and plans decode attention for one query row per sequence: a single
     v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors). The
@@ -155,15 +159,23 @@ def paged_attention_launches(
     cache_dtype = key_cache.dtype
     # Grouped, this module serves the v2 reduce only, which prefetches nothing.
     module = paged_attention_module(
-        dtype, head_size, block_size, partition_size, cache_dtype, l2_prefetch and not grouped
+        dtype,
+        head_size,
+        block_size,
+        partition_size,
+        cache_dtype,
+        l2_prefetch and not grouped,
+        DEFAULT_TUNING if grouped else tuning,
     )
     # The grouped kernels' partial results have the per-head layout of the v2 reduce's.
     main_module = module
     if grouped:
-        main_module = grouped_module(dtype, head_size, block_size, tile, cache_dtype, l2_prefetch)
+        main_module = grouped_module(
+            dtype, head_size, block_size, tile, cache_dtype, l2_prefetch, tuning
+        )
     v1_name, v2_name = main_module.name_expressions[:2]
-    block = (NUM_THREADS, 1, 1)
-    main_block = (GROUPED_NUM_THREADS, 1, 1) if grouped else block
+    block = (NUM_THREADS, 1, 1)  # the v2 reduce's
+    main_block = (tuning.num_threads, 1, 1)
     common = (
         query,
         key_cache,

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import (
     C_TYPES,
     KernelModule,
@@ -14,8 +15,7 @@ from pagedgen.kernels.launch import (
     prefetch_defines,
 )
 
-# Instantiated with these in kernels/paged_attention_grouped.cu.
-NUM_THREADS = 128
+# Instantiated with these in kernels/paged_attention_grouped.cu (threads: DecodeTuning).
 GROUP_TILES = (4, 8)
 # Partition sizes of the grouped v2 kernel (a runtime argument), largest first: the planner takes
 # the largest one that still fills the GPU, so a single long sequence spreads over every SM.
@@ -39,10 +39,11 @@ def grouped_module(
     tile: int,
     cache_dtype: torch.dtype | None = None,  # None: dtype
     l2_prefetch: bool = False,  # kernels/kv_prefetch.cuh
+    tuning: DecodeTuning = DEFAULT_TUNING,
 ) -> KernelModule:
     c_type = C_TYPES[dtype]
     cache_type = cache_c_type(dtype, cache_dtype or dtype)
-    args = f"{c_type}, {cache_type}, {head_size}, {block_size}, {NUM_THREADS}, {tile}"
+    args = f"{c_type}, {cache_type}, {head_size}, {block_size}, {tuning.num_threads}, {tile}"
     return KernelModule(
         source="paged_attention_grouped.cu",
         defines=(
@@ -52,6 +53,7 @@ def grouped_module(
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
             f"PAGEDGEN_GROUP_TILE={tile}",
             *prefetch_defines(l2_prefetch),
+            *tuning.defines,
         ),
         name_expressions=(
             f"pagedgen::paged_attention_grouped_v1_kernel<{args}>",

@@ -11,6 +11,7 @@ import torch
 from pagedgen.attention.kv_cache_dtype import is_fp8, to_cache_dtype
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.reference import paged_attention_reference
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.paged_attention import PARTITION_SIZE, paged_attention_launches
 
@@ -149,6 +150,7 @@ def decode_launches(
     query: torch.Tensor | None = None,
     grouped: bool = False,
     l2_prefetch: bool = False,
+    tuning: DecodeTuning = DEFAULT_TUNING,
 ) -> list[KernelLaunch]:
     """The case's decode planned into out (query: the case's by default)."""
     return paged_attention_launches(
@@ -164,6 +166,7 @@ def decode_launches(
         partition_size=partition_size,
         grouped=grouped,
         l2_prefetch=l2_prefetch,
+        tuning=tuning,
         window=case.window,
         softcap=case.softcap,
         sinks=case.sinks,

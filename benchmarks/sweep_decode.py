@@ -1,0 +1,90 @@
+"""Sweeps the decode kernels' compile-time knobs (pagedgen.kernels.decode_tuning.SWEEP: threads a
+block, register budget, the grouped kernel's loads in flight) over the attention shapes of
+bench_kernels.py, each with and without L2 prefetch of the next KV block, timed as bench_kernels
+times them (one CUDA graph of `iters` repetitions over K/V twice the L2 in all; bytes counted
+once). Prints every variant's GPU ms and share of the peak bandwidth against the default tuning's,
+then the best variant per shape; --output-json keeps them all.
+
+    python benchmarks/sweep_decode.py [--dtype bfloat16] [--iters 30] [--kinds per-head,grouped]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from bench_kernels import ATTENTION_SHAPES, attention_batch, time_attention
+from rich.console import Console
+from rich.table import Table
+
+from pagedgen.kernels import loader
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, SWEEP
+
+
+def sweep_shape(shape: tuple[int, ...], dtype: torch.dtype, kinds: list[str], iters: int) -> list:
+    """Every (kernel, tuning, prefetch) on one shape: dicts of its figures."""
+    batch = attention_batch(shape, dtype)
+    rows = []
+    for kind in kinds:
+        for tuning in (DEFAULT_TUNING, *SWEEP[kind]):
+            for l2_prefetch in (False, True):
+                timing = time_attention(batch, kind == "grouped", l2_prefetch, iters, tuning)
+                rows.append(
+                    {
+                        "kernel": kind,
+                        "tuning": tuning._asdict(),
+                        "label": tuning.label + (" +prefetch" if l2_prefetch else ""),
+                        "plan": timing.plan,
+                        "gpu_ms": timing.gpu_ms,
+                        "gbps": batch.bytes_moved / timing.gpu_ms / 1e6,
+                    }
+                )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--kinds", default="per-head,grouped")
+    parser.add_argument("--output-json", type=Path)
+    options = parser.parse_args()
+    if not (torch.cuda.is_available() and loader.cupy_available()):
+        raise SystemExit("this benchmark needs a CUDA GPU and CuPy (pip install 'pagedgen[cuda]')")
+    dtype, kinds = getattr(torch, options.dtype), options.kinds.split(",")
+    peak = loader.peak_memory_bandwidth(torch.cuda.current_device()) / 1e9
+    console = Console(width=200)
+    console.print(f"{torch.cuda.get_device_name()}: peak {peak:.0f} GB/s, {options.dtype}")
+    results, best = {}, Table("shape", "best kernel", "tuning", "plan", "GPU ms", "% of peak")
+    for shape in ATTENTION_SHAPES:
+        label = "seqs={} ctx={} heads={}/{} head={} block={}".format(*shape)
+        rows = sweep_shape(shape, dtype, kinds, options.iters)
+        results[label] = rows
+        table = Table("kernel", "tuning", "plan", "GPU ms", "% of peak", "vs default", title=label)
+        defaults = {r["kernel"]: r["gpu_ms"] for r in rows if r["label"] == DEFAULT_TUNING.label}
+        for row in sorted(rows, key=lambda r: r["gpu_ms"]):
+            table.add_row(
+                row["kernel"],
+                row["label"],
+                row["plan"],
+                f"{row['gpu_ms']:.3f}",
+                f"{100 * row['gbps'] / peak:.0f}%",
+                f"{defaults[row['kernel']] / row['gpu_ms']:.2f}x",
+            )
+        console.print(table)
+        top = min(rows, key=lambda r: r["gpu_ms"])
+        best.add_row(
+            label,
+            top["kernel"],
+            top["label"],
+            top["plan"],
+            f"{top['gpu_ms']:.3f}",
+            f"{100 * top['gbps'] / peak:.0f}%",
+        )
+    console.print(best)
+    if options.output_json:
+        options.output_json.write_text(json.dumps({"peak_gbps": peak, "shapes": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The decode kernels' compile-time knobs (DecodeTuning) for benchmarks/sweep_decode.py: the
+default compiles exactly the engine's modules; every swept tuning compiles through NVRTC as the
+runtime would; the extreme ones attend as the reference, on the CPU through cuda_emu.h."""
+
+import pytest
+import torch
+
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, SWEEP, DecodeTuning
+from pagedgen.kernels.launch import KernelLaunch, KernelModule
+from pagedgen.kernels.paged_attention import paged_attention_module
+from pagedgen.kernels.paged_attention_grouped import grouped_module
+from pagedgen.kernels.source import kernel_source
+from tests.kernels.emulator import Emulator, have_gxx
+from tests.kernels.paged_cases import TOLERANCES, decode_launches, make_decode_case, reference
+from tests.kernels.test_compile import ARCHS, nvrtc_compile, requires_nvrtc
+
+# Far from the default each way: more threads and loads in flight on a smaller register budget,
+# and fewer threads with fewer loads in flight.
+EXTREMES = (
+    DecodeTuning(256, min_blocks_per_sm=2, k_unroll=16, v_unroll=16),
+    DecodeTuning(64, min_blocks_per_sm=8, k_unroll=1, v_unroll=2),
+)
+
+
+def test_the_default_tuning_compiles_the_engines_modules() -> None:
+    assert DEFAULT_TUNING.defines == () and DEFAULT_TUNING.label == "128 threads"
+    for module in (
+        paged_attention_module(torch.bfloat16, 128, 16),
+        grouped_module(torch.bfloat16, 128, 16, 4),
+    ):
+        assert not any("DECODE" in d or "UNROLL" in d for d in module.defines)
+        assert all(", 128" in name for name in module.name_expressions)
+    tuned = DecodeTuning(256, 2, 16, 1)
+    assert tuned.defines == (
+        "PAGEDGEN_DECODE_THREADS=256",
+        "PAGEDGEN_DECODE_MIN_BLOCKS=2",
+        "PAGEDGEN_K_UNROLL=16",
+        "PAGEDGEN_V_UNROLL=1",
+    )
+    module = paged_attention_module(torch.bfloat16, 128, 16, tuning=tuned)
+    v1, v2, reduce = module.name_expressions
+    assert v1.endswith(", 256>") and v2.endswith(", 256, 512>") and reduce.endswith(", 128, 512>")
+
+
+@requires_nvrtc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_swept_tuning_compiles(arch: str) -> None:
+    for kind, tunings in SWEEP.items():
+        for tuning in tunings:
+            for l2_prefetch in (False, True):
+                if kind == "grouped":
+                    module = grouped_module(torch.bfloat16, 128, 16, 4, None, l2_prefetch, tuning)
+                else:
+                    module = paged_attention_module(
+                        torch.bfloat16, 64, 16, l2_prefetch=l2_prefetch, tuning=tuning
+                    )
+                cubin, lowered = nvrtc_compile(module, arch)
+                assert all(name.encode() in cubin for name in lowered.values()), module
+
+
+@pytest.fixture(scope="module")
+def emulated() -> dict[KernelModule, Emulator]:
+    if not have_gxx():
+        pytest.skip("g++ not found: the CPU emulation of the CUDA kernels is compiled with it")
+    return {}
+
+
+def launch_all(emulators: dict[KernelModule, Emulator], launches: list[KernelLaunch]) -> None:
+    """Launches through one emulator per module."""
+    for launch in launches:
+        module = launch.module
+        if module not in emulators:
+            names = list(module.name_expressions)
+            emulators[module] = Emulator(kernel_source(module.source), names, module.defines)
+        emulators[module].launch(launch)
+
+
+@pytest.mark.parametrize("tuning", EXTREMES, ids=lambda t: t.label)
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-head", "grouped"])
+@pytest.mark.parametrize("version", [1, 2])
+def test_extreme_tunings_attend_as_the_reference(
+    emulated: dict[KernelModule, Emulator], tuning: DecodeTuning, grouped: bool, version: int
+) -> None:
+    case = make_decode_case(torch.float16, 8, 2, 128, 16, (1, 17, 100, 700), seed=3)
+    out = torch.full_like(case.query, float("nan"))
+    partition_size = 256 if version == 2 else None
+    launches = decode_launches(case, out, version, partition_size, grouped=grouped, tuning=tuning)
+    assert launches[0].block == (tuning.num_threads, 1, 1)
+    assert all(d in launches[0].module.defines for d in tuning.defines)
+    launch_all(emulated, launches)
+    tolerance = TOLERANCES[case.query.dtype]
+    torch.testing.assert_close(out.float(), reference(case).float(), atol=tolerance, rtol=tolerance)
