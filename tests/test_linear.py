@@ -11,6 +11,8 @@ from pagedgen.layers.linear import (
     PANELS,
     TRANSPOSED,
     Linear,
+    dense_linear,
+    gemm_rows,
     pack_linear_weights,
 )
 
@@ -222,3 +224,29 @@ def test_amx_without_our_amx_kernel_leaves_bfloat16_to_onednn(
     assert cpu_gemm_bf16.enabled() is ours
     kernel = ("AMX" if amx else "AVX512_BF16") + " panel" if ours else "oneDNN"
     assert cpu_features.describe_cpu_compute(torch.bfloat16).startswith(kernel)
+
+
+def test_gemm_rows_are_few_shapes_with_little_padding():
+    rows = [gemm_rows(n) for n in range(1, 4097)]
+    assert all(m >= n for n, m in zip(range(1, 4097), rows))
+    assert len(set(rows)) == 56
+    assert max((m - n) / n for n, m in zip(range(64, 4097), rows[63:])) <= 0.5
+    assert max((m - n) / n for n, m in zip(range(256, 4097), rows[255:])) <= 0.125
+    assert gemm_rows(32) == 32 and gemm_rows(1025) == 1152
+
+
+@pytest.mark.parametrize("num_rows", [1, 31, 590, 1025])
+@pytest.mark.parametrize("bias", [False, True])
+def test_padded_rows_give_the_rows_unpadded(num_rows: int, bias: bool):
+    torch.manual_seed(num_rows)
+    x, weight = torch.randn(num_rows, 48), torch.randn(40, 48)
+    b = torch.randn(40) if bias else None
+    out = dense_linear(x, weight, b, padded=True)
+    assert out.shape == (num_rows, 40) and out.is_contiguous()
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, b))
+
+
+def test_the_cpu_never_pads(monkeypatch):
+    monkeypatch.setattr(torch.nn.functional, "pad", lambda *args, **kwargs: pytest.fail("padded"))
+    x = torch.randn(33, 8)
+    torch.testing.assert_close(dense_linear(x, torch.eye(8), None), x)

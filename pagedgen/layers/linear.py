@@ -19,6 +19,31 @@ ONEDNN = "onednn"  # oneDNN's blocked layout (opaque)
 TRANSPOSED = "transposed"  # [in, out]: x @ W
 
 
+def gemm_rows(num_rows: int) -> int:
+    """The row count a GPU GEMM of num_rows runs at: cuBLAS chooses a kernel for every new shape,
+    which cost the host ~0.5 ms a call on an H100 (SmolLM2's MLP, torch 2.11, CUDA 13) against
+    ~25 us for a shape seen before, and eager steps bring a new token count almost every step.
+    Multiples of 32 up to 1,024 rows, of 128 past that: 56 shapes to 4,096, and past 256 rows
+    at most 12.5 % more rows."""
+    step = 32 if num_rows <= 1024 else 128
+    return -(-num_rows // step) * step
+
+
+def dense_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padded: bool | None = None
+) -> torch.Tensor:
+    """F.linear; with padded (by default: on a GPU, outside CUDA graph capture, where shapes are
+    fixed), over x's rows zero-padded to gemm_rows. Rows are independent: the padding changes
+    no real row's inputs."""
+    num_rows = x.shape[0]
+    if padded is None:
+        padded = x.is_cuda and x.dim() == 2 and not torch.cuda.is_current_stream_capturing()
+    if padded and gemm_rows(num_rows) != num_rows:
+        x = F.pad(x, (0, 0, 0, gemm_rows(num_rows) - num_rows))
+        return F.linear(x, weight, bias)[:num_rows]
+    return F.linear(x, weight, bias)
+
+
 class Linear(nn.Module):
     """y = x @ weight.T (+ bias), loaded in nn.Linear's layout [out_features, in_features], as
     checkpoints store it (loading copies rows, no transposes).
@@ -68,7 +93,7 @@ class Linear(nn.Module):
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if self.layout == TRANSPOSED:
             return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
-        return F.linear(x, self.weight, self.bias)
+        return dense_linear(x, self.weight, self.bias)
 
     def pack(self, compute_dtype: torch.dtype | None = None) -> bool:
         """Readies a loaded CPU weight for a model computing in compute_dtype (default: the
