@@ -19,26 +19,34 @@ def check_attention_args(
     _, num_heads, head_size = query.shape
     dtype = query.dtype
     check_dtype(dtype)
-    check(head_size in HEAD_SIZES, f"head_size must be one of {HEAD_SIZES}, got {head_size}")
+    check(
+        head_size in HEAD_SIZES, lambda: f"head_size must be one of {HEAD_SIZES}, got {head_size}"
+    )
     check(
         query.stride(2) == 1 and query.stride(1) == head_size,
-        f"query rows must be contiguous, got strides {query.stride()}",
+        lambda: f"query rows must be contiguous, got strides {query.stride()}",
     )
     check_tensor("out", out, dtype, 3)
-    check(out.shape == query.shape, f"out shape {tuple(out.shape)} != query {tuple(query.shape)}")
+    check(
+        out.shape == query.shape,
+        lambda: f"out shape {tuple(out.shape)} != query {tuple(query.shape)}",
+    )
     check_cache_dtype(dtype, key_cache.dtype)
     check_tensor("key_cache", key_cache, key_cache.dtype, 4)
     check_tensor("value_cache", value_cache, key_cache.dtype, 4)
     check(
         key_cache.shape == value_cache.shape,
-        f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
+        lambda: f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
     )
     _, block_size, num_kv_heads, cache_head_size = key_cache.shape
-    check(block_size in BLOCK_SIZES, f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
-    check(cache_head_size == head_size, f"cache head_size {cache_head_size} != {head_size}")
+    check(
+        block_size in BLOCK_SIZES,
+        lambda: f"block_size must be one of {BLOCK_SIZES}, got {block_size}",
+    )
+    check(cache_head_size == head_size, lambda: f"cache head_size {cache_head_size} != {head_size}")
     check(
         num_heads % num_kv_heads == 0,
-        f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+        lambda: f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
     )
     check(
         key_cache.data_ptr() % 16 == 0 and value_cache.data_ptr() % 16 == 0,
@@ -56,13 +64,14 @@ def check_attention_options(
 ) -> tuple[torch.Tensor, ...]:
     """The checks every attention kernel makes of a window, a soft cap, sinks and ALiBi slopes;
     returns the per-head tensors given, to find on the launch's device."""
-    check(window is None or window >= 1, f"window must be >= 1, got {window}")
-    check(softcap is None or softcap > 0, f"softcap must be > 0, got {softcap}")
+    check(window is None or window >= 1, lambda: f"window must be >= 1, got {window}")
+    check(softcap is None or softcap > 0, lambda: f"softcap must be > 0, got {softcap}")
     per_head = {"sinks": sinks, "alibi_slopes": alibi_slopes}
     for name, t in per_head.items():
         if t is not None:
             check_tensor(name, t, torch.float32, 1)
-            check(t.shape[0] == num_heads, f"{t.shape[0]} {name} for {num_heads} heads")
+            if not (t.shape[0] == num_heads):
+                raise ValueError(f"{t.shape[0]} {name} for {num_heads} heads")
     return tuple(t for t in per_head.values() if t is not None)
 
 

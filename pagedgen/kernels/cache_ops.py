@@ -43,24 +43,23 @@ def reshape_and_cache_launch(
     check_tensor("value_cache", value_cache, cache_dtype, 4)
     check(
         key_cache.shape == value_cache.shape,
-        f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
+        lambda: f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
     )
     num_kv_heads, head_size = key_cache.shape[2:]
     for name, t in (("key", key), ("value", value)):
         check_tensor(name, t, dtype, 3, contiguous=False)
-        check(
-            t.shape[1:] == (num_kv_heads, head_size),
-            f"{name} shape {tuple(t.shape)} does not match the cache's {(num_kv_heads, head_size)}",
-        )
-        check(
-            t.stride(2) == 1 and t.stride(1) == head_size,
-            f"{name} rows must be contiguous, got strides {t.stride()}",
-        )
+        if t.shape[1:] != (num_kv_heads, head_size):
+            raise ValueError(
+                f"{name} shape {tuple(t.shape)} does not match the cache's "
+                f"{(num_kv_heads, head_size)}"
+            )
+        if not (t.stride(2) == 1 and t.stride(1) == head_size):
+            raise ValueError(f"{name} rows must be contiguous, got strides {t.stride()}")
     check_tensor("slot_mapping", slot_mapping, torch.int64, 1)
     num_tokens = slot_mapping.shape[0]
     check(
         key.shape[0] == num_tokens and value.shape[0] == num_tokens,
-        f"{num_tokens} slots for {key.shape[0]} keys and {value.shape[0]} values",
+        lambda: f"{num_tokens} slots for {key.shape[0]} keys and {value.shape[0]} values",
     )
     if num_tokens == 0:
         return None
@@ -96,23 +95,22 @@ def copy_blocks_launch(
     first = kv_caches[0]
     check(
         first.dtype in COPY_C_TYPES,
-        f"kv_caches dtype must be one of {list(COPY_C_TYPES)}, got {first.dtype}",
+        lambda: f"kv_caches dtype must be one of {list(COPY_C_TYPES)}, got {first.dtype}",
     )
     for i, kv_cache in enumerate(kv_caches):
         check_tensor(f"kv_caches[{i}]", kv_cache, first.dtype, 5)
-        check(
-            kv_cache.shape == first.shape and kv_cache.device == first.device,
-            f"kv_caches[{i}] {tuple(kv_cache.shape)} on {kv_cache.device} differs from "
-            f"kv_caches[0] {tuple(first.shape)} on {first.device}",
-        )
+        if not (kv_cache.shape == first.shape and kv_cache.device == first.device):
+            raise ValueError(
+                f"kv_caches[{i}] {tuple(kv_cache.shape)} on {kv_cache.device} differs from "
+                f"kv_caches[0] {tuple(first.shape)} on {first.device}"
+            )
     num_blocks = first.shape[1]
     sources = {src for src, _ in src_to_dst}
     for src, dst in src_to_dst:
-        check(
-            0 <= src < num_blocks and 0 <= dst < num_blocks,
-            f"block pair {(src, dst)} outside 0..{num_blocks - 1}",
-        )
-        check(dst not in sources, f"block {dst} is both a copy source and a destination")
+        if not (0 <= src < num_blocks and 0 <= dst < num_blocks):
+            raise ValueError(f"block pair {(src, dst)} outside 0..{num_blocks - 1}")
+        if not (dst not in sources):
+            raise ValueError(f"block {dst} is both a copy source and a destination")
     numel_per_block = first[0, 0].numel()
 
     def pointers(values: list[int]) -> torch.Tensor:
@@ -169,16 +167,21 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, src_to_dst: list[tuple[int
     """
     from pagedgen.kernels.loader import copy_async
 
-    check(src.dtype == dst.dtype, f"src dtype {src.dtype} != dst dtype {dst.dtype}")
-    check(src.shape[1:] == dst.shape[1:], f"block shapes differ: {src.shape} vs {dst.shape}")
+    check(src.dtype == dst.dtype, lambda: f"src dtype {src.dtype} != dst dtype {dst.dtype}")
+    check(
+        src.shape[1:] == dst.shape[1:], lambda: f"block shapes differ: {src.shape} vs {dst.shape}"
+    )
     check(src.is_contiguous() and dst.is_contiguous(), "src and dst must be contiguous")
     for name, t in (("src", src), ("dst", dst)):
-        check(t.is_cuda or t.is_pinned(), f"{name} must be on the GPU or in pinned host memory")
+        if not (t.is_cuda or t.is_pinned()):
+            raise ValueError(f"{name} must be on the GPU or in pinned host memory")
     block_bytes = src[0].numel() * src.element_size()
     stream = torch.cuda.current_stream(src.device if src.is_cuda else dst.device)
     for src_block, dst_block in src_to_dst:
-        check(0 <= src_block < src.shape[0], f"src block {src_block} outside 0..{src.shape[0] - 1}")
-        check(0 <= dst_block < dst.shape[0], f"dst block {dst_block} outside 0..{dst.shape[0] - 1}")
+        if not (0 <= src_block < src.shape[0]):
+            raise ValueError(f"src block {src_block} outside 0..{src.shape[0] - 1}")
+        if not (0 <= dst_block < dst.shape[0]):
+            raise ValueError(f"dst block {dst_block} outside 0..{dst.shape[0] - 1}")
         copy_async(
             dst.data_ptr() + dst_block * block_bytes,
             src.data_ptr() + src_block * block_bytes,

@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -50,7 +51,7 @@ def typed_module(source: str, kernel: str) -> KernelModule:
 
 
 def check_dtype(dtype: torch.dtype) -> None:
-    check(dtype in C_TYPES, f"dtype must be one of {list(C_TYPES)}, got {dtype}")
+    check(dtype in C_TYPES, lambda: f"dtype must be one of {list(C_TYPES)}, got {dtype}")
 
 
 def cache_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
@@ -61,8 +62,10 @@ def cache_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
 def check_cache_dtype(dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
     check(
         cache_dtype in cache_dtypes(dtype),
-        f"a KV cache for {dtype} activations must be {dtype} or one of {list(FP8_C_TYPES)}, "
-        f"got {cache_dtype}",
+        lambda: (
+            f"a KV cache for {dtype} activations must be {dtype} or one of {list(FP8_C_TYPES)}, "
+            f"got {cache_dtype}"
+        ),
     )
 
 
@@ -85,18 +88,22 @@ def cache_module(
     )
 
 
-def check(ok: bool, message: str) -> None:
+def check(ok: bool, message: str | Callable[[], str]) -> None:
+    """Raises ValueError(message) unless ok; a message that needs formatting is passed as a
+    function, called only then: kernels are planned every layer of every step."""
     if not ok:
-        raise ValueError(message)
+        raise ValueError(message if isinstance(message, str) else message())
 
 
 def check_tensor(
     name: str, t: torch.Tensor, dtype: torch.dtype, ndim: int, contiguous: bool = True
 ) -> None:
-    check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
-    check(t.dim() == ndim, f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    if contiguous:
-        check(t.is_contiguous(), f"{name} must be contiguous, got strides {t.stride()}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
 
 def prefetch_defines(l2_prefetch: bool) -> tuple[str, ...]:

@@ -62,15 +62,20 @@ def rms_norm_launch(
     dtype = x.dtype
     check_dtype(dtype)
     check_tensor("x", x, dtype, 2, contiguous=False)
-    check(x.stride(1) == 1, f"x rows must be contiguous, got strides {x.stride()}")
+    check(x.stride(1) == 1, lambda: f"x rows must be contiguous, got strides {x.stride()}")
     check_tensor("out", out, dtype, 2)
     check_tensor("weight", weight, dtype, 1)
     num_tokens, hidden = x.shape
-    check(out.shape == x.shape, f"out {tuple(out.shape)} != x {tuple(x.shape)}")
-    check(weight.shape[0] == hidden, f"weight {tuple(weight.shape)} for hidden size {hidden}")
+    check(out.shape == x.shape, lambda: f"out {tuple(out.shape)} != x {tuple(x.shape)}")
+    check(
+        weight.shape[0] == hidden, lambda: f"weight {tuple(weight.shape)} for hidden size {hidden}"
+    )
     if residual is not None:
         check_tensor("residual", residual, dtype, 2)
-        check(residual.shape == x.shape, f"residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+        check(
+            residual.shape == x.shape,
+            lambda: f"residual {tuple(residual.shape)} != x {tuple(x.shape)}",
+        )
     if num_tokens == 0:
         return None
     add = residual is not None
@@ -100,7 +105,7 @@ def silu_and_mul_launch(out: torch.Tensor, gate_up: torch.Tensor) -> KernelLaunc
     num_tokens, d = out.shape
     check(
         gate_up.shape == (num_tokens, 2 * d),
-        f"gate_up {tuple(gate_up.shape)} for out {tuple(out.shape)}",
+        lambda: f"gate_up {tuple(gate_up.shape)} for out {tuple(out.shape)}",
     )
     if num_tokens == 0:
         return None
@@ -129,29 +134,35 @@ def rope_and_cache_launch(
     module = rope_and_cache_module(dtype, cache_dtype)
     check_tensor("query", query, dtype, 3)
     check_tensor("qkv", qkv, dtype, 2, contiguous=False)
-    check(qkv.stride(1) == 1, f"qkv rows must be contiguous, got strides {qkv.stride()}")
+    check(qkv.stride(1) == 1, lambda: f"qkv rows must be contiguous, got strides {qkv.stride()}")
     check_tensor("key_cache", key_cache, cache_dtype, 4)
     check_tensor("value_cache", value_cache, cache_dtype, 4)
     check(
         key_cache.shape == value_cache.shape,
-        f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
+        lambda: f"key_cache {tuple(key_cache.shape)} != value_cache {tuple(value_cache.shape)}",
     )
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads = key_cache.shape[2]
     check(
         key_cache.shape[3] == head_size and head_size % 2 == 0,
-        f"head size {head_size} does not fit the cache's {key_cache.shape[3]}",
+        lambda: f"head size {head_size} does not fit the cache's {key_cache.shape[3]}",
     )
     check(
         qkv.shape == (num_tokens, (num_heads + 2 * num_kv_heads) * head_size),
-        f"qkv {tuple(qkv.shape)} for {num_tokens} tokens of {num_heads}+2x{num_kv_heads} heads "
-        f"of {head_size}",
+        lambda: (
+            f"qkv {tuple(qkv.shape)} for {num_tokens} tokens of {num_heads}+2x{num_kv_heads} heads "
+            f"of {head_size}"
+        ),
     )
     for name, t in (("cos", cos), ("sin", sin)):
         check_tensor(name, t, torch.float32, 2)
-        check(t.shape == (num_tokens, head_size // 2), f"{name} shape {tuple(t.shape)}")
+        if not (t.shape == (num_tokens, head_size // 2)):
+            raise ValueError(f"{name} shape {tuple(t.shape)}")
     check_tensor("slot_mapping", slot_mapping, torch.int64, 1)
-    check(slot_mapping.shape[0] == num_tokens, f"{slot_mapping.shape[0]} slots, {num_tokens} rows")
+    check(
+        slot_mapping.shape[0] == num_tokens,
+        lambda: f"{slot_mapping.shape[0]} slots, {num_tokens} rows",
+    )
     if num_tokens == 0:
         return None
     return KernelLaunch(

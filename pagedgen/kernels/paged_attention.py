@@ -118,21 +118,25 @@ def paged_attention_launches(
     check_tensor("context_lens", context_lens, torch.int32, 1)
     check(
         block_tables.shape[0] == num_seqs and context_lens.shape[0] == num_seqs,
-        f"{num_seqs} queries, {block_tables.shape[0]} block tables, "
-        f"{context_lens.shape[0]} context lens",
+        lambda: (
+            f"{num_seqs} queries, {block_tables.shape[0]} block tables, "
+            f"{context_lens.shape[0]} context lens"
+        ),
     )
     check(
         max_context_len <= block_tables.shape[1] * block_size,
-        f"max_context_len {max_context_len} exceeds the block tables' "
-        f"{block_tables.shape[1]} blocks of {block_size}",
+        lambda: (
+            f"max_context_len {max_context_len} exceeds the block tables' "
+            f"{block_tables.shape[1]} blocks of {block_size}"
+        ),
     )
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
     tensors += check_attention_options(window, softcap, sinks, num_heads, alibi_slopes)
     devices = {t.device for t in tensors}
-    check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    check(len(devices) == 1, lambda: f"all tensors must be on one device, got {devices}")
     if num_seqs == 0:
         return []
-    check(max_context_len >= 1, f"max_context_len must be >= 1, got {max_context_len}")
+    check(max_context_len >= 1, lambda: f"max_context_len must be >= 1, got {max_context_len}")
 
     group_size = num_heads // num_kv_heads
     if grouped is None:
@@ -155,7 +159,9 @@ def paged_attention_launches(
         )
         version = 1 if use_one_pass else 2
     partition_size = partition_size or PARTITION_SIZE
-    check(partition_size % block_size == 0, f"partition_size {partition_size} % {block_size}")
+    check(
+        partition_size % block_size == 0, lambda: f"partition_size {partition_size} % {block_size}"
+    )
     cache_dtype = key_cache.dtype
     # Grouped, this module serves the v2 reduce only, which prefetches nothing.
     module = paged_attention_module(
@@ -196,7 +202,7 @@ def paged_attention_launches(
         args = (out, *common, *tail)
         return [KernelLaunch(main_module, v1_name, (grid_x, num_seqs, 1), main_block, args)]
 
-    check(version == 2, f"version must be 1, 2 or None, got {version}")
+    check(version == 2, lambda: f"version must be 1, 2 or None, got {version}")
     max_num_partitions = -(-max_context_len // partition_size)
     stats_shape = (num_seqs, num_heads, max_num_partitions)
     exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=query.device)

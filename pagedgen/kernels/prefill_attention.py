@@ -76,18 +76,23 @@ def prefill_attention_launch(
     num_seqs = context_lens.shape[0]
     check(
         block_tables.shape[0] == num_seqs and cu_seqlens_q.shape[0] == num_seqs + 1,
-        f"{num_seqs} context lens, {block_tables.shape[0]} block tables, "
-        f"{cu_seqlens_q.shape[0]} cu_seqlens_q (want num_seqs + 1)",
+        lambda: (
+            f"{num_seqs} context lens, {block_tables.shape[0]} block tables, "
+            f"{cu_seqlens_q.shape[0]} cu_seqlens_q (want num_seqs + 1)"
+        ),
     )
     tensors = (out, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens)
     tensors += check_attention_options(window, softcap, sinks, num_heads, alibi_slopes)
     devices = {t.device for t in tensors}
-    check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    check(len(devices) == 1, lambda: f"all tensors must be on one device, got {devices}")
     if num_seqs == 0 or max_query_len == 0:
         return None
     group = num_heads // num_kv_heads
     num_row_tiles = -(-max_query_len * group // BLOCK_M)
-    check(num_row_tiles <= MAX_GRID_Y, f"max_query_len {max_query_len} is too long for one launch")
+    check(
+        num_row_tiles <= MAX_GRID_Y,
+        lambda: f"max_query_len {max_query_len} is too long for one launch",
+    )
 
     module = prefill_attention_module(dtype, head_size, block_size, key_cache.dtype)
     return KernelLaunch(
