@@ -4,7 +4,10 @@
 #   STAGES="tests smollm2-graphs" bash benchmarks/gpu_session.sh [WORKLOAD.json] [TOKENIZER_DIR]
 #
 # Stages (figures and full logs land in $OUT):
-#   tests            every GPU test (the CUDA kernels, CUDA graphs against eager, the GPU profile)
+#   tests            every GPU test (the CUDA kernels, CUDA graphs against eager, the GPU profile):
+#                    ~13 min on a fresh H100 (NVRTC compiles every module first), over one call's
+#                    limit, so a session runs its halves, tests-a (test_gpu.py, test_gpu_fp8.py:
+#                    455 tests, ~8 min) and tests-b (the other 480, ~5 min), in two calls
 #   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak
 #   sweep            benchmarks/sweep_decode.py: the decode kernels' compile-time knobs on the same
 #                    shapes (~4 min), every variant in $OUT/sweep.json
@@ -29,10 +32,11 @@
 # pagedgen the same KV pool, KV_CACHE_GIB (24: room for 256 sequences of 639 tokens of the 8B
 # shape), so that stages with and without baselines compare.
 # A call lasts at most 600 s, so a session splits its stages, e.g.
-#   call 1: STAGES="tests"                                                       (~8 min)
-#   call 2: STAGES="kernels llama8b-async"                                       (~8 min)
-#   call 3: STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch"   (~6 min)
-#   call 4: STAGES="smollm2-async smollm2-grouped smollm2-prefetch"              (~4 min)
+#   call 1: STAGES="smollm2-auto llama8b-auto"                                   (~5 min)
+#   call 2: STAGES="sweep"                                                       (~4 min)
+#   call 3: STAGES="tests-a"                                                     (~8 min)
+#   call 4: STAGES="tests-b kernels"                                             (~8 min)
+#   call 5: STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch"   (~4 min)
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
 # the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
 # machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
@@ -46,6 +50,8 @@ if [ -n "${1:-}" ]; then workload=(--workload "$1"); else
     workload=(--workload fixed --num-prompts 500 --input-len 256 --output-len 128)
 fi
 tokenizer=(); [ -n "${2:-}" ] && tokenizer=(--tokenizer "$2")
+gpu_tests=(-q -m gpu -p no:cacheprovider --continue-on-collection-errors --durations=15)
+tests_a=(tests/kernels/test_gpu.py tests/kernels/test_gpu_fp8.py)
 baselines_ran=''
 run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     local name=$1 limit=$2; shift 2
@@ -75,7 +81,10 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 for stage in $STAGES; do case $stage in
-    tests) TAIL=40 run gpu-tests 500 python -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests ;;
+    tests) TAIL=40 run gpu-tests 580 python -m pytest "${gpu_tests[@]}" tests ;;
+    tests-a) TAIL=40 run gpu-tests-a 560 python -m pytest "${gpu_tests[@]}" "${tests_a[@]}" ;;
+    tests-b) TAIL=40 run gpu-tests-b 560 python -m pytest "${gpu_tests[@]}" tests \
+        "${tests_a[@]/#/--ignore=}" ;;
     kernels) run kernels 240 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
     sweep) TAIL=20 run sweep 420 python benchmarks/sweep_decode.py --dtype bfloat16 \
         --output-json "$OUT/sweep.json" ;;
