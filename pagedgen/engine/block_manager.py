@@ -194,6 +194,11 @@ class BlockManager:
                 copies += self._append(seq, seq.num_computed_tokens, n)
         return copies
 
+    def append_decode(self, seq: Sequence) -> bool:
+        """allocate_slots([seq], [1]) where that takes no copy (and no sliding window frees
+        blocks): returns True having made room, else False having changed nothing."""
+        return self.sliding_window is None and self._append_decode(seq)
+
     def _append_decode(self, seq: Sequence) -> bool:
         """The decode fast path of allocate_slots([seq], [1]): writes the token, and returns True,
         when that takes no copy, only its own block or one fresh block at the end of its table.

@@ -141,6 +141,13 @@ class Scheduler:
             group = running.popleft()
             seqs = group.unfinished_seqs
             num_later -= len(seqs)
+            if (
+                len(seqs) == 1
+                and not group.num_pending_forks
+                and self._schedule_decode(seqs[0], step)
+            ):
+                self.running.append(group)
+                continue
             num_new = self._num_new_tokens(seqs, step.budget, num_later)
             if not any(num_new):  # out of token budget: wait for the next step, holding blocks
                 self.running.append(group)
@@ -161,6 +168,17 @@ class Scheduler:
             if group.num_pending_forks:
                 self._fork_samples(group, step)
             self.running.append(group)
+
+    def _schedule_decode(self, seq: Sequence, step: ScheduledStep) -> bool:
+        """The fast path of a group of one sequence, all its samples forked, that computes one
+        token with no drafts: schedules it, and returns True, where the general path would do
+        just that, without a copy."""
+        if seq.num_tokens - seq.num_computed_tokens != 1 or seq.spec_token_ids or step.budget < 1:
+            return False
+        if not self.block_manager.append_decode(seq):
+            return False
+        step.add(seq, seq.num_computed_tokens, 1)
+        return True
 
     def _schedule_swapped(self, step: ScheduledStep) -> None:
         while self.swapped:
