@@ -178,6 +178,29 @@ def test_a_character_left_incomplete_is_left_out_alike(tokenizer: PreTrainedToke
     assert num_cut >= 3
 
 
+def test_an_invalid_byte_run_mid_output_decodes_as_a_full_decode() -> None:
+    """Byte-fallback tokens 日 (E6 97 A5) then a stray E6, then " ok": a full decode blanks the
+    whole invalid run, and so does the decode at the finish; the incremental decode had
+    emitted 日 before the stray byte came."""
+    tokenizer = BYTE_FALLBACK
+    output_token_ids = tokenizer.convert_tokens_to_ids(["<0xE6>", "<0x97>", "<0xA5>", "<0xE6>"])
+    output_token_ids += tokenizer.encode(" ok")
+    texts = {}
+    for name, stop in DECODES.items():
+        params = SamplingParams(max_tokens=len(output_token_ids), stop=stop)
+        params.all_stop_token_ids = {tokenizer.eos_token_id}
+        seq = Sequence(0, "request-0", tokenizer.encode("hello there, say"), params)
+        seq.status = SequenceStatus.RUNNING
+        checker = StopChecker(tokenizer, 10_000)
+        for token_id in output_token_ids:
+            seq.append_token_id(token_id)
+            checker.check(seq)
+        assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
+        texts[name] = seq.output_text
+    assert texts["at-finish"] == reference_text(tokenizer, seq) == "\ufffd" * 4 + " ok"
+    assert texts["incremental"] == "日" + "\ufffd" * 3 + " ok"
+
+
 def test_without_stop_strings_the_text_is_decoded_once(tokenizer: PreTrainedTokenizerFast) -> None:
     counting = CountingTokenizer(getattr(tokenizer, "tokenizer", tokenizer))
     checker = StopChecker(counting, 10_000)

@@ -51,9 +51,12 @@ class StopChecker:
 
     Text is decoded once, when the sequence finishes, unless it has stop strings: only they need
     the text as it grows (output_text is set on every finished sequence, and on running ones
-    only with stop strings). Decoded once, the text is what the incremental decode below gives:
-    the output decoded after the same prompt context (replayed token by token in the rare
-    output that ends inside a multi-byte character).
+    only with stop strings). Decoded once, the text is the full decode of the output after the
+    same prompt context, which is what the incremental decode below gives too, with two
+    exceptions: an output that ends inside a multi-byte character is replayed incrementally,
+    so that the incomplete character is left out alike; and in an invalid UTF-8 run of
+    byte-fallback tokens mid-output, which a full decode blanks whole, the incremental decode
+    keeps the characters it emitted before the run turned invalid.
 
     Incremental detokenization is vLLM's detokenize_incrementally: per sequence,
     token_ids[prefix_offset:read_offset] is text already emitted, kept only as context, and
