@@ -101,7 +101,7 @@ def _run_window(
     runner.execute = _observe(runner.execute, is_decode, context_tokens)
     runner.execute_async = _observe(runner.execute_async, is_decode, context_tokens)
     request_ids = [f"gpu-profile-{i}" for i in range(num_requests)]
-    window = Window([], [], 0, None)
+    steps, step_s, kv_tokens = [], [], 0
     try:
         for request_id, prompt, params in zip(
             request_ids, workload.prompts, greedy_params(workload)
@@ -124,9 +124,9 @@ def _run_window(
                 elapsed = time.perf_counter() - start
                 # Step 0 is left out: the first records after the profiler starts cost more.
                 if i and len(is_decode) > num_executed and is_decode[-1] == decode:
-                    window.steps.append(i)
-                    window.step_s.append(elapsed)
-                    window = window._replace(kv_tokens=window.kv_tokens + context_tokens[-1])
+                    steps.append(i)
+                    step_s.append(elapsed)
+                    kv_tokens += context_tokens[-1]
             sync()
     finally:
         for name in ("execute", "execute_async"):
@@ -136,7 +136,7 @@ def _run_window(
             engine.abort_request(request_id)
         ours = set(request_ids)
         engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
-    return window._replace(profiler=profiler)
+    return Window(steps, step_s, kv_tokens, profiler)
 
 
 def _first_finish(engine) -> Callable[[], bool]:
