@@ -17,6 +17,11 @@ def cupy_available() -> bool:
     return loader.cupy_available()
 
 
+def _forced(variable: str) -> bool | None:
+    """A variable's 1 (True) or 0 (False); None, for the kernels' own choice, when unset."""
+    return {"1": True, "0": False}.get(os.environ.get(variable, ""))
+
+
 class CupyAttentionBackend(TorchAttentionBackend):
     """Our CUDA kernels through CuPy: rope_and_cache applies RoPE and writes K/V in one launch,
     paged attention v1/v2 serves decode rows, and one prefill attention launch per layer serves
@@ -40,14 +45,10 @@ class CupyAttentionBackend(TorchAttentionBackend):
     # One thread block per kv head for its whole GQA group (kernels/paged_attention_grouped.cu):
     # None where it measured faster (paged_attention.AUTO_GROUPED_*), True for every GQA layer,
     # False for none.
-    use_grouped_decode = {"1": True, "0": False}.get(
-        os.environ.get("PAGEDGEN_CUDA_GROUPED_DECODE", "")
-    )
+    use_grouped_decode = _forced("PAGEDGEN_CUDA_GROUPED_DECODE")
     # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh): None where it
-    # measured faster (paged_attention.AUTO_PREFETCH), True for both kernels, False for neither.
-    use_l2_prefetch = {"1": True, "0": False}.get(
-        os.environ.get("PAGEDGEN_CUDA_DECODE_PREFETCH", "")
-    )
+    # measured faster (the per-head kernel), True for both kernels, False for neither.
+    use_l2_prefetch = _forced("PAGEDGEN_CUDA_DECODE_PREFETCH")
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":

@@ -87,8 +87,11 @@ class StopChecker:
             or (not params.ignore_eos and token_id in params.all_stop_token_ids)
         )
         new_text = ""
-        incremental = bool(params.stop) and params.detokenize and self.tokenizer is not None
-        if incremental and (not is_stop_token or params.include_stop_str_in_output):
+        if (
+            params.stop
+            and self._detokenizes(params)
+            and (not is_stop_token or params.include_stop_str_in_output)
+        ):
             new_text = self._decode_new_text(seq)
             if new_text:
                 seq.output_text += new_text
@@ -129,31 +132,31 @@ class StopChecker:
     ) -> None:
         """Ends seq, its text decoded where it was not as it grew, and drops its state."""
         params = seq.sampling_params
-        if not params.stop and params.detokenize and self.tokenizer is not None:
+        if not params.stop and self._detokenizes(params):
             seq.output_text = self._decode_output(seq, seq.num_output_tokens - drop_last_token)
         seq.finish(status, error)
         seq.stop_reason = stop_reason
         self.free(seq)
 
+    def _detokenizes(self, params: SamplingParams) -> bool:
+        return params.detokenize and self.tokenizer is not None
+
     def _decode_output(self, seq: Sequence, num_output_tokens: int) -> str:
-        """The text of seq's first num_output_tokens, in one decode after the prompt context
-        that the incremental decode starts from."""
+        """The text of seq's first num_output_tokens: the incremental decode's first step over
+        them all, one decode after the prompt context."""
+        prompt_token_ids, params = seq.prompt_token_ids, seq.sampling_params
         output_token_ids = seq.output_token_ids[:num_output_tokens]
         if not output_token_ids:
             return ""
-        prompt_token_ids = seq.prompt_token_ids
-        context = prompt_token_ids[max(len(prompt_token_ids) - NUM_PROMPT_CONTEXT_TOKENS, 0) :]
-        skip_special_tokens = seq.sampling_params.skip_special_tokens
-        prefix_text = self._decode_fn(context, skip_special_tokens) if context else ""
-        text = self._decode_fn(context + output_token_ids, skip_special_tokens)
-        if not text.endswith("\ufffd"):
-            return text[len(prefix_text) :] if len(text) > len(prefix_text) else ""
-        # The output ends inside a character, which byte-fallback decoders may blank together
-        # with the complete ones before it: replay the incremental decode, token by token.
-        text, offsets = "", None
+        text, _ = self._next_text(prompt_token_ids, output_token_ids, None, params)
+        if text:
+            return text
+        # No text: none at all, or the output ends inside a character, which byte-fallback
+        # decoders may blank with the complete ones before it: replay, token by token.
+        offsets = None
         for end in range(1, len(output_token_ids) + 1):
             new_text, offsets = self._next_text(
-                prompt_token_ids, output_token_ids[:end], offsets, seq.sampling_params
+                prompt_token_ids, output_token_ids[:end], offsets, params
             )
             text += new_text
         return text

@@ -70,7 +70,7 @@ def check_attention_options(
     for name, t in per_head.items():
         if t is not None:
             check_tensor(name, t, torch.float32, 1)
-            if not (t.shape[0] == num_heads):
+            if t.shape[0] != num_heads:
                 raise ValueError(f"{t.shape[0]} {name} for {num_heads} heads")
     return tuple(t for t in per_head.values() if t is not None)
 

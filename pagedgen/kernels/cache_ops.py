@@ -109,7 +109,7 @@ def copy_blocks_launch(
     for src, dst in src_to_dst:
         if not (0 <= src < num_blocks and 0 <= dst < num_blocks):
             raise ValueError(f"block pair {(src, dst)} outside 0..{num_blocks - 1}")
-        if not (dst not in sources):
+        if dst in sources:
             raise ValueError(f"block {dst} is both a copy source and a destination")
     numel_per_block = first[0, 0].numel()
 
@@ -178,9 +178,9 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, src_to_dst: list[tuple[int
     block_bytes = src[0].numel() * src.element_size()
     stream = torch.cuda.current_stream(src.device if src.is_cuda else dst.device)
     for src_block, dst_block in src_to_dst:
-        if not (0 <= src_block < src.shape[0]):
+        if not 0 <= src_block < src.shape[0]:
             raise ValueError(f"src block {src_block} outside 0..{src.shape[0] - 1}")
-        if not (0 <= dst_block < dst.shape[0]):
+        if not 0 <= dst_block < dst.shape[0]:
             raise ValueError(f"dst block {dst_block} outside 0..{dst.shape[0] - 1}")
         copy_async(
             dst.data_ptr() + dst_block * block_bytes,

@@ -156,7 +156,7 @@ def rope_and_cache_launch(
     )
     for name, t in (("cos", cos), ("sin", sin)):
         check_tensor(name, t, torch.float32, 2)
-        if not (t.shape == (num_tokens, head_size // 2)):
+        if t.shape != (num_tokens, head_size // 2):
             raise ValueError(f"{name} shape {tuple(t.shape)}")
     check_tensor("slot_mapping", slot_mapping, torch.int64, 1)
     check(

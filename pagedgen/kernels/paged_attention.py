@@ -32,10 +32,6 @@ PARTITION_SIZE = 512
 # of 128, from 1 x 4,096 to 256 x 512 tokens, and 0.63x at SmolLM2's 3:1 with heads of 64.
 AUTO_GROUPED_MIN_GROUP = 4
 AUTO_GROUPED_MIN_HEAD_SIZE = 128
-# When not told (l2_prefetch=None), the per-head kernel prefetches its next KV block and the
-# grouped one does not: on an H100 (bfloat16) prefetch ran the per-head kernel 1.02-1.25x as fast
-# on all six shapes of bench_kernels.py, the grouped one 0.88-1.03x.
-AUTO_PREFETCH = {False: True, True: False}  # grouped: prefetch
 
 
 def use_v1(max_context_len: int, num_seqs: int, num_heads: int, partition_size: int) -> bool:
@@ -107,7 +103,8 @@ def paged_attention_launches(
     keep the per-head kernel); None picks it where it was measured faster (AUTO_GROUPED_*).
     l2_prefetch has each warp ask L2 for its next KV block while it attends one
     (kernels/kv_prefetch.cuh), a hint that changes no result; None prefetches where it was
-    measured faster (AUTO_PREFETCH).
+    measured faster: the per-head kernel (on an H100, bfloat16, prefetch ran it 1.02-1.25x as
+    fast on all six shapes of bench_kernels.py, the grouped one 0.88-1.03x).
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -144,7 +141,7 @@ def paged_attention_launches(
     plain = window is None and softcap is None and sinks is None and alibi_slopes is None
     grouped = grouped and group_size > 1 and plain
     if l2_prefetch is None:
-        l2_prefetch = AUTO_PREFETCH[grouped]
+        l2_prefetch = not grouped
     tile = group_tile(group_size, head_size)
     grid_x = num_kv_heads * -(-group_size // tile) if grouped else num_heads
     if version is None and grouped:

@@ -38,10 +38,10 @@ def dense_linear(
     num_rows = x.shape[0]
     if padded is None:
         padded = x.is_cuda and x.dim() == 2 and not torch.cuda.is_current_stream_capturing()
-    if padded and gemm_rows(num_rows) != num_rows:
-        x = F.pad(x, (0, 0, 0, gemm_rows(num_rows) - num_rows))
-        return F.linear(x, weight, bias)[:num_rows]
-    return F.linear(x, weight, bias)
+    num_padded = gemm_rows(num_rows) if padded else num_rows
+    if num_padded == num_rows:
+        return F.linear(x, weight, bias)
+    return F.linear(F.pad(x, (0, 0, 0, num_padded - num_rows)), weight, bias)[:num_rows]
 
 
 class Linear(nn.Module):
