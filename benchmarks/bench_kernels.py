@@ -2,7 +2,9 @@
 
 Decode attention runs every shape with the per-head kernel and the GQA-grouped one
 (PAGEDGEN_CUDA_GROUPED_DECODE), each without and with L2 prefetch of the next KV block
-(PAGEDGEN_CUDA_DECODE_PREFETCH), each planned once and timed two ways: "GPU ms" replays `iters`
+(PAGEDGEN_CUDA_DECODE_PREFETCH), and with the tensor-core one ("mma", PAGEDGEN_CUDA_MMA_DECODE;
+16-bit dtypes only, else its row says which kernel it fell back to), each planned once by
+paged_attention_launches (its own v1/v2 choice) and timed two ways: "GPU ms" replays `iters`
 repetitions captured in one CUDA graph (the kernels alone, no host overhead), "host ms" plans
 and launches from Python every repetition, as an engine step without graphs does. Bytes are
 counted once: each kv head's K/V of every context token, the queries and the outputs. Repetitions
@@ -142,8 +144,18 @@ def time_attention(
     l2_prefetch: bool,
     iters: int,
     tuning: DecodeTuning = DEFAULT_TUNING,
+    tensor_cores: bool = False,
+    version: int | None = None,  # None: the planner's choice; 1 or 2 forces one
+    partition_size: int | None = None,  # None: the planner's
 ) -> AttentionTiming:
-    options = dict(grouped=grouped, l2_prefetch=l2_prefetch, tuning=tuning)
+    options = dict(
+        grouped=grouped,
+        l2_prefetch=l2_prefetch,
+        tensor_cores=tensor_cores,
+        version=version,
+        partition_size=partition_size,
+        tuning=tuning,
+    )
     plans = [
         paged_attention_launches(*batch.args(copy), **options)
         for copy in range(len(batch.block_tables))
@@ -158,14 +170,18 @@ def time_attention(
             loader.launch(kernel_launch)
 
     gpu_ms = graph_time_ms(repetition, iters)
-    return AttentionTiming(plan_name(plans[0]), gpu_ms, time_ms(host_launched, iters))
+    plan = plan_name(plans[0])
+    if tensor_cores and "_mma_" not in plans[0][0].name_expression:
+        kernel = "grouped" if "grouped" in plans[0][0].name_expression else "per-head"
+        plan += f" (no mma: {kernel})"
+    return AttentionTiming(plan, gpu_ms, time_ms(host_launched, iters))
 
 
 def add_attention_rows(
     table: Table, shape: tuple[int, ...], dtype: torch.dtype, iters: int, peak: float
 ) -> None:
-    """The per-head and grouped kernels on one shape, each without and with L2 prefetch, then
-    torch's decode attention."""
+    """The per-head and grouped kernels on one shape, each without and with L2 prefetch, the
+    tensor-core kernel, then torch's decode attention."""
     batch = attention_batch(shape, dtype)
     label = "seqs={} ctx={} heads={}/{} head={} block={}".format(*shape)
     timings = {
@@ -175,6 +191,7 @@ def add_attention_rows(
         for kind in ("per-head", "grouped")
         for l2_prefetch in (False, True)
     }
+    timings["mma"] = time_attention(batch, False, False, iters, tensor_cores=True)
     per_head = timings["per-head"]
     for name, timing in timings.items():
         gbps = batch.bytes_moved / timing.gpu_ms / 1e6

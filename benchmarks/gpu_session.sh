@@ -7,10 +7,13 @@
 #   tests            every GPU test (the CUDA kernels, CUDA graphs against eager, the GPU profile):
 #                    ~13 min on a fresh H100 (NVRTC compiles every module first), over one call's
 #                    limit, so a session runs its halves, tests-a (test_gpu.py, test_gpu_fp8.py:
-#                    455 tests, ~8 min) and tests-b (the other 480, ~5 min), in two calls
-#   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak
-#   sweep            benchmarks/sweep_decode.py: the decode kernels' compile-time knobs on the same
-#                    shapes (~4 min), every variant in $OUT/sweep.json
+#                    455 tests, ~8 min) and tests-b (the other ~540, test_gpu_mma.py's 59 among them,
+#                    ~6 min), in two calls
+#   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak,
+#                    decode per-head, grouped (each without and with prefetch) and mma (~4 min)
+#   sweep            benchmarks/sweep_decode.py: the decode kernels' compile-time knobs and the mma
+#                    kernel's v1/v2 partition sizes on the same shapes (~5 min), every variant in
+#                    $OUT/sweep.json
 #   smollm2-eager    pagedgen bench on a random-weight SmolLM2-135M shape, bfloat16, eager,
 #                    with the baselines in $BASELINES (default generate_batch)
 #   smollm2-graphs   the same with decode CUDA graphs (--no-enforce-eager)
@@ -21,10 +24,14 @@
 #   smollm2-prefetch graphs and async scheduling, decode warps prefetching their next KV block
 #                    into L2 (PAGEDGEN_CUDA_DECODE_PREFETCH=1)
 #   smollm2-grouped-prefetch   both
+#   smollm2-mma      graphs, async scheduling and the tensor-core decode kernel on every layer
+#                    (PAGEDGEN_CUDA_MMA_DECODE=1, kernels/paged_attention_mma.cu; the other stages
+#                    set it to 0, auto leaves it unset, which is off too)
 #   smollm2-auto     graphs and async scheduling, each decode kernel and its prefetch as pagedgen
-#                    picks them by shape (neither variable set): what a user gets
+#                    picks them by shape (no variable set): what a user gets
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
-#   llama8b-grouped-prefetch, llama8b-auto   the same on a random-weight Llama-3-8B shape
+#   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto   the same on a random-weight Llama-3-8B
+#                    shape
 #   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
 #                    torch backend, 64 experts: eager, as every mixture runs)
 # The baselines run in the first bench stage of each shape only (BASELINES_EVERY=1: in every
@@ -33,10 +40,12 @@
 # shape), so that stages with and without baselines compare.
 # A call lasts at most 600 s, so a session splits its stages, e.g.
 #   call 1: STAGES="smollm2-auto llama8b-auto"                                   (~5 min)
-#   call 2: STAGES="sweep"                                                       (~4 min)
-#   call 3: STAGES="tests-a"                                                     (~8 min)
-#   call 4: STAGES="tests-b kernels"                                             (~8 min)
-#   call 5: STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch"   (~4 min)
+#   call 2: STAGES="kernels"                          (~4 min, the mma kernel's first timings)
+#   call 3: BASELINES='' STAGES="llama8b-mma smollm2-mma"  (~4 min; call 1 ran the baselines)
+#   call 4: STAGES="sweep"                                                       (~5 min)
+#   call 5: STAGES="tests-a"                                                     (~8 min)
+#   call 6: STAGES="tests-b"                          (~6 min, test_gpu_mma.py among them)
+# and, time left, STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch" (~4 min).
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
 # the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
 # machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
@@ -60,21 +69,24 @@ run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     echo "exit $?" >> "$OUT/$name.txt"
     tail -n "${TAIL:-30}" "$OUT/$name.txt"
 }
-bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, prefetch, grouped-prefetch
+bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, prefetch,
+    # grouped-prefetch, mma or auto
     local preset=$1 mode=$2 model=/tmp/pagedgen-$1
     [ -d "$model" ] || python benchmarks/random_models.py "$preset" "$model" --device cuda \
         --dtype bfloat16 "${tokenizer[@]}" > "$OUT/model-$preset.txt" 2>&1
     local flags=(--enforce-eager)
     [ "$mode" = graphs ] && flags=(--no-enforce-eager)
     [ "$mode" != eager ] && [ "$mode" != graphs ] && flags=(--no-enforce-eager --async-scheduling)
-    local grouped=0 prefetch=0
+    local grouped=0 prefetch=0 mma=0
     [[ $mode == grouped* ]] && grouped=1
     [[ $mode == *prefetch ]] && prefetch=1
-    [ "$mode" = auto ] && grouped='' prefetch=''  # unset: the shape decides
+    [ "$mode" = mma ] && mma=1
+    [ "$mode" = auto ] && grouped='' prefetch='' mma=''  # unset: the shape decides (mma: off)
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
-    PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+    PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch \
+        PAGEDGEN_CUDA_MMA_DECODE=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
         --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"
@@ -85,8 +97,8 @@ for stage in $STAGES; do case $stage in
     tests-a) TAIL=40 run gpu-tests-a 560 python -m pytest "${gpu_tests[@]}" "${tests_a[@]}" ;;
     tests-b) TAIL=40 run gpu-tests-b 560 python -m pytest "${gpu_tests[@]}" tests \
         "${tests_a[@]/#/--ignore=}" ;;
-    kernels) run kernels 240 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
-    sweep) TAIL=20 run sweep 420 python benchmarks/sweep_decode.py --dtype bfloat16 \
+    kernels) run kernels 300 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
+    sweep) TAIL=20 run sweep 500 python benchmarks/sweep_decode.py --dtype bfloat16 \
         --output-json "$OUT/sweep.json" ;;
     smollm2-eager) bench smollm2-135m eager 200 ;;
     smollm2-graphs) bench smollm2-135m graphs 200 ;;
@@ -94,6 +106,7 @@ for stage in $STAGES; do case $stage in
     smollm2-grouped) bench smollm2-135m grouped 200 ;;
     smollm2-prefetch) bench smollm2-135m prefetch 200 ;;
     smollm2-grouped-prefetch) bench smollm2-135m grouped-prefetch 200 ;;
+    smollm2-mma) bench smollm2-135m mma 200 ;;
     smollm2-auto) bench smollm2-135m auto 200 ;;
     llama8b-eager) bench llama-8b eager 300 ;;
     llama8b-graphs) bench llama-8b graphs 300 ;;
@@ -101,6 +114,7 @@ for stage in $STAGES; do case $stage in
     llama8b-grouped) bench llama-8b grouped 300 ;;
     llama8b-prefetch) bench llama-8b prefetch 300 ;;
     llama8b-grouped-prefetch) bench llama-8b grouped-prefetch 300 ;;
+    llama8b-mma) bench llama-8b mma 300 ;;
     llama8b-auto) bench llama-8b auto 300 ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;
     *) echo "unknown stage $stage" ;;

@@ -1,11 +1,14 @@
 """Sweeps the decode kernels' compile-time knobs (pagedgen.kernels.decode_tuning.SWEEP: threads a
 block, register budget, the grouped kernel's loads in flight) over the attention shapes of
-bench_kernels.py, each with and without L2 prefetch of the next KV block, timed as bench_kernels
-times them (one CUDA graph of `iters` repetitions over K/V twice the L2 in all; bytes counted
-once). Prints every variant's GPU ms and share of the peak bandwidth against the default tuning's,
-then the best variant per shape; --output-json keeps them all.
+bench_kernels.py, each with and without L2 prefetch of the next KV block, and the tensor-core
+kernel's ("mma") v1/v2 plans: the planner's own, forced v1, and forced v2 at each of
+paged_attention_mma.PARTITION_SIZES. Each is timed as bench_kernels times them (one CUDA graph of
+`iters` repetitions over K/V twice the L2 in all; bytes counted once). Prints every variant's GPU
+ms and share of the peak bandwidth against its kernel's default (the default tuning without
+prefetch; for mma the planner's choice), then the best variant per shape; --output-json keeps
+them all.
 
-    python benchmarks/sweep_decode.py [--dtype bfloat16] [--iters 30] [--kinds per-head,grouped]
+    python benchmarks/sweep_decode.py [--dtype bfloat16] [--iters 30] [--kinds per-head,grouped,mma]
 """
 
 import argparse
@@ -13,32 +16,53 @@ import json
 from pathlib import Path
 
 import torch
-from bench_kernels import ATTENTION_SHAPES, attention_batch, time_attention
+from bench_kernels import ATTENTION_SHAPES, AttentionTiming, attention_batch, time_attention
 from rich.console import Console
 from rich.table import Table
 
 from pagedgen.kernels import loader
 from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, SWEEP
+from pagedgen.kernels.paged_attention_mma import PARTITION_SIZES
+
+# The mma kernel's variants, its default (the planner's own plan) first: (label, version,
+# partition_size).
+MMA_PLANS = [
+    ("planner's choice", None, None),
+    ("forced v1", 1, None),
+    *((f"forced v2, partitions of {size}", 2, size) for size in PARTITION_SIZES),
+]
 
 
 def sweep_shape(shape: tuple[int, ...], dtype: torch.dtype, kinds: list[str], iters: int) -> list:
-    """Every (kernel, tuning, prefetch) on one shape: dicts of its figures."""
+    """Every (kernel, tuning, prefetch) and mma plan on one shape: dicts of its figures, each
+    kernel's default first."""
     batch = attention_batch(shape, dtype)
     rows = []
+
+    def add(kind: str, tuning: dict, label: str, timing: AttentionTiming) -> None:
+        rows.append(
+            {
+                "kernel": kind,
+                "tuning": tuning,
+                "label": label,
+                "plan": timing.plan,
+                "gpu_ms": timing.gpu_ms,
+                "gbps": batch.bytes_moved / timing.gpu_ms / 1e6,
+            }
+        )
+
     for kind in kinds:
+        if kind == "mma":
+            for label, version, size in MMA_PLANS:
+                options = dict(tensor_cores=True, version=version, partition_size=size)
+                timing = time_attention(batch, False, False, iters, **options)
+                add(kind, {"version": version, "partition_size": size}, label, timing)
+            continue
         for tuning in (DEFAULT_TUNING, *SWEEP[kind]):
             for l2_prefetch in (False, True):
                 timing = time_attention(batch, kind == "grouped", l2_prefetch, iters, tuning)
-                rows.append(
-                    {
-                        "kernel": kind,
-                        "tuning": tuning._asdict(),
-                        "label": tuning.label + (" +prefetch" if l2_prefetch else ""),
-                        "plan": timing.plan,
-                        "gpu_ms": timing.gpu_ms,
-                        "gbps": batch.bytes_moved / timing.gpu_ms / 1e6,
-                    }
-                )
+                label = tuning.label + (" +prefetch" if l2_prefetch else "")
+                add(kind, tuning._asdict(), label, timing)
     return rows
 
 
@@ -46,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--kinds", default="per-head,grouped")
+    parser.add_argument("--kinds", default="per-head,grouped,mma")
     parser.add_argument("--output-json", type=Path)
     options = parser.parse_args()
     if not (torch.cuda.is_available() and loader.cupy_available()):
@@ -61,7 +85,9 @@ def main() -> None:
         rows = sweep_shape(shape, dtype, kinds, options.iters)
         results[label] = rows
         table = Table("kernel", "tuning", "plan", "GPU ms", "% of peak", "vs default", title=label)
-        defaults = {r["kernel"]: r["gpu_ms"] for r in rows if r["label"] == DEFAULT_TUNING.label}
+        defaults = {}  # each kernel's first row: its default
+        for row in rows:
+            defaults.setdefault(row["kernel"], row["gpu_ms"])
         for row in sorted(rows, key=lambda r: r["gpu_ms"]):
             table.add_row(
                 row["kernel"],

@@ -8,6 +8,17 @@
 #include <cuda_fp16.h>
 #endif
 
+// The launch's dynamic shared memory as `unsigned char* name`, 16-byte aligned, for a kernel that
+// uses `bytes` of it (more than the 48 KB a block may have of static shared memory): the launch
+// must give at least that much, which the emulator checks.
+#if defined(__CUDACC__)
+#define PAGEDGEN_DYNAMIC_SHARED(name, bytes)  \
+  extern __shared__ float4 name##_storage[]; \
+  unsigned char* name = reinterpret_cast<unsigned char*>(name##_storage)
+#else
+#define PAGEDGEN_DYNAMIC_SHARED(name, bytes) unsigned char* name = emu_dynamic_shared(bytes)
+#endif
+
 namespace pagedgen {
 
 constexpr int kWarpSize = 32;

@@ -32,13 +32,16 @@ class CupyAttentionBackend(TorchAttentionBackend):
     (PAGEDGEN_CUDA_GROUPED_DECODE=1 for every GQA layer, 0 for none);
     per-head decode warps prefetch their next KV block into L2, grouped ones do not
     (PAGEDGEN_CUDA_DECODE_PREFETCH=1 for both, 0 for neither).
+    PAGEDGEN_CUDA_MMA_DECODE=1 decodes every layer it takes (16-bit caches of the model's dtype,
+    head sizes 64/128/256, no window, soft cap, sinks or ALiBi; sm_80 or newer) on tensor cores
+    (kernels/paged_attention_mma.cu), the others as above; unset or 0, none does.
     Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES and
     block sizes BLOCK_SIZES, and fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside
     caches of the model's dtype: every kernel rounds K/V into them as to_cache_dtype does, and
     attention reads this step's K/V back from the cache, so it sees them as later steps will.
     Sliding windows (Mistral, Gemma 2/3, gpt-oss), soft-capped scores (Gemma 2), attention sinks
     (gpt-oss) and ALiBi slopes (BLOOM, MPT) are read by every attention kernel but the grouped
-    one, which declines such layers."""
+    and tensor-core ones, which decline such layers."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
@@ -49,6 +52,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
     # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh): None where it
     # measured faster (the per-head kernel), True for both kernels, False for neither.
     use_l2_prefetch = _forced("PAGEDGEN_CUDA_DECODE_PREFETCH")
+    # The tensor-core decode kernel (kernels/paged_attention_mma.cu): None (unset) off until it
+    # is measured on a GPU, True for every layer it takes, False for none.
+    use_tensor_core_decode = _forced("PAGEDGEN_CUDA_MMA_DECODE")
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
@@ -130,6 +136,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             scale,
             grouped=self.use_grouped_decode,
             l2_prefetch=self.use_l2_prefetch,
+            tensor_cores=self.use_tensor_core_decode,
             window=window,
             softcap=softcap,
             sinks=sinks,

@@ -31,7 +31,9 @@ class KernelModule(NamedTuple):
 
 
 class KernelLaunch(NamedTuple):
-    """kernel<<<grid, block>>>(*args), where the kernel is module's name_expression.
+    """kernel<<<grid, block, shared_mem>>>(*args), where the kernel is module's name_expression
+    and shared_mem the bytes of its dynamic shared memory (kernels/common.cuh's
+    PAGEDGEN_DYNAMIC_SHARED).
 
     Tensors are passed as device pointers, numpy scalars by value with their own C type.
     """
@@ -41,6 +43,7 @@ class KernelLaunch(NamedTuple):
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple[KernelArg, ...]
+    shared_mem: int = 0
 
 
 def typed_module(source: str, kernel: str) -> KernelModule:

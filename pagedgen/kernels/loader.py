@@ -34,12 +34,19 @@ def _module(module: KernelModule, device_index: int) -> Any:
         )
 
 
+# Beyond this much dynamic shared memory a kernel must be allowed more, once (CUDA's default).
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+
+
 @functools.cache
-def _kernel(module: KernelModule, name_expression: str, device_index: int) -> Any:
+def _kernel(module: KernelModule, name_expression: str, device_index: int, shared_mem: int) -> Any:
     import cupy
 
     with cupy.cuda.Device(device_index):
-        return _module(module, device_index).get_function(name_expression)
+        kernel = _module(module, device_index).get_function(name_expression)
+        if shared_mem > DEFAULT_DYNAMIC_SHARED:
+            kernel.max_dynamic_shared_size_bytes = shared_mem
+        return kernel
 
 
 def _argument(a: object) -> object:
@@ -74,8 +81,10 @@ def launch(kernel_launch: KernelLaunch) -> None:
     index = torch.cuda.current_device() if device.index is None else device.index
     stream = _stream(index)
     with cupy.cuda.Device(index), stream:
-        kernel = _kernel(kernel_launch.module, kernel_launch.name_expression, index)
-        kernel(kernel_launch.grid, kernel_launch.block, tuple(map(_argument, kernel_launch.args)))
+        shared_mem = kernel_launch.shared_mem
+        kernel = _kernel(kernel_launch.module, kernel_launch.name_expression, index, shared_mem)
+        args = tuple(map(_argument, kernel_launch.args))
+        kernel(kernel_launch.grid, kernel_launch.block, args, shared_mem=shared_mem)
 
 
 def copy_async(dst_ptr: int, src_ptr: int, num_bytes: int, stream_ptr: int) -> None:

@@ -1,6 +1,7 @@
 import numpy as np
 import torch
 
+from pagedgen.kernels import paged_attention_mma as mma
 from pagedgen.kernels.attention_args import (
     check_attention_args,
     check_attention_options,
@@ -87,6 +88,7 @@ def paged_attention_launches(
     partition_size: int | None = None,
     grouped: bool | None = False,
     l2_prefetch: bool | None = False,
+    tensor_cores: bool | None = False,
     window: int | None = None,  # a query sees its last `window` tokens; earlier blocks unread
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
@@ -105,6 +107,10 @@ def paged_attention_launches(
     (kernels/kv_prefetch.cuh), a hint that changes no result; None prefetches where it was
     measured faster: the per-head kernel (on an H100, bfloat16, prefetch ran it 1.02-1.25x as
     fast on all six shapes of bench_kernels.py, the grouped one 0.88-1.03x).
+    tensor_cores picks kernels/paged_attention_mma.cu, tiles of 16 query heads of a kv head on
+    mma.sync with K/V streamed through shared memory, for 16-bit caches of the activations'
+    dtype on sm_80 or newer (other layers keep the kernels above); None is False until it is
+    measured on a GPU.
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -136,18 +142,30 @@ def paged_attention_launches(
     check(max_context_len >= 1, lambda: f"max_context_len must be >= 1, got {max_context_len}")
 
     group_size = num_heads // num_kv_heads
+    plain = window is None and softcap is None and sinks is None and alibi_slopes is None
+    cache_dtype = key_cache.dtype
+    use_mma = bool(tensor_cores) and plain
+    use_mma = use_mma and mma.supports(dtype, cache_dtype, head_size, query.device)
     if grouped is None:
         grouped = group_size >= AUTO_GROUPED_MIN_GROUP and head_size >= AUTO_GROUPED_MIN_HEAD_SIZE
-    plain = window is None and softcap is None and sinks is None and alibi_slopes is None
-    grouped = grouped and group_size > 1 and plain
+    grouped = grouped and group_size > 1 and plain and not use_mma
     if l2_prefetch is None:
         l2_prefetch = not grouped
     tile = group_tile(group_size, head_size)
-    grid_x = num_kv_heads * -(-group_size // tile) if grouped else num_heads
-    if version is None and grouped:
-        planned = grouped_partition_size(
-            max_context_len, grid_x * num_seqs, block_size, num_sms(query.device)
-        )
+    if use_mma:
+        grid_x = num_kv_heads * mma.num_tiles(group_size)
+    else:
+        grid_x = num_kv_heads * -(-group_size // tile) if grouped else num_heads
+    if version is None and (grouped or use_mma):
+        work_blocks = grid_x * num_seqs
+        if use_mma:
+            planned = mma.mma_partition_size(
+                max_context_len, work_blocks, head_size, num_sms(query.device)
+            )
+        else:
+            planned = grouped_partition_size(
+                max_context_len, work_blocks, block_size, num_sms(query.device)
+            )
         version = 1 if planned is None else 2
         partition_size = partition_size or planned
     elif version is None:
@@ -159,26 +177,28 @@ def paged_attention_launches(
     check(
         partition_size % block_size == 0, lambda: f"partition_size {partition_size} % {block_size}"
     )
-    cache_dtype = key_cache.dtype
-    # Grouped, this module serves the v2 reduce only, which prefetches nothing.
+    # Grouped or on tensor cores, this module serves the v2 reduce only, which prefetches nothing.
+    per_head = not (grouped or use_mma)
     module = paged_attention_module(
         dtype,
         head_size,
         block_size,
         partition_size,
         cache_dtype,
-        l2_prefetch and not grouped,
-        DEFAULT_TUNING if grouped else tuning,
+        l2_prefetch and per_head,
+        tuning if per_head else DEFAULT_TUNING,
     )
-    # The grouped kernels' partial results have the per-head layout of the v2 reduce's.
-    main_module = module
+    # The grouped and mma kernels' partial results have the per-head layout of the v2 reduce's.
+    main_module, main_block, shared_mem = module, (tuning.num_threads, 1, 1), 0
     if grouped:
         main_module = grouped_module(
             dtype, head_size, block_size, tile, cache_dtype, l2_prefetch, tuning
         )
+    elif use_mma:
+        main_module = mma.mma_module(dtype, head_size, block_size)
+        main_block, shared_mem = (mma.NUM_THREADS, 1, 1), mma.shared_bytes(head_size)
     v1_name, v2_name = main_module.name_expressions[:2]
     block = (NUM_THREADS, 1, 1)  # the v2 reduce's
-    main_block = (tuning.num_threads, 1, 1)
     common = (
         query,
         key_cache,
@@ -192,12 +212,13 @@ def paged_attention_launches(
     )
     options = (np.int32(window or 0), np.float32(softcap or 0.0))
     if version == 1:
-        if grouped:
-            tail = (np.int32(num_heads),)
-        else:
+        if per_head:
             tail = (*options, per_head_arg(sinks), per_head_arg(alibi_slopes))
+        else:
+            tail = (np.int32(num_heads),)
         args = (out, *common, *tail)
-        return [KernelLaunch(main_module, v1_name, (grid_x, num_seqs, 1), main_block, args)]
+        grid = (grid_x, num_seqs, 1)
+        return [KernelLaunch(main_module, v1_name, grid, main_block, args, shared_mem)]
 
     check(version == 2, lambda: f"version must be 1, 2 or None, got {version}")
     max_num_partitions = -(-max_context_len // partition_size)
@@ -205,10 +226,10 @@ def paged_attention_launches(
     exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=query.device)
     max_logits = torch.empty_like(exp_sums)
     tmp_out = torch.empty((*stats_shape, head_size), dtype=torch.float32, device=query.device)
-    if grouped:
-        tail = (np.int32(num_heads), np.int32(partition_size))
-    else:
+    if per_head:
         tail = (*options, per_head_arg(alibi_slopes))  # sinks join in the reduce
+    else:
+        tail = (np.int32(num_heads), np.int32(partition_size))
     return [
         KernelLaunch(
             main_module,
@@ -216,6 +237,7 @@ def paged_attention_launches(
             (grid_x, num_seqs, max_num_partitions),
             main_block,
             (exp_sums, max_logits, tmp_out, *common, *tail),
+            shared_mem,
         ),
         KernelLaunch(
             module,
@@ -247,6 +269,7 @@ def paged_attention(
     scale: float,
     grouped: bool | None = False,
     l2_prefetch: bool | None = False,
+    tensor_cores: bool | None = False,
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
@@ -266,6 +289,7 @@ def paged_attention(
         scale,
         grouped=grouped,
         l2_prefetch=l2_prefetch,
+        tensor_cores=tensor_cores,
         window=window,
         softcap=softcap,
         sinks=sinks,

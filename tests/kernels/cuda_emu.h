@@ -98,6 +98,15 @@ extern "C" size_t emu_num_prefetched() { return emu_prefetches.size(); }
 extern "C" uintptr_t emu_prefetched(size_t i) { return emu_prefetches[i]; }
 extern "C" void emu_clear_prefetched() { emu_prefetches.clear(); }
 
+// The two schedules, each an end of what a GPU may do. By default a thread that reaches a sync
+// point hands the turn to the next thread in tid order, so warps move in step, and a cp.async
+// copy lands at the wait that retires its group (the latest it may): a read before its wait or
+// barrier sees stale data. Racing (emu_set_racing(1)), the lowest runnable thread always runs, so
+// warp 0 runs ahead of the others as far as the barriers let it, and a copy lands at issue (the
+// earliest): a copy or write over shared memory that a later warp has yet to read shows.
+static bool emu_racing = false;
+extern "C" void emu_set_racing(int racing) { emu_racing = racing; }
+
 namespace emu {
 
 enum class State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kExited };
@@ -110,10 +119,14 @@ class Scheduler {
   static constexpr size_t kStackBytes = 512 * 1024;  // kernels keep their locals here
   static constexpr size_t kGuardBytes = 4096;  // the lowest page of each stack: overflow faults
 
-  Scheduler(int num_threads, unsigned num_blocks, std::function<void()> run_block)
+  static constexpr size_t kSlotWords = 8;  // a lane's share of a warp exchange: 64 bytes
+
+  Scheduler(int num_threads, unsigned num_blocks, size_t shared_bytes,
+            std::function<void()> run_block)
       : num_threads_(num_threads), num_blocks_(num_blocks), run_block_(std::move(run_block)),
         states_(num_threads, State::kRunnable), fibers_(num_threads),
-        exchange_((num_threads / 32) * 2 * 32), parity_(num_threads) {
+        exchange_((num_threads / 32) * 2 * 32 * kSlotWords), parity_(num_threads),
+        copies_(num_threads), dynamic_shared_(shared_bytes) {
     stacks_ = mmap(nullptr, kStackBytes * num_threads, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
     if (stacks_ == MAP_FAILED) {
@@ -149,22 +162,49 @@ class Scheduler {
   void arrive(int self, State state) {
     states_[self] = state;
     release_complete_barriers();
-    if (states_[self] != State::kRunnable) pass_turn(self);
+    if (emu_racing) {
+      run_lowest(self);
+    } else if (states_[self] != State::kRunnable) {
+      pass_turn(self);
+    }
+  }
+
+  // Every lane's value, all[lane], once every lane of the warp has given its own: the warp-wide
+  // exchange under shuffles, ldmatrix and mma.
+  template <typename T>
+  void gather(const T& value, T (&all)[32]) {
+    static_assert(sizeof(T) <= kSlotWords * 8, "a lane exchanges at most 64 bytes");
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // Two buffers per warp: a lane can only reuse one after every lane has read it.
+    uint64_t* buffer = &exchange_[(warp * 2 + parity_[tid]) * 32 * kSlotWords];
+    parity_[tid] ^= 1;
+    std::memcpy(&buffer[lane * kSlotWords], &value, sizeof(T));
+    arrive(tid, State::kAtWarpBarrier);
+    for (int i = 0; i < 32; ++i) std::memcpy(&all[i], &buffer[i * kSlotWords], sizeof(T));
   }
 
   template <typename T>
   T shuffle_xor(T value, int lane_mask) {
-    static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    // Two buffers per warp: a lane can only reuse one after every lane has read it.
-    uint64_t* buffer = &exchange_[(warp * 2 + parity_[tid]) * 32];
-    parity_[tid] ^= 1;
-    std::memcpy(&buffer[lane], &value, sizeof(T));
-    arrive(tid, State::kAtWarpBarrier);
-    T out;
-    std::memcpy(&out, &buffer[lane ^ lane_mask], sizeof(T));
-    return out;
+    T all[32];
+    gather(value, all);
+    return all[(threadIdx.x % 32) ^ lane_mask];
   }
+
+  // cp.async: a copy joins the thread's open group; a commit closes it; a wait with n groups
+  // allowed in flight lands the oldest groups' copies until n remain.
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    size_t bytes, src_bytes;  // past src_bytes the destination gets zeros
+  };
+  struct ThreadCopies {
+    std::vector<AsyncCopy> open;
+    std::vector<std::vector<AsyncCopy>> committed;  // oldest first
+  };
+  ThreadCopies& copies() { return copies_[threadIdx.x]; }
+
+  void* dynamic_shared() { return dynamic_shared_.data(); }
+  size_t dynamic_shared_bytes() const { return dynamic_shared_.size(); }
 
   [[noreturn]] void fail(const std::string& message) {
     if (error_.empty()) error_ = message;
@@ -183,8 +223,12 @@ class Scheduler {
     }
   }
 
+  // A block starts with no copies in flight and its dynamic shared memory all ones (NaN as
+  // float16, bfloat16 and float32), as unwritten shared memory holds whatever it held.
   void set_block(unsigned b) {
     block_ = b;
+    for (ThreadCopies& c : copies_) c = ThreadCopies();
+    std::memset(dynamic_shared_.data(), 0xff, dynamic_shared_.size());
     blockIdx = dim3(b % gridDim.x, b / gridDim.x % gridDim.y, b / (gridDim.x * gridDim.y));
   }
 
@@ -196,7 +240,7 @@ class Scheduler {
     bool all_exited = true;
     for (State s : states_) all_exited = all_exited && s == State::kExited;
     if (!all_exited) {
-      pass_turn(self);
+      emu_racing ? run_lowest(self) : pass_turn(self);
       return;
     }
     if (block_ + 1 == num_blocks_) setcontext(&launcher_);
@@ -242,6 +286,16 @@ class Scheduler {
     fail("deadlock: a barrier that not every thread reaches");
   }
 
+  void run_lowest(int self) {
+    for (int next = 0; next < num_threads_; ++next) {
+      if (states_[next] == State::kRunnable) {
+        if (next != self) switch_to(self, next);
+        return;
+      }
+    }
+    fail("deadlock: a barrier that not every thread reaches");
+  }
+
   // Whoever switches to a fiber sets threadIdx for it: a fiber resumes only through here.
   void switch_to(int self, int next) {
     threadIdx = dim3(next);
@@ -258,6 +312,8 @@ class Scheduler {
   void* stacks_ = nullptr;
   std::vector<uint64_t> exchange_;
   std::vector<int> parity_;
+  std::vector<ThreadCopies> copies_;
+  std::vector<unsigned char> dynamic_shared_;
   unsigned block_ = 0;
   std::string error_;
 };
@@ -270,7 +326,8 @@ void call(void (*kernel)(Params...), void** args, std::index_sequence<I...>) {
 // Runs kernel<<<grid, block>>>(args...) with args given as cudaLaunchKernel takes them: one
 // pointer per parameter. Returns an empty string on success, else what went wrong.
 template <typename... Params>
-std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args) {
+std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args,
+                   size_t shared_bytes = 0) {
   if (block.y != 1 || block.z != 1 || block.x == 0 || block.x % 32 != 0 || block.x > 1024) {
     return "the emulator runs 1-D blocks of whole warps, up to 1024 threads";
   }
@@ -278,7 +335,7 @@ std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args
   if (num_blocks == 0) return "";
   gridDim = grid;
   blockDim = block;
-  Scheduler scheduler(block.x, num_blocks,
+  Scheduler scheduler(block.x, num_blocks, shared_bytes,
                       [&] { call(kernel, args, std::index_sequence_for<Params...>{}); });
   return scheduler.run();
 }
@@ -300,4 +357,115 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
     emu::Scheduler::active()->fail("shuffle with a partial mask");
   }
   return emu::Scheduler::active()->shuffle_xor(value, lane_mask);
+}
+
+// Dynamic shared memory (kernels/common.cuh's PAGEDGEN_DYNAMIC_SHARED): the launch's
+// shared_bytes, one buffer a block, of which the kernel uses `bytes`.
+inline unsigned char* emu_dynamic_shared(size_t bytes) {
+  emu::Scheduler& scheduler = *emu::Scheduler::active();
+  if (scheduler.dynamic_shared_bytes() < bytes) {
+    scheduler.fail("the kernel uses " + std::to_string(bytes) + " bytes of dynamic shared memory, " +
+                   "the launch gave " + std::to_string(scheduler.dynamic_shared_bytes()));
+  }
+  return static_cast<unsigned char*>(scheduler.dynamic_shared());
+}
+
+// The sm_80 primitives of kernels/mma.cuh, with PTX's semantics and alignment rules.
+inline void emu_require_aligned(const void* p, size_t alignment, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+    emu::Scheduler::active()->fail(std::string(what) + " at a misaligned address");
+  }
+}
+
+inline void emu_land(const emu::Scheduler::AsyncCopy& c) {
+  std::memcpy(c.dst, c.src, c.src_bytes);
+  std::memset(static_cast<char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+}
+
+inline void emu_cp_async(void* dst, const void* src, size_t bytes, size_t src_bytes) {
+  emu_require_aligned(dst, bytes, "cp.async destination");
+  emu_require_aligned(src, bytes, "cp.async source");
+  const emu::Scheduler::AsyncCopy copy{dst, src, bytes, src_bytes};
+  if (emu_racing) {
+    emu_land(copy);
+  } else {
+    emu::Scheduler::active()->copies().open.push_back(copy);
+  }
+}
+
+inline void emu_cp_async_commit() {
+  auto& copies = emu::Scheduler::active()->copies();
+  copies.committed.push_back(std::move(copies.open));
+  copies.open.clear();
+}
+
+inline void emu_cp_async_wait(int allowed_in_flight) {
+  auto& copies = emu::Scheduler::active()->copies();
+  while (copies.committed.size() > static_cast<size_t>(allowed_in_flight)) {
+    for (const auto& c : copies.committed.front()) emu_land(c);
+    copies.committed.erase(copies.committed.begin());
+  }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j ... 8j + 7 address the rows of
+// matrix j; r[j] gets its (row lane / 4, columns 2 (lane % 4) + {0, 1}), transposed with trans.
+inline void emu_ldmatrix_x4(unsigned (&r)[4], const void* row, bool trans) {
+  emu_require_aligned(row, 16, "ldmatrix row");
+  const void* rows[32];
+  emu::Scheduler::active()->gather(row, rows);
+  const int lane = threadIdx.x % 32;
+  for (int j = 0; j < 4; ++j) {
+    uint16_t e[2];
+    for (int i = 0; i < 2; ++i) {
+      const int r_ = trans ? 2 * (lane % 4) + i : lane / 4;
+      const int c_ = trans ? lane / 4 : 2 * (lane % 4) + i;
+      std::memcpy(&e[i], static_cast<const char*>(rows[8 * j + r_]) + 2 * c_, 2);
+    }
+    r[j] = e[0] | unsigned(e[1]) << 16;
+  }
+}
+
+template <typename T>
+inline float emu_b16_to_float(uint16_t bits) {
+  T x;
+  std::memcpy(&x, &bits, 2);
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x);
+  } else {
+    return __bfloat162float(x);
+  }
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 with D = C = d: the warp's
+// fragments assemble A and B, and the lane computes its own four elements of D.
+template <typename T>
+inline void emu_mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  struct Fragments {
+    unsigned a[4], b[2];
+  };
+  Fragments all[32];
+  emu::Scheduler::active()->gather(Fragments{{a[0], a[1], a[2], a[3]}, {b0, b1}}, all);
+  float A[16][16], B[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int group = lane / 4, quad = lane % 4;
+    for (int reg = 0; reg < 4; ++reg) {
+      for (int half = 0; half < 2; ++half) {
+        const uint16_t bits = all[lane].a[reg] >> (16 * half);
+        A[group + 8 * (reg % 2)][2 * quad + half + 8 * (reg / 2)] = emu_b16_to_float<T>(bits);
+      }
+    }
+    for (int reg = 0; reg < 2; ++reg) {
+      for (int half = 0; half < 2; ++half) {
+        const uint16_t bits = all[lane].b[reg] >> (16 * half);
+        B[2 * quad + half + 8 * reg][group] = emu_b16_to_float<T>(bits);
+      }
+    }
+  }
+  const int lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = group + 8 * (i / 2), col = 2 * quad + i % 2;
+    float sum = d[i];
+    for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+    d[i] = sum;
+  }
 }

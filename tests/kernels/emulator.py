@@ -51,9 +51,9 @@ def build_library(source: str, name_expressions: list[str], defines: tuple[str, 
     g++ compiles besides those the entry points ask for."""
     entry_points = "\n".join(
         f'extern "C" const char* launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx,\n'
-        f"                                  void** args) {{\n"
+        f"                                  void** args, size_t shared_bytes) {{\n"
         f"  static std::string error;\n"
-        f"  error = emu::launch(&{expression}, dim3(gx, gy, gz), dim3(bx), args);\n"
+        f"  error = emu::launch(&{expression}, dim3(gx, gy, gz), dim3(bx), args, shared_bytes);\n"
         f"  return error.c_str();\n"
         f"}}"
         for i, expression in enumerate(name_expressions)
@@ -96,6 +96,13 @@ class Emulator:
         self.name_expressions = list(name_expressions)
         self.library = ctypes.CDLL(str(build_library(source, self.name_expressions, defines)))
 
+    def set_racing(self, racing: bool) -> None:
+        """The schedule from now on (cuda_emu.h): warps in step with cp.async copies landing at
+        their wait (the default), which shows reads before a wait or barrier; or racing, warp 0
+        ahead of the others and copies landing at issue, which shows writes over shared memory
+        that a later warp has yet to read."""
+        self.library.emu_set_racing(int(racing))
+
     def launch(self, kernel_launch: KernelLaunch) -> None:
         index = self.name_expressions.index(kernel_launch.name_expression)
         entry = getattr(self.library, f"launch_{index}")
@@ -105,7 +112,8 @@ class Emulator:
         gx, gy, gz = kernel_launch.grid
         bx, by, bz = kernel_launch.block
         assert by == bz == 1, kernel_launch.block
-        error = entry(gx, gy, gz, bx, args).decode()
+        entry.argtypes = [*[ctypes.c_uint] * 4, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        error = entry(gx, gy, gz, bx, args, kernel_launch.shared_mem).decode()
         if error:
             raise EmulationError(f"{kernel_launch.name_expression}: {error}")
 

@@ -151,6 +151,7 @@ def decode_launches(
     grouped: bool = False,
     l2_prefetch: bool = False,
     tuning: DecodeTuning = DEFAULT_TUNING,
+    tensor_cores: bool = False,
 ) -> list[KernelLaunch]:
     """The case's decode planned into out (query: the case's by default)."""
     return paged_attention_launches(
@@ -167,6 +168,7 @@ def decode_launches(
         grouped=grouped,
         l2_prefetch=l2_prefetch,
         tuning=tuning,
+        tensor_cores=tensor_cores,
         window=case.window,
         softcap=case.softcap,
         sinks=case.sinks,
@@ -182,10 +184,11 @@ def run_decode(
     query: torch.Tensor | None = None,
     grouped: bool = False,
     l2_prefetch: bool = False,
+    tensor_cores: bool = False,
 ) -> torch.Tensor:
     out = torch.full_like(case.query, float("nan"))
     for kernel_launch in decode_launches(
-        case, out, version, partition_size, query, grouped, l2_prefetch
+        case, out, version, partition_size, query, grouped, l2_prefetch, tensor_cores=tensor_cores
     ):
         launch(kernel_launch)
     return out
@@ -198,11 +201,13 @@ def check_decode(
     partition_size: int = PARTITION_SIZE,
     grouped: bool = False,
     l2_prefetch: bool = False,
+    tensor_cores: bool = False,
 ) -> None:
     """Runs the kernels through launch and asserts they match the reference (NaN never does)."""
     out = run_decode(
-        launch, case, version, partition_size, grouped=grouped, l2_prefetch=l2_prefetch
-    )
+        launch, case, version, partition_size, grouped=grouped, l2_prefetch=l2_prefetch,
+        tensor_cores=tensor_cores,
+    )  # fmt: skip
     tolerance = TOLERANCES[case.query.dtype]
     torch.testing.assert_close(
         out.cpu().float(), reference(case).float(), atol=tolerance, rtol=tolerance
@@ -240,3 +245,21 @@ def make_metadata(
         query_lens_cpu=query_lens,
         context_lens_cpu=context_lens,
     )
+
+
+def backend_decode_kernels(monkeypatch, attribute: str) -> list[str]:
+    """The kernels that CupyAttentionBackend launches on the GPU for a small float16 GQA decode
+    batch with its class attribute `attribute` set True, as its environment variable sets it."""
+    from pagedgen.attention import cupy_backend
+    from pagedgen.kernels import loader
+
+    names = []
+    launch = loader.launch
+    monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
+    monkeypatch.setattr(cupy_backend.CupyAttentionBackend, attribute, True)
+    case = make_decode_case(torch.float16, 8, 2, 128, 16, context_lens=(5, 40), device="cuda")
+    out = torch.empty_like(case.query)
+    backend = cupy_backend.CupyAttentionBackend(torch.device("cuda"), 128, 16)
+    metadata = make_metadata([1, 1], [5, 40], 16, case.key_cache.shape[0], "cuda")
+    backend.decode(case.query, case.key_cache, case.value_cache, metadata, case.scale, out)
+    return names

@@ -22,6 +22,7 @@ from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_dtypes
 from pagedgen.kernels.layer_ops import RMS_NORM, SILU_AND_MUL, rope_and_cache_module
 from pagedgen.kernels.paged_attention import paged_attention_module
 from pagedgen.kernels.paged_attention_grouped import grouped_module, grouped_modules
+from pagedgen.kernels.paged_attention_mma import mma_modules
 from pagedgen.kernels.prefill_attention import prefill_attention_module
 from pagedgen.kernels.source import kernel_names, kernel_source
 
@@ -72,6 +73,7 @@ def runtime_modules(
         for block_size in block_sizes
     ]
     grouped = grouped_modules(head_sizes, block_sizes)
+    grouped += mma_modules(head_sizes, block_sizes)
     cache_writes = [
         make_module(dtype, cache_dtype)
         for make_module in (reshape_and_cache_module, rope_and_cache_module)

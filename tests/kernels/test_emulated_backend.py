@@ -24,7 +24,7 @@ def emulated_backend(monkeypatch, attention_emulator, cache_ops_emulators) -> Cu
         kernel_source(grouped.source), list(grouped.name_expressions), grouped.defines
     ).launch
     emulators |= {source: emulator.launch for source, emulator in cache_ops_emulators.items()}
-    emulators["rope_and_cache.cu"] = emulate
+    emulators["rope_and_cache.cu"] = emulators["paged_attention_mma.cu"] = emulate
 
     def launch(kernel_launch: KernelLaunch) -> None:
         emulators[kernel_launch.module.source](kernel_launch)
@@ -77,6 +77,28 @@ def test_grouped_decode_matches_reference(emulated_backend, monkeypatch) -> None
     )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert any("grouped_v2_kernel" in name for name in names), names  # 64-token partitions
+
+
+def test_tensor_core_decode_matches_reference(emulated_backend, monkeypatch) -> None:
+    """PAGEDGEN_CUDA_MMA_DECODE=1: float16 decode rows go to the tensor-core kernel."""
+    names = []
+    launch = loader.launch
+    monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
+    query_lens, context_lens = [1, 1, 1], [1, 17, 100]
+    metadata = make_metadata(query_lens, context_lens, 16, 12, "cpu")
+    query, key = torch.randn(3, 8, 64).half(), torch.randn(3, 2, 64).half()
+    cache = torch.randn(2, 12, 16, 2, 64).half()
+    ref_cache = cache.clone()
+
+    emulated_backend.use_tensor_core_decode = True
+    emulated_backend.prepare(metadata)
+    out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = ReferenceAttentionBackend().forward(
+        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+    )
+    tolerance = TOLERANCES[torch.float16]
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    assert any("mma_v2_kernel" in name for name in names), names  # a few blocks: partitions
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -10,9 +10,9 @@ from pagedgen.kernels.attention_args import HEAD_SIZES
 from tests.kernels.paged_cases import (
     DTYPES,
     TOLERANCES,
+    backend_decode_kernels,
     check_decode,
     make_decode_case,
-    make_metadata,
     run_decode,
 )
 
@@ -74,20 +74,5 @@ def test_grouped_matches_per_head_kernel(dtype: torch.dtype) -> None:
 
 def test_backend_decodes_with_the_grouped_kernel(monkeypatch) -> None:
     """PAGEDGEN_CUDA_GROUPED_DECODE=1 reaches the launch plan."""
-    from pagedgen.attention import cupy_backend
-
-    names = []
-    launch = loader.launch
-
-    def recording_launch(kernel_launch) -> None:
-        names.append(kernel_launch.name_expression)
-        launch(kernel_launch)
-
-    monkeypatch.setattr(loader, "launch", recording_launch)
-    monkeypatch.setattr(cupy_backend.CupyAttentionBackend, "use_grouped_decode", True)
-    case = make_decode_case(torch.float16, 8, 2, 128, 16, context_lens=(5, 40), device="cuda")
-    out = torch.empty_like(case.query)
-    backend = cupy_backend.CupyAttentionBackend(torch.device("cuda"), 128, 16)
-    metadata = make_metadata([1, 1], [5, 40], 16, case.key_cache.shape[0], "cuda")
-    backend.decode(case.query, case.key_cache, case.value_cache, metadata, case.scale, out)
+    names = backend_decode_kernels(monkeypatch, "use_grouped_decode")
     assert any("grouped" in name for name in names), names

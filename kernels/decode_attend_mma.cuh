@@ -1,0 +1,251 @@
+// The body of the tensor-core decode kernels of paged_attention_mma.cu (layout and semantics
+// there): one thread block attends a tile of up to 16 query heads of one kv head, for one
+// sequence, to a range of its tokens, with S = Q K^T and O = P V on mma.sync.m16n8k16 (the tile's
+// heads are A's 16 rows; rows past the tile are zero and never written).
+#pragma once
+
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace pagedgen {
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = kMmaWarps * kWarpSize;
+constexpr int kWarpTokens = 16;                        // one k-step of P V
+constexpr int kChunkTokens = kMmaWarps * kWarpTokens;  // a pipeline stage: each warp its 16
+constexpr int kTileHeads = 16;                         // mma's M
+
+// Shared memory, in 16-byte pieces of 8 elements, each row's pieces XOR-swizzled by row % 8 so
+// that the 8 rows an ldmatrix reads (and a cp.async wave writes) fall in distinct banks:
+//   Q tile [kTileHeads][ROW], then K and V, each [STAGES][kChunkTokens][ROW]
+// After the last stage, the K/V space holds each warp's float partial output and statistics.
+// pagedgen/kernels/paged_attention_mma.py computes kSharedBytes (and kStages) the same way.
+template <int HEAD_SIZE>
+struct MmaLayout {
+  static constexpr int kRow = HEAD_SIZE / 8;
+  static constexpr int kStages = HEAD_SIZE > 128 ? 2 : 3;
+  static constexpr int kQBytes = kTileHeads * HEAD_SIZE * 2;
+  static constexpr int kStageBytes = kChunkTokens * HEAD_SIZE * 2;  // K or V
+  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kStageBytes;
+  static constexpr int kCombineBytes = kMmaWarps * kTileHeads * (HEAD_SIZE + 2) * 4;
+  static_assert(kRow % 8 == 0, "the swizzle permutes 8 pieces at a time");
+  static_assert(kChunkTokens * kRow % kMmaThreads == 0, "every thread copies as many pieces");
+  static_assert(kCombineBytes <= 2 * kStages * kStageBytes, "the combine fits in the K/V space");
+
+  __device__ static int piece(int row, int p) { return row * kRow + (p ^ (row & 7)); }
+};
+
+// The blocks an SM holds at kSharedBytes (228 KB on an H100, 164 KB on an A100), which
+// __launch_bounds__ budgets registers for.
+template <int HEAD_SIZE>
+constexpr int kMmaMinBlocks = HEAD_SIZE <= 64 ? 4 : HEAD_SIZE <= 128 ? 2 : 1;
+
+using Piece = Vec<unsigned, 4>;
+
+// Attends q[g * HEAD_SIZE ...], g < num_q_heads, to tokens [start_token, end_token); writes head
+// g's normalised output at out + g * out_head_stride and, when max_logits is not null, its max
+// logit and exp sum at g * stats_head_stride.
+//
+// Chunk c (kChunkTokens tokens) is copied into stage c % STAGES by every thread, STAGES - 1
+// chunks ahead of the one the warps read; warp w reads its 16 tokens of each chunk with an online
+// softmax of its own (running max m and sum l per row, rescaled by alpha = exp(m_old - m_new)),
+// and the warps' results are combined at the end. Tokens past end_token are copied as zeros and
+// score kNegMax, so pool rows that were never written (NaN, say) reach no product.
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE, typename O>
+__device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
+                           float* __restrict__ max_logits, float* __restrict__ exp_sums,
+                           long long stats_head_stride, const T* __restrict__ q, int num_q_heads,
+                           const T* __restrict__ key_cache, const T* __restrict__ value_cache,
+                           const int* __restrict__ block_table, int kv_head, int num_kv_heads,
+                           float scale, int start_token, int end_token) {
+  using L = MmaLayout<HEAD_SIZE>;
+  constexpr int kStages = L::kStages;
+  constexpr int kKSteps = HEAD_SIZE / 16;
+  PAGEDGEN_DYNAMIC_SHARED(smem, L::kSharedBytes);
+  T* s_q = reinterpret_cast<T*>(smem);
+  Piece* s_k = reinterpret_cast<Piece*>(smem + L::kQBytes);
+  Piece* s_v = s_k + kStages * kChunkTokens * L::kRow;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
+  const int group = lane / 4;
+  const int quad = lane % 4;
+  const int token_stride = num_kv_heads * HEAD_SIZE;
+  const int num_chunks = (end_token - start_token + kChunkTokens - 1) / kChunkTokens;
+
+  auto load_chunk = [&](int chunk) {
+    if (chunk < num_chunks) {
+      const int stage_row = chunk % kStages * kChunkTokens;
+#pragma unroll
+      for (int k = 0; k < kChunkTokens * L::kRow / kMmaThreads; ++k) {
+        const int i = tid + k * kMmaThreads;
+        const int row = i / L::kRow;
+        const int p = i % L::kRow;
+        const int token = start_token + chunk * kChunkTokens + row;
+        const bool valid = token < end_token;
+        long long offset = kv_head * HEAD_SIZE + p * 8;
+        if (valid) {
+          offset += ((long long)block_table[token / BLOCK_SIZE] * BLOCK_SIZE + token % BLOCK_SIZE) *
+                    token_stride;
+        }
+        const int slot = L::piece(stage_row + row, p);
+        cp_async_16(&s_k[slot], key_cache + offset, valid);
+        cp_async_16(&s_v[slot], value_cache + offset, valid);
+      }
+    }
+    cp_async_commit();  // empty past the last chunk: every iteration's wait counts the same
+  };
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) load_chunk(c);
+
+  for (int i = tid; i < kTileHeads * HEAD_SIZE; i += kMmaThreads) {
+    const int row = i / HEAD_SIZE;
+    const int d = i % HEAD_SIZE;
+    s_q[L::piece(row, d / 8) * 8 + d % 8] = row < num_q_heads ? q[row * HEAD_SIZE + d]
+                                                                : from_float<T>(0.f);
+  }
+  __syncthreads();
+  // A fragments of Q: matrix j of k-step ks is rows (j % 2) * 8 ..., columns 16 ks + (j / 2) * 8.
+  // Heads of 256 reload them every chunk: with the output's 128 registers they would spill.
+  constexpr bool kQInRegisters = HEAD_SIZE <= 128;
+  auto load_q = [&](unsigned(&a)[4], int ks) {
+    const int j = lane / 8;
+    ldmatrix_x4(a, &s_q[L::piece(j % 2 * 8 + lane % 8, 2 * ks + j / 2) * 8]);
+  };
+  unsigned qa[kQInRegisters ? kKSteps : 1][4];
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) load_q(qa[ks], ks);
+  }
+
+  float o[HEAD_SIZE / 8][4] = {};
+  float m[2] = {kNegMax, kNegMax};  // rows group and group + 8
+  float l[2] = {0.f, 0.f};          // this lane's share of the row sums
+  for (int chunk = 0; chunk < num_chunks; ++chunk) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of chunk have landed
+    __syncthreads();               // everyone's have, and chunk - 1's stage is read: refill it
+    load_chunk(chunk + kStages - 1);
+    const int first = start_token + chunk * kChunkTokens + warp * kWarpTokens;
+    if (first >= end_token) continue;  // the warp's tokens are all past the end (warp-uniform)
+    const int warp_row = chunk % kStages * kChunkTokens + warp * kWarpTokens;
+
+    // S (16 heads x 16 tokens) as two n-tiles of 8 tokens; K's ldmatrix matrix j is tokens
+    // (j / 2) * 8 ..., dims 16 ks + (j % 2) * 8 ...: B fragments of n-tile j / 2.
+    float s[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int j = lane / 8;
+      unsigned b[4];
+      ldmatrix_x4(b, &s_k[L::piece(warp_row + j / 2 * 8 + lane % 8, 2 * ks + j % 2)]);
+      if constexpr (!kQInRegisters) load_q(qa[0], ks);
+      const unsigned(&a)[4] = qa[kQInRegisters ? ks : 0];
+      mma_16816<T>(s[0], a, b[0], b[1]);
+      mma_16816<T>(s[1], a, b[2], b[3]);
+    }
+    float row_max[2] = {kNegMax, kNegMax};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool valid = first + n * 8 + 2 * quad + i % 2 < end_token;
+        s[n][i] = valid ? s[n][i] * scale : kNegMax;
+        row_max[i / 2] = fmaxf(row_max[i / 2], s[n][i]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r]);  // a real score: token `first` is valid
+      alpha[r] = __expf(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] = __expf(s[n][i] - m[i / 2]);  // kNegMax - m: 0
+        l[i / 2] += s[n][i];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < HEAD_SIZE / 8; ++t) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[t][i] *= alpha[i / 2];
+    }
+    // P's A fragment is S's accumulator layout: n-tile 0 holds tokens 0-7, n-tile 1 tokens 8-15.
+    const unsigned pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
+                            pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+    // V's transposed matrix j is tokens (j % 2) * 8 ..., dims 16 dn + (j / 2) * 8 ...: B fragments
+    // of dim n-tiles 2 dn and 2 dn + 1.
+#pragma unroll
+    for (int dn = 0; dn < HEAD_SIZE / 16; ++dn) {
+      const int j = lane / 8;
+      unsigned b[4];
+      ldmatrix_x4_trans(b, &s_v[L::piece(warp_row + j % 2 * 8 + lane % 8, 2 * dn + j / 2)]);
+      mma_16816<T>(o[2 * dn], pa, b[0], b[1]);
+      mma_16816<T>(o[2 * dn + 1], pa, b[2], b[3]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the K/V space is free for the combine
+
+  float* s_o = reinterpret_cast<float*>(s_k);                  // [warps][kTileHeads][HEAD_SIZE]
+  float* s_m = s_o + kMmaWarps * kTileHeads * HEAD_SIZE;        // [warps][kTileHeads]
+  float* s_l = s_m + kMmaWarps * kTileHeads;                    // [warps][kTileHeads]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(kFullMask, l[r], 1);
+    l[r] += __shfl_xor_sync(kFullMask, l[r], 2);
+    const int row = group + 8 * r;
+    if (quad == 0) {
+      s_m[warp * kTileHeads + row] = m[r];
+      s_l[warp * kTileHeads + row] = l[r];
+    }
+#pragma unroll
+    for (int t = 0; t < HEAD_SIZE / 8; ++t) {
+      float* dst = &s_o[(warp * kTileHeads + row) * HEAD_SIZE + t * 8 + 2 * quad];
+      dst[0] = o[t][2 * r];
+      dst[1] = o[t][2 * r + 1];
+    }
+  }
+  __syncthreads();
+
+  // A warp that read no token has m = kNegMax and weighs exp(kNegMax - max_logit) = 0; warp 0
+  // always reads one (start_token < end_token). Head g's weights go to s_l in place of its sums.
+  if (tid < num_q_heads) {
+    const int g = tid;
+    float max_logit = kNegMax;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) max_logit = fmaxf(max_logit, s_m[w * kTileHeads + g]);
+    float exp_sum = 0.f;
+    float weight[kMmaWarps];
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      weight[w] = __expf(s_m[w * kTileHeads + g] - max_logit);
+      exp_sum += s_l[w * kTileHeads + g] * weight[w];
+    }
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) s_l[w * kTileHeads + g] = weight[w] / exp_sum;
+    if (max_logits != nullptr) {
+      max_logits[g * stats_head_stride] = max_logit;
+      exp_sums[g * stats_head_stride] = exp_sum;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < num_q_heads * HEAD_SIZE; i += kMmaThreads) {
+    const int g = i / HEAD_SIZE;
+    const int d = i % HEAD_SIZE;
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      acc += s_o[(w * kTileHeads + g) * HEAD_SIZE + d] * s_l[w * kTileHeads + g];
+    }
+    out[g * out_head_stride + d] = from_float<O>(acc);
+  }
+}
+
+}  // namespace pagedgen

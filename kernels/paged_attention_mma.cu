@@ -1,0 +1,109 @@
+// Decode attention on tensor cores (sm_80 and newer): one thread block per (kv head, tile of up
+// to 16 of its query heads, sequence[, partition]) computes the tile's scores and outputs with
+// mma.sync.m16n8k16 while cp.async streams the next chunks of K and V into shared memory, so that
+// a few instructions move each KV byte and the copies keep HBM busy. Same cache layout and
+// semantics as kernels/paged_attention.cu for 16-bit caches of the activations' dtype, without
+// window, soft cap, sinks or ALiBi; its v2 reduce kernel combines our partitions (its rows are
+// per query head, as ours are). Any group size: MHA's tile holds one head.
+//
+//   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE] of T
+//   query heads of kv head k: k * group ... k * group + group - 1, group = num_heads / num_kv_heads
+//   grid.x = num_kv_heads * num_tiles, tile i of a group holds heads 16 i ... (at most 16)
+//   dynamic shared memory: MmaLayout<HEAD_SIZE>::kSharedBytes (decode_attend_mma.cuh)
+#include "common.cuh"
+#include "decode_attend_mma.cuh"
+
+namespace pagedgen {
+
+struct MmaTile {
+  int kv_head;
+  int first_head;
+  int num_q_heads;
+};
+
+__device__ __forceinline__ MmaTile mma_tile(int num_heads, int num_kv_heads) {
+  const int group = num_heads / num_kv_heads;
+  const int num_tiles = (group + kTileHeads - 1) / kTileHeads;
+  const int kv_head = blockIdx.x / num_tiles;
+  const int tile = blockIdx.x % num_tiles;
+  return {kv_head, kv_head * group + tile * kTileHeads, min(kTileHeads, group - tile * kTileHeads)};
+}
+
+// grid (num_kv_heads * num_tiles, num_seqs), block kMmaThreads
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+__global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
+    paged_attention_mma_v1_kernel(
+        T* __restrict__ out,                   // [num_seqs, num_heads, HEAD_SIZE]
+        const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+        const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
+        const int* __restrict__ context_lens,  // [num_seqs]
+        int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads) {
+  const int seq = blockIdx.y;
+  const MmaTile tile = mma_tile(num_heads, num_kv_heads);
+  attend_mma<T, HEAD_SIZE, BLOCK_SIZE>(
+      out + ((long long)seq * num_heads + tile.first_head) * HEAD_SIZE, HEAD_SIZE, nullptr,
+      nullptr, 0, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
+      tile.num_q_heads, key_cache, value_cache,
+      block_tables + (long long)seq * max_num_blocks_per_seq, tile.kv_head, num_kv_heads, scale,
+      0, context_lens[seq]);
+}
+
+// grid (num_kv_heads * num_tiles, num_seqs, max_num_partitions), block kMmaThreads; the stats
+// and partial outputs are laid out per query head, as paged_attention_v2_reduce_kernel reads them.
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+__global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
+    paged_attention_mma_v2_kernel(
+        float* __restrict__ exp_sums,          // [num_seqs, num_heads, max_num_partitions]
+        float* __restrict__ max_logits,        // [num_seqs, num_heads, max_num_partitions]
+        float* __restrict__ tmp_out,           // [num_seqs, num_heads, max_num_partitions, HEAD]
+        const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
+        const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
+        const int* __restrict__ context_lens,  // [num_seqs]
+        int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads,
+        int partition_size) {  // a multiple of BLOCK_SIZE: partitions start on a block boundary
+  const int seq = blockIdx.y;
+  const int partition = blockIdx.z;
+  const int context_len = context_lens[seq];
+  const int start_token = partition * partition_size;
+  if (start_token >= context_len) return;  // the whole thread block leaves together
+  const int end_token = min(start_token + partition_size, context_len);
+  const MmaTile tile = mma_tile(num_heads, num_kv_heads);
+  const long long row = ((long long)seq * num_heads + tile.first_head) * gridDim.z + partition;
+  attend_mma<T, HEAD_SIZE, BLOCK_SIZE>(
+      tmp_out + row * HEAD_SIZE, (long long)gridDim.z * HEAD_SIZE, max_logits + row,
+      exp_sums + row, gridDim.z, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
+      tile.num_q_heads, key_cache, value_cache,
+      block_tables + (long long)seq * max_num_blocks_per_seq, tile.kv_head, num_kv_heads, scale,
+      start_token, end_token);
+}
+
+}  // namespace pagedgen
+
+// Explicit instantiations, as pagedgen/kernels/paged_attention_mma.py names them. The runtime
+// compiles one (scalar, head size, block size) per module and says which with -D; offline builds
+// (nvcc -cubin in the tests) get every supported combination.
+#define PAGEDGEN_PAM_BLOCK(T, HEAD, BLOCK)                                                      \
+  template __global__ void pagedgen::paged_attention_mma_v1_kernel<T, HEAD, BLOCK>(            \
+      T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float, int);    \
+  template __global__ void pagedgen::paged_attention_mma_v2_kernel<T, HEAD, BLOCK>(            \
+      float*, float*, float*, const T*, const T*, const T*, const int*, const int*, int, int, \
+      int, float, int, int);
+#define PAGEDGEN_PAM_HEAD(T, HEAD)   \
+  PAGEDGEN_PAM_BLOCK(T, HEAD, 8)     \
+  PAGEDGEN_PAM_BLOCK(T, HEAD, 16)    \
+  PAGEDGEN_PAM_BLOCK(T, HEAD, 32)
+#define PAGEDGEN_PAM_SCALAR(T) \
+  PAGEDGEN_PAM_HEAD(T, 64)     \
+  PAGEDGEN_PAM_HEAD(T, 128)    \
+  PAGEDGEN_PAM_HEAD(T, 256)
+
+#if defined(PAGEDGEN_SCALAR_T)
+PAGEDGEN_PAM_BLOCK(PAGEDGEN_SCALAR_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE)
+#else
+PAGEDGEN_PAM_SCALAR(__half)
+PAGEDGEN_PAM_SCALAR(__nv_bfloat16)
+#endif

@@ -1,0 +1,94 @@
+"""The tensor-core decode kernels of kernels/paged_attention_mma.cu: one thread block per
+(kv head, tile of up to 16 query heads, sequence[, partition]) computes the tile's scores and
+outputs with mma.sync while cp.async streams K and V through shared memory. Planned by
+paged_attention_launches(..., tensor_cores=True)."""
+
+import torch
+
+from pagedgen.kernels.launch import C_TYPES, KernelModule
+
+# kernels/decode_attend_mma.cuh's constants.
+NUM_THREADS = 128
+TILE_HEADS = 16  # query heads a thread block: mma's M
+CHUNK_TOKENS = 64  # tokens a pipeline stage
+HEAD_SIZES = (64, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+# Partition sizes of the v2 kernel (a runtime argument, whole stages), largest first: the planner
+# takes the largest one that still fills the GPU.
+PARTITION_SIZES = (512, 256, 128, 64)
+# ldmatrix, cp.async and bfloat16 mma.sync need sm_80.
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def num_stages(head_size: int) -> int:
+    return 2 if head_size > 128 else 3
+
+
+def shared_bytes(head_size: int) -> int:
+    """MmaLayout<head_size>::kSharedBytes: the Q tile, then K and V of every stage."""
+    return TILE_HEADS * head_size * 2 + 2 * num_stages(head_size) * CHUNK_TOKENS * head_size * 2
+
+
+def blocks_per_sm(head_size: int) -> int:
+    """kMmaMinBlocks: the thread blocks an SM holds at shared_bytes (an H100 has 228 KB)."""
+    return 4 if head_size <= 64 else 2 if head_size <= 128 else 1
+
+
+def supports(
+    dtype: torch.dtype, cache_dtype: torch.dtype, head_size: int, device: torch.device
+) -> bool:
+    """16-bit activations and a cache of their dtype, a head size the kernel tiles, and (on a GPU)
+    sm_80 or newer; the emulator takes any CPU."""
+    if dtype not in DTYPES or cache_dtype != dtype or head_size not in HEAD_SIZES:
+        return False
+    return device.type != "cuda" or (
+        torch.cuda.get_device_capability(device) >= MIN_COMPUTE_CAPABILITY
+    )
+
+
+def num_tiles(group_size: int) -> int:
+    return -(-group_size // TILE_HEADS)
+
+
+def mma_module(dtype: torch.dtype, head_size: int, block_size: int) -> KernelModule:
+    c_type = C_TYPES[dtype]
+    args = f"{c_type}, {head_size}, {block_size}"
+    return KernelModule(
+        source="paged_attention_mma.cu",
+        defines=(
+            f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_HEAD_SIZE={head_size}",
+            f"PAGEDGEN_BLOCK_SIZE={block_size}",
+        ),
+        name_expressions=(
+            f"pagedgen::paged_attention_mma_v1_kernel<{args}>",
+            f"pagedgen::paged_attention_mma_v2_kernel<{args}>",
+        ),
+    )
+
+
+def mma_modules(head_sizes: tuple[int, ...], block_sizes: tuple[int, ...]) -> list[KernelModule]:
+    """Every module the planner may pick, for those head and block sizes."""
+    return [
+        mma_module(dtype, head_size, block_size)
+        for dtype in DTYPES
+        for head_size in head_sizes
+        if head_size in HEAD_SIZES
+        for block_size in block_sizes
+    ]
+
+
+def mma_partition_size(
+    max_context_len: int, num_work_blocks: int, head_size: int, num_sms: int
+) -> int | None:
+    """The v2 partition size for num_work_blocks (kv head tile, sequence) pairs, or None for one
+    pass (v1): v1 when those pairs alone fill the GPU and contexts are at most 8192 tokens, else
+    the largest partition that fills it (the smallest one if none does)."""
+    fill = blocks_per_sm(head_size) * num_sms
+    if max_context_len <= 8192 and num_work_blocks >= fill:
+        return None
+    partition_size = next(
+        (s for s in PARTITION_SIZES if num_work_blocks * -(-max_context_len // s) >= fill),
+        PARTITION_SIZES[-1],
+    )
+    return None if max_context_len <= partition_size else partition_size

@@ -1,0 +1,126 @@
+"""The tensor-core decode kernel's emulation checks must catch typical bugs: each mutation below is
+planted into a copy of kernels/paged_attention_mma.cu (its headers inlined), built for the CPU,
+and the checks of test_emulated_mma_attention.py must fail on it. Among them are the bugs a GPU
+shows only sometimes (a missing wait or barrier), which the emulator shows every time."""
+
+import pytest
+import torch
+
+from pagedgen.kernels.paged_attention_mma import mma_module
+from pagedgen.kernels.source import kernel_source
+from tests.kernels.emulator import EmulationError, Emulator, have_gxx, module_emulator
+from tests.kernels.paged_cases import check_decode, make_decode_case
+from tests.kernels.test_mutations import mutate
+
+pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
+
+# name: (original text, planted bug, how often the text occurs)
+MUTATIONS = {
+    "no_wait_for_the_chunk": (
+        "cp_async_wait<kStages - 2>();",
+        "cp_async_wait<kStages - 1>();",
+        1,
+    ),
+    "no_barrier_after_the_wait": (
+        "    __syncthreads();               // everyone's have",
+        "    // everyone's have",
+        1,
+    ),
+    "refill_before_the_barrier": (
+        "    __syncthreads();               // everyone's have, and chunk - 1's stage is read: "
+        "refill it\n    load_chunk(chunk + kStages - 1);",
+        "    load_chunk(chunk + kStages - 1);\n    __syncthreads();",
+        1,
+    ),
+    "copies_not_swizzled": (
+        "const int slot = L::piece(stage_row + row, p);",
+        "const int slot = (stage_row + row) * L::kRow + p;",
+        1,
+    ),
+    "tokens_past_the_end_copied": (
+        "cp_async_16(&s_v[slot], value_cache + offset, valid);",
+        "cp_async_16(&s_v[slot], value_cache + offset, true);",
+        1,
+    ),
+    "tokens_past_the_end_scored": (
+        "s[n][i] = valid ? s[n][i] * scale : kNegMax;",
+        "s[n][i] = s[n][i] * scale;",
+        1,
+    ),
+    "value_fragments_not_transposed": (
+        "ldmatrix_x4_trans(b, &s_v[",
+        "ldmatrix_x4(b, &s_v[",
+        1,
+    ),
+    "key_matrices_in_the_wrong_order": (
+        "warp_row + j / 2 * 8 + lane % 8, 2 * ks + j % 2",
+        "warp_row + j % 2 * 8 + lane % 8, 2 * ks + j / 2",
+        1,
+    ),
+    "row_max_of_one_lane": (
+        "row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 2));",
+        "",
+        1,
+    ),
+    "missing_output_rescale": (
+        "for (int i = 0; i < 4; ++i) o[t][i] *= alpha[i / 2];",
+        "for (int i = 0; i < 4; ++i) o[t][i] *= 1.f;",
+        1,
+    ),
+    "missing_sum_rescale": ("      l[r] *= alpha[r];\n", "", 1),
+    "row_sums_of_one_lane": (
+        "    l[r] += __shfl_xor_sync(kFullMask, l[r], 1);\n",
+        "",
+        1,
+    ),
+    "warps_combined_unweighted": (
+        "acc += s_o[(w * kTileHeads + g) * HEAD_SIZE + d] * s_l[w * kTileHeads + g];",
+        "acc += s_o[(w * kTileHeads + g) * HEAD_SIZE + d] * 0.25f;",
+        1,
+    ),
+    "tile_heads_start_at_the_kv_head": (
+        "return {kv_head, kv_head * group + tile * kTileHeads,",
+        "return {kv_head, kv_head + tile * kTileHeads,",
+        1,
+    ),
+    "partition_stats_rows_adjacent": ("exp_sums + row, gridDim.z,", "exp_sums + row, 1,", 1),
+    "combine_over_stages_still_read": (
+        "  __syncthreads();  // the K/V space is free for the combine\n",
+        "",
+        1,
+    ),
+}
+
+
+def mma_checks_pass(source: str) -> bool:
+    """v1 and v2 (64-token partitions) on heads of 64 in float16: groups of 4 over two kv heads,
+    contexts that end inside a warp's slice, on a stage boundary and a few stages in; with the
+    warps in step, then racing (Emulator.set_racing)."""
+    module = mma_module(torch.float16, 64, 16)
+    emulator = Emulator(source, list(module.name_expressions), module.defines)
+
+    def launch(kernel_launch) -> None:
+        if kernel_launch.module.source == "paged_attention_mma.cu":
+            emulator.launch(kernel_launch)
+        else:
+            module_emulator(kernel_launch.module).launch(kernel_launch)
+
+    case = make_decode_case(torch.float16, 8, 2, 64, 16, context_lens=(1, 17, 64, 100, 257))
+    try:
+        for racing in (False, True):
+            emulator.set_racing(racing)
+            check_decode(launch, case, version=1, tensor_cores=True)
+            check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
+    except (AssertionError, EmulationError):
+        return False
+    return True
+
+
+def test_original_passes() -> None:
+    assert mma_checks_pass(kernel_source("paged_attention_mma.cu"))
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_mutation_is_caught(name: str) -> None:
+    source = mutate(kernel_source("paged_attention_mma.cu"), *MUTATIONS[name])
+    assert not mma_checks_pass(source), f"the tests miss the bug {name!r}"
