@@ -30,6 +30,7 @@ struct MmaLayout {
   static constexpr int kCombineBytes = kMmaWarps * kTileHeads * (HEAD_SIZE + 2) * 4;
   static_assert(kRow % 8 == 0, "the swizzle permutes 8 pieces at a time");
   static_assert(kChunkTokens * kRow % kMmaThreads == 0, "every thread copies as many pieces");
+  static_assert(kMmaThreads % kRow == 0, "a thread copies one piece of each row it copies");
   static_assert(kCombineBytes <= 2 * kStages * kStageBytes, "the combine fits in the K/V space");
 
   __device__ static int piece(int row, int p) { return row * kRow + (p ^ (row & 7)); }
@@ -74,30 +75,41 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
   const int token_stride = num_kv_heads * HEAD_SIZE;
   const int num_chunks = (end_token - start_token + kChunkTokens - 1) / kChunkTokens;
 
-  auto load_chunk = [&](int chunk) {
+  // Thread tid copies piece tid % kRow of rows tid / kRow + k * kRowsPerPass of each chunk. The
+  // chunk's physical blocks reach it by shuffle from lanes 0 ... kChunkBlocks - 1 of its warp,
+  // which read them from the block table an iteration before the copies need them.
+  constexpr int kRowsPerPass = kMmaThreads / L::kRow;
+  constexpr int kChunkBlocks = kChunkTokens / BLOCK_SIZE;
+  static_assert(kChunkTokens % BLOCK_SIZE == 0 && kChunkBlocks <= kWarpSize, "whole blocks");
+  const int first_row = tid / L::kRow;
+  const int piece = tid % L::kRow;
+  const T* k_head = key_cache + kv_head * HEAD_SIZE + piece * 8;
+  const T* v_head = value_cache + kv_head * HEAD_SIZE + piece * 8;
+  const int first_block = start_token / BLOCK_SIZE;  // partitions start on a block boundary
+  auto chunk_blocks = [&](int chunk) {
+    const int b = first_block + chunk * kChunkBlocks + lane;
+    return lane < kChunkBlocks && b * BLOCK_SIZE < end_token ? block_table[b] : 0;
+  };
+  auto load_chunk = [&](int chunk, int blocks) {
     if (chunk < num_chunks) {
       const int stage_row = chunk % kStages * kChunkTokens;
 #pragma unroll
-      for (int k = 0; k < kChunkTokens * L::kRow / kMmaThreads; ++k) {
-        const int i = tid + k * kMmaThreads;
-        const int row = i / L::kRow;
-        const int p = i % L::kRow;
-        const int token = start_token + chunk * kChunkTokens + row;
-        const bool valid = token < end_token;
-        long long offset = kv_head * HEAD_SIZE + p * 8;
-        if (valid) {
-          offset += ((long long)block_table[token / BLOCK_SIZE] * BLOCK_SIZE + token % BLOCK_SIZE) *
-                    token_stride;
-        }
-        const int slot = L::piece(stage_row + row, p);
-        cp_async_16(&s_k[slot], key_cache + offset, valid);
-        cp_async_16(&s_v[slot], value_cache + offset, valid);
+      for (int k = 0; k < kChunkTokens / kRowsPerPass; ++k) {
+        const int row = first_row + k * kRowsPerPass;
+        const int physical = __shfl_sync(kFullMask, blocks, row / BLOCK_SIZE);
+        const bool valid = start_token + chunk * kChunkTokens + row < end_token;
+        const long long offset =
+            (long long)(physical * BLOCK_SIZE + row % BLOCK_SIZE) * token_stride;
+        const int slot = L::piece(stage_row + row, piece);
+        cp_async_16(&s_k[slot], k_head + offset, valid);
+        cp_async_16(&s_v[slot], v_head + offset, valid);
       }
     }
     cp_async_commit();  // empty past the last chunk: every iteration's wait counts the same
   };
 #pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) load_chunk(c);
+  for (int c = 0; c < kStages - 1; ++c) load_chunk(c, chunk_blocks(c));
+  int next_blocks = chunk_blocks(kStages - 1);
 
   for (int i = tid; i < kTileHeads * HEAD_SIZE; i += kMmaThreads) {
     const int row = i / HEAD_SIZE;
@@ -125,7 +137,8 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
   for (int chunk = 0; chunk < num_chunks; ++chunk) {
     cp_async_wait<kStages - 2>();  // this thread's copies of chunk have landed
     __syncthreads();               // everyone's have, and chunk - 1's stage is read: refill it
-    load_chunk(chunk + kStages - 1);
+    load_chunk(chunk + kStages - 1, next_blocks);
+    next_blocks = chunk_blocks(chunk + kStages);
     const int first = start_token + chunk * kChunkTokens + warp * kWarpTokens;
     if (first >= end_token) continue;  // the warp's tokens are all past the end (warp-uniform)
     const int warp_row = chunk % kStages * kChunkTokens + warp * kWarpTokens;

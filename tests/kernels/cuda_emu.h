@@ -352,6 +352,16 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
 }
 
 template <typename T>
+T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32) {
+  if (mask != 0xffffffffu || width != 32) {
+    emu::Scheduler::active()->fail("shuffle with a partial mask");
+  }
+  T all[32];
+  emu::Scheduler::active()->gather(value, all);
+  return all[src_lane % 32];
+}
+
+template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   if (mask != 0xffffffffu || width != 32) {
     emu::Scheduler::active()->fail("shuffle with a partial mask");

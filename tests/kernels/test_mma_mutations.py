@@ -28,18 +28,28 @@ MUTATIONS = {
     ),
     "refill_before_the_barrier": (
         "    __syncthreads();               // everyone's have, and chunk - 1's stage is read: "
-        "refill it\n    load_chunk(chunk + kStages - 1);",
-        "    load_chunk(chunk + kStages - 1);\n    __syncthreads();",
+        "refill it\n    load_chunk(chunk + kStages - 1, next_blocks);",
+        "    load_chunk(chunk + kStages - 1, next_blocks);\n    __syncthreads();",
         1,
     ),
     "copies_not_swizzled": (
-        "const int slot = L::piece(stage_row + row, p);",
-        "const int slot = (stage_row + row) * L::kRow + p;",
+        "const int slot = L::piece(stage_row + row, piece);",
+        "const int slot = (stage_row + row) * L::kRow + piece;",
         1,
     ),
     "tokens_past_the_end_copied": (
-        "cp_async_16(&s_v[slot], value_cache + offset, valid);",
-        "cp_async_16(&s_v[slot], value_cache + offset, true);",
+        "cp_async_16(&s_v[slot], v_head + offset, valid);",
+        "cp_async_16(&s_v[slot], v_head + offset, true);",
+        1,
+    ),
+    "rows_copy_the_chunks_first_block": (
+        "__shfl_sync(kFullMask, blocks, row / BLOCK_SIZE)",
+        "__shfl_sync(kFullMask, blocks, 0)",
+        1,
+    ),
+    "block_numbers_of_the_chunk_before": (
+        "next_blocks = chunk_blocks(chunk + kStages);",
+        "next_blocks = chunk_blocks(chunk + kStages - 1);",
         1,
     ),
     "tokens_past_the_end_scored": (
