@@ -133,7 +133,7 @@ class AttentionTiming(NamedTuple):
 
 
 def plan_name(launches: list[KernelLaunch]) -> str:
-    if len(launches) == 1:
+    if "_v2_" not in launches[0].name_expression:
         return "v1"
     return f"v2 x{launches[0].grid[2]} partitions"
 

@@ -3,8 +3,8 @@
 // mma.sync.m16n8k16 while cp.async streams the next chunks of K and V into shared memory, so that
 // a few instructions move each KV byte and the copies keep HBM busy. Same cache layout and
 // semantics as kernels/paged_attention.cu for 16-bit caches of the activations' dtype, without
-// window, soft cap, sinks or ALiBi; its v2 reduce kernel combines our partitions (its rows are
-// per query head, as ours are). Any group size: MHA's tile holds one head.
+// window, soft cap, sinks or ALiBi. v2 combines its partitions itself, in the last block of each
+// (tile, sequence) to finish. Any group size: MHA's tile holds one head.
 //
 //   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE] of T
 //   query heads of kv head k: k * group ... k * group + group - 1, group = num_heads / num_kv_heads
@@ -50,14 +50,19 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
       0, context_lens[seq]);
 }
 
-// grid (num_kv_heads * num_tiles, num_seqs, max_num_partitions), block kMmaThreads; the stats
-// and partial outputs are laid out per query head, as paged_attention_v2_reduce_kernel reads them.
+// grid (num_kv_heads * num_tiles, num_seqs, max_num_partitions), block kMmaThreads. Each block
+// writes its partition's partial outputs and stats (per query head, as
+// paged_attention_v2_reduce_kernel lays them out), then counts itself in counters[seq][tile]; the
+// block that completes the count combines every partition of its tile into out and resets the
+// count to 0 for the next launch, so no reduce launch follows. counters must start at 0.
 template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
 __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
     paged_attention_mma_v2_kernel(
+        T* __restrict__ out,                   // [num_seqs, num_heads, HEAD_SIZE]
         float* __restrict__ exp_sums,          // [num_seqs, num_heads, max_num_partitions]
         float* __restrict__ max_logits,        // [num_seqs, num_heads, max_num_partitions]
         float* __restrict__ tmp_out,           // [num_seqs, num_heads, max_num_partitions, HEAD]
+        int* __restrict__ counters,            // [num_seqs, num_kv_heads * num_tiles], zeros
         const T* __restrict__ query,           // [num_seqs, num_heads, HEAD_SIZE], q_stride rows
         const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
         const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
@@ -72,13 +77,58 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
   if (start_token >= context_len) return;  // the whole thread block leaves together
   const int end_token = min(start_token + partition_size, context_len);
   const MmaTile tile = mma_tile(num_heads, num_kv_heads);
-  const long long row = ((long long)seq * num_heads + tile.first_head) * gridDim.z + partition;
+  const long long first_row = ((long long)seq * num_heads + tile.first_head) * gridDim.z;
+  const long long row = first_row + partition;
   attend_mma<T, HEAD_SIZE, BLOCK_SIZE>(
       tmp_out + row * HEAD_SIZE, (long long)gridDim.z * HEAD_SIZE, max_logits + row,
       exp_sums + row, gridDim.z, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
       tile.num_q_heads, key_cache, value_cache,
       block_tables + (long long)seq * max_num_blocks_per_seq, tile.kv_head, num_kv_heads, scale,
       start_token, end_token);
+
+  // Publish the partials before the count; the last block reads them back through L2 (__ldcg),
+  // after its own fence.
+  __shared__ bool s_last;
+  __shared__ float s_max_logit[kTileHeads], s_inv_sum[kTileHeads];
+  __threadfence();
+  __syncthreads();
+  const int num_partitions = (context_len + partition_size - 1) / partition_size;
+  if (threadIdx.x == 0) {
+    int* count = &counters[(long long)seq * gridDim.x + blockIdx.x];
+    s_last = atomicAdd(count, 1) == num_partitions - 1;
+    if (s_last) *count = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int g = threadIdx.x;
+  if (g < tile.num_q_heads) {
+    const long long head_row = first_row + (long long)g * gridDim.z;
+    float max_logit = kNegMax;
+    for (int p = 0; p < num_partitions; ++p) {
+      max_logit = fmaxf(max_logit, __ldcg(&max_logits[head_row + p]));
+    }
+    float exp_sum = 0.f;
+    for (int p = 0; p < num_partitions; ++p) {
+      exp_sum += __ldcg(&exp_sums[head_row + p]) * __expf(__ldcg(&max_logits[head_row + p]) - max_logit);
+    }
+    s_max_logit[g] = max_logit;
+    s_inv_sum[g] = 1.f / exp_sum;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < tile.num_q_heads * HEAD_SIZE; i += kMmaThreads) {
+    const int h = i / HEAD_SIZE;
+    const int d = i % HEAD_SIZE;
+    const long long head_row = first_row + (long long)h * gridDim.z;
+    float acc = 0.f;
+    for (int p = 0; p < num_partitions; ++p) {
+      const float weight = __ldcg(&exp_sums[head_row + p]) *
+                           __expf(__ldcg(&max_logits[head_row + p]) - s_max_logit[h]);
+      acc += __ldcg(&tmp_out[(head_row + p) * HEAD_SIZE + d]) * weight;
+    }
+    out[((long long)seq * num_heads + tile.first_head + h) * HEAD_SIZE + d] =
+        from_float<T>(acc * s_inv_sum[h]);
+  }
 }
 
 }  // namespace pagedgen
@@ -90,8 +140,8 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
   template __global__ void pagedgen::paged_attention_mma_v1_kernel<T, HEAD, BLOCK>(            \
       T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float, int);    \
   template __global__ void pagedgen::paged_attention_mma_v2_kernel<T, HEAD, BLOCK>(            \
-      float*, float*, float*, const T*, const T*, const T*, const int*, const int*, int, int, \
-      int, float, int, int);
+      T*, float*, float*, float*, int*, const T*, const T*, const T*, const int*, const int*,   \
+      int, int, int, float, int, int);
 #define PAGEDGEN_PAM_HEAD(T, HEAD)   \
   PAGEDGEN_PAM_BLOCK(T, HEAD, 8)     \
   PAGEDGEN_PAM_BLOCK(T, HEAD, 16)    \

@@ -97,7 +97,8 @@ def paged_attention_launches(
     tuning: DecodeTuning = DEFAULT_TUNING,  # the main kernel's compile-time knobs
 ) -> list[KernelLaunch]:
     """Checks the arguments and plans decode attention for one query row per sequence: a single
-    v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors). The
+    v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors; the
+    tensor-core v2 combines its partitions itself, with completion counters of its own). The
     caches hold the query's dtype or an fp8 one (float8_e4m3fn, float8_e5m2), read exactly.
 
     grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
@@ -230,6 +231,11 @@ def paged_attention_launches(
         tail = (*options, per_head_arg(alibi_slopes))  # sinks join in the reduce
     else:
         tail = (np.int32(num_heads), np.int32(partition_size))
+    if use_mma:  # combines its partitions itself
+        scratch = (exp_sums, max_logits, tmp_out, mma.counters(query.device, grid_x * num_seqs))
+        args = (out, *scratch, *common, *tail)
+        grid = (grid_x, num_seqs, max_num_partitions)
+        return [KernelLaunch(main_module, v2_name, grid, main_block, args, shared_mem)]
     return [
         KernelLaunch(
             main_module,

@@ -7,6 +7,11 @@ import torch
 
 from pagedgen.kernels.launch import C_TYPES, KernelModule
 
+# The v2 kernel's completion counters, zeros between launches (the last block of each tile and
+# sequence resets its own), one buffer a device, only ever grown: a CUDA graph keeps its pointer.
+MIN_COUNTERS = 1 << 16
+_counters: dict[torch.device, list[torch.Tensor]] = {}
+
 # kernels/decode_attend_mma.cuh's constants.
 NUM_THREADS = 128
 TILE_HEADS = 16  # query heads a thread block: mma's M
@@ -92,3 +97,13 @@ def mma_partition_size(
         PARTITION_SIZES[-1],
     )
     return None if max_context_len <= partition_size else partition_size
+
+
+def counters(device: torch.device, num_counters: int) -> torch.Tensor:
+    """num_counters int32 zeros on device, which the v2 kernel leaves at zero: the newest of its
+    buffers there, or a new one twice as large (old ones stay alive for graphs that use them)."""
+    buffers = _counters.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < num_counters:
+        size = max(MIN_COUNTERS, 2 * num_counters)
+        buffers.append(torch.zeros(size, dtype=torch.int32, device=device))
+    return buffers[-1]

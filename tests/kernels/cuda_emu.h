@@ -80,6 +80,18 @@ inline float __uint_as_float(unsigned u) {
   return x;
 }
 inline float __expf(float x) { return expf(x); }
+// Blocks run one after another, each thread alone: atomics are plain read-modify-writes and
+// every write is visible to the next reader.
+inline int atomicAdd(int* address, int value) {
+  const int old = *address;
+  *address = old + value;
+  return old;
+}
+inline void __threadfence() {}
+template <typename T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
 // g++ at -O1 for x86-64 contracts nothing into an FMA, so plain operators round each step.
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }

@@ -187,9 +187,17 @@ def run_decode(
     tensor_cores: bool = False,
 ) -> torch.Tensor:
     out = torch.full_like(case.query, float("nan"))
-    for kernel_launch in decode_launches(
+    launches = decode_launches(
         case, out, version, partition_size, query, grouped, l2_prefetch, tensor_cores=tensor_cores
-    ):
+    )
+    # The planner's float scratch (v2's partials and stats) starts as NaN: a kernel that reads a
+    # partial before its partition wrote it shows, whatever the allocator handed out.
+    inputs = {id(t) for t in (out, query, *case) if isinstance(t, torch.Tensor)}
+    for kernel_launch in launches:
+        for arg in kernel_launch.args:
+            if isinstance(arg, torch.Tensor) and arg.is_floating_point() and id(arg) not in inputs:
+                arg.fill_(float("nan"))
+    for kernel_launch in launches:
         launch(kernel_launch)
     return out
 

@@ -138,5 +138,15 @@ def test_planner_partitions_a_single_long_sequence_over_the_gpu(launch: Launch) 
     launches = paged_attention_launches(
         torch.empty_like(case.query), *case[:5], 1000, case.scale, tensor_cores=True
     )
-    assert [kernel.grid[2] for kernel in launches] == [16, 1]  # 64-token partitions, reduce
+    assert [kernel.grid[2] for kernel in launches] == [16]  # 64-token partitions, no reduce
     check_decode(launch, case, version=None, tensor_cores=True)
+
+
+def test_v2_leaves_its_counters_at_zero(launch: Launch) -> None:
+    """The last partition of each tile resets its count, so the next launch (or graph replay)
+    starts from zeros."""
+    case = make_decode_case(torch.bfloat16, 40, 2, 64, 16, (1, 64, 65, 300), seed=9)
+    counters = mma.counters(torch.device("cpu"), 1)
+    for _ in range(2):
+        check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
+        assert not counters.any()

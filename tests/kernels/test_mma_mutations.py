@@ -6,6 +6,7 @@ shows only sometimes (a missing wait or barrier), which the emulator shows every
 import pytest
 import torch
 
+from pagedgen.kernels import paged_attention_mma as mma
 from pagedgen.kernels.paged_attention_mma import mma_module
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import EmulationError, Emulator, have_gxx, module_emulator
@@ -94,6 +95,17 @@ MUTATIONS = {
         1,
     ),
     "partition_stats_rows_adjacent": ("exp_sums + row, gridDim.z,", "exp_sums + row, 1,", 1),
+    "count_never_reset": ("    if (s_last) *count = 0;\n", "", 1),
+    "no_partition_is_last": (
+        "s_last = atomicAdd(count, 1) == num_partitions - 1;",
+        "s_last = atomicAdd(count, 1) == num_partitions;",
+        1,
+    ),
+    "partials_combined_unscaled": (
+        "acc += __ldcg(&tmp_out[(head_row + p) * HEAD_SIZE + d]) * weight;",
+        "acc += __ldcg(&tmp_out[(head_row + p) * HEAD_SIZE + d]);",
+        1,
+    ),
     "combine_over_stages_still_read": (
         "  __syncthreads();  // the K/V space is free for the combine\n",
         "",
@@ -116,13 +128,17 @@ def mma_checks_pass(source: str) -> bool:
             module_emulator(kernel_launch.module).launch(kernel_launch)
 
     case = make_decode_case(torch.float16, 8, 2, 64, 16, context_lens=(1, 17, 64, 100, 257))
+    counters = mma.counters(torch.device("cpu"), 1)  # what a planted bug leaves there, it clears
     try:
         for racing in (False, True):
             emulator.set_racing(racing)
             check_decode(launch, case, version=1, tensor_cores=True)
             check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
+            check_decode(launch, case, 2, partition_size=64, tensor_cores=True)  # a second launch
     except (AssertionError, EmulationError):
         return False
+    finally:
+        counters.zero_()
     return True
 
 
