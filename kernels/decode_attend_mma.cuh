@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "kv_tiles.cuh"
 #include "mma.cuh"
 
 namespace pagedgen {
@@ -15,11 +16,10 @@ constexpr int kWarpTokens = 16;                        // one k-step of P V
 constexpr int kChunkTokens = kMmaWarps * kWarpTokens;  // a pipeline stage: each warp its 16
 constexpr int kTileHeads = 16;                         // mma's M
 
-// Shared memory, in 16-byte pieces of 8 elements, each row's pieces XOR-swizzled by row % 8 so
-// that the 8 rows an ldmatrix reads (and a cp.async wave writes) fall in distinct banks:
-//   Q tile [kTileHeads][ROW], then K and V, each [STAGES][kChunkTokens][ROW]
-// After the last stage, the K/V space holds each warp's float partial output and statistics.
-// pagedgen/kernels/paged_attention_mma.py computes kSharedBytes (and kStages) the same way.
+// Shared memory (kv_tiles.cuh's swizzled pieces): the Q tile [kTileHeads][ROW], then K and V,
+// each [STAGES][kChunkTokens][ROW]. After the last stage, the K/V space holds each warp's float
+// partial output and statistics. pagedgen/kernels/paged_attention_mma.py computes kSharedBytes
+// (and kStages) the same way.
 template <int HEAD_SIZE>
 struct MmaLayout {
   static constexpr int kRow = HEAD_SIZE / 8;
@@ -28,20 +28,15 @@ struct MmaLayout {
   static constexpr int kStageBytes = kChunkTokens * HEAD_SIZE * 2;  // K or V
   static constexpr int kSharedBytes = kQBytes + 2 * kStages * kStageBytes;
   static constexpr int kCombineBytes = kMmaWarps * kTileHeads * (HEAD_SIZE + 2) * 4;
-  static_assert(kRow % 8 == 0, "the swizzle permutes 8 pieces at a time");
-  static_assert(kChunkTokens * kRow % kMmaThreads == 0, "every thread copies as many pieces");
-  static_assert(kMmaThreads % kRow == 0, "a thread copies one piece of each row it copies");
   static_assert(kCombineBytes <= 2 * kStages * kStageBytes, "the combine fits in the K/V space");
 
-  __device__ static int piece(int row, int p) { return row * kRow + (p ^ (row & 7)); }
+  __device__ static int piece(int row, int p) { return swizzled_piece<kRow>(row, p); }
 };
 
 // The blocks an SM holds at kSharedBytes (228 KB on an H100, 164 KB on an A100), which
 // __launch_bounds__ budgets registers for.
 template <int HEAD_SIZE>
 constexpr int kMmaMinBlocks = HEAD_SIZE <= 64 ? 4 : HEAD_SIZE <= 128 ? 2 : 1;
-
-using Piece = Vec<unsigned, 4>;
 
 // Attends q[g * HEAD_SIZE ...], g < num_q_heads, to tokens [start_token, end_token); writes head
 // g's normalised output at out + g * out_head_stride and, when max_logits is not null, its max
@@ -72,38 +67,18 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
   const int lane = tid % kWarpSize;
   const int group = lane / 4;
   const int quad = lane % 4;
-  const int token_stride = num_kv_heads * HEAD_SIZE;
   const int num_chunks = (end_token - start_token + kChunkTokens - 1) / kChunkTokens;
 
-  // Thread tid copies piece tid % kRow of rows tid / kRow + k * kRowsPerPass of each chunk. The
-  // chunk's physical blocks reach it by shuffle from lanes 0 ... kChunkBlocks - 1 of its warp,
-  // which read them from the block table an iteration before the copies need them.
-  constexpr int kRowsPerPass = kMmaThreads / L::kRow;
-  constexpr int kChunkBlocks = kChunkTokens / BLOCK_SIZE;
-  static_assert(kChunkTokens % BLOCK_SIZE == 0 && kChunkBlocks <= kWarpSize, "whole blocks");
-  const int first_row = tid / L::kRow;
-  const int piece = tid % L::kRow;
-  const T* k_head = key_cache + kv_head * HEAD_SIZE + piece * 8;
-  const T* v_head = value_cache + kv_head * HEAD_SIZE + piece * 8;
-  const int first_block = start_token / BLOCK_SIZE;  // partitions start on a block boundary
+  const KvTileLoader<T, HEAD_SIZE, BLOCK_SIZE, kChunkTokens, kMmaThreads> loader(
+      key_cache, value_cache, block_table, kv_head, num_kv_heads);
+  // Partitions start on a block boundary, so do chunks; a chunk's blocks are read a chunk ahead.
   auto chunk_blocks = [&](int chunk) {
-    const int b = first_block + chunk * kChunkBlocks + lane;
-    return lane < kChunkBlocks && b * BLOCK_SIZE < end_token ? block_table[b] : 0;
+    return loader.blocks(start_token + chunk * kChunkTokens, end_token);
   };
   auto load_chunk = [&](int chunk, int blocks) {
     if (chunk < num_chunks) {
-      const int stage_row = chunk % kStages * kChunkTokens;
-#pragma unroll
-      for (int k = 0; k < kChunkTokens / kRowsPerPass; ++k) {
-        const int row = first_row + k * kRowsPerPass;
-        const int physical = __shfl_sync(kFullMask, blocks, row / BLOCK_SIZE);
-        const bool valid = start_token + chunk * kChunkTokens + row < end_token;
-        const long long offset =
-            (long long)(physical * BLOCK_SIZE + row % BLOCK_SIZE) * token_stride;
-        const int slot = L::piece(stage_row + row, piece);
-        cp_async_16(&s_k[slot], k_head + offset, valid);
-        cp_async_16(&s_v[slot], v_head + offset, valid);
-      }
+      loader.load(s_k, s_v, chunk % kStages * kChunkTokens, start_token + chunk * kChunkTokens,
+                  start_token, end_token, blocks);
     }
     cp_async_commit();  // empty past the last chunk: every iteration's wait counts the same
   };

@@ -34,8 +34,8 @@ MUTATIONS = {
         1,
     ),
     "copies_not_swizzled": (
-        "const int slot = L::piece(stage_row + row, piece);",
-        "const int slot = (stage_row + row) * L::kRow + piece;",
+        "const int slot = swizzled_piece<kRow>(stage_row + row, piece);",
+        "const int slot = (stage_row + row) * kRow + piece;",
         1,
     ),
     "tokens_past_the_end_copied": (
