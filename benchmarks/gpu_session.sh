@@ -10,7 +10,8 @@
 #                    455 tests, ~8 min) and tests-b (the other ~540, test_gpu_mma.py's 59 among them,
 #                    ~6 min), in two calls
 #   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak,
-#                    decode per-head, grouped (each without and with prefetch) and mma (~4 min)
+#                    decode per-head, grouped (each without and with prefetch) and mma (~4 min);
+#                    then benchmarks/bench_prefill.py: prefill TFLOP/s, CUDA cores and tensor cores
 #   sweep            benchmarks/sweep_decode.py: the decode kernels' compile-time knobs and the mma
 #                    kernel's v1/v2 partition sizes on the same shapes (~5 min), every variant in
 #                    $OUT/sweep.json
@@ -24,9 +25,10 @@
 #   smollm2-prefetch graphs and async scheduling, decode warps prefetching their next KV block
 #                    into L2 (PAGEDGEN_CUDA_DECODE_PREFETCH=1)
 #   smollm2-grouped-prefetch   both
-#   smollm2-mma      graphs, async scheduling and the tensor-core decode kernel on every layer
-#                    (PAGEDGEN_CUDA_MMA_DECODE=1, kernels/paged_attention_mma.cu; the other stages
-#                    set it to 0, auto leaves it unset, which is off too)
+#   smollm2-mma      graphs, async scheduling and the tensor-core attention kernels on every
+#                    layer (PAGEDGEN_CUDA_MMA_DECODE=1 and PAGEDGEN_CUDA_MMA_PREFILL=1,
+#                    kernels/paged_attention_mma.cu and prefill_attention_mma.cu; the other stages
+#                    set them to 0, auto leaves them unset, which is off too)
 #   smollm2-auto     graphs and async scheduling, each decode kernel and its prefetch as pagedgen
 #                    picks them by shape (no variable set): what a user gets
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
@@ -86,7 +88,7 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
     PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch \
-        PAGEDGEN_CUDA_MMA_DECODE=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+        PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
         --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"
@@ -97,7 +99,8 @@ for stage in $STAGES; do case $stage in
     tests-a) TAIL=40 run gpu-tests-a 560 python -m pytest "${gpu_tests[@]}" "${tests_a[@]}" ;;
     tests-b) TAIL=40 run gpu-tests-b 560 python -m pytest "${gpu_tests[@]}" tests \
         "${tests_a[@]/#/--ignore=}" ;;
-    kernels) run kernels 300 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
+    kernels) run kernels 300 python benchmarks/bench_kernels.py --dtype bfloat16
+        run prefill-kernels 120 python benchmarks/bench_prefill.py --dtype bfloat16 ;;
     sweep) TAIL=20 run sweep 500 python benchmarks/sweep_decode.py --dtype bfloat16 \
         --output-json "$OUT/sweep.json" ;;
     smollm2-eager) bench smollm2-135m eager 200 ;;

@@ -35,6 +35,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
     PAGEDGEN_CUDA_MMA_DECODE=1 decodes every layer it takes (16-bit caches of the model's dtype,
     head sizes 64/128/256, no window, soft cap, sinks or ALiBi; sm_80 or newer) on tensor cores
     (kernels/paged_attention_mma.cu), the others as above; unset or 0, none does.
+    PAGEDGEN_CUDA_MMA_PREFILL=1 runs the prefill rows of every layer with such a cache and head
+    size (windows, soft caps, sinks and ALiBi included) on tensor cores
+    (kernels/prefill_attention_mma.cu); unset or 0, the prefill kernel above.
     Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES and
     block sizes BLOCK_SIZES, and fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside
     caches of the model's dtype: every kernel rounds K/V into them as to_cache_dtype does, and
@@ -55,6 +58,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
     # The tensor-core decode kernel (kernels/paged_attention_mma.cu): None (unset) off until it
     # is measured on a GPU, True for every layer it takes, False for none.
     use_tensor_core_decode = _forced("PAGEDGEN_CUDA_MMA_DECODE")
+    # The tensor-core prefill kernel (kernels/prefill_attention_mma.cu), likewise: None (unset) off
+    # until it is measured on a GPU, True for every layer it takes, False for none.
+    use_tensor_core_prefill = _forced("PAGEDGEN_CUDA_MMA_PREFILL")
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
@@ -177,6 +183,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             softcap,
             sinks,
             alibi_slopes,
+            tensor_cores=bool(self.use_tensor_core_prefill),
         )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:

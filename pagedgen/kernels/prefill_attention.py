@@ -1,6 +1,7 @@
 import numpy as np
 import torch
 
+from pagedgen.kernels import paged_attention_mma
 from pagedgen.kernels.attention_args import (
     check_attention_args,
     check_attention_options,
@@ -19,6 +20,33 @@ from pagedgen.kernels.launch import (
 NUM_THREADS = 128
 BLOCK_M = 16  # query rows (token, head of the GQA group) per thread block
 MAX_GRID_Y = 65535
+# kernels/prefill_attention_mma.cu's: rows a thread block, keys a stage by head size, stages.
+MMA_BLOCK_M = 64
+MMA_STAGES = 2
+
+
+def mma_tile_keys(head_size: int) -> int:
+    return 32 if head_size > 128 else 64
+
+
+def mma_shared_bytes(head_size: int) -> int:
+    """PrefillMmaLayout<head_size>::kSharedBytes: the Q tile, then K and V of every stage."""
+    return 2 * head_size * (MMA_BLOCK_M + 2 * MMA_STAGES * mma_tile_keys(head_size))
+
+
+def prefill_mma_module(dtype: torch.dtype, head_size: int, block_size: int) -> KernelModule:
+    c_type = C_TYPES[dtype]
+    return KernelModule(
+        source="prefill_attention_mma.cu",
+        defines=(
+            f"PAGEDGEN_SCALAR_T={c_type}",
+            f"PAGEDGEN_HEAD_SIZE={head_size}",
+            f"PAGEDGEN_BLOCK_SIZE={block_size}",
+        ),
+        name_expressions=(
+            f"pagedgen::prefill_attention_mma_kernel<{c_type}, {head_size}, {block_size}>",
+        ),
+    )
 
 
 def prefill_attention_module(
@@ -59,11 +87,16 @@ def prefill_attention_launch(
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
     # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
     alibi_slopes: torch.Tensor | None = None,
+    tensor_cores: bool = False,
 ) -> KernelLaunch | None:
     """Checks the arguments and plans causal attention for every query row of a varlen batch
     in one launch: sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] are the last tokens of
     its context_lens[i], whose K/V (these rows' included) are in the cache already: attention
     sees them as the cache holds them, rounded to fp8 in an fp8 cache.
+
+    tensor_cores picks kernels/prefill_attention_mma.cu (mma.sync tiles of 64 rows, K/V streamed
+    through shared memory) where it applies: 16-bit caches of the activations' dtype, heads of
+    64, 128 or 256, sm_80 or newer; elsewhere kernels/prefill_attention.cu runs.
 
     Rows outside every sequence's range are left untouched. None when there is nothing to do."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -88,13 +121,21 @@ def prefill_attention_launch(
     if num_seqs == 0 or max_query_len == 0:
         return None
     group = num_heads // num_kv_heads
-    num_row_tiles = -(-max_query_len * group // BLOCK_M)
+    use_mma = tensor_cores and paged_attention_mma.supports(
+        dtype, key_cache.dtype, head_size, query.device
+    )
+    num_row_tiles = -(-max_query_len * group // (MMA_BLOCK_M if use_mma else BLOCK_M))
     check(
         num_row_tiles <= MAX_GRID_Y,
         lambda: f"max_query_len {max_query_len} is too long for one launch",
     )
 
-    module = prefill_attention_module(dtype, head_size, block_size, key_cache.dtype)
+    if use_mma:
+        module = prefill_mma_module(dtype, head_size, block_size)
+        shared_mem = mma_shared_bytes(head_size)
+    else:
+        module = prefill_attention_module(dtype, head_size, block_size, key_cache.dtype)
+        shared_mem = 0
     return KernelLaunch(
         module,
         module.name_expressions[0],
@@ -117,6 +158,7 @@ def prefill_attention_launch(
             per_head_arg(sinks),
             per_head_arg(alibi_slopes),
         ),
+        shared_mem,
     )
 
 
@@ -134,6 +176,7 @@ def prefill_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    tensor_cores: bool = False,
 ) -> None:
     """Prefill attention on the GPU into out; see prefill_attention_launch."""
     from pagedgen.kernels.loader import launch
@@ -152,6 +195,7 @@ def prefill_attention(
         softcap,
         sinks,
         alibi_slopes,
+        tensor_cores,
     )
     if kernel_launch is not None:
         launch(kernel_launch)

@@ -122,7 +122,10 @@ def prefill_reference(case: PrefillCase) -> torch.Tensor:
 
 
 def run_prefill(
-    launch: Callable[[KernelLaunch], None], case: PrefillCase, query: torch.Tensor | None = None
+    launch: Callable[[KernelLaunch], None],
+    case: PrefillCase,
+    query: torch.Tensor | None = None,
+    tensor_cores: bool = False,
 ) -> torch.Tensor:
     query = case.query if query is None else query
     out = torch.full_like(case.query, float("nan"))
@@ -140,15 +143,18 @@ def run_prefill(
         case.softcap,
         case.sinks,
         case.alibi_slopes,
+        tensor_cores,
     )
     assert kernel_launch is not None
     launch(kernel_launch)
     return out
 
 
-def check_prefill(launch: Callable[[KernelLaunch], None], case: PrefillCase) -> None:
+def check_prefill(
+    launch: Callable[[KernelLaunch], None], case: PrefillCase, tensor_cores: bool = False
+) -> None:
     """Runs the kernel through launch and asserts it matches the reference (NaN never does)."""
-    out = run_prefill(launch, case)
+    out = run_prefill(launch, case, tensor_cores=tensor_cores)
     tolerance = TOLERANCES[case.query.dtype]
     torch.testing.assert_close(
         out.cpu().float(), prefill_reference(case).float(), atol=tolerance, rtol=tolerance

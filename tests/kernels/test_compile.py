@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import torch
 
 from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import COPY_BLOCKS, reshape_and_cache_module
@@ -22,8 +23,9 @@ from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_dtypes
 from pagedgen.kernels.layer_ops import RMS_NORM, SILU_AND_MUL, rope_and_cache_module
 from pagedgen.kernels.paged_attention import paged_attention_module
 from pagedgen.kernels.paged_attention_grouped import grouped_module, grouped_modules
+from pagedgen.kernels.paged_attention_mma import HEAD_SIZES as MMA_HEAD_SIZES
 from pagedgen.kernels.paged_attention_mma import mma_modules
-from pagedgen.kernels.prefill_attention import prefill_attention_module
+from pagedgen.kernels.prefill_attention import prefill_attention_module, prefill_mma_module
 from pagedgen.kernels.source import kernel_names, kernel_source
 
 ARCHS = ("80", "90")
@@ -74,6 +76,13 @@ def runtime_modules(
     ]
     grouped = grouped_modules(head_sizes, block_sizes)
     grouped += mma_modules(head_sizes, block_sizes)
+    grouped += [
+        prefill_mma_module(dtype, head_size, block_size)
+        for dtype in (torch.float16, torch.bfloat16)
+        for head_size in head_sizes
+        if head_size in MMA_HEAD_SIZES
+        for block_size in block_sizes
+    ]
     cache_writes = [
         make_module(dtype, cache_dtype)
         for make_module in (reshape_and_cache_module, rope_and_cache_module)

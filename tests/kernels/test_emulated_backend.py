@@ -24,7 +24,8 @@ def emulated_backend(monkeypatch, attention_emulator, cache_ops_emulators) -> Cu
         kernel_source(grouped.source), list(grouped.name_expressions), grouped.defines
     ).launch
     emulators |= {source: emulator.launch for source, emulator in cache_ops_emulators.items()}
-    emulators["rope_and_cache.cu"] = emulators["paged_attention_mma.cu"] = emulate
+    for source in ("rope_and_cache.cu", "paged_attention_mma.cu", "prefill_attention_mma.cu"):
+        emulators[source] = emulate
 
     def launch(kernel_launch: KernelLaunch) -> None:
         emulators[kernel_launch.module.source](kernel_launch)
@@ -33,7 +34,9 @@ def emulated_backend(monkeypatch, attention_emulator, cache_ops_emulators) -> Cu
     return CupyAttentionBackend.__new__(CupyAttentionBackend)  # __init__ insists on a GPU
 
 
-@pytest.mark.parametrize("prefill_kernel", [False, True], ids=["sdpa-prefill", "prefill-kernel"])
+@pytest.mark.parametrize(
+    "prefill_kernel", [False, True, "mma"], ids=["sdpa-prefill", "prefill-kernel", "mma-prefill"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_backend_matches_reference(emulated_backend, dtype: torch.dtype, prefill_kernel) -> None:
     # decodes (one query row each) first, then prefills with and without cached context
@@ -47,7 +50,8 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype, prefill
     ref_cache = cache.clone()
     scale = head_size**-0.5
 
-    emulated_backend.use_prefill_kernel = prefill_kernel  # PAGEDGEN_CUDA_PREFILL_KERNEL
+    emulated_backend.use_prefill_kernel = bool(prefill_kernel)  # PAGEDGEN_CUDA_PREFILL_KERNEL
+    emulated_backend.use_tensor_core_prefill = prefill_kernel == "mma"  # float32: the plain one
     emulated_backend.prepare(metadata)
     out = emulated_backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
     expected = ReferenceAttentionBackend().forward(

@@ -1,0 +1,281 @@
+// Prefill and chunked-prefill attention on tensor cores (sm_80 and newer): the semantics, cache
+// layout, arguments and GQA row packing of prefill_attention.cu (causal over the cached context,
+// window, soft cap, sinks, ALiBi), for 16-bit caches of the activations' dtype, FlashAttention-2
+// style. One thread block per (kv head, tile of kPrefillMmaRows packed rows, sequence); warp w owns
+// rows 16 w ... 16 w + 15 of the tile as the A rows of mma.sync.m16n8k16, S = Q K^T and O += P V,
+// with an online softmax per row, while cp.async streams the next tile of K/V keys into shared
+// memory (kv_tiles.cuh).
+#include "common.cuh"
+#include "kv_tiles.cuh"
+#include "mma.cuh"
+
+namespace pagedgen {
+
+constexpr int kPrefillMmaWarps = 4;
+constexpr int kPrefillMmaThreads = kPrefillMmaWarps * kWarpSize;
+constexpr int kPrefillMmaRows = kPrefillMmaWarps * 16;  // BLOCK_M
+
+// Shared memory: the Q tile [kPrefillMmaRows][ROW], then K and V, each [kStages][kTileKeys][ROW]
+// (swizzled pieces). pagedgen/kernels/prefill_attention_mma.py computes kSharedBytes the same way.
+template <int HEAD_SIZE>
+struct PrefillMmaLayout {
+  static constexpr int kRow = HEAD_SIZE / 8;
+  static constexpr int kTileKeys = HEAD_SIZE > 128 ? 32 : 64;  // BLOCK_N
+  static constexpr int kStages = 2;
+  static constexpr int kQBytes = kPrefillMmaRows * HEAD_SIZE * 2;
+  static constexpr int kStageBytes = kTileKeys * HEAD_SIZE * 2;  // K or V
+  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kStageBytes;
+};
+
+// The blocks an SM holds at kSharedBytes (an H100 has 228 KB), which __launch_bounds__ budgets
+// registers for; heads of 64 would fit 5, but at the 102 registers that leaves their scores spill.
+template <int HEAD_SIZE>
+constexpr int kPrefillMmaMinBlocks = HEAD_SIZE <= 64 ? 3 : 2;
+
+// grid (num_kv_heads, ceil(max_query_len * group / kPrefillMmaRows), num_seqs), block
+// kPrefillMmaThreads, dynamic shared memory PrefillMmaLayout<HEAD_SIZE>::kSharedBytes
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+__global__ void __launch_bounds__(kPrefillMmaThreads, kPrefillMmaMinBlocks<HEAD_SIZE>)
+    prefill_attention_mma_kernel(
+        T* __restrict__ out,                   // [num_tokens, num_kv_heads * group, HEAD_SIZE]
+        const T* __restrict__ query,           // [num_tokens, num_kv_heads * group, HEAD], strided
+        const T* __restrict__ key_cache,       // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
+        const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
+        const int* __restrict__ cu_seqlens_q,  // [num_seqs + 1], rows of query and out
+        const int* __restrict__ context_lens,  // [num_seqs]
+        int max_num_blocks_per_seq, int q_stride, int group, float scale,
+        int window,                              // 0: none
+        float softcap,                           // 0: none
+        const float* __restrict__ sinks,         // [num_heads] or nullptr: a logit in each softmax
+        const float* __restrict__ alibi_slopes) {  // [num_heads] or nullptr: ALiBi's
+  using L = PrefillMmaLayout<HEAD_SIZE>;
+  constexpr int kTileKeys = L::kTileKeys;
+  constexpr int kStages = L::kStages;
+  constexpr int kKSteps = HEAD_SIZE / 16;
+  constexpr int kNTiles = kTileKeys / 8;
+  constexpr bool kQInRegisters = HEAD_SIZE <= 128;  // else with the output's they would spill
+
+  const int kv_head = blockIdx.x;
+  const int num_kv_heads = gridDim.x;
+  const int num_heads = num_kv_heads * group;
+  const int seq = blockIdx.z;
+  const int first_row = cu_seqlens_q[seq];
+  const int query_len = cu_seqlens_q[seq + 1] - first_row;
+  const int tile_row = blockIdx.y * kPrefillMmaRows;
+  const int num_rows = min(kPrefillMmaRows, query_len * group - tile_row);
+  if (num_rows <= 0) return;  // the whole thread block leaves together
+  const int context_len = context_lens[seq];
+  const int first_pos = context_len - query_len;  // of the sequence's first query token
+  const int* block_table = block_tables + (long long)seq * max_num_blocks_per_seq;
+  // Keys [kv_begin, kv_end) cover every row of the tile; no other position is read.
+  const int kv_end = first_pos + (tile_row + num_rows - 1) / group + 1;
+  const int kv_begin = window > 0 ? max(0, first_pos + tile_row / group - window + 1) : 0;
+
+  PAGEDGEN_DYNAMIC_SHARED(smem, L::kSharedBytes);
+  T* s_q = reinterpret_cast<T*>(smem);
+  Piece* s_k = reinterpret_cast<Piece*>(smem + L::kQBytes);
+  Piece* s_v = s_k + kStages * kTileKeys * L::kRow;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
+  const int group_id = lane / 4;
+  const int quad = lane % 4;
+
+  // Tiles start on a multiple of kTileKeys, so on a KV block boundary; a tile's blocks are read
+  // a tile ahead.
+  const KvTileLoader<T, HEAD_SIZE, BLOCK_SIZE, kTileKeys, kPrefillMmaThreads> loader(
+      key_cache, value_cache, block_table, kv_head, num_kv_heads);
+  const int first_key = kv_begin / kTileKeys * kTileKeys;
+  const int num_tiles = (kv_end - first_key + kTileKeys - 1) / kTileKeys;
+  auto tile_blocks = [&](int t) { return loader.blocks(first_key + t * kTileKeys, kv_end); };
+  auto load_tile = [&](int t, int blocks) {
+    if (t < num_tiles) {
+      loader.load(s_k, s_v, t % kStages * kTileKeys, first_key + t * kTileKeys, kv_begin, kv_end,
+                  blocks);
+    }
+    cp_async_commit();  // empty past the last tile: every iteration's wait counts the same
+  };
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) load_tile(t, tile_blocks(t));
+  int next_blocks = tile_blocks(kStages - 1);
+
+  for (int i = tid; i < kPrefillMmaRows * HEAD_SIZE; i += kPrefillMmaThreads) {
+    const int m = i / HEAD_SIZE;
+    const int d = i % HEAD_SIZE;
+    T q = from_float<T>(0.f);
+    if (m < num_rows) {
+      const int row = tile_row + m;
+      const int head = kv_head * group + row % group;
+      q = query[(long long)(first_row + row / group) * q_stride + head * HEAD_SIZE + d];
+    }
+    s_q[swizzled_piece<L::kRow>(m, d / 8) * 8 + d % 8] = q;
+  }
+  __syncthreads();
+  // A fragments of the warp's rows: matrix j of k-step ks is rows (j % 2) * 8 ..., columns
+  // 16 ks + (j / 2) * 8.
+  auto load_q = [&](unsigned(&a)[4], int ks) {
+    const int j = lane / 8;
+    ldmatrix_x4(a, &s_q[swizzled_piece<L::kRow>(warp * 16 + j % 2 * 8 + lane % 8, 2 * ks + j / 2) * 8]);
+  };
+  unsigned qa[kQInRegisters ? kKSteps : 1][4];
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) load_q(qa[ks], ks);
+  }
+
+  // This lane's rows: group_id and group_id + 8 of the warp's 16.
+  int q_pos[2];     // -1: a row past the tile's end, which sees nothing
+  float slope[2];   // ALiBi's, 0 without
+  int head_of[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = warp * 16 + group_id + 8 * r;
+    const int row = tile_row + m;
+    q_pos[r] = m < num_rows ? first_pos + row / group : -1;
+    head_of[r] = kv_head * group + row % group;
+    slope[r] = m < num_rows && alibi_slopes != nullptr ? alibi_slopes[head_of[r]] : 0.f;
+  }
+  // The positions the warp's rows span; a warp whose rows see none of a tile skips it.
+  const int warp_rows = min(16, num_rows - warp * 16);
+  const int warp_first_pos = first_pos + (tile_row + warp * 16) / group;
+  const int warp_last_pos = first_pos + (tile_row + warp * 16 + warp_rows - 1) / group;
+
+  float o[HEAD_SIZE / 8][4] = {};
+  float m_run[2] = {kNegMax, kNegMax};
+  float l_run[2] = {0.f, 0.f};  // this lane's share of the row sums
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
+    __syncthreads();               // everyone's have, and tile t - 1's stage is read: refill it
+    load_tile(t + kStages - 1, next_blocks);
+    next_blocks = tile_blocks(t + kStages);
+    const int tile_key = first_key + t * kTileKeys;
+    const bool seen = warp_rows > 0 && tile_key <= warp_last_pos &&
+                      (window <= 0 || tile_key + kTileKeys - 1 > warp_first_pos - window);
+    if (!seen) continue;  // warp-uniform
+    const int stage_row = t % kStages * kTileKeys;
+
+    // S (16 rows x kTileKeys keys); K's ldmatrix matrix j is keys (j / 2) * 8 ... of a pair of
+    // n-tiles, dims 16 ks + (j % 2) * 8 ...
+    float s[kNTiles][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      if constexpr (!kQInRegisters) load_q(qa[0], ks);
+      const unsigned(&a)[4] = qa[kQInRegisters ? ks : 0];
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        const int j = lane / 8;
+        unsigned b[4];
+        ldmatrix_x4(b, &s_k[swizzled_piece<L::kRow>(
+                           stage_row + np * 16 + j / 2 * 8 + lane % 8, 2 * ks + j % 2)]);
+        mma_16816<T>(s[2 * np], a, b[0], b[1]);
+        mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    float row_max[2] = {kNegMax, kNegMax};
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = i / 2;
+        const int key = tile_key + n * 8 + 2 * quad + i % 2;
+        float score = s[n][i] * scale;
+        if (softcap > 0.f) score = softcap * tanhf(score / softcap);
+        score += slope[r] * (float)(key - q_pos[r]);
+        // Masked keys may be zeros of an unloaded slot, never read as data.
+        const bool visible = key <= q_pos[r] && (window <= 0 || key > q_pos[r] - window);
+        s[n][i] = visible ? score : kNegMax;
+        row_max[r] = fmaxf(row_max[r], s[n][i]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 2));
+      const float m_new = fmaxf(m_run[r], row_max[r]);  // kNegMax while a row sees nothing
+      alpha[r] = __expf(m_run[r] - m_new);
+      m_run[r] = m_new;
+      l_run[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] = s[n][i] == kNegMax ? 0.f : __expf(s[n][i] - m_run[i / 2]);
+        l_run[i / 2] += s[n][i];
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < HEAD_SIZE / 8; ++d) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[d][i] *= alpha[i / 2];
+    }
+    // P's A fragment of keys 16 ks ... is S's accumulators of n-tiles 2 ks and 2 ks + 1; V's
+    // transposed matrix j is keys (j % 2) * 8 ..., dims 16 dn + (j / 2) * 8 ...
+#pragma unroll
+    for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+      const unsigned pa[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]),
+                              pack2<T>(s[2 * ks][2], s[2 * ks][3]),
+                              pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                              pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+      for (int dn = 0; dn < HEAD_SIZE / 16; ++dn) {
+        const int j = lane / 8;
+        unsigned b[4];
+        ldmatrix_x4_trans(b, &s_v[swizzled_piece<L::kRow>(
+                                 stage_row + ks * 16 + j % 2 * 8 + lane % 8, 2 * dn + j / 2)]);
+        mma_16816<T>(o[2 * dn], pa, b[0], b[1]);
+        mma_16816<T>(o[2 * dn + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(kFullMask, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(kFullMask, l_run[r], 2);
+    if (q_pos[r] < 0) continue;
+    const int row = tile_row + warp * 16 + group_id + 8 * r;
+    const int head = head_of[r];
+    float inv_sum = 1.f / l_run[r];
+    if (sinks != nullptr) {  // one more key, of zero value: in the sum, not in o
+      const float m = fmaxf(m_run[r], sinks[head]);
+      const float a = __expf(m_run[r] - m);
+      inv_sum = a / (l_run[r] * a + __expf(sinks[head] - m));
+    }
+    T* dst = out + ((long long)(first_row + row / group) * num_heads + head) * HEAD_SIZE;
+#pragma unroll
+    for (int d = 0; d < HEAD_SIZE / 8; ++d) {
+      *reinterpret_cast<unsigned*>(&dst[d * 8 + 2 * quad]) =
+          pack2<T>(o[d][2 * r] * inv_sum, o[d][2 * r + 1] * inv_sum);
+    }
+  }
+}
+
+}  // namespace pagedgen
+
+// Explicit instantiations, as pagedgen/kernels/prefill_attention_mma.py names them. The runtime
+// compiles one (scalar, head size, block size) per module and says which with -D; offline builds
+// (nvcc -cubin in the tests) get every supported combination.
+#define PAGEDGEN_PFM_BLOCK(T, HEAD, BLOCK)                                                      \
+  template __global__ void pagedgen::prefill_attention_mma_kernel<T, HEAD, BLOCK>(             \
+      T*, const T*, const T*, const T*, const int*, const int*, const int*, int, int, int,    \
+      float, int, float, const float*, const float*);
+#define PAGEDGEN_PFM_HEAD(T, HEAD) \
+  PAGEDGEN_PFM_BLOCK(T, HEAD, 8)   \
+  PAGEDGEN_PFM_BLOCK(T, HEAD, 16)  \
+  PAGEDGEN_PFM_BLOCK(T, HEAD, 32)
+#define PAGEDGEN_PFM_SCALAR(T) \
+  PAGEDGEN_PFM_HEAD(T, 64)     \
+  PAGEDGEN_PFM_HEAD(T, 128)    \
+  PAGEDGEN_PFM_HEAD(T, 256)
+
+#if defined(PAGEDGEN_SCALAR_T)
+PAGEDGEN_PFM_BLOCK(PAGEDGEN_SCALAR_T, PAGEDGEN_HEAD_SIZE, PAGEDGEN_BLOCK_SIZE)
+#else
+PAGEDGEN_PFM_SCALAR(__half)
+PAGEDGEN_PFM_SCALAR(__nv_bfloat16)
+#endif
