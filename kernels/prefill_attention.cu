@@ -16,6 +16,7 @@
 // ROWS_PER_WARP rows and keeps, per row, an online softmax: running max m, sum l and unnormalised
 // accumulator acc, rescaled by exp(m_old - m_new) when m grows.
 #include "common.cuh"
+#include "prefill_tile.cuh"
 
 namespace pagedgen {
 
@@ -66,22 +67,14 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillMinBlocksPerSm) prefi
   __shared__ float s_v[TILE_KEYS][KV_STRIDE];
   __shared__ float s_p[kPrefillWarps][kRowsPerWarp][TILE_KEYS];
 
-  const int kv_head = blockIdx.x;
+  const PrefillTile tile = prefill_tile<kPrefillRows>(cu_seqlens_q, context_lens, block_tables,
+                                                  max_num_blocks_per_seq, group, window);
+  if (tile.num_rows <= 0) return;  // the whole thread block leaves together
+  const int kv_head = tile.kv_head, num_heads = tile.num_heads, first_row = tile.first_row;
+  const int tile_row = tile.tile_row, num_rows = tile.num_rows, first_pos = tile.first_pos;
+  const int kv_begin = tile.kv_begin, kv_end = tile.kv_end;
+  const int* block_table = tile.block_table;
   const int num_kv_heads = gridDim.x;
-  const int num_heads = num_kv_heads * group;
-  const int seq = blockIdx.z;
-  const int first_row = cu_seqlens_q[seq];
-  const int query_len = cu_seqlens_q[seq + 1] - first_row;
-  const int tile_row = blockIdx.y * kPrefillRows;
-  const int num_rows = min(kPrefillRows, query_len * group - tile_row);
-  if (num_rows <= 0) return;  // the whole thread block leaves together
-  const int context_len = context_lens[seq];
-  const int first_pos = context_len - query_len;  // of the sequence's first query token
-  const int* block_table = block_tables + (long long)seq * max_num_blocks_per_seq;
-
-  // Keys [kv_begin, kv_end) cover every row of the tile; no other position is read.
-  const int kv_end = first_pos + (tile_row + num_rows - 1) / group + 1;
-  const int kv_begin = window > 0 ? max(0, first_pos + tile_row / group - window + 1) : 0;
 
   const int tid = threadIdx.x;
   const int warp = tid / kWarpSize;

@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable
 from typing import NamedTuple
 
+import pytest
 import torch
 
 from pagedgen.attention.kv_cache_dtype import is_fp8, to_cache_dtype
@@ -16,6 +17,22 @@ from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.paged_attention import PARTITION_SIZE, paged_attention_launches
 
 CONTEXT_LENS = (1, 15, 16, 17, 100, 257)
+
+
+def requires_gpu(min_compute_capability: tuple[int, int] = (0, 0)) -> list[pytest.MarkDecorator]:
+    """The marks of a GPU test module: gpu, and skipped without a CUDA GPU of at least that
+    compute capability and CuPy (kernels that need a newer GPU than it fall back to others)."""
+    from pagedgen.kernels import loader
+
+    have_gpu = torch.cuda.is_available() and loader.cupy_available()
+    too_old = have_gpu and torch.cuda.get_device_capability() < min_compute_capability
+    return [
+        pytest.mark.gpu,
+        pytest.mark.skipif(not have_gpu, reason="needs a CUDA GPU and CuPy (pagedgen[cuda])"),
+        pytest.mark.skipif(too_old, reason=f"needs sm_{''.join(map(str, min_compute_capability))}"),
+    ]
+
+
 # Small enough that the longer contexts above span several partitions.
 SMALL_PARTITION_SIZE = 64
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -17,28 +17,11 @@ from tests.kernels.paged_cases import (
     check_decode,
     decode_launches,
     make_decode_case,
+    requires_gpu,
     run_decode,
 )
 
-
-def _has_sm80() -> bool:
-    return (
-        torch.cuda.is_available()
-        and torch.cuda.get_device_capability() >= mma.MIN_COMPUTE_CAPABILITY
-    )
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and loader.cupy_available()),
-        reason="needs a CUDA GPU and CuPy (pip install 'pagedgen[cuda]')",
-    ),
-    pytest.mark.skipif(
-        torch.cuda.is_available() and not _has_sm80(),
-        reason="the tensor-core kernel needs sm_80 or newer",
-    ),
-]
+pytestmark = requires_gpu(mma.MIN_COMPUTE_CAPABILITY)
 
 DTYPES = (torch.float16, torch.bfloat16)
 # Groups of 3 (a tile of 3 of 16 heads), 4, 1 (MHA: a tile of one head) and 20 (tiles of 16

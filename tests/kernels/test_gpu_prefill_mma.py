@@ -7,26 +7,15 @@ import torch
 
 from pagedgen.kernels import loader, paged_attention_mma
 from pagedgen.kernels.attention_args import BLOCK_SIZES
+from pagedgen.kernels.prefill_attention import prefill_attention_launch
+from tests.kernels.paged_cases import requires_gpu
 from tests.kernels.prefill_cases import check_prefill, make_prefill_case, run_prefill
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and loader.cupy_available()),
-        reason="needs a CUDA GPU and CuPy (pip install 'pagedgen[cuda]')",
-    ),
-    pytest.mark.skipif(
-        torch.cuda.is_available()
-        and torch.cuda.get_device_capability() < paged_attention_mma.MIN_COMPUTE_CAPABILITY,
-        reason="mma.sync on bfloat16 needs sm_80",
-    ),
-]
+pytestmark = requires_gpu(paged_attention_mma.MIN_COMPUTE_CAPABILITY)
 LONG_SEQS = ((700, 700), (129, 1000), (1, 513))
 
 
 def check(case) -> None:
-    from pagedgen.kernels.prefill_attention import prefill_attention_launch
-
     out = torch.empty_like(case.query)
     plan = prefill_attention_launch(
         out, *case[:6], max(case.query_lens), case.scale, tensor_cores=True

@@ -58,8 +58,8 @@ MUTATIONS = {
         1,
     ),
     "last_kv_tile_dropped": (
-        "const int kv_end = first_pos + (tile_row + num_rows - 1) / group + 1;",
-        "const int kv_end = first_pos + (tile_row + num_rows - 1) / group;",
+        "t.kv_end = t.first_pos + (t.tile_row + t.num_rows - 1) / group + 1;",
+        "t.kv_end = t.first_pos + (t.tile_row + t.num_rows - 1) / group;",
         1,
     ),
     "softcap_dropped": (
