@@ -9,6 +9,10 @@
 #                    limit, so a session runs its halves, tests-a (test_gpu.py, test_gpu_fp8.py:
 #                    455 tests, ~8 min) and tests-b (the other ~540, test_gpu_mma.py's 59 among them,
 #                    ~6 min), in two calls
+#   mma-smoke        the tensor-core kernels' GPU tests that tell first whether PTX agrees with
+#                    the emulator (kernels/mma.cuh's probes, then prefill and decode; ~2 min)
+#   ncu              Nsight Compute on each decode kernel, two shapes (benchmarks/ncu_decode.py):
+#                    DRAM throughput, occupancy and warp stall reasons, the why of a GB/s figure
 #   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak,
 #                    decode per-head, grouped (each without and with prefetch) and mma (~4 min);
 #                    then benchmarks/bench_prefill.py: prefill TFLOP/s, CUDA cores and tensor cores
@@ -42,12 +46,13 @@
 # shape), so that stages with and without baselines compare.
 # A call lasts at most 600 s, so a session splits its stages, e.g.
 #   call 1: STAGES="smollm2-auto llama8b-auto"                                   (~5 min)
-#   call 2: STAGES="kernels"                          (~4 min, the mma kernel's first timings)
+#   call 2: STAGES="mma-smoke kernels"          (~6 min, the mma kernels' first check and timings)
 #   call 3: BASELINES='' STAGES="llama8b-mma smollm2-mma"  (~4 min; call 1 ran the baselines)
 #   call 4: STAGES="sweep"                                                       (~5 min)
 #   call 5: STAGES="tests-a"                                                     (~8 min)
 #   call 6: STAGES="tests-b"                          (~6 min, test_gpu_mma.py among them)
-# and, time left, STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch" (~4 min).
+# and, time left, STAGES="ncu" (~3 min), then
+# STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch" (~4 min).
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
 # the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
 # machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
@@ -99,6 +104,14 @@ for stage in $STAGES; do case $stage in
     tests-a) TAIL=40 run gpu-tests-a 560 python -m pytest "${gpu_tests[@]}" "${tests_a[@]}" ;;
     tests-b) TAIL=40 run gpu-tests-b 560 python -m pytest "${gpu_tests[@]}" tests \
         "${tests_a[@]/#/--ignore=}" ;;
+    mma-smoke) TAIL=15 run mma-smoke 300 python -m pytest "${gpu_tests[@]}" \
+        tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_prefill_mma.py::test_prefill_mma_gqa \
+        tests/kernels/test_gpu_mma.py::test_mma_long_contexts \
+        tests/kernels/test_gpu_mma.py::test_backend_decodes_with_the_mma_kernel ;;
+    ncu) TAIL=80 run ncu 300 ncu --nvtx --kernel-name regex:paged_attention \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section LaunchStats \
+        python benchmarks/ncu_decode.py --dtype bfloat16 ;;
     kernels) run kernels 300 python benchmarks/bench_kernels.py --dtype bfloat16
         run prefill-kernels 120 python benchmarks/bench_prefill.py --dtype bfloat16 ;;
     sweep) TAIL=20 run sweep 500 python benchmarks/sweep_decode.py --dtype bfloat16 \
