@@ -104,3 +104,13 @@ def peak_memory_bandwidth(device_index: int) -> float:
     clock_khz = attribute(cupy.cuda.runtime.cudaDevAttrMemoryClockRate, device_index)
     bus_bits = attribute(cupy.cuda.runtime.cudaDevAttrGlobalMemoryBusWidth, device_index)
     return clock_khz * 1e3 * bus_bits * 2 / 8
+
+
+@functools.cache
+def max_dynamic_shared_memory(device_index: int) -> int:
+    """The most shared memory a block of the device may have (cudaDevAttrMaxSharedMemoryPerBlock
+    Optin): 227 KB on an H100, 163 KB on an A100, 99 KB on sm_86 and sm_89."""
+    import cupy
+
+    optin = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+    return cupy.cuda.runtime.deviceGetAttribute(optin, device_index)

@@ -146,7 +146,9 @@ def paged_attention_launches(
     plain = window is None and softcap is None and sinks is None and alibi_slopes is None
     cache_dtype = key_cache.dtype
     use_mma = bool(tensor_cores) and plain
-    use_mma = use_mma and mma.supports(dtype, cache_dtype, head_size, query.device)
+    use_mma = use_mma and mma.supports(
+        dtype, cache_dtype, head_size, query.device, mma.shared_bytes(head_size)
+    )
     if grouped is None:
         grouped = group_size >= AUTO_GROUPED_MIN_GROUP and head_size >= AUTO_GROUPED_MIN_HEAD_SIZE
     grouped = grouped and group_size > 1 and plain and not use_mma

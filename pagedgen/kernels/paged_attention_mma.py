@@ -40,14 +40,25 @@ def blocks_per_sm(head_size: int) -> int:
 
 
 def supports(
-    dtype: torch.dtype, cache_dtype: torch.dtype, head_size: int, device: torch.device
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    head_size: int,
+    device: torch.device,
+    shared_mem: int,
 ) -> bool:
-    """16-bit activations and a cache of their dtype, a head size the kernel tiles, and (on a GPU)
-    sm_80 or newer; the emulator takes any CPU."""
+    """16-bit activations and a cache of their dtype, a head size the kernels tile, and (on a GPU)
+    sm_80 or newer with shared_mem bytes of shared memory for a block (sm_86 and sm_89 have 99 KB,
+    short of the decode kernel's 100 KB at heads of 128); the emulator takes any CPU."""
     if dtype not in DTYPES or cache_dtype != dtype or head_size not in HEAD_SIZES:
         return False
-    return device.type != "cuda" or (
-        torch.cuda.get_device_capability(device) >= MIN_COMPUTE_CAPABILITY
+    if device.type != "cuda":
+        return True
+    from pagedgen.kernels import loader
+
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return (
+        torch.cuda.get_device_capability(index) >= MIN_COMPUTE_CAPABILITY
+        and loader.max_dynamic_shared_memory(index) >= shared_mem
     )
 
 

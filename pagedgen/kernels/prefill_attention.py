@@ -122,7 +122,7 @@ def prefill_attention_launch(
         return None
     group = num_heads // num_kv_heads
     use_mma = tensor_cores and paged_attention_mma.supports(
-        dtype, key_cache.dtype, head_size, query.device
+        dtype, key_cache.dtype, head_size, query.device, mma_shared_bytes(head_size)
     )
     num_row_tiles = -(-max_query_len * group // (MMA_BLOCK_M if use_mma else BLOCK_M))
     check(

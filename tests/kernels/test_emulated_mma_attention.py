@@ -150,3 +150,18 @@ def test_v2_leaves_its_counters_at_zero(launch: Launch) -> None:
     for _ in range(2):
         check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
         assert not counters.any()
+
+
+def test_gpus_short_of_shared_memory_or_sm_80_keep_the_other_kernels(monkeypatch) -> None:
+    from pagedgen.kernels import loader
+    from pagedgen.kernels.prefill_attention import mma_shared_bytes
+
+    capability = (8, 9)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(loader, "max_dynamic_shared_memory", lambda index: 99 * 1024)  # sm_89
+    cuda, half = torch.device("cuda", 0), torch.float16
+    assert not mma.supports(half, half, 128, cuda, mma.shared_bytes(128))  # decode: 100 KB
+    assert mma.supports(half, half, 64, cuda, mma.shared_bytes(64))
+    assert mma.supports(half, half, 256, cuda, mma_shared_bytes(256))  # prefill: 96 KB
+    capability = (7, 5)
+    assert not mma.supports(half, half, 64, cuda, mma.shared_bytes(64))
