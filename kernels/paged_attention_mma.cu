@@ -89,7 +89,6 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
   // Publish the partials before the count; the last block reads them back through L2 (__ldcg),
   // after its own fence.
   __shared__ bool s_last;
-  __shared__ float s_max_logit[kTileHeads], s_inv_sum[kTileHeads];
   __threadfence();
   __syncthreads();
   const int num_partitions = (context_len + partition_size - 1) / partition_size;
@@ -101,33 +100,34 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const int g = threadIdx.x;
-  if (g < tile.num_q_heads) {
+  // Warp w combines heads w, w + kMmaWarps, ...: its lanes take the partitions in turn for the
+  // head's max logit and exp sum, then dims lane * DIMS ... of the output over every partition.
+  constexpr int DIMS = HEAD_SIZE / kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  for (int g = warp; g < tile.num_q_heads; g += kMmaWarps) {
     const long long head_row = first_row + (long long)g * gridDim.z;
     float max_logit = kNegMax;
-    for (int p = 0; p < num_partitions; ++p) {
+    for (int p = lane; p < num_partitions; p += kWarpSize) {
       max_logit = fmaxf(max_logit, __ldcg(&max_logits[head_row + p]));
     }
+    max_logit = warp_max(max_logit);
     float exp_sum = 0.f;
-    for (int p = 0; p < num_partitions; ++p) {
+    for (int p = lane; p < num_partitions; p += kWarpSize) {
       exp_sum += __ldcg(&exp_sums[head_row + p]) * __expf(__ldcg(&max_logits[head_row + p]) - max_logit);
     }
-    s_max_logit[g] = max_logit;
-    s_inv_sum[g] = 1.f / exp_sum;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < tile.num_q_heads * HEAD_SIZE; i += kMmaThreads) {
-    const int h = i / HEAD_SIZE;
-    const int d = i % HEAD_SIZE;
-    const long long head_row = first_row + (long long)h * gridDim.z;
-    float acc = 0.f;
+    exp_sum = warp_sum(exp_sum);
+    float acc[DIMS] = {};
     for (int p = 0; p < num_partitions; ++p) {
       const float weight = __ldcg(&exp_sums[head_row + p]) *
-                           __expf(__ldcg(&max_logits[head_row + p]) - s_max_logit[h]);
-      acc += __ldcg(&tmp_out[(head_row + p) * HEAD_SIZE + d]) * weight;
+                           __expf(__ldcg(&max_logits[head_row + p]) - max_logit);
+      const float* partial = &tmp_out[(head_row + p) * HEAD_SIZE + lane * DIMS];
+#pragma unroll
+      for (int e = 0; e < DIMS; ++e) acc[e] += __ldcg(&partial[e]) * weight;
     }
-    out[((long long)seq * num_heads + tile.first_head + h) * HEAD_SIZE + d] =
-        from_float<T>(acc * s_inv_sum[h]);
+    T* dst = out + ((long long)seq * num_heads + tile.first_head + g) * HEAD_SIZE + lane * DIMS;
+#pragma unroll
+    for (int e = 0; e < DIMS; ++e) dst[e] = from_float<T>(acc[e] / exp_sum);
   }
 }
 

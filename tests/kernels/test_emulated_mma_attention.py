@@ -165,3 +165,9 @@ def test_gpus_short_of_shared_memory_or_sm_80_keep_the_other_kernels(monkeypatch
     assert mma.supports(half, half, 256, cuda, mma_shared_bytes(256))  # prefill: 96 KB
     capability = (7, 5)
     assert not mma.supports(half, half, 64, cuda, mma.shared_bytes(64))
+
+
+def test_more_partitions_than_lanes(launch: Launch) -> None:
+    """40 partitions: the combining warp's lanes take partitions 0-31, then 32-39."""
+    case = make_decode_case(torch.bfloat16, 8, 2, 64, 16, (2500, 70), seed=11)
+    check_decode(launch, case, 2, partition_size=64, tensor_cores=True)

@@ -101,9 +101,10 @@ MUTATIONS = {
         "s_last = atomicAdd(count, 1) == num_partitions;",
         1,
     ),
+    "combine_sums_one_lane_of_partitions": ("    exp_sum = warp_sum(exp_sum);\n", "", 1),
     "partials_combined_unscaled": (
-        "acc += __ldcg(&tmp_out[(head_row + p) * HEAD_SIZE + d]) * weight;",
-        "acc += __ldcg(&tmp_out[(head_row + p) * HEAD_SIZE + d]);",
+        "acc[e] += __ldcg(&partial[e]) * weight;",
+        "acc[e] += __ldcg(&partial[e]);",
         1,
     ),
     "combine_over_stages_still_read": (
