@@ -19,6 +19,7 @@ from pagedgen.kernels.source import kernel_source
 
 HERE = Path(__file__).resolve().parent
 EMU_HEADER = HERE / "cuda_emu.h"
+EMU_HEADERS = (EMU_HEADER, HERE / "cuda_emu_sm80.h")  # what cuda_emu.h includes, for the cache key
 CXX_FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w")
 _C_TYPES = {
     np.int32: ctypes.c_int32,
@@ -58,7 +59,7 @@ def build_library(source: str, name_expressions: list[str], defines: tuple[str, 
         f"}}"
         for i, expression in enumerate(name_expressions)
     )
-    header = EMU_HEADER.read_text()
+    header = "".join(path.read_text() for path in EMU_HEADERS)
     flags = [*CXX_FLAGS, *(f"-D{define}" for define in defines)]
     key = hashlib.sha256(
         "\0".join([header, source, entry_points, " ".join(flags), _gxx_version()]).encode()
