@@ -155,27 +155,21 @@ def paged_attention_launches(
     if l2_prefetch is None:
         l2_prefetch = not grouped
     tile = group_tile(group_size, head_size)
+    # The planner's partition size, None for one pass (v1), and the kernel's grid.x.
     if use_mma:
         grid_x = num_kv_heads * mma.num_tiles(group_size)
+        work_blocks, size = grid_x * num_seqs, head_size
+        planned = mma.mma_partition_size(max_context_len, work_blocks, size, num_sms(query.device))
+    elif grouped:
+        grid_x = num_kv_heads * -(-group_size // tile)
+        work_blocks, size = grid_x * num_seqs, block_size
+        planned = grouped_partition_size(max_context_len, work_blocks, size, num_sms(query.device))
     else:
-        grid_x = num_kv_heads * -(-group_size // tile) if grouped else num_heads
-    if version is None and (grouped or use_mma):
-        work_blocks = grid_x * num_seqs
-        if use_mma:
-            planned = mma.mma_partition_size(
-                max_context_len, work_blocks, head_size, num_sms(query.device)
-            )
-        else:
-            planned = grouped_partition_size(
-                max_context_len, work_blocks, block_size, num_sms(query.device)
-            )
+        grid_x, size = num_heads, partition_size or PARTITION_SIZE
+        planned = None if use_v1(max_context_len, num_seqs, num_heads, size) else size
+    if version is None:
         version = 1 if planned is None else 2
         partition_size = partition_size or planned
-    elif version is None:
-        use_one_pass = use_v1(
-            max_context_len, num_seqs, num_heads, partition_size or PARTITION_SIZE
-        )
-        version = 1 if use_one_pass else 2
     partition_size = partition_size or PARTITION_SIZE
     check(
         partition_size % block_size == 0, lambda: f"partition_size {partition_size} % {block_size}"
