@@ -38,22 +38,34 @@ struct MmaLayout {
 template <int HEAD_SIZE>
 constexpr int kMmaMinBlocks = HEAD_SIZE <= 64 ? 4 : HEAD_SIZE <= 128 ? 2 : 1;
 
-// Attends q[g * HEAD_SIZE ...], g < num_q_heads, to tokens [start_token, end_token); writes head
-// g's normalised output at out + g * out_head_stride and, when max_logits is not null, its max
-// logit and exp sum at g * stats_head_stride.
+// What the tile's queries see beyond their plain scores: paged_attention.cu's options.
+struct MmaDecodeOptions {
+  int visible_from;     // the first token they see (a window's start): earlier ones score nothing
+  float softcap;        // > 0: scores become softcap * tanh(score / softcap)
+  const float* slopes;  // ALiBi's slope of each head of the tile, or nullptr
+  int query_pos;        // the queries' position, for ALiBi's slope * (token - query_pos)
+  const float* sinks;   // the sink logit of each head of the tile, counted once, or nullptr
+};
+
+// Attends q[g * HEAD_SIZE ...], g < num_q_heads, to tokens [start_token, end_token) (start_token on
+// a KV block boundary) that it sees; writes head g's normalised output at out + g *
+// out_head_stride and, when max_logits is not null, its max logit and exp sum at g *
+// stats_head_stride.
 //
 // Chunk c (kChunkTokens tokens) is copied into stage c % STAGES by every thread, STAGES - 1
 // chunks ahead of the one the warps read; warp w reads its 16 tokens of each chunk with an online
 // softmax of its own (running max m and sum l per row, rescaled by alpha = exp(m_old - m_new)),
-// and the warps' results are combined at the end. Tokens past end_token are copied as zeros and
-// score kNegMax, so pool rows that were never written (NaN, say) reach no product.
+// and the warps' results are combined at the end. Tokens outside [visible_from, end_token) are
+// copied as zeros and score kNegMax, so pool rows that were never written (NaN, say), or that a
+// window let the engine free, reach no product.
 template <typename T, int HEAD_SIZE, int BLOCK_SIZE, typename O>
 __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
                            float* __restrict__ max_logits, float* __restrict__ exp_sums,
                            long long stats_head_stride, const T* __restrict__ q, int num_q_heads,
                            const T* __restrict__ key_cache, const T* __restrict__ value_cache,
                            const int* __restrict__ block_table, int kv_head, int num_kv_heads,
-                           float scale, int start_token, int end_token) {
+                           float scale, int start_token, int end_token,
+                           const MmaDecodeOptions& options) {
   using L = MmaLayout<HEAD_SIZE>;
   constexpr int kStages = L::kStages;
   constexpr int kKSteps = HEAD_SIZE / 16;
@@ -78,7 +90,7 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
   auto load_chunk = [&](int chunk, int blocks) {
     if (chunk < num_chunks) {
       loader.load(s_k, s_v, chunk % kStages * kChunkTokens, start_token + chunk * kChunkTokens,
-                  start_token, end_token, blocks);
+                  options.visible_from, end_token, blocks);
     }
     cp_async_commit();  // empty past the last chunk: every iteration's wait counts the same
   };
@@ -109,13 +121,20 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
   float o[HEAD_SIZE / 8][4] = {};
   float m[2] = {kNegMax, kNegMax};  // rows group and group + 8
   float l[2] = {0.f, 0.f};          // this lane's share of the row sums
+  float slope[2];                   // ALiBi's, 0 without and past the tile's heads
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = group + 8 * r;
+    slope[r] = options.slopes != nullptr && row < num_q_heads ? options.slopes[row] : 0.f;
+  }
   for (int chunk = 0; chunk < num_chunks; ++chunk) {
     cp_async_wait<kStages - 2>();  // this thread's copies of chunk have landed
     __syncthreads();               // everyone's have, and chunk - 1's stage is read: refill it
     load_chunk(chunk + kStages - 1, next_blocks);
     next_blocks = chunk_blocks(chunk + kStages);
     const int first = start_token + chunk * kChunkTokens + warp * kWarpTokens;
-    if (first >= end_token) continue;  // the warp's tokens are all past the end (warp-uniform)
+    // Warp-uniform: the warp's tokens are all past the end or before the window.
+    if (first >= end_token || first + kWarpTokens <= options.visible_from) continue;
     const int warp_row = chunk % kStages * kChunkTokens + warp * kWarpTokens;
 
     // S (16 heads x 16 tokens) as two n-tiles of 8 tokens; K's ldmatrix matrix j is tokens
@@ -136,8 +155,11 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bool valid = first + n * 8 + 2 * quad + i % 2 < end_token;
-        s[n][i] = valid ? s[n][i] * scale : kNegMax;
+        const int token = first + n * 8 + 2 * quad + i % 2;
+        float score = s[n][i] * scale;
+        if (options.softcap > 0.f) score = options.softcap * tanhf(score / options.softcap);
+        score += slope[i / 2] * (float)(token - options.query_pos);
+        s[n][i] = token >= options.visible_from && token < end_token ? score : kNegMax;
         row_max[i / 2] = fmaxf(row_max[i / 2], s[n][i]);
       }
     }
@@ -146,7 +168,7 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
     for (int r = 0; r < 2; ++r) {
       row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 1));
       row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);  // a real score: token `first` is valid
+      const float m_new = fmaxf(m[r], row_max[r]);  // a real score: the warp sees a token
       alpha[r] = __expf(m[r] - m_new);
       m[r] = m_new;
       l[r] *= alpha[r];
@@ -202,14 +224,15 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
   }
   __syncthreads();
 
-  // A warp that read no token has m = kNegMax and weighs exp(kNegMax - max_logit) = 0; warp 0
-  // always reads one (start_token < end_token). Head g's weights go to s_l in place of its sums.
+  // A warp that saw no token has m = kNegMax and weighs exp(kNegMax - max_logit) = 0; some warp
+  // sees one (visible_from < end_token). A sink is one more logit in the sum, of zero value. Head
+  // g's weights go to s_l in place of its sums.
   if (tid < num_q_heads) {
     const int g = tid;
-    float max_logit = kNegMax;
+    float max_logit = options.sinks != nullptr ? options.sinks[g] : kNegMax;
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) max_logit = fmaxf(max_logit, s_m[w * kTileHeads + g]);
-    float exp_sum = 0.f;
+    float exp_sum = options.sinks != nullptr ? __expf(options.sinks[g] - max_logit) : 0.f;
     float weight[kMmaWarps];
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) {

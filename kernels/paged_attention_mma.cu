@@ -2,9 +2,9 @@
 // to 16 of its query heads, sequence[, partition]) computes the tile's scores and outputs with
 // mma.sync.m16n8k16 while cp.async streams the next chunks of K and V into shared memory, so that
 // a few instructions move each KV byte and the copies keep HBM busy. Same cache layout and
-// semantics as kernels/paged_attention.cu for 16-bit caches of the activations' dtype, without
-// window, soft cap, sinks or ALiBi. v2 combines its partitions itself, in the last block of each
-// (tile, sequence) to finish. Any group size: MHA's tile holds one head.
+// semantics as kernels/paged_attention.cu (window, soft cap, sinks, ALiBi) for 16-bit caches of
+// the activations' dtype. v2 combines its partitions itself, in the last block of each (tile,
+// sequence) to finish. Any group size: MHA's tile holds one head.
 //
 //   key_cache, value_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_SIZE] of T
 //   query heads of kv head k: k * group ... k * group + group - 1, group = num_heads / num_kv_heads
@@ -20,6 +20,11 @@ struct MmaTile {
   int first_head;
   int num_q_heads;
 };
+
+// A per-head array's entries from the tile's first head on, or nullptr.
+__device__ __forceinline__ const float* per_head(const float* values, int first_head) {
+  return values == nullptr ? nullptr : values + first_head;
+}
 
 __device__ __forceinline__ MmaTile mma_tile(int num_heads, int num_kv_heads) {
   const int group = num_heads / num_kv_heads;
@@ -39,15 +44,21 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
         const T* __restrict__ value_cache,     // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD]
         const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
         const int* __restrict__ context_lens,  // [num_seqs]
-        int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads) {
+        int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads,
+        int window, float softcap, const float* __restrict__ sinks,
+        const float* __restrict__ alibi_slopes) {
   const int seq = blockIdx.y;
   const MmaTile tile = mma_tile(num_heads, num_kv_heads);
+  const int context_len = context_lens[seq];
+  const int window_start = window > 0 ? max(0, context_len - window) : 0;
+  const MmaDecodeOptions options{window_start, softcap, per_head(alibi_slopes, tile.first_head),
+                                 context_len - 1, per_head(sinks, tile.first_head)};
   attend_mma<T, HEAD_SIZE, BLOCK_SIZE>(
       out + ((long long)seq * num_heads + tile.first_head) * HEAD_SIZE, HEAD_SIZE, nullptr,
       nullptr, 0, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
       tile.num_q_heads, key_cache, value_cache,
       block_tables + (long long)seq * max_num_blocks_per_seq, tile.kv_head, num_kv_heads, scale,
-      0, context_lens[seq]);
+      window_start / BLOCK_SIZE * BLOCK_SIZE, context_len, options);
 }
 
 // grid (num_kv_heads * num_tiles, num_seqs, max_num_partitions), block kMmaThreads. Each block
@@ -69,14 +80,22 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
         const int* __restrict__ block_tables,  // [num_seqs, max_num_blocks_per_seq]
         const int* __restrict__ context_lens,  // [num_seqs]
         int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads,
-        int partition_size) {  // a multiple of BLOCK_SIZE: partitions start on a block boundary
+        int partition_size,  // a multiple of BLOCK_SIZE: partitions start on a block boundary
+        int window, float softcap, const float* __restrict__ sinks,
+        const float* __restrict__ alibi_slopes) {
   const int seq = blockIdx.y;
   const int partition = blockIdx.z;
   const int context_len = context_lens[seq];
+  const int window_start = window > 0 ? max(0, context_len - window) : 0;
   const int start_token = partition * partition_size;
-  if (start_token >= context_len) return;  // the whole thread block leaves together
   const int end_token = min(start_token + partition_size, context_len);
+  // Past the context or before the window: nothing to see, and not counted. The whole thread
+  // block leaves together.
+  if (start_token >= context_len || end_token <= window_start) return;
   const MmaTile tile = mma_tile(num_heads, num_kv_heads);
+  const MmaDecodeOptions options{max(start_token, window_start), softcap,
+                                 per_head(alibi_slopes, tile.first_head), context_len - 1,
+                                 nullptr};  // the combine counts the sinks
   const long long first_row = ((long long)seq * num_heads + tile.first_head) * gridDim.z;
   const long long row = first_row + partition;
   attend_mma<T, HEAD_SIZE, BLOCK_SIZE>(
@@ -84,7 +103,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
       exp_sums + row, gridDim.z, query + (long long)seq * q_stride + tile.first_head * HEAD_SIZE,
       tile.num_q_heads, key_cache, value_cache,
       block_tables + (long long)seq * max_num_blocks_per_seq, tile.kv_head, num_kv_heads, scale,
-      start_token, end_token);
+      start_token, end_token, options);
 
   // Publish the partials before the count; the last block reads them back through L2 (__ldcg),
   // after its own fence.
@@ -92,9 +111,10 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
   __threadfence();
   __syncthreads();
   const int num_partitions = (context_len + partition_size - 1) / partition_size;
+  const int first_partition = window_start / partition_size;
   if (threadIdx.x == 0) {
     int* count = &counters[(long long)seq * gridDim.x + blockIdx.x];
-    s_last = atomicAdd(count, 1) == num_partitions - 1;
+    s_last = atomicAdd(count, 1) == num_partitions - first_partition - 1;
     if (s_last) *count = 0;
   }
   __syncthreads();
@@ -107,18 +127,20 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
   const int lane = threadIdx.x % kWarpSize;
   for (int g = warp; g < tile.num_q_heads; g += kMmaWarps) {
     const long long head_row = first_row + (long long)g * gridDim.z;
+    const float sink = sinks != nullptr ? sinks[tile.first_head + g] : kNegMax;
     float max_logit = kNegMax;
-    for (int p = lane; p < num_partitions; p += kWarpSize) {
+    for (int p = first_partition + lane; p < num_partitions; p += kWarpSize) {
       max_logit = fmaxf(max_logit, __ldcg(&max_logits[head_row + p]));
     }
-    max_logit = warp_max(max_logit);
+    max_logit = fmaxf(warp_max(max_logit), sink);
     float exp_sum = 0.f;
-    for (int p = lane; p < num_partitions; p += kWarpSize) {
+    for (int p = first_partition + lane; p < num_partitions; p += kWarpSize) {
       exp_sum += __ldcg(&exp_sums[head_row + p]) * __expf(__ldcg(&max_logits[head_row + p]) - max_logit);
     }
-    exp_sum = warp_sum(exp_sum);
+    // A sink is one more logit in the sum, of zero value (exp(kNegMax - max_logit) = 0 without).
+    exp_sum = warp_sum(exp_sum) + __expf(sink - max_logit);
     float acc[DIMS] = {};
-    for (int p = 0; p < num_partitions; ++p) {
+    for (int p = first_partition; p < num_partitions; ++p) {
       const float weight = __ldcg(&exp_sums[head_row + p]) *
                            __expf(__ldcg(&max_logits[head_row + p]) - max_logit);
       const float* partial = &tmp_out[(head_row + p) * HEAD_SIZE + lane * DIMS];
@@ -138,10 +160,11 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
 // (nvcc -cubin in the tests) get every supported combination.
 #define PAGEDGEN_PAM_BLOCK(T, HEAD, BLOCK)                                                      \
   template __global__ void pagedgen::paged_attention_mma_v1_kernel<T, HEAD, BLOCK>(            \
-      T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float, int);    \
+      T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float, int, int, \
+      float, const float*, const float*);                                                       \
   template __global__ void pagedgen::paged_attention_mma_v2_kernel<T, HEAD, BLOCK>(            \
       T*, float*, float*, float*, int*, const T*, const T*, const T*, const int*, const int*,   \
-      int, int, int, float, int, int);
+      int, int, int, float, int, int, int, float, const float*, const float*);
 #define PAGEDGEN_PAM_HEAD(T, HEAD)   \
   PAGEDGEN_PAM_BLOCK(T, HEAD, 8)     \
   PAGEDGEN_PAM_BLOCK(T, HEAD, 16)    \

@@ -32,19 +32,17 @@ class CupyAttentionBackend(TorchAttentionBackend):
     (PAGEDGEN_CUDA_GROUPED_DECODE=1 for every GQA layer, 0 for none);
     per-head decode warps prefetch their next KV block into L2, grouped ones do not
     (PAGEDGEN_CUDA_DECODE_PREFETCH=1 for both, 0 for neither).
-    PAGEDGEN_CUDA_MMA_DECODE=1 decodes every layer it takes (16-bit caches of the model's dtype,
-    head sizes 64/128/256, no window, soft cap, sinks or ALiBi; sm_80 or newer) on tensor cores
-    (kernels/paged_attention_mma.cu), the others as above; unset or 0, none does.
-    PAGEDGEN_CUDA_MMA_PREFILL=1 runs the prefill rows of every layer with such a cache and head
-    size (windows, soft caps, sinks and ALiBi included) on tensor cores
-    (kernels/prefill_attention_mma.cu); unset or 0, the prefill kernel above.
+    PAGEDGEN_CUDA_MMA_DECODE=1 and PAGEDGEN_CUDA_MMA_PREFILL=1 run the decode and the prefill
+    rows of every layer with a 16-bit cache of the model's dtype and heads of 64, 128 or 256
+    (every option below included; sm_80 or newer) on tensor cores
+    (kernels/paged_attention_mma.cu, prefill_attention_mma.cu); unset or 0, the kernels above.
     Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES and
     block sizes BLOCK_SIZES, and fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside
     caches of the model's dtype: every kernel rounds K/V into them as to_cache_dtype does, and
     attention reads this step's K/V back from the cache, so it sees them as later steps will.
     Sliding windows (Mistral, Gemma 2/3, gpt-oss), soft-capped scores (Gemma 2), attention sinks
     (gpt-oss) and ALiBi slopes (BLOOM, MPT) are read by every attention kernel but the grouped
-    and tensor-core ones, which decline such layers."""
+    one, which declines such layers."""
 
     name = "cupy"
     use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"

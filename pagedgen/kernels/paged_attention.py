@@ -110,8 +110,8 @@ def paged_attention_launches(
     fast on all six shapes of bench_kernels.py, the grouped one 0.88-1.03x).
     tensor_cores picks kernels/paged_attention_mma.cu, tiles of 16 query heads of a kv head on
     mma.sync with K/V streamed through shared memory, for 16-bit caches of the activations'
-    dtype on sm_80 or newer (other layers keep the kernels above); None is False until it is
-    measured on a GPU.
+    dtype on sm_80 or newer, every option included (other layers keep the kernels above); None
+    is False until it is measured on a GPU.
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -145,8 +145,7 @@ def paged_attention_launches(
     group_size = num_heads // num_kv_heads
     plain = window is None and softcap is None and sinks is None and alibi_slopes is None
     cache_dtype = key_cache.dtype
-    use_mma = bool(tensor_cores) and plain
-    use_mma = use_mma and mma.supports(
+    use_mma = bool(tensor_cores) and mma.supports(
         dtype, cache_dtype, head_size, query.device, mma.shared_bytes(head_size)
     )
     if grouped is None:
@@ -213,6 +212,8 @@ def paged_attention_launches(
             tail = (*options, per_head_arg(sinks), per_head_arg(alibi_slopes))
         else:
             tail = (np.int32(num_heads),)
+        if use_mma:
+            tail += (*options, per_head_arg(sinks), per_head_arg(alibi_slopes))
         args = (out, *common, *tail)
         grid = (grid_x, num_seqs, 1)
         return [KernelLaunch(main_module, v1_name, grid, main_block, args, shared_mem)]
@@ -227,7 +228,8 @@ def paged_attention_launches(
         tail = (*options, per_head_arg(alibi_slopes))  # sinks join in the reduce
     else:
         tail = (np.int32(num_heads), np.int32(partition_size))
-    if use_mma:  # combines its partitions itself
+    if use_mma:  # combines its partitions itself, sinks included
+        tail += (*options, per_head_arg(sinks), per_head_arg(alibi_slopes))
         scratch = (exp_sums, max_logits, tmp_out, mma.counters(query.device, grid_x * num_seqs))
         args = (out, *scratch, *common, *tail)
         grid = (grid_x, num_seqs, max_num_partitions)

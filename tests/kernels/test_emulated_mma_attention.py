@@ -102,21 +102,34 @@ def test_strided_query_rows(launch: Launch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "cache_dtype", "head_size", "options"),
+    ("dtype", "cache_dtype", "head_size"),
     [
-        (torch.float32, None, 64, {}),
-        (torch.float16, torch.float8_e4m3fn, 64, {}),
-        (torch.float16, None, 80, {}),
-        (torch.float16, None, 64, {"window": 20}),
-        (torch.float16, None, 64, {"softcap": 5.0}),
-        (torch.float16, None, 64, {"sinks": True}),
-        (torch.float16, None, 64, {"alibi": True}),
+        (torch.float32, None, 64),
+        (torch.float16, torch.float8_e4m3fn, 64),
+        (torch.float16, None, 80),
     ],
-    ids=["float32", "fp8-cache", "head-80", "window", "softcap", "sinks", "alibi"],
+    ids=["float32", "fp8-cache", "head-80"],
 )
-def test_layers_it_declines_keep_the_other_kernels(dtype, cache_dtype, head_size, options) -> None:
-    case = make_decode_case(dtype, 4, 2, head_size, 16, (5, 40), cache_dtype=cache_dtype, **options)
+def test_layers_it_declines_keep_the_other_kernels(dtype, cache_dtype, head_size) -> None:
+    case = make_decode_case(dtype, 4, 2, head_size, 16, (5, 40), cache_dtype=cache_dtype)
     assert planned_source(case, grouped=True) != "paged_attention_mma.cu"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"window": 20},
+        {"window": 100},  # partitions wholly before it, one it starts in
+        {"softcap": 5.0},
+        {"sinks": True},
+        {"alibi": True},
+        {"window": 70, "softcap": 5.0, "sinks": True, "alibi": True},
+    ],
+    ids=["window-20", "window-100", "softcap", "sinks", "alibi", "all"],
+)
+def test_windows_soft_caps_sinks_and_alibi(launch: Launch, options: dict) -> None:
+    case = make_decode_case(torch.bfloat16, 8, 2, 64, 16, CONTEXT_LENS, seed=5, **options)
+    check_all(launch, case)
 
 
 def test_the_launch_must_give_the_shared_memory_the_kernel_uses(launch: Launch) -> None:

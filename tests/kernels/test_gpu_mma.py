@@ -101,3 +101,16 @@ def test_backend_decodes_with_the_mma_kernel(monkeypatch) -> None:
     """PAGEDGEN_CUDA_MMA_DECODE=1 reaches the launch plan."""
     names = backend_decode_kernels(monkeypatch, "use_tensor_core_decode")
     assert any("mma" in name for name in names), names
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"window": 300}, {"softcap": 30.0}, {"sinks": True}, {"alibi": True}],
+    ids=["window", "softcap", "sinks", "alibi"],
+)
+def test_mma_options(options: dict) -> None:
+    """Mistral's windows, Gemma 2's soft cap, gpt-oss's sinks, BLOOM's ALiBi, over partitions."""
+    context_lens = (1, 17, 100, 600, 1500, 4097)
+    case = make_decode_case(torch.bfloat16, 8, 2, 128, 16, context_lens, device="cuda", **options)
+    check_decode(loader.launch, case, None, partition_size=None, tensor_cores=True)
+    check_decode(loader.launch, case, 2, partition_size=64, tensor_cores=True)

@@ -3,6 +3,8 @@ planted into a copy of kernels/paged_attention_mma.cu (its headers inlined), bui
 and the checks of test_emulated_mma_attention.py must fail on it. Among them are the bugs a GPU
 shows only sometimes (a missing wait or barrier), which the emulator shows every time."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -54,8 +56,8 @@ MUTATIONS = {
         1,
     ),
     "tokens_past_the_end_scored": (
-        "s[n][i] = valid ? s[n][i] * scale : kNegMax;",
-        "s[n][i] = s[n][i] * scale;",
+        "s[n][i] = token >= options.visible_from && token < end_token ? score : kNegMax;",
+        "s[n][i] = token >= options.visible_from ? score : kNegMax;",
         1,
     ),
     "value_fragments_not_transposed": (
@@ -97,14 +99,48 @@ MUTATIONS = {
     "partition_stats_rows_adjacent": ("exp_sums + row, gridDim.z,", "exp_sums + row, 1,", 1),
     "count_never_reset": ("    if (s_last) *count = 0;\n", "", 1),
     "no_partition_is_last": (
-        "s_last = atomicAdd(count, 1) == num_partitions - 1;",
-        "s_last = atomicAdd(count, 1) == num_partitions;",
+        "s_last = atomicAdd(count, 1) == num_partitions - first_partition - 1;",
+        "s_last = atomicAdd(count, 1) == num_partitions - first_partition;",
         1,
     ),
-    "combine_sums_one_lane_of_partitions": ("    exp_sum = warp_sum(exp_sum);\n", "", 1),
+    "combine_sums_one_lane_of_partitions": (
+        "exp_sum = warp_sum(exp_sum) + __expf(sink - max_logit);",
+        "exp_sum += __expf(sink - max_logit);",
+        1,
+    ),
     "partials_combined_unscaled": (
         "acc[e] += __ldcg(&partial[e]) * weight;",
         "acc[e] += __ldcg(&partial[e]);",
+        1,
+    ),
+    "window_not_masked": (
+        "s[n][i] = token >= options.visible_from && token < end_token ? score : kNegMax;",
+        "s[n][i] = token < end_token ? score : kNegMax;",
+        1,
+    ),
+    "softcap_ignored": (
+        "if (options.softcap > 0.f) score = options.softcap * tanhf(score / options.softcap);",
+        "",
+        1,
+    ),
+    "alibi_backwards": (
+        "score += slope[i / 2] * (float)(token - options.query_pos);",
+        "score += slope[i / 2] * (float)(options.query_pos - token);",
+        1,
+    ),
+    "v1_sinks_ignored": (
+        "float exp_sum = options.sinks != nullptr ? __expf(options.sinks[g] - max_logit) : 0.f;",
+        "float exp_sum = 0.f;",
+        1,
+    ),
+    "v2_sinks_ignored": (
+        "exp_sum = warp_sum(exp_sum) + __expf(sink - max_logit);",
+        "exp_sum = warp_sum(exp_sum);",
+        1,
+    ),
+    "combine_reads_partitions_before_the_window": (
+        "for (int p = first_partition; p < num_partitions; ++p) {",
+        "for (int p = 0; p < num_partitions; ++p) {",
         1,
     ),
     "combine_over_stages_still_read": (
@@ -117,8 +153,8 @@ MUTATIONS = {
 
 def mma_checks_pass(source: str) -> bool:
     """v1 and v2 (64-token partitions) on heads of 64 in float16: groups of 4 over two kv heads,
-    contexts that end inside a warp's slice, on a stage boundary and a few stages in; with the
-    warps in step, then racing (Emulator.set_racing)."""
+    contexts that end inside a warp's slice, on a stage boundary and a few stages in, plain, with
+    a window, soft cap and sinks, and with ALiBi; warps in step, then racing."""
     module = mma_module(torch.float16, 64, 16)
     emulator = Emulator(source, list(module.name_expressions), module.defines)
 
@@ -128,10 +164,15 @@ def mma_checks_pass(source: str) -> bool:
         else:
             module_emulator(kernel_launch.module).launch(kernel_launch)
 
-    case = make_decode_case(torch.float16, 8, 2, 64, 16, context_lens=(1, 17, 64, 100, 257))
+    lens = (1, 17, 64, 100, 257)
+    cases = [
+        make_decode_case(torch.float16, 8, 2, 64, 16, lens),
+        make_decode_case(torch.float16, 8, 2, 64, 16, lens, window=90, softcap=5.0, sinks=True),
+        make_decode_case(torch.float16, 8, 2, 64, 16, lens, alibi=True),
+    ]
     counters = mma.counters(torch.device("cpu"), 1)  # what a planted bug leaves there, it clears
     try:
-        for racing in (False, True):
+        for racing, case in itertools.product((False, True), cases):
             emulator.set_racing(racing)
             check_decode(launch, case, version=1, tensor_cores=True)
             check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
