@@ -4,7 +4,7 @@ import torch
 
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.torch_backend import TorchAttentionBackend
-from pagedgen.kernels import loader
+from pagedgen.kernels import loader, paged_attention_mma
 from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
 from pagedgen.kernels.layer_ops import rope_and_cache
@@ -79,6 +79,8 @@ class CupyAttentionBackend(TorchAttentionBackend):
             )
         super().__init__()
         self.device = device
+        if self.use_tensor_core_decode:  # its counters, before any CUDA graph capture
+            paged_attention_mma.counters(device, 1)
 
     @staticmethod
     def supports(head_size: int, block_size: int) -> bool:

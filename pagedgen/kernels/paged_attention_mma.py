@@ -113,6 +113,8 @@ def mma_partition_size(
 def counters(device: torch.device, num_counters: int) -> torch.Tensor:
     """num_counters int32 zeros on device, which the v2 kernel leaves at zero: the newest of its
     buffers there, or a new one twice as large (old ones stay alive for graphs that use them)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     buffers = _counters.setdefault(device, [])
     if not buffers or buffers[-1].numel() < num_counters:
         size = max(MIN_COUNTERS, 2 * num_counters)
