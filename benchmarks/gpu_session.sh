@@ -11,8 +11,9 @@
 #                    ~6 min), in two calls
 #   mma-smoke        the tensor-core kernels' GPU tests that tell first whether PTX agrees with
 #                    the emulator (kernels/mma.cuh's probes, then prefill and decode; ~2 min)
-#   ncu              Nsight Compute on each decode kernel, two shapes (benchmarks/ncu_decode.py):
-#                    DRAM throughput, occupancy and warp stall reasons, the why of a GB/s figure
+#   ncu              Nsight Compute on each attention kernel (benchmarks/ncu_attention.py: decode
+#                    at two shapes, prefill at one): DRAM throughput, occupancy and warp stall
+#                    reasons, the why of a GB/s figure
 #   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak,
 #                    decode per-head, grouped (each without and with prefetch) and mma (~4 min);
 #                    then benchmarks/bench_prefill.py: prefill TFLOP/s, CUDA cores and tensor cores
@@ -108,10 +109,10 @@ for stage in $STAGES; do case $stage in
         tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_prefill_mma.py::test_prefill_mma_gqa \
         tests/kernels/test_gpu_mma.py::test_mma_long_contexts \
         tests/kernels/test_gpu_mma.py::test_backend_decodes_with_the_mma_kernel ;;
-    ncu) TAIL=80 run ncu 300 ncu --nvtx --kernel-name regex:paged_attention \
+    ncu) TAIL=80 run ncu 300 ncu --nvtx --kernel-name regex:attention \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section LaunchStats \
-        python benchmarks/ncu_decode.py --dtype bfloat16 ;;
+        python benchmarks/ncu_attention.py --dtype bfloat16 ;;
     kernels) run kernels 300 python benchmarks/bench_kernels.py --dtype bfloat16
         run prefill-kernels 120 python benchmarks/bench_prefill.py --dtype bfloat16 ;;
     sweep) TAIL=20 run sweep 500 python benchmarks/sweep_decode.py --dtype bfloat16 \
