@@ -7,6 +7,7 @@
 #include "common.cuh"
 #include "kv_tiles.cuh"
 #include "mma.cuh"
+#include "mma_attention.cuh"
 
 namespace pagedgen {
 
@@ -105,17 +106,14 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
                                                                 : from_float<T>(0.f);
   }
   __syncthreads();
-  // A fragments of Q: matrix j of k-step ks is rows (j % 2) * 8 ..., columns 16 ks + (j / 2) * 8.
-  // Heads of 256 reload them every chunk: with the output's 128 registers they would spill.
+  // Heads of 256 reload Q's fragments every chunk: with the output's 128 registers they would
+  // spill.
   constexpr bool kQInRegisters = HEAD_SIZE <= 128;
-  auto load_q = [&](unsigned(&a)[4], int ks) {
-    const int j = lane / 8;
-    ldmatrix_x4(a, &s_q[L::piece(j % 2 * 8 + lane % 8, 2 * ks + j / 2) * 8]);
-  };
+  const Piece* q_tile = reinterpret_cast<const Piece*>(s_q);
   unsigned qa[kQInRegisters ? kKSteps : 1][4];
   if constexpr (kQInRegisters) {
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) load_q(qa[ks], ks);
+    for (int ks = 0; ks < kKSteps; ++ks) load_a_fragment<L::kRow>(qa[ks], q_tile, 0, ks);
   }
 
   float o[HEAD_SIZE / 8][4] = {};
@@ -137,20 +135,9 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
     if (first >= end_token || first + kWarpTokens <= options.visible_from) continue;
     const int warp_row = chunk % kStages * kChunkTokens + warp * kWarpTokens;
 
-    // S (16 heads x 16 tokens) as two n-tiles of 8 tokens; K's ldmatrix matrix j is tokens
-    // (j / 2) * 8 ..., dims 16 ks + (j % 2) * 8 ...: B fragments of n-tile j / 2.
-    float s[2][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const int j = lane / 8;
-      unsigned b[4];
-      ldmatrix_x4(b, &s_k[L::piece(warp_row + j / 2 * 8 + lane % 8, 2 * ks + j % 2)]);
-      if constexpr (!kQInRegisters) load_q(qa[0], ks);
-      const unsigned(&a)[4] = qa[kQInRegisters ? ks : 0];
-      mma_16816<T>(s[0], a, b[0], b[1]);
-      mma_16816<T>(s[1], a, b[2], b[3]);
-    }
-    float row_max[2] = {kNegMax, kNegMax};
+    // S (16 heads x 16 tokens) as two n-tiles of 8 tokens.
+    float s[2][4];
+    mma_scores<T, HEAD_SIZE, 2, kQInRegisters>(s, qa, q_tile, 0, s_k, warp_row);
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
@@ -160,45 +147,10 @@ __device__ void attend_mma(O* __restrict__ out, long long out_head_stride,
         if (options.softcap > 0.f) score = options.softcap * tanhf(score / options.softcap);
         score += slope[i / 2] * (float)(token - options.query_pos);
         s[n][i] = token >= options.visible_from && token < end_token ? score : kNegMax;
-        row_max[i / 2] = fmaxf(row_max[i / 2], s[n][i]);
       }
     }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);  // a real score: the warp sees a token
-      alpha[r] = __expf(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = __expf(s[n][i] - m[i / 2]);  // kNegMax - m: 0
-        l[i / 2] += s[n][i];
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < HEAD_SIZE / 8; ++t) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[t][i] *= alpha[i / 2];
-    }
-    // P's A fragment is S's accumulator layout: n-tile 0 holds tokens 0-7, n-tile 1 tokens 8-15.
-    const unsigned pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
-                            pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
-    // V's transposed matrix j is tokens (j % 2) * 8 ..., dims 16 dn + (j / 2) * 8 ...: B fragments
-    // of dim n-tiles 2 dn and 2 dn + 1.
-#pragma unroll
-    for (int dn = 0; dn < HEAD_SIZE / 16; ++dn) {
-      const int j = lane / 8;
-      unsigned b[4];
-      ldmatrix_x4_trans(b, &s_v[L::piece(warp_row + j % 2 * 8 + lane % 8, 2 * dn + j / 2)]);
-      mma_16816<T>(o[2 * dn], pa, b[0], b[1]);
-      mma_16816<T>(o[2 * dn + 1], pa, b[2], b[3]);
-    }
+    online_softmax(s, m, l, o);
+    mma_pv<T, HEAD_SIZE>(o, s, s_v, warp_row);
   }
   cp_async_wait<0>();
   __syncthreads();  // the K/V space is free for the combine

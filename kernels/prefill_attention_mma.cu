@@ -9,6 +9,7 @@
 #include "prefill_tile.cuh"
 #include "kv_tiles.cuh"
 #include "mma.cuh"
+#include "mma_attention.cuh"
 
 namespace pagedgen {
 
@@ -107,16 +108,11 @@ __global__ void __launch_bounds__(kPrefillMmaThreads, kPrefillMmaMinBlocks<HEAD_
     s_q[swizzled_piece<L::kRow>(m, d / 8) * 8 + d % 8] = q;
   }
   __syncthreads();
-  // A fragments of the warp's rows: matrix j of k-step ks is rows (j % 2) * 8 ..., columns
-  // 16 ks + (j / 2) * 8.
-  auto load_q = [&](unsigned(&a)[4], int ks) {
-    const int j = lane / 8;
-    ldmatrix_x4(a, &s_q[swizzled_piece<L::kRow>(warp * 16 + j % 2 * 8 + lane % 8, 2 * ks + j / 2) * 8]);
-  };
+  const Piece* q_tile = reinterpret_cast<const Piece*>(s_q);
   unsigned qa[kQInRegisters ? kKSteps : 1][4];
   if constexpr (kQInRegisters) {
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) load_q(qa[ks], ks);
+    for (int ks = 0; ks < kKSteps; ++ks) load_a_fragment<L::kRow>(qa[ks], q_tile, warp * 16, ks);
   }
 
   // This lane's rows: group_id and group_id + 8 of the warp's 16.
@@ -150,24 +146,9 @@ __global__ void __launch_bounds__(kPrefillMmaThreads, kPrefillMmaMinBlocks<HEAD_
     if (!seen) continue;  // warp-uniform
     const int stage_row = t % kStages * kTileKeys;
 
-    // S (16 rows x kTileKeys keys); K's ldmatrix matrix j is keys (j / 2) * 8 ... of a pair of
-    // n-tiles, dims 16 ks + (j % 2) * 8 ...
-    float s[kNTiles][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      if constexpr (!kQInRegisters) load_q(qa[0], ks);
-      const unsigned(&a)[4] = qa[kQInRegisters ? ks : 0];
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        const int j = lane / 8;
-        unsigned b[4];
-        ldmatrix_x4(b, &s_k[swizzled_piece<L::kRow>(
-                           stage_row + np * 16 + j / 2 * 8 + lane % 8, 2 * ks + j % 2)]);
-        mma_16816<T>(s[2 * np], a, b[0], b[1]);
-        mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-    float row_max[2] = {kNegMax, kNegMax};
+    // S (16 rows x kTileKeys keys) as kNTiles n-tiles of 8 keys.
+    float s[kNTiles][4];
+    mma_scores<T, HEAD_SIZE, kNTiles, kQInRegisters>(s, qa, q_tile, warp * 16, s_k, stage_row);
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
@@ -180,50 +161,10 @@ __global__ void __launch_bounds__(kPrefillMmaThreads, kPrefillMmaMinBlocks<HEAD_
         // Masked keys may be zeros of an unloaded slot, never read as data.
         const bool visible = key <= q_pos[r] && (window <= 0 || key > q_pos[r] - window);
         s[n][i] = visible ? score : kNegMax;
-        row_max[r] = fmaxf(row_max[r], s[n][i]);
       }
     }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 2));
-      const float m_new = fmaxf(m_run[r], row_max[r]);  // kNegMax while a row sees nothing
-      alpha[r] = __expf(m_run[r] - m_new);
-      m_run[r] = m_new;
-      l_run[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = s[n][i] == kNegMax ? 0.f : __expf(s[n][i] - m_run[i / 2]);
-        l_run[i / 2] += s[n][i];
-      }
-    }
-#pragma unroll
-    for (int d = 0; d < HEAD_SIZE / 8; ++d) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[d][i] *= alpha[i / 2];
-    }
-    // P's A fragment of keys 16 ks ... is S's accumulators of n-tiles 2 ks and 2 ks + 1; V's
-    // transposed matrix j is keys (j % 2) * 8 ..., dims 16 dn + (j / 2) * 8 ...
-#pragma unroll
-    for (int ks = 0; ks < kTileKeys / 16; ++ks) {
-      const unsigned pa[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]),
-                              pack2<T>(s[2 * ks][2], s[2 * ks][3]),
-                              pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                              pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-#pragma unroll
-      for (int dn = 0; dn < HEAD_SIZE / 16; ++dn) {
-        const int j = lane / 8;
-        unsigned b[4];
-        ldmatrix_x4_trans(b, &s_v[swizzled_piece<L::kRow>(
-                                 stage_row + ks * 16 + j % 2 * 8 + lane % 8, 2 * dn + j / 2)]);
-        mma_16816<T>(o[2 * dn], pa, b[0], b[1]);
-        mma_16816<T>(o[2 * dn + 1], pa, b[2], b[3]);
-      }
-    }
+    online_softmax(s, m_run, l_run, o);  // a row that has seen nothing keeps m = kNegMax
+    mma_pv<T, HEAD_SIZE>(o, s, s_v, stage_row);
   }
   cp_async_wait<0>();
 

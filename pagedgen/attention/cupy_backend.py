@@ -183,7 +183,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             softcap,
             sinks,
             alibi_slopes,
-            tensor_cores=bool(self.use_tensor_core_prefill),
+            tensor_cores=self.use_tensor_core_prefill,
         )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:

@@ -87,12 +87,19 @@ def grouped_partition_size(
     max_context_len: int, num_work_blocks: int, block_size: int, num_sms: int
 ) -> int | None:
     """The v2 partition size for num_work_blocks (kv head tile, sequence) pairs, or None for one
-    pass (v1): v1 when those pairs alone fill the GPU and contexts are at most 8192 tokens (vLLM's
-    bound), else the largest partition that fills it (the smallest one if none does)."""
-    fill = BLOCKS_PER_SM * num_sms
+    pass (v1): fill_partition_size at the grouped kernels' occupancy."""
+    sizes = tuple(size for size in PARTITION_SIZES if size % block_size == 0)
+    return fill_partition_size(max_context_len, num_work_blocks, BLOCKS_PER_SM * num_sms, sizes)
+
+
+def fill_partition_size(
+    max_context_len: int, num_work_blocks: int, fill: int, sizes: tuple[int, ...]
+) -> int | None:
+    """v1 (None) when num_work_blocks alone reach `fill` blocks and contexts are at most 8192
+    tokens (vLLM's bound), else the largest of sizes (largest first) whose partitions reach it
+    (the smallest one if none does); None too where one partition covers the context."""
     if max_context_len <= 8192 and num_work_blocks >= fill:
         return None
-    sizes = [size for size in PARTITION_SIZES if size % block_size == 0]
     partition_size = next(
         (size for size in sizes if num_work_blocks * -(-max_context_len // size) >= fill),
         sizes[-1],

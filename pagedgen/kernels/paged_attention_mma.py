@@ -6,6 +6,7 @@ paged_attention_launches(..., tensor_cores=True)."""
 import torch
 
 from pagedgen.kernels.launch import C_TYPES, KernelModule
+from pagedgen.kernels.paged_attention_grouped import PARTITION_SIZES, fill_partition_size
 
 # The v2 kernel's completion counters, zeros between launches (the last block of each tile and
 # sequence resets its own), one buffer a device, only ever grown: a CUDA graph keeps its pointer.
@@ -18,9 +19,6 @@ TILE_HEADS = 16  # query heads a thread block: mma's M
 CHUNK_TOKENS = 64  # tokens a pipeline stage
 HEAD_SIZES = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
-# Partition sizes of the v2 kernel (a runtime argument, whole stages), largest first: the planner
-# takes the largest one that still fills the GPU.
-PARTITION_SIZES = (512, 256, 128, 64)
 # ldmatrix, cp.async and bfloat16 mma.sync need sm_80.
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
@@ -98,16 +96,9 @@ def mma_partition_size(
     max_context_len: int, num_work_blocks: int, head_size: int, num_sms: int
 ) -> int | None:
     """The v2 partition size for num_work_blocks (kv head tile, sequence) pairs, or None for one
-    pass (v1): v1 when those pairs alone fill the GPU and contexts are at most 8192 tokens, else
-    the largest partition that fills it (the smallest one if none does)."""
+    pass (v1): fill_partition_size at the kernel's occupancy for head_size."""
     fill = blocks_per_sm(head_size) * num_sms
-    if max_context_len <= 8192 and num_work_blocks >= fill:
-        return None
-    partition_size = next(
-        (s for s in PARTITION_SIZES if num_work_blocks * -(-max_context_len // s) >= fill),
-        PARTITION_SIZES[-1],
-    )
-    return None if max_context_len <= partition_size else partition_size
+    return fill_partition_size(max_context_len, num_work_blocks, fill, PARTITION_SIZES)
 
 
 def counters(device: torch.device, num_counters: int) -> torch.Tensor:

@@ -87,7 +87,7 @@ def prefill_attention_launch(
     sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each head's softmax
     # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
     alibi_slopes: torch.Tensor | None = None,
-    tensor_cores: bool = False,
+    tensor_cores: bool | None = False,  # None: False until measured on a GPU
 ) -> KernelLaunch | None:
     """Checks the arguments and plans causal attention for every query row of a varlen batch
     in one launch: sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] are the last tokens of
@@ -121,7 +121,7 @@ def prefill_attention_launch(
     if num_seqs == 0 or max_query_len == 0:
         return None
     group = num_heads // num_kv_heads
-    use_mma = tensor_cores and paged_attention_mma.supports(
+    use_mma = bool(tensor_cores) and paged_attention_mma.supports(
         dtype, key_cache.dtype, head_size, query.device, mma_shared_bytes(head_size)
     )
     num_row_tiles = -(-max_query_len * group // (MMA_BLOCK_M if use_mma else BLOCK_M))
@@ -176,7 +176,7 @@ def prefill_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
-    tensor_cores: bool = False,
+    tensor_cores: bool | None = False,
 ) -> None:
     """Prefill attention on the GPU into out; see prefill_attention_launch."""
     from pagedgen.kernels.loader import launch

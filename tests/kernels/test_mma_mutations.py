@@ -66,8 +66,8 @@ MUTATIONS = {
         1,
     ),
     "key_matrices_in_the_wrong_order": (
-        "warp_row + j / 2 * 8 + lane % 8, 2 * ks + j % 2",
-        "warp_row + j % 2 * 8 + lane % 8, 2 * ks + j / 2",
+        "key0 + np * 16 + j / 2 * 8 + lane % 8,",
+        "key0 + np * 16 + j % 2 * 8 + lane % 8,",
         1,
     ),
     "row_max_of_one_lane": (
@@ -76,11 +76,11 @@ MUTATIONS = {
         1,
     ),
     "missing_output_rescale": (
-        "for (int i = 0; i < 4; ++i) o[t][i] *= alpha[i / 2];",
-        "for (int i = 0; i < 4; ++i) o[t][i] *= 1.f;",
+        "for (int i = 0; i < 4; ++i) o[d][i] *= alpha[i / 2];",
+        "for (int i = 0; i < 4; ++i) o[d][i] *= 1.f;",
         1,
     ),
-    "missing_sum_rescale": ("      l[r] *= alpha[r];\n", "", 1),
+    "missing_sum_rescale": ("    l[r] *= alpha[r];\n", "", 1),
     "row_sums_of_one_lane": (
         "    l[r] += __shfl_xor_sync(kFullMask, l[r], 1);\n",
         "",

@@ -52,7 +52,7 @@ MUTATIONS = {
         "for (int i = 0; i < 4; ++i) o[d][i] *= 1.f;",
         1,
     ),
-    "missing_sum_rescale": ("      l_run[r] *= alpha[r];\n", "", 1),
+    "missing_sum_rescale": ("    l[r] *= alpha[r];\n", "", 1),
     "row_max_of_one_lane": (
         "row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(kFullMask, row_max[r], 1));",
         "",
@@ -60,8 +60,8 @@ MUTATIONS = {
     ),
     "value_fragments_not_transposed": ("ldmatrix_x4_trans(b, &s_v[", "ldmatrix_x4(b, &s_v[", 1),
     "probabilities_of_the_other_row": (
-        "pack2<T>(s[2 * ks][2], s[2 * ks][3])",
-        "pack2<T>(s[2 * ks][0], s[2 * ks][1])",
+        "pack2<T>(p[2 * ks][2], p[2 * ks][3])",
+        "pack2<T>(p[2 * ks][0], p[2 * ks][1])",
         1,
     ),
     "row_head_of_the_kv_head": (
