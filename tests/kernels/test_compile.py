@@ -6,11 +6,13 @@ the runtime compiles it (same source text, options, name expressions), without a
 
 import functools
 import inspect
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,7 +24,12 @@ from pagedgen.kernels.cache_ops import COPY_BLOCKS, reshape_and_cache_module
 from pagedgen.kernels.launch import C_TYPES, KernelModule, cache_dtypes
 from pagedgen.kernels.layer_ops import RMS_NORM, SILU_AND_MUL, rope_and_cache_module
 from pagedgen.kernels.paged_attention import paged_attention_module
-from pagedgen.kernels.paged_attention_grouped import grouped_module, grouped_modules
+from pagedgen.kernels.paged_attention_grouped import (
+    GROUP_TILES,
+    group_tile,
+    grouped_module,
+    grouped_modules,
+)
 from pagedgen.kernels.paged_attention_mma import HEAD_SIZES as MMA_HEAD_SIZES
 from pagedgen.kernels.paged_attention_mma import mma_modules
 from pagedgen.kernels.prefill_attention import prefill_attention_module, prefill_mma_module
@@ -30,18 +37,34 @@ from pagedgen.kernels.source import kernel_names, kernel_source
 
 ARCHS = ("80", "90")
 SOURCES = [name for name in kernel_names() if name.endswith(".cu")]
-# The grouped decode kernel's 486 instantiations (162 per cache kind: the activations' dtype,
-# E4M3, E5M2) take nvcc over a minute an arch: ptxas checks them for the H100's sm_90 only (the
-# other sources, for both archs, show the two agree on spills).
+# The CUDA-core attention sources instantiate every (dtype, cache, head, block[, tile]): the
+# grouped decode kernel alone 486 times, over a minute of nvcc an arch. ptxas checks those for
+# the H100's sm_90 only (the other sources, for both archs, show the two agree on spills; NVRTC
+# compiles them for sm_80 below).
+SM90_ONLY = ("paged_attention.cu", "paged_attention_grouped.cu", "prefill_attention.cu")
 OFFLINE_BUILDS = [
     (source, arch)
     for source in SOURCES
     for arch in ARCHS
-    if source != "paged_attention_grouped.cu" or arch == "90"
+    if source not in SM90_ONLY or arch == "90"
 ]
-# The decode kernels with L2 prefetch on (l2_prefetch, kernels/kv_prefetch.cuh) as well: a build
-# of their own, for sm_90, keyed "<source>+prefetch".
+# The decode kernels with L2 prefetch on (l2_prefetch, kernels/kv_prefetch.cuh), for sm_90, keyed
+# "<source>+prefetch": one build per runtime module at block size 16 (the prefetch is per KV
+# block, whatever its size), each dtype with its own cache and every head size.
 PREFETCH = "+prefetch"
+PREFETCH_MODULES = [
+    module
+    for dtype in C_TYPES
+    for module in [
+        *(paged_attention_module(dtype, h, 16, l2_prefetch=True) for h in HEAD_SIZES),
+        *(
+            grouped_module(dtype, h, 16, tile, l2_prefetch=True)
+            for h in HEAD_SIZES
+            for tile in GROUP_TILES
+            if tile == group_tile(tile, h)
+        ),
+    ]
+]
 OFFLINE_BUILDS += [
     (f"{s}{PREFETCH}", "90") for s in ("paged_attention.cu", "paged_attention_grouped.cu")
 ]
@@ -108,27 +131,48 @@ def has_fp8_cache(module: KernelModule) -> bool:
     return any(define.startswith("PAGEDGEN_CACHE_T=pagedgen::fp8") for define in module.defines)
 
 
+class NvccBuild(NamedTuple):
+    key: tuple[str, str]  # (source[+prefetch], arch)
+    source: str
+    defines: tuple[str, ...]  # -D macros; none: every instantiation the source makes
+
+
 @functools.cache
 def nvcc_builds() -> dict[tuple[str, str], dict[str, PtxasInfo]]:
-    """nvcc -cubin -Xptxas -v of every source for every arch, all at once; per-kernel info."""
+    """nvcc -cubin -Xptxas -v of every offline build, a process per core, longest first;
+    per-kernel info."""
+    builds = [
+        NvccBuild((source, arch), source, ())
+        for source, arch in OFFLINE_BUILDS
+        if not source.endswith(PREFETCH)
+    ]
+    builds += [
+        NvccBuild((m.source + PREFETCH, "90"), m.source, m.defines) for m in PREFETCH_MODULES
+    ]
+    # The longest first: the three whole CUDA-core attention sources, other sources, modules.
+    builds.sort(key=lambda build: (build.defines != (), build.source not in SM90_ONLY))
     work = Path(tempfile.mkdtemp(prefix="pagedgen-nvcc-"))
-    processes = {}
-    for source, arch in OFFLINE_BUILDS:
-        path = work / source.replace(PREFETCH, ".prefetch.cu")
-        path.write_text(kernel_source(source.removesuffix(PREFETCH)))
-        command = ["nvcc", "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-Xptxas", "-v"]
-        command += ["-DPAGEDGEN_L2_PREFETCH=1"] if source.endswith(PREFETCH) else []
-        command += ["-o", str(work / f"{source}.sm_{arch}.cubin"), str(path)]
-        processes[source, arch] = subprocess.Popen(
+    for source in {build.source for build in builds}:
+        (work / source).write_text(kernel_source(source))
+
+    def compile_one(index: int) -> str:
+        build = builds[index]
+        command = ["nvcc", "-cubin", f"-arch=sm_{build.key[1]}", "-std=c++17", "-Xptxas", "-v"]
+        command += [f"-D{define}" for define in build.defines]
+        command += ["-o", str(work / f"{index}.cubin"), str(work / build.source)]
+        result = subprocess.run(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-    builds = {}
-    for key, process in processes.items():
-        output = process.communicate()[0]
-        assert process.returncode == 0, f"nvcc failed on {key}:\n{output[-4000:]}"
-        builds[key] = parse_ptxas(output)
+        assert result.returncode == 0, f"nvcc failed on {build}:\n{result.stdout[-4000:]}"
+        return result.stdout
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        outputs = list(pool.map(compile_one, range(len(builds))))
     shutil.rmtree(work, ignore_errors=True)
-    return builds
+    info: dict[tuple[str, str], dict[str, PtxasInfo]] = {}
+    for build, output in zip(builds, outputs):
+        info.setdefault(build.key, {}).update(parse_ptxas(output))
+    return info
 
 
 def parse_ptxas(output: str) -> dict[str, PtxasInfo]:
@@ -179,6 +223,12 @@ def nvrtc_compile(module: KernelModule, arch: str) -> tuple[bytes, dict[str, str
         nvrtc.destroyProgram(program)
 
 
+def nvrtc_compile_all(modules: list[KernelModule], arch: str) -> list[tuple[bytes, dict[str, str]]]:
+    """nvrtc_compile of each module, a thread per core (NVRTC lets go of the GIL)."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda module: nvrtc_compile(module, arch), modules))
+
+
 requires_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 requires_nvrtc = pytest.mark.skipif(
     nvrtc_unavailable() is not None, reason=str(nvrtc_unavailable())
@@ -199,8 +249,8 @@ def test_nvcc_compiles_without_spills(source: str, arch: str) -> None:
 @requires_nvrtc
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nvrtc_compiles_runtime_modules(arch: str) -> None:
-    for module in nvrtc_modules():
-        cubin, lowered = nvrtc_compile(module, arch)
+    modules = nvrtc_modules()
+    for module, (cubin, lowered) in zip(modules, nvrtc_compile_all(modules, arch)):
         missing = [name for name in lowered.values() if name.encode() not in cubin]
         assert not missing, f"{module.source} {module.defines}: no code for {missing}"
         names = demangled(list(lowered.values()))

@@ -12,7 +12,7 @@ from pagedgen.kernels.paged_attention_grouped import grouped_module
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import Emulator, have_gxx
 from tests.kernels.paged_cases import TOLERANCES, decode_launches, make_decode_case, reference
-from tests.kernels.test_compile import ARCHS, nvrtc_compile, requires_nvrtc
+from tests.kernels.test_compile import ARCHS, nvrtc_compile_all, requires_nvrtc
 
 # Far from the default each way: more threads and loads in flight on a smaller register budget,
 # and fewer threads with fewer loads in flight.
@@ -45,17 +45,16 @@ def test_the_default_tuning_compiles_the_engines_modules() -> None:
 @requires_nvrtc
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_swept_tuning_compiles(arch: str) -> None:
-    for kind, tunings in SWEEP.items():
-        for tuning in tunings:
-            for l2_prefetch in (False, True):
-                if kind == "grouped":
-                    module = grouped_module(torch.bfloat16, 128, 16, 4, None, l2_prefetch, tuning)
-                else:
-                    module = paged_attention_module(
-                        torch.bfloat16, 64, 16, l2_prefetch=l2_prefetch, tuning=tuning
-                    )
-                cubin, lowered = nvrtc_compile(module, arch)
-                assert all(name.encode() in cubin for name in lowered.values()), module
+    modules = [
+        grouped_module(torch.bfloat16, 128, 16, 4, None, l2_prefetch, tuning)
+        if kind == "grouped"
+        else paged_attention_module(torch.bfloat16, 64, 16, l2_prefetch=l2_prefetch, tuning=tuning)
+        for kind, tunings in SWEEP.items()
+        for tuning in tunings
+        for l2_prefetch in (False, True)
+    ]
+    for module, (cubin, lowered) in zip(modules, nvrtc_compile_all(modules, arch)):
+        assert all(name.encode() in cubin for name in lowered.values()), module
 
 
 @pytest.fixture(scope="module")
