@@ -36,8 +36,13 @@
 #                    set them to 0, auto leaves them unset, which is off too)
 #   smollm2-auto     graphs and async scheduling, each decode kernel and its prefetch as pagedgen
 #                    picks them by shape (no variable set): what a user gets
+#   smollm2-piecewise  auto, and steps with prefill rows replayed from piecewise CUDA graphs
+#                    (PAGEDGEN_PIECEWISE_GRAPHS=1, engine/piecewise_graphs.py): their launches
+#                    and GPU busy share against auto's
+#   piecewise-smoke  the piecewise graphs' GPU test (outputs equal to eager; ~1 min)
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
-#   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto   the same on a random-weight Llama-3-8B
+#   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto, llama8b-piecewise   the same on a
+#                    random-weight Llama-3-8B
 #                    shape
 #   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
 #                    torch backend, 64 experts: eager, as every mixture runs)
@@ -49,6 +54,7 @@
 #   call 1: STAGES="smollm2-auto llama8b-auto"                                   (~5 min)
 #   call 2: STAGES="mma-smoke kernels"          (~6 min, the mma kernels' first check and timings)
 #   call 3: BASELINES='' STAGES="llama8b-mma smollm2-mma"  (~4 min; call 1 ran the baselines)
+#   call 3b: BASELINES='' STAGES="piecewise-smoke smollm2-piecewise llama8b-piecewise" (~5 min)
 #   call 4: STAGES="sweep"                                                       (~5 min)
 #   call 5: STAGES="tests-a"                                                     (~8 min)
 #   call 6: STAGES="tests-b"                          (~6 min, test_gpu_mma.py among them)
@@ -78,7 +84,7 @@ run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     tail -n "${TAIL:-30}" "$OUT/$name.txt"
 }
 bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, prefetch,
-    # grouped-prefetch, mma or auto
+    # grouped-prefetch, mma, auto or piecewise
     local preset=$1 mode=$2 model=/tmp/pagedgen-$1
     [ -d "$model" ] || python benchmarks/random_models.py "$preset" "$model" --device cuda \
         --dtype bfloat16 "${tokenizer[@]}" > "$OUT/model-$preset.txt" 2>&1
@@ -89,12 +95,14 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     [[ $mode == grouped* ]] && grouped=1
     [[ $mode == *prefetch ]] && prefetch=1
     [ "$mode" = mma ] && mma=1
-    [ "$mode" = auto ] && grouped='' prefetch='' mma=''  # unset: the shape decides (mma: off)
+    [ "$mode" = auto ] || [ "$mode" = piecewise ] && grouped='' prefetch='' mma=''  # unset: the shape decides (mma: off)
+    local piecewise=0
+    [ "$mode" = piecewise ] && piecewise=1
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
     PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch \
-        PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+        PAGEDGEN_PIECEWISE_GRAPHS=$piecewise PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
         --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"
@@ -125,6 +133,7 @@ for stage in $STAGES; do case $stage in
     smollm2-grouped-prefetch) bench smollm2-135m grouped-prefetch 200 ;;
     smollm2-mma) bench smollm2-135m mma 200 ;;
     smollm2-auto) bench smollm2-135m auto 200 ;;
+    smollm2-piecewise) bench smollm2-135m piecewise 200 ;;
     llama8b-eager) bench llama-8b eager 300 ;;
     llama8b-graphs) bench llama-8b graphs 300 ;;
     llama8b-async) bench llama-8b async 300 ;;
@@ -133,6 +142,9 @@ for stage in $STAGES; do case $stage in
     llama8b-grouped-prefetch) bench llama-8b grouped-prefetch 300 ;;
     llama8b-mma) bench llama-8b mma 300 ;;
     llama8b-auto) bench llama-8b auto 300 ;;
+    llama8b-piecewise) bench llama-8b piecewise 300 ;;
+    piecewise-smoke) TAIL=15 run piecewise-smoke 200 python -m pytest "${gpu_tests[@]}" \
+        tests/test_cuda_graphs.py -k piecewise ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;
     *) echo "unknown stage $stage" ;;
 esac; done

@@ -25,7 +25,7 @@ class EngineConfig:
     swap_space is the CPU pool (GiB) that preemption by swap moves blocks to; preemption_mode
     "auto" swaps groups of several sequences (parallel samples, beams) and recomputes single
     ones, as vLLM V0. gpu_memory_utilization is vLLM's: the share of GPU memory pagedgen uses.
-    enforce_eager False (the default) replays decode steps on a GPU from CUDA graphs (ModelRunner.
+    enforce_eager False (the default) replays decode steps on a GPU from CUDA graphs (graph_capture.
     capture_decode_graphs), and those of up to 64 rows on a CPU from recorded CPU graphs
     (engine/cpu_graphs.py); True runs every step eagerly. async_scheduling (vLLM's name) schedules
     and queues step N + 1 before the host has step N's tokens, which the device hands from one

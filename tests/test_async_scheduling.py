@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
+from pagedgen.engine.graph_capture import capture_decode_graphs
 from pagedgen.engine.placeholders import LastSamples
 from pagedgen.engine.sequence import PLACEHOLDER
 
@@ -237,7 +238,7 @@ def test_decode_graph_buffers_take_the_placeholders(tiny_llama_path):
     kwargs = dict(kv_cache_memory=0.01, max_num_seqs=20)
     sync = outputs(LLM(str(tiny_llama_path), **ENGINE, **kwargs), prompts, params)
     llm = LLM(str(tiny_llama_path), **ENGINE, async_scheduling=True, **kwargs)
-    llm.engine.runner.capture_decode_graphs(capture=replay_eagerly)
+    capture_decode_graphs(llm.engine.runner, capture=replay_eagerly)
     overlapped = count_placeholder_steps(llm)
     assert outputs(llm, prompts, params) == sync
     assert overlapped[0] >= 20

@@ -153,14 +153,20 @@ def test_decode_steps_from_cpu_graphs_equal_eager_ones(tiny_llama_path, async_sc
     assert replays[0] >= 30
 
 
-@needs_cpu_ops
-@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
-def test_cpu_graphs_through_preemption(tiny_llama_path, preemption_mode):
-    """A pool of a few blocks: decode rows are preempted and come back between replays."""
+def preemption_case(preemption_mode: str) -> tuple[list[list[int]], SamplingParams, dict]:
+    """Prompts, params and engine arguments for a pool that preempts every few steps."""
     prompts = prompts_of(3, 12, shared_prefix=20)
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     kwargs = dict(block_size=4, preemption_mode=preemption_mode, swap_space=0.01,
                   kv_cache_memory=0.00015, max_num_batched_tokens=48)  # fmt: skip
+    return prompts, params, kwargs
+
+
+@needs_cpu_ops
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_cpu_graphs_through_preemption(tiny_llama_path, preemption_mode):
+    """A pool of a few blocks: decode rows are preempted and come back between replays."""
+    prompts, params, kwargs = preemption_case(preemption_mode)
     eager = outputs(
         LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs), prompts, params
     )

@@ -9,6 +9,7 @@ import torch
 
 from pagedgen import LLM, SamplingParams
 from pagedgen.engine.cuda_graphs import graph_batch_sizes
+from pagedgen.engine.graph_capture import capture_decode_graphs
 
 
 def replay_eagerly(run):
@@ -66,7 +67,7 @@ def test_replayed_decode_steps_give_the_eager_tokens(tiny_llama_path, block_size
     llm = LLM(str(tiny_llama_path), **kwargs)
     runner = llm.engine.runner
     num_blocks = llm.engine.block_manager.num_blocks
-    runner.capture_decode_graphs(capture=replay_eagerly)
+    capture_decode_graphs(runner, capture=replay_eagerly)
     assert runner.kv_cache.shape[2] == num_blocks + 1  # the padding block, beyond the manager's
     assert runner.decode_graphs.batch_sizes == [1, 2, 4, 8, 16, 20]
     counts = count_replays(llm)
@@ -81,7 +82,7 @@ def test_padding_rows_touch_no_sequence_block(tiny_llama_path):
     llm = LLM(str(tiny_llama_path), device="cpu", dtype="float32", attention_backend="cpu",
               kv_cache_memory=0.01, max_num_seqs=4, log=lambda m: None)  # fmt: skip
     runner = llm.engine.runner
-    runner.capture_decode_graphs(capture=replay_eagerly)
+    capture_decode_graphs(runner, capture=replay_eagerly)
     pool = runner.kv_cache
     pool.fill_(7.0)
     graphs = runner.decode_graphs
@@ -160,3 +161,32 @@ def test_async_scheduling_on_a_gpu_equals_one_step_at_a_time(head64_llama_path, 
     assert values == pytest.approx(sync_values, rel=1e-4, abs=1e-5)
     assert llm.engine.stats.num_preemptions_by_mode[preemption_mode] > 0
     llm.engine.block_manager.check_integrity()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_piecewise_cuda_graphs_give_the_eager_outputs_on_a_gpu(
+    head64_llama_path, monkeypatch, async_scheduling
+):
+    """Steps with prefill rows from piecewise CUDA graphs (engine/piecewise_graphs.py), the
+    cupy kernels launched between the pieces: prompts join running decodes at many token
+    counts, greedy and seeded rows with logprobs, all equal to the eager engine's."""
+    from pagedgen.engine.graph_capture import PIECEWISE
+    from tests.test_async_scheduling import outputs, prompts_of
+    from tests.test_piecewise_graphs import count_piecewise_replays, mixed_params
+
+    prompts = prompts_of(6, 40, shared_prefix=24)
+    params = mixed_params(len(prompts))
+    kwargs = dict(device="cuda", dtype="bfloat16", kv_cache_memory=0.05, max_num_seqs=12,
+                  max_num_batched_tokens=96, async_scheduling=async_scheduling,
+                  log=lambda m: None)  # fmt: skip
+    eager = outputs(LLM(str(head64_llama_path), enforce_eager=True, **kwargs), prompts, params)
+    monkeypatch.setenv(PIECEWISE, "1")
+    llm = LLM(str(head64_llama_path), **kwargs)
+    assert llm.engine.runner.piecewise_graphs.token_sizes == [32, 64, 96]
+    replays = count_piecewise_replays(llm)
+    result = outputs(llm, prompts, params)
+    assert replays[1] >= 10, replays
+    # Buckets of 32 rows are the rows eager GEMMs pad to (gemm_rows): the same kernels run.
+    assert result == eager

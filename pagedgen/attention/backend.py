@@ -80,9 +80,11 @@ class AttentionBackend(ABC):
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,  # contiguous, query's shape; None: a new tensor
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Decode and prefill rows of a step whose K/V are in the cache already."""
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        if out is None:
+            out = torch.empty_like(query, memory_format=torch.contiguous_format)
         options = (window, softcap, sinks, alibi_slopes)
         cache = (key_cache, value_cache, metadata, scale, out)
         if metadata.num_decode_seqs:

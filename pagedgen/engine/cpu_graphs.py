@@ -26,7 +26,8 @@ largest, recorded first, sizes it.
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -220,3 +221,44 @@ def cpu_graph_capture() -> GraphCapture:
         return graph.replay, graph.output
 
     return capture
+
+
+class CpuPieces:
+    """PiecewiseGraphs' pieces on the CPU: each a recording, as CpuGraph's; a bucket's pieces
+    allocate from one Arena, which every bucket starts over (their replays never interleave)."""
+
+    def __init__(self) -> None:
+        self.arena = Arena()
+        self.recorder: _Recorder | None = None
+        self.stack = ExitStack()
+        self.results: list[torch.Tensor] = []
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        self.arena.reset()
+        self.results = []
+        try:
+            yield
+        finally:
+            self.stack.close()  # a piece a failed capture left recording
+
+    def begin(self) -> None:
+        self.recorder = _Recorder(self.arena)
+        self.stack.enter_context(record_calls(self.recorder.kernel_call))
+        self.stack.enter_context(self.recorder)
+
+    def end(self) -> Callable[[], None]:
+        self.stack.close()
+        steps = self.recorder.steps
+        self.results += self.recorder.results
+
+        def replay() -> None:
+            for step in steps:
+                step()
+
+        return replay
+
+    def poison(self) -> None:
+        for result in self.results:
+            if result.is_floating_point():
+                result.fill_(float("nan"))

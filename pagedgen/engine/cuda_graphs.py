@@ -1,6 +1,7 @@
 """Decode steps replayed as CUDA graphs, one per batch-size bucket, over persistent buffers."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -35,6 +36,35 @@ def cuda_graph_capture() -> GraphCapture:
     return capture
 
 
+class InputBuffer:
+    """A graph's inputs: one device buffer, filled from two pinned host twins in turn by one
+    copy a step. Under async scheduling a step is filled while the one before runs, and a twin
+    is rewritten only after the host has waited for the samples of the step that copied it,
+    i.e. after that copy ran."""
+
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.hosts = [torch.zeros(size, dtype=dtype, pin_memory=pin) for _ in range(2)]
+        self.num_fills = 0
+        self.device = torch.zeros(size, dtype=dtype, device=device)
+
+    def fill(
+        self, segments: list[tuple[int, np.ndarray, int]], n: int, b: int
+    ) -> tuple[np.ndarray, torch.Tensor]:
+        """The next twin with each (offset, values, pad) segment written: n values, then pad up
+        to b; returns it as an array (for more to write) and as the tensor copy() takes."""
+        twin = self.hosts[self.num_fills % 2]
+        self.num_fills += 1
+        host = twin.numpy()
+        for offset, values, pad in segments:
+            host[offset : offset + n] = values
+            host[offset + n : offset + b] = pad
+        return host, twin
+
+    def copy(self, twin: torch.Tensor, used: int) -> None:
+        self.device[:used].copy_(twin[:used], non_blocking=True)
+
+
 class DecodeGraphs:
     """The model's forward for decode-only steps of up to max_num_seqs rows, replayed from
     graphs captured once per bucket of graph_batch_sizes (vLLM's and nano-vllm's scheme).
@@ -50,9 +80,7 @@ class DecodeGraphs:
     never hands out, so the padding touches no sequence's K/V.
 
     Graphs bake in the pool's addresses: they are captured after the pool is allocated and must
-    be captured again if it is reallocated. Steps fill the two host twins in turn: under async
-    scheduling a step is filled while the one before runs, and a twin is rewritten only after
-    the host has waited for the samples of the step that copied it, i.e. after that copy ran.
+    be captured again if it is reallocated.
     """
 
     def __init__(
@@ -73,12 +101,8 @@ class DecodeGraphs:
         self.width = w = max_num_blocks_per_seq
         if (pad_block + 1) * block_size >= 2**31:
             raise ValueError("a pool of 2**31 slots or more does not fit the graphs' int32 slots")
-        size = 4 * m + m * w
-        self.hosts = [
-            torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda") for _ in range(2)
-        ]
-        self.num_fills = 0
-        self.buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        self.inputs = InputBuffer(4 * m + m * w, torch.int32, device)
+        self.buffer = self.inputs.device
         self.cu_seqlens_q = torch.arange(m + 1, dtype=torch.int32, device=device)
         self.replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
 
@@ -113,22 +137,17 @@ class DecodeGraphs:
         n = len(input_ids)
         b = batch_size or self.bucket(n)
         m = self.max_batch_size
-        twin = self.hosts[self.num_fills % 2]
-        self.num_fills += 1
-        host = twin.numpy()
-        for offset, values, pad in (
+        segments = [
             (0, input_ids, 0),
             (m, positions, 0),
             (2 * m, slot_mapping, self.pad_block * self.block_size),
             (3 * m, context_lens, 1),
-        ):
-            host[offset : offset + n] = values
-            host[offset + n : offset + b] = pad
+        ]
+        host, twin = self.inputs.fill(segments, n, b)
         block_tables = host[4 * m :].reshape(m, self.width)
         np.take(tables, rows, axis=0, out=block_tables[:n])
         block_tables[n:b, 0] = self.pad_block
-        used = 4 * m + b * self.width
-        self.buffer[:used].copy_(twin[:used], non_blocking=True)
+        self.inputs.copy(twin, 4 * m + b * self.width)
         return b
 
     @property
@@ -161,3 +180,35 @@ class DecodeGraphs:
             context_lens_cpu=[max_context_len] * b,
         )
         return self.model(buffer[:b].long(), buffer[m : m + b].long(), metadata)
+
+
+class CudaPieces:
+    """PiecewiseGraphs' pieces on a GPU: CUDA graphs sharing one memory pool, captured on a side
+    stream (the eager attention between two pieces runs there too)."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.stream):
+            try:
+                yield
+            finally:
+                if torch.cuda.is_current_stream_capturing():  # a failed capture's piece
+                    self.graph.capture_end()
+        torch.cuda.synchronize()
+
+    def begin(self) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.graph.capture_begin(pool=self.pool)
+
+    def end(self) -> Callable[[], None]:
+        self.graph.capture_end()
+        return self.graph.replay
+
+    def poison(self) -> None:
+        """Nothing: a graph's intermediates are not tensors the host holds."""

@@ -4,8 +4,9 @@ from torch import nn
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.engine.block_table import BlockTables
-from pagedgen.engine.cuda_graphs import DecodeGraphs, GraphCapture, cuda_graph_capture
+from pagedgen.engine.cuda_graphs import DecodeGraphs
 from pagedgen.engine.kv_geometry import KVGeometry
+from pagedgen.engine.piecewise_graphs import PiecewiseGraphs
 from pagedgen.engine.placeholders import LastSamples, find_placeholders
 from pagedgen.engine.prompt_logprobs import compute_prompt_logprobs
 from pagedgen.engine.runner import PendingOutput, ReadyOutput, SamplerOutput, WithPromptLogprobs
@@ -67,6 +68,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.decode_graphs: DecodeGraphs | None = None
         self.lora_decode_graphs: DecodeGraphs | None = None  # for steps that run adapters
+        self.piecewise_graphs: PiecewiseGraphs | None = None  # other steps without adapters
         # The last step's sampled token ids, on the device, and the sequences that sampled them.
         self.last_sampled: LastSamples | None = None
         self.lora: LoRAManager | None = None  # set by model_setup where LoRA is enabled
@@ -182,6 +184,23 @@ class ModelRunner:
                     self.lora.set_mask(lora_ids, scheduled.num_new_tokens, batch_size)
             with self.timer.section("model_forward"):
                 return graphs.replay(batch_size, num_tokens), arrays.last_rows
+        piecewise = self.piecewise_graphs
+        if (
+            piecewise is not None
+            and lora_ids is None
+            and scheduled.num_batched_tokens <= piecewise.max_num_tokens
+        ):
+            with self.timer.section("prepare_inputs"):
+                arrays = self.prepare_arrays(scheduled)
+                table, device = self.block_tables.table, self.device
+                metadata = arrays.metadata(scheduled, table, self.block_size, device)
+                batch_size = piecewise.fill(arrays.input_ids, arrays.positions, arrays.slot_mapping)
+                if arrays.placeholders is not None:
+                    self.last_sampled.fill(piecewise.input_ids, arrays.placeholders)
+                self.backend.prepare(metadata)
+            with self.timer.section("model_forward"):
+                hidden = piecewise.replay(batch_size, metadata, len(arrays.input_ids))
+            return hidden, arrays.last_rows
         with self.timer.section("prepare_inputs"):
             inputs = self.prepare(scheduled)
             self.backend.prepare(inputs.metadata)
@@ -190,38 +209,6 @@ class ModelRunner:
         with self.timer.section("model_forward"):
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
         return hidden, inputs.last_rows
-
-    def capture_decode_graphs(
-        self, capture: GraphCapture | None = None, batch_sizes: list[int] | None = None
-    ) -> None:
-        """From now on, decode-only steps of up to max(batch_sizes) rows replay graphs
-        (capture: how to capture one, by default a CUDA graph). A pool allocated without its
-        padding block is allocated again, emptied: call it before the first step. With LoRA,
-        a second set runs the adapters, for steps that have any (both share one memory pool)."""
-        num_blocks = self.num_blocks
-        self.decode_graphs = self.lora_decode_graphs = None
-        if not self.has_pad_block:
-            self.allocate_kv_cache(num_blocks, self.cpu_cache.shape[2], pad_block=True)
-        capture = capture or cuda_graph_capture()
-
-        def captured(lora_active: bool) -> DecodeGraphs:
-            graphs = DecodeGraphs(
-                self.model,
-                self.block_size,
-                self.block_tables.max_num_blocks_per_seq,
-                self.max_num_seqs,
-                pad_block=num_blocks,
-                device=self.device,
-                batch_sizes=batch_sizes,
-            )
-            if self.lora is not None:
-                self.lora.state.active = lora_active
-            graphs.capture(capture)
-            return graphs
-
-        lora_graphs = captured(lora_active=True) if self.lora is not None else None
-        self.decode_graphs = captured(lora_active=False)
-        self.lora_decode_graphs = lora_graphs
 
     def execute(self, scheduled: SchedulerOutput) -> SamplerOutput:
         return self.execute_async(scheduled).result()

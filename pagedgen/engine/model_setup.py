@@ -1,7 +1,6 @@
 """The torch side of building an engine: device, dtype, model, tokenizer, runner, KV pool."""
 
 import gc
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -14,7 +13,7 @@ from pagedgen.attention.kv_cache_dtype import is_fp8, resolve_kv_cache_dtype
 from pagedgen.config import EngineConfig
 from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
 from pagedgen.engine.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
-from pagedgen.engine.cpu_graphs import CaptureRefused, cpu_graph_batch_sizes, cpu_graph_capture
+from pagedgen.engine.graph_capture import capture_graphs
 from pagedgen.engine.kv_geometry import (
     DEFAULT_CPU_KV_CACHE_GIB,
     GIB,
@@ -179,7 +178,8 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
             f"use_activation={pooler_config.use_activation}"
         )
     if graphs or cpu_graphs:
-        capture_graphs(runner, config.max_num_seqs, log)
+        max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
+        capture_graphs(runner, config.max_num_seqs, max_num_tokens, log)
     elif not model.supports_graphs and not eager:
         log(f"decode steps run eagerly: {type(model).__name__} routes tokens on the host")
     return ModelSetup(
@@ -191,24 +191,6 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         pool.num_cpu_blocks,
         eos_token_ids(hf_config, tokenizer),
         pooler_config,
-    )
-
-
-def capture_graphs(runner: ModelRunner, max_num_seqs: int, log: Callable[[str], None]) -> None:
-    """Captures the decode steps' CUDA graphs, or records their CPU graphs, on the runner's
-    device; a CPU recording that cannot be replayed leaves the steps eager, saying why."""
-    start = time.perf_counter()
-    try:
-        if runner.device.type == "cuda":
-            runner.capture_decode_graphs()
-        else:
-            runner.capture_decode_graphs(cpu_graph_capture(), cpu_graph_batch_sizes(max_num_seqs))
-    except CaptureRefused as e:
-        log(f"decode steps run eagerly: {e}")
-        return
-    log(
-        f"decode steps from {runner.decode_graphs.describe()}, captured in "
-        f"{time.perf_counter() - start:.1f} s"
     )
 
 

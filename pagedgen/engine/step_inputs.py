@@ -45,13 +45,27 @@ class StepArrays(NamedTuple):
         device: torch.device,
     ) -> "StepInputs":
         """The step's tensors on the device, for an eager forward (placeholders unfilled)."""
+        return StepInputs(
+            to_device(self.input_ids, torch.int64, device),
+            to_device(self.positions, torch.int64, device),
+            self.metadata(scheduled, tables, block_size, device),
+            self.last_rows,
+        )
+
+    def metadata(
+        self,
+        scheduled: "SchedulerOutput",
+        tables: np.ndarray,  # BlockTables.table
+        block_size: int,
+        device: torch.device,
+    ) -> AttentionMetadata:
         max_context_len = int(self.context_lens.max())
         block_tables = tables[self.rows, : -(-max_context_len // block_size)]
 
         def tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return to_device(data, dtype, device)
 
-        metadata = AttentionMetadata(
+        return AttentionMetadata(
             slot_mapping=tensor(self.slot_mapping, torch.int64),
             cu_seqlens_q=tensor(self.cu_seqlens_q, torch.int32),
             context_lens=tensor(self.context_lens, torch.int32),
@@ -63,12 +77,6 @@ class StepArrays(NamedTuple):
             query_lens_cpu=list(scheduled.num_new_tokens),
             context_lens_cpu=self.context_lens.tolist(),
             prompt_lens_cpu=[seq.num_prompt_tokens for seq in scheduled.seqs],
-        )
-        return StepInputs(
-            tensor(self.input_ids, torch.int64),
-            tensor(self.positions, torch.int64),
-            metadata,
-            self.last_rows,
         )
 
 

@@ -1,0 +1,195 @@
+"""Piecewise graphs (engine/piecewise_graphs.py), proven with CPU recordings as the pieces:
+steps with prefill rows replay the pieces between attention calls, attention runs over each
+step's own metadata, and every output equals the eager engine's; a capture that cannot be
+replayed is refused and leaves nothing behind."""
+
+import random
+
+import numpy as np
+import pytest
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from pagedgen import LLM, SamplingParams
+from pagedgen.engine.cpu_graphs import CaptureRefused, CpuPieces
+from pagedgen.engine.graph_capture import PIECEWISE, capture_piecewise_graphs
+from pagedgen.engine.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
+from pagedgen.kernels import cpu_ops
+from pagedgen.layers.linear import gemm_rows
+from tests.test_async_scheduling import ENGINE, outputs, prompts_of
+from tests.test_cpu_graphs import preemption_case
+from tests.test_models import tiny_model  # noqa: F401 (the fixture, parametrized below)
+
+needs_cpu_ops = pytest.mark.skipif(
+    cpu_ops.cpu_ops_error() is not None, reason=f"no C kernels here: {cpu_ops.cpu_ops_error()}"
+)
+# Few sequences and a small token budget: prompts join running decodes step after step.
+MIXED = dict(max_num_seqs=6, max_num_batched_tokens=40)
+
+
+def test_token_sizes():
+    assert piecewise_token_sizes(64, 8) == [8, 16, 24, 32, 40, 48, 56, 64]
+    assert piecewise_token_sizes(40, 16) == [16, 32, 40]
+    assert piecewise_token_sizes(512) == list(range(32, 513, 32))
+    assert all(size == gemm_rows(size) for size in piecewise_token_sizes(MAX_NUM_TOKENS))
+
+
+def piecewise_llm(path, monkeypatch, **kwargs) -> LLM:
+    monkeypatch.setenv(PIECEWISE, "1")
+    llm = LLM(str(path), **ENGINE, **kwargs)
+    assert isinstance(llm.engine.runner.piecewise_graphs, PiecewiseGraphs)
+    return llm
+
+
+def count_piecewise_replays(llm: LLM) -> list[int]:
+    """[replays, of which with a prefill row]."""
+    graphs, counted = llm.engine.runner.piecewise_graphs, [0, 0]
+    replay = graphs.replay
+
+    def spy(batch_size, metadata, num_tokens):
+        counted[0] += 1
+        counted[1] += metadata.num_decode_seqs < metadata.num_seqs
+        return replay(batch_size, metadata, num_tokens)
+
+    graphs.replay = spy
+    return counted
+
+
+def mixed_params(num_prompts: int) -> list[SamplingParams]:
+    rng = random.Random(1)
+    return [
+        SamplingParams(temperature=0, max_tokens=rng.randint(1, 30), ignore_eos=True, logprobs=2)
+        if i % 3
+        else SamplingParams(temperature=0.9, top_p=0.9, seed=i, max_tokens=rng.randint(1, 30))
+        for i in range(num_prompts)
+    ]
+
+
+@needs_cpu_ops
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_steps_with_prefill_rows_from_pieces_equal_eager_ones(
+    tiny_llama_path, monkeypatch, async_scheduling
+):
+    """Chunked prompts beside decodes, shared prefixes (prefix-cache hits), seeded sampling,
+    logprobs and prompt logprobs, with and without async scheduling's placeholders."""
+    prompts = prompts_of(5, 24, shared_prefix=17)
+    params = mixed_params(len(prompts))
+    params[4] = SamplingParams(temperature=0, max_tokens=5, prompt_logprobs=1)
+    kwargs = dict(MIXED, async_scheduling=async_scheduling)
+    eager = outputs(
+        LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs), prompts, params
+    )
+    llm = piecewise_llm(tiny_llama_path, monkeypatch, **kwargs)
+    assert llm.engine.runner.piecewise_graphs.token_sizes == [8, 16, 24, 32, 40]
+    replays = count_piecewise_replays(llm)
+    assert outputs(llm, prompts, params) == eager
+    assert replays[1] >= 10, replays
+    prompt_logprobs = llm.generate([prompts[4]], params[4])[0].prompt_logprobs
+    eager_llm = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs)
+    assert prompt_logprobs == eager_llm.generate([prompts[4]], params[4])[0].prompt_logprobs
+
+
+@needs_cpu_ops
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_pieces_through_preemption(tiny_llama_path, monkeypatch, preemption_mode):
+    prompts, params, kwargs = preemption_case(preemption_mode)
+    eager = outputs(
+        LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs), prompts, params
+    )
+    llm = piecewise_llm(tiny_llama_path, monkeypatch, **kwargs)
+    replays = count_piecewise_replays(llm)
+    assert outputs(llm, prompts, params) == eager
+    assert replays[1] > 0
+    assert sum(llm.engine.scheduler.num_preemptions.values()) > 0
+
+
+def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_path, monkeypatch):
+    llm = piecewise_llm(tiny_llama_path, monkeypatch, max_num_batched_tokens=200)
+    assert llm.engine.runner.piecewise_graphs.max_num_tokens == 64
+    replays = count_piecewise_replays(llm)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    eager = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True)
+    prompt = list(range(1, 150))
+    assert outputs(llm, [prompt], params) == outputs(eager, [prompt], params)
+    assert replays == [0, 0]  # 149 prompt tokens, then decode graphs
+
+
+def test_unset_variable_captures_no_pieces(tiny_llama_path, monkeypatch):
+    monkeypatch.delenv(PIECEWISE, raising=False)
+    assert LLM(str(tiny_llama_path), **ENGINE).engine.runner.piecewise_graphs is None
+
+
+@pytest.mark.parametrize(
+    "tiny_model",
+    ["bloom", "mistral", "phi3-partial-rotary", "gpt2", "cohere2", "granite4-dense-nope"],
+    indirect=True,
+)
+@needs_cpu_ops
+def test_architectures_through_pieces(tiny_model, monkeypatch):  # noqa: F811
+    """ALiBi, sliding windows, partial and no RoPE, separate Q/K/V projections, NoPE layers:
+    whatever each layer's attention is called with reaches it from the pieces."""
+    folder, _ = tiny_model
+    prompts = prompts_of(7, 10)
+    params = mixed_params(len(prompts))
+    eager = outputs(LLM(str(folder), **ENGINE, enforce_eager=True, **MIXED), prompts, params)
+    llm = piecewise_llm(folder, monkeypatch, **MIXED)
+    replays = count_piecewise_replays(llm)
+    assert outputs(llm, prompts, params) == eager
+    assert replays[1] > 0
+
+
+class PlantedBug:
+    """Each breaks one thing the pieces rely on; the equality tests above must catch it."""
+
+    @staticmethod
+    def stale_positions(graphs: PiecewiseGraphs) -> None:
+        fill = graphs.fill
+        graphs.fill = lambda ids, positions, slots: fill(ids, np.zeros_like(positions), slots)
+
+    @staticmethod
+    def capture_metadata(graphs: PiecewiseGraphs) -> None:
+        replay = graphs.replay
+        graphs.replay = lambda b, metadata, n: replay(b, graphs.metadata, n)
+
+    @staticmethod
+    def padding_into_block_zero(graphs: PiecewiseGraphs) -> None:
+        graphs.pad_slot = 0
+
+
+@needs_cpu_ops
+@pytest.mark.parametrize("bug", ["stale_positions", "capture_metadata", "padding_into_block_zero"])
+def test_planted_bugs_change_outputs(tiny_llama_path, monkeypatch, bug):
+    prompts = prompts_of(5, 12, shared_prefix=17)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    eager = outputs(
+        LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **MIXED), prompts, params
+    )
+    llm = piecewise_llm(tiny_llama_path, monkeypatch, **MIXED)
+    getattr(PlantedBug, bug)(llm.engine.runner.piecewise_graphs)
+    assert outputs(llm, prompts, params) != eager
+
+
+def test_a_refused_capture_leaves_nothing_behind(tiny_llama_path):
+    """An op that hands a value to Python inside a piece refuses the capture; the backend keeps
+    its own attend and no recording stays active."""
+    llm = LLM(str(tiny_llama_path), **ENGINE)
+    runner = llm.engine.runner
+    norm = runner.model.layers[1].input_layernorm
+    forward = norm.forward
+
+    def branching(*args):
+        out = forward(*args)
+        first = out[0] if isinstance(out, tuple) else out
+        if first.sum().item() > float("inf"):  # a value back to Python
+            raise AssertionError
+        return out
+
+    norm.forward = branching
+    with pytest.raises(CaptureRefused):
+        capture_piecewise_graphs(runner, CpuPieces(), [8, 16])
+    assert "attend" not in vars(runner.backend)
+    assert _get_current_dispatch_mode() is None
+    assert runner.piecewise_graphs is None
+    norm.forward = forward
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    eager = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True)
+    assert outputs(llm, prompts_of(2, 3), params) == outputs(eager, prompts_of(2, 3), params)
