@@ -3,6 +3,7 @@ it made, from whatever its inputs hold now, and refuses a forward it could not r
 steps replayed from them give the eager engine's outputs."""
 
 import random
+import weakref
 
 import pytest
 import torch
@@ -123,11 +124,11 @@ def test_work_the_recording_does_not_see_fails_the_check():
 def count_replays(llm: LLM) -> list[int]:
     graphs = llm.engine.runner.decode_graphs
     assert graphs is not None, "no CPU graphs were recorded"
-    counted, replay = [0], graphs.replay
+    counted, graphs_ref = [0], weakref.ref(graphs)  # a strong one would make a cycle
 
     def spy(batch_size: int, num_seqs: int) -> torch.Tensor:
         counted[0] += 1
-        return replay(batch_size, num_seqs)
+        return DecodeGraphs.replay(graphs_ref(), batch_size, num_seqs)
 
     graphs.replay = spy
     return counted

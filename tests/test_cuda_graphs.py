@@ -3,12 +3,13 @@ CPU by "capturing" a graph as an eager rerun over the same buffers (what a repla
 on a GPU, where one is present, by real CUDA graphs against eager runs."""
 
 import random
+import weakref
 
 import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.cuda_graphs import graph_batch_sizes
+from pagedgen.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from pagedgen.engine.graph_capture import capture_decode_graphs
 
 
@@ -44,12 +45,12 @@ def token_ids(llm: LLM, prompts, params) -> list[list[int]]:
 def count_replays(llm: LLM) -> dict[int, int]:
     graphs = llm.engine.runner.decode_graphs
     counts = dict.fromkeys(graphs.batch_sizes, 0)
-    replay = graphs.replay
+    graphs_ref = weakref.ref(graphs)  # a strong one would make a cycle
 
     def counted(batch_size: int, num_seqs: int) -> torch.Tensor:
-        assert num_seqs <= batch_size and graphs.bucket(num_seqs) == batch_size
+        assert num_seqs <= batch_size and graphs_ref().bucket(num_seqs) == batch_size
         counts[batch_size] += 1
-        return replay(batch_size, num_seqs)
+        return DecodeGraphs.replay(graphs_ref(), batch_size, num_seqs)
 
     graphs.replay = counted
     return counts
@@ -185,7 +186,7 @@ def test_piecewise_cuda_graphs_give_the_eager_outputs_on_a_gpu(
     monkeypatch.setenv(PIECEWISE, "1")
     llm = LLM(str(head64_llama_path), **kwargs)
     assert llm.engine.runner.piecewise_graphs.token_sizes == [32, 64, 96]
-    replays = count_piecewise_replays(llm)
+    replays = count_piecewise_replays(monkeypatch)
     result = outputs(llm, prompts, params)
     assert replays[1] >= 10, replays
     # Buckets of 32 rows are the rows eager GEMMs pad to (gemm_rows): the same kernels run.

@@ -3,9 +3,10 @@ steps with prefill rows replay the pieces between attention calls, attention run
 step's own metadata, and every output equals the eager engine's; a capture that cannot be
 replayed is refused and leaves nothing behind."""
 
+import gc
 import random
+import weakref
 
-import numpy as np
 import pytest
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -23,7 +24,7 @@ needs_cpu_ops = pytest.mark.skipif(
     cpu_ops.cpu_ops_error() is not None, reason=f"no C kernels here: {cpu_ops.cpu_ops_error()}"
 )
 # Few sequences and a small token budget: prompts join running decodes step after step.
-MIXED = dict(max_num_seqs=6, max_num_batched_tokens=40)
+MIXED = dict(max_num_seqs=6, max_num_batched_tokens=40, kv_cache_memory=0.01)
 
 
 def test_token_sizes():
@@ -40,17 +41,17 @@ def piecewise_llm(path, monkeypatch, **kwargs) -> LLM:
     return llm
 
 
-def count_piecewise_replays(llm: LLM) -> list[int]:
-    """[replays, of which with a prefill row]."""
-    graphs, counted = llm.engine.runner.piecewise_graphs, [0, 0]
-    replay = graphs.replay
+def count_piecewise_replays(monkeypatch) -> list[int]:
+    """[replays, of which with a prefill row], patched on the class: a spy on the instance
+    would tie the graphs into a reference cycle that outlives the test (LLM's gc.freeze)."""
+    counted, replay = [0, 0], PiecewiseGraphs.replay
 
-    def spy(batch_size, metadata, num_tokens):
+    def spy(graphs, batch_size, metadata, num_tokens):
         counted[0] += 1
         counted[1] += metadata.num_decode_seqs < metadata.num_seqs
-        return replay(batch_size, metadata, num_tokens)
+        return replay(graphs, batch_size, metadata, num_tokens)
 
-    graphs.replay = spy
+    monkeypatch.setattr(PiecewiseGraphs, "replay", spy)
     return counted
 
 
@@ -80,7 +81,7 @@ def test_steps_with_prefill_rows_from_pieces_equal_eager_ones(
     )
     llm = piecewise_llm(tiny_llama_path, monkeypatch, **kwargs)
     assert llm.engine.runner.piecewise_graphs.token_sizes == [8, 16, 24, 32, 40]
-    replays = count_piecewise_replays(llm)
+    replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
     assert replays[1] >= 10, replays
     prompt_logprobs = llm.generate([prompts[4]], params[4])[0].prompt_logprobs
@@ -96,18 +97,20 @@ def test_pieces_through_preemption(tiny_llama_path, monkeypatch, preemption_mode
         LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs), prompts, params
     )
     llm = piecewise_llm(tiny_llama_path, monkeypatch, **kwargs)
-    replays = count_piecewise_replays(llm)
+    replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
     assert replays[1] > 0
     assert sum(llm.engine.scheduler.num_preemptions.values()) > 0
 
 
 def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_path, monkeypatch):
-    llm = piecewise_llm(tiny_llama_path, monkeypatch, max_num_batched_tokens=200)
+    llm = piecewise_llm(
+        tiny_llama_path, monkeypatch, max_num_batched_tokens=200, kv_cache_memory=0.01
+    )
     assert llm.engine.runner.piecewise_graphs.max_num_tokens == 64
-    replays = count_piecewise_replays(llm)
+    replays = count_piecewise_replays(monkeypatch)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    eager = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True)
+    eager = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, kv_cache_memory=0.01)
     prompt = list(range(1, 150))
     assert outputs(llm, [prompt], params) == outputs(eager, [prompt], params)
     assert replays == [0, 0]  # 149 prompt tokens, then decode graphs
@@ -115,7 +118,8 @@ def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_path, monkeypatch)
 
 def test_unset_variable_captures_no_pieces(tiny_llama_path, monkeypatch):
     monkeypatch.delenv(PIECEWISE, raising=False)
-    assert LLM(str(tiny_llama_path), **ENGINE).engine.runner.piecewise_graphs is None
+    llm = LLM(str(tiny_llama_path), **ENGINE, kv_cache_memory=0.01)
+    assert llm.engine.runner.piecewise_graphs is None
 
 
 @pytest.mark.parametrize(
@@ -132,7 +136,7 @@ def test_architectures_through_pieces(tiny_model, monkeypatch):  # noqa: F811
     params = mixed_params(len(prompts))
     eager = outputs(LLM(str(folder), **ENGINE, enforce_eager=True, **MIXED), prompts, params)
     llm = piecewise_llm(folder, monkeypatch, **MIXED)
-    replays = count_piecewise_replays(llm)
+    replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
     assert replays[1] > 0
 
@@ -141,17 +145,21 @@ class PlantedBug:
     """Each breaks one thing the pieces rely on; the equality tests above must catch it."""
 
     @staticmethod
-    def stale_positions(graphs: PiecewiseGraphs) -> None:
-        fill = graphs.fill
-        graphs.fill = lambda ids, positions, slots: fill(ids, np.zeros_like(positions), slots)
+    def stale_positions(monkeypatch, graphs: PiecewiseGraphs) -> None:
+        fill = PiecewiseGraphs.fill
+        monkeypatch.setattr(
+            PiecewiseGraphs, "fill", lambda self, ids, pos, slots: fill(self, ids, 0 * pos, slots)
+        )
 
     @staticmethod
-    def capture_metadata(graphs: PiecewiseGraphs) -> None:
-        replay = graphs.replay
-        graphs.replay = lambda b, metadata, n: replay(b, graphs.metadata, n)
+    def capture_metadata(monkeypatch, graphs: PiecewiseGraphs) -> None:
+        replay = PiecewiseGraphs.replay
+        monkeypatch.setattr(
+            PiecewiseGraphs, "replay", lambda self, b, _, n: replay(self, b, self.state.metadata, n)
+        )
 
     @staticmethod
-    def padding_into_block_zero(graphs: PiecewiseGraphs) -> None:
+    def padding_into_block_zero(monkeypatch, graphs: PiecewiseGraphs) -> None:
         graphs.pad_slot = 0
 
 
@@ -164,32 +172,66 @@ def test_planted_bugs_change_outputs(tiny_llama_path, monkeypatch, bug):
         LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **MIXED), prompts, params
     )
     llm = piecewise_llm(tiny_llama_path, monkeypatch, **MIXED)
-    getattr(PlantedBug, bug)(llm.engine.runner.piecewise_graphs)
+    getattr(PlantedBug, bug)(monkeypatch, llm.engine.runner.piecewise_graphs)
     assert outputs(llm, prompts, params) != eager
 
 
-def test_a_refused_capture_leaves_nothing_behind(tiny_llama_path):
+def test_a_refused_capture_leaves_nothing_behind(tiny_llama_path, monkeypatch):
     """An op that hands a value to Python inside a piece refuses the capture; the backend keeps
     its own attend and no recording stays active."""
-    llm = LLM(str(tiny_llama_path), **ENGINE)
+    llm = LLM(str(tiny_llama_path), **ENGINE, kv_cache_memory=0.01)
     runner = llm.engine.runner
-    norm = runner.model.layers[1].input_layernorm
-    forward = norm.forward
+    norm_class = type(runner.model.layers[1].input_layernorm)
+    forward = norm_class.forward
 
-    def branching(*args):
-        out = forward(*args)
+    def branching(self, *args):
+        out = forward(self, *args)
         first = out[0] if isinstance(out, tuple) else out
         if first.sum().item() > float("inf"):  # a value back to Python
             raise AssertionError
         return out
 
-    norm.forward = branching
-    with pytest.raises(CaptureRefused):
-        capture_piecewise_graphs(runner, CpuPieces(), [8, 16])
+    with monkeypatch.context() as patch:
+        patch.setattr(norm_class, "forward", branching)
+        with pytest.raises(CaptureRefused):
+            capture_piecewise_graphs(runner, CpuPieces(), [8, 16])
     assert "attend" not in vars(runner.backend)
     assert _get_current_dispatch_mode() is None
     assert runner.piecewise_graphs is None
-    norm.forward = forward
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    eager = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True)
+    eager = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, kv_cache_memory=0.01)
     assert outputs(llm, prompts_of(2, 3), params) == outputs(eager, prompts_of(2, 3), params)
+
+
+@needs_cpu_ops
+def test_drafts_through_pieces(tiny_llama_path, monkeypatch):
+    """Speculative decoding's verify steps (drafts as rows after each decode's token, most
+    accepted, some rejected) beside prompts joining, from the pieces."""
+    from tests.test_spec_decode_models import SPEC, OracleProposer, repetitive_prompts
+
+    prompts = repetitive_prompts(4, 16)
+    params = mixed_params(len(prompts))
+    eager = outputs(
+        LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **MIXED), prompts, params
+    )
+    llm = piecewise_llm(tiny_llama_path, monkeypatch, speculative_config=SPEC, **MIXED)
+    llm.engine.output_processor.proposer = OracleProposer(eager, prompts, params, k=4)
+    replays = count_piecewise_replays(monkeypatch)
+    assert outputs(llm, prompts, params) == eager
+    assert replays[1] >= 10, replays
+    assert llm.engine.stats.spec_decode.num_accepted_tokens >= 20
+
+
+def test_a_dropped_engine_frees_its_pieces_without_a_collection(tiny_llama_path, monkeypatch):
+    """No reference cycle through the pieces: LLM's start-up ends with gc.freeze(), so an engine
+    kept alive by one would hold its model and KV pool for good."""
+    llm = piecewise_llm(tiny_llama_path, monkeypatch, **MIXED)
+    runner = llm.engine.runner
+    refs = [weakref.ref(x) for x in (runner.piecewise_graphs, runner.model, runner.kv_cache)]
+    del runner
+    gc.disable()
+    try:
+        del llm
+        assert [ref() for ref in refs] == [None, None, None]
+    finally:
+        gc.enable()

@@ -51,6 +51,18 @@ class Pieces(Protocol):
         must recompute all of it (a no-op for CUDA graphs)."""
 
 
+class StepState:
+    """What the attention between two pieces reads of the step being replayed. The pieces hold
+    it, not the PiecewiseGraphs that holds them: no reference cycle keeps a dropped engine's
+    model and pool alive until a garbage collection (or for good, once gc.freeze ran)."""
+
+    __slots__ = ("metadata", "num_tokens")
+
+    def __init__(self) -> None:
+        self.metadata: AttentionMetadata | None = None
+        self.num_tokens = 0
+
+
 class PiecewiseGraphs:
     """The model's forward for steps of up to max(token_sizes) tokens, replayed from pieces
     captured once per bucket of token_sizes.
@@ -86,8 +98,7 @@ class PiecewiseGraphs:
         self.buffer = self.inputs.device
         self.attention_buffers: dict[tuple, torch.Tensor] = {}
         self.replays: dict[int, tuple[list[Callable[[], None]], torch.Tensor]] = {}
-        self.metadata: AttentionMetadata | None = None  # the step's, for attention
-        self.num_tokens = 0
+        self.state = StepState()  # the step's, for attention
 
     def describe(self) -> str:
         kind = "CUDA graphs" if self.buffer.is_cuda else "CPU recordings"
@@ -118,7 +129,7 @@ class PiecewiseGraphs:
         backend prepared for it); the first num_tokens rows of the final hidden states (a view
         of the bucket's output, valid until the next replay)."""
         steps, output = self.replays[batch_size]
-        self.metadata, self.num_tokens = metadata, num_tokens
+        self.state.metadata, self.state.num_tokens = metadata, num_tokens
         for step in steps:
             step()
         return output[:num_tokens]
@@ -136,7 +147,8 @@ class PiecewiseGraphs:
         self.fill(empty, empty, empty)
         metadata = self._padding_metadata(b)
         self.backend.prepare(metadata)
-        self.metadata, self.num_tokens = metadata, b
+        state = self.state
+        state.metadata, state.num_tokens = metadata, b
         attend = self.backend.attend
 
         def warm_up(query, key, value, *args, **kwargs):
@@ -155,9 +167,11 @@ class PiecewiseGraphs:
             steps.append(pieces.end())
 
             def attention() -> None:
-                n = self.num_tokens
+                n = state.num_tokens
                 q, k, v = (buffer[:n] for buffer in buffers)
-                attend(q, k, v, key_cache, value_cache, self.metadata, scale, *options, out=out[:n])
+                attend(
+                    q, k, v, key_cache, value_cache, state.metadata, scale, *options, out=out[:n]
+                )
 
             steps.append(attention)
             attention()
