@@ -157,7 +157,8 @@ class ModelRunner:
     def forward(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
         """The final hidden states of the step's tokens and each sequence's last row: by a
         graph replay for a step of decodes (drafts as decode rows: StepArrays.decode_rows) that
-        fits one, else eagerly."""
+        fits one, by piecewise graphs for another step without adapters that fits theirs, else
+        eagerly."""
         lora_ids = self.lora.begin_step(scheduled.seqs) if self.lora is not None else None
         graphs = self.decode_graphs if lora_ids is None else self.lora_decode_graphs
         num_seqs = len(scheduled.seqs)
