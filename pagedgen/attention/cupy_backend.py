@@ -3,13 +3,15 @@ import os
 import torch
 
 from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.attention.step_plans import StepPlans
 from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import loader, paged_attention_mma
 from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
+from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.layer_ops import rope_and_cache
-from pagedgen.kernels.paged_attention import paged_attention
-from pagedgen.kernels.prefill_attention import prefill_attention
+from pagedgen.kernels.paged_attention import paged_attention_launches
+from pagedgen.kernels.prefill_attention import prefill_attention_launch
 
 
 def cupy_available() -> bool:
@@ -82,6 +84,14 @@ class CupyAttentionBackend(TorchAttentionBackend):
         if self.use_tensor_core_decode:  # its counters, before any CUDA graph capture
             paged_attention_mma.counters(device, 1)
 
+    @property
+    def step_plans(self) -> StepPlans:
+        """The step's decode and prefill launches, planned by its first layer (step_plans.py)."""
+        plans = self.__dict__.get("_step_plans")
+        if plans is None:
+            plans = self.__dict__["_step_plans"] = StepPlans()
+        return plans
+
     @staticmethod
     def supports(head_size: int, block_size: int) -> bool:
         return head_size in HEAD_SIZES and block_size in BLOCK_SIZES
@@ -131,23 +141,32 @@ class CupyAttentionBackend(TorchAttentionBackend):
         alibi_slopes: torch.Tensor | None = None,
     ):
         num_decode = metadata.num_decode_seqs
-        paged_attention(
-            out[:num_decode],
-            query[:num_decode],
-            key_cache,
-            value_cache,
-            metadata.block_tables[:num_decode],
-            metadata.context_lens[:num_decode],
-            max(metadata.context_lens_cpu[:num_decode]),
-            scale,
-            grouped=self.use_grouped_decode,
-            l2_prefetch=self.use_l2_prefetch,
-            tensor_cores=self.use_tensor_core_decode,
-            window=window,
-            softcap=softcap,
-            sinks=sinks,
-            alibi_slopes=alibi_slopes,
-        )
+        views = self.step_plans.step_views(metadata)
+        out, query = out[:num_decode], query[:num_decode]
+        flags = (self.use_grouped_decode, self.use_l2_prefetch, self.use_tensor_core_decode)
+        tensors = (out, query, key_cache, value_cache, sinks, alibi_slopes)
+
+        def plan() -> list[KernelLaunch]:
+            return paged_attention_launches(
+                out,
+                query,
+                key_cache,
+                value_cache,
+                views.decode_block_tables,
+                views.decode_context_lens,
+                views.max_decode_context_len,
+                scale,
+                grouped=flags[0],
+                l2_prefetch=flags[1],
+                tensor_cores=flags[2],
+                window=window,
+                softcap=softcap,
+                sinks=sinks,
+                alibi_slopes=alibi_slopes,
+            )
+
+        scalars = (scale, window, softcap, *flags)
+        self._launch(self.step_plans.launches(metadata, "decode", tensors, scalars, plan))
 
     def prefill(
         self,
@@ -168,23 +187,36 @@ class CupyAttentionBackend(TorchAttentionBackend):
             cache = (key_cache, value_cache, metadata, scale, out)
             super().prefill(query, key, value, *cache, window, softcap, sinks, alibi_slopes)
             return
-        first = metadata.num_decode_seqs
-        prefill_attention(
-            out,
-            query,
-            key_cache,
-            value_cache,
-            metadata.block_tables[first:],
-            metadata.cu_seqlens_q[first:],
-            metadata.context_lens[first:],
-            max(metadata.query_lens_cpu[first:]),
-            scale,
-            window,
-            softcap,
-            sinks,
-            alibi_slopes,
-            tensor_cores=self.use_tensor_core_prefill,
-        )
+        views = self.step_plans.step_views(metadata)
+        tensor_cores = self.use_tensor_core_prefill
+        tensors = (out, query, key_cache, value_cache, sinks, alibi_slopes)
+
+        def plan() -> list[KernelLaunch]:
+            launch = prefill_attention_launch(
+                out,
+                query,
+                key_cache,
+                value_cache,
+                views.prefill_block_tables,
+                views.prefill_cu_seqlens_q,
+                views.prefill_context_lens,
+                views.max_prefill_query_len,
+                scale,
+                window,
+                softcap,
+                sinks,
+                alibi_slopes,
+                tensor_cores=tensor_cores,
+            )
+            return [] if launch is None else [launch]
+
+        scalars = (scale, window, softcap, tensor_cores)
+        self._launch(self.step_plans.launches(metadata, "prefill", tensors, scalars, plan))
+
+    @staticmethod
+    def _launch(launches: list[KernelLaunch]) -> None:
+        for kernel_launch in launches:
+            loader.launch(kernel_launch)
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: list[tuple[int, int]]) -> None:
         copy_blocks(kv_caches, src_to_dst)

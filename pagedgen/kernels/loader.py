@@ -80,11 +80,11 @@ def launch(kernel_launch: KernelLaunch) -> None:
         raise ValueError(f"kernel tensors must share one CUDA device, got {devices | {device}}")
     index = torch.cuda.current_device() if device.index is None else device.index
     stream = _stream(index)
-    with cupy.cuda.Device(index), stream:
+    with cupy.cuda.Device(index):  # the stream goes with the call: no stream context to enter
         shared_mem = kernel_launch.shared_mem
         kernel = _kernel(kernel_launch.module, kernel_launch.name_expression, index, shared_mem)
         args = tuple(map(_argument, kernel_launch.args))
-        kernel(kernel_launch.grid, kernel_launch.block, args, shared_mem=shared_mem)
+        kernel(kernel_launch.grid, kernel_launch.block, args, shared_mem=shared_mem, stream=stream)
 
 
 def copy_async(dst_ptr: int, src_ptr: int, num_bytes: int, stream_ptr: int) -> None:

@@ -166,3 +166,40 @@ def test_backend_rejects_unsupported_sizes_when_built(monkeypatch) -> None:
         CupyAttentionBackend(torch.device("cuda"), 64, 64)
     with pytest.raises(ValueError, match="head sizes"):
         CupyAttentionBackend(torch.device("cuda"), 72, 16)
+
+
+@pytest.mark.parametrize("decode", ["per-head", "grouped", "mma"])
+def test_each_layer_of_a_step_attends_its_own_tensors(emulated_backend, monkeypatch, decode):
+    """Three layers of one step through one plan (step_plans.py): each reads its own query rows
+    and caches and writes its own output, the v2 decode's shared scratch and the prefill kernel
+    included; a fourth layer with another scale is planned anew."""
+    plans = []
+    planner = emulated_backend.step_plans
+    launches = type(planner).launches
+
+    def counted(self, metadata, kind, tensors, scalars, plan):
+        return launches(
+            self, metadata, kind, tensors, scalars, lambda: plans.append(kind) or plan()
+        )
+
+    monkeypatch.setattr(type(planner), "launches", counted)
+    dtype = torch.float16 if decode == "mma" else torch.float32
+    emulated_backend.use_prefill_kernel = True
+    emulated_backend.use_grouped_decode = decode == "grouped"
+    emulated_backend.use_tensor_core_decode = decode == "mma"
+    query_lens, context_lens = [1, 1, 9, 5], [600, 17, 9, 21]  # 600 tokens: v2 partitions
+    metadata = make_metadata(query_lens, context_lens, 16, 48, "cpu")
+    num_tokens, num_heads, num_kv_heads, head_size = sum(query_lens), 4, 1, 64
+    emulated_backend.prepare(metadata)
+    for scale in (0.125, 0.125, 0.125, 0.25):
+        query = torch.randn(num_tokens, num_heads, head_size).to(dtype)
+        key = torch.randn(num_tokens, num_kv_heads, head_size).to(dtype)
+        cache = torch.randn(2, 48, 16, num_kv_heads, head_size).to(dtype)
+        ref_cache = cache.clone()
+        out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, scale)
+        expected = ReferenceAttentionBackend().forward(
+            query, key, key, ref_cache[0], ref_cache[1], metadata, scale
+        )
+        tolerance = TOLERANCES[dtype]
+        torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    assert plans == ["decode", "prefill", "decode", "prefill"], plans
