@@ -122,6 +122,10 @@ class SamplingParams:
     # Filled from the tokenizer by the engine; not part of vLLM's public surface.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
+    # Derived by __post_init__, so by every copy the engine runs (dataclasses.replace): greedy,
+    # with nothing that edits the logits first (penalties, bias, bans, allowed tokens, min_tokens)
+    # and no logprobs, this request's every sample is the logits' argmax.
+    plain_greedy: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -180,6 +184,14 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"{message}, got {self._field_values()}")
+        self.plain_greedy = (
+            self.temperature == 0
+            and self.logprobs is None
+            and self.min_tokens == 0
+            and self.repetition_penalty == 1.0
+            and not (self.presence_penalty or self.frequency_penalty)
+            and not (self.logit_bias or self.allowed_token_ids or self.bad_words_token_ids)
+        )
 
     @property
     def greedy(self) -> bool:

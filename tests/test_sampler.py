@@ -1,5 +1,6 @@
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -400,7 +401,49 @@ def test_sampling_never_makes_the_host_wait_for_the_gpu() -> None:
 def test_bad_words_ban_the_token_that_would_complete_them() -> None:
     """[4] is banned everywhere; [2, 3] only right after a 2."""
     logits = torch.tensor([[0.0, 1.0, 2.0, 5.0, 4.0]] * 3)
-    params = SamplingParams(temperature=0)
-    params.bad_words_token_ids = [[4], [2, 3]]
+    # as the engine fills it: a copy (dataclasses.replace), which derives plain_greedy anew
+    params = replace(SamplingParams(temperature=0), bad_words_token_ids=[[4], [2, 3]])
     out = sample(logits, [params] * 3, None, [[1], [1, 2], []])
     assert out.token_ids == [3, 2, 3]  # after a 2, 3 and 4 are banned and 2 is the best left
+
+
+@pytest.mark.parametrize(
+    ("fields", "plain"),
+    [
+        ({}, True),
+        ({"top_p": 0.5, "top_k": 3, "seed": 7, "max_tokens": 4, "stop": ["x"]}, True),
+        ({"temperature": 0.5}, False),
+        ({"logprobs": 0}, False),
+        ({"min_tokens": 2}, False),
+        ({"repetition_penalty": 1.2}, False),
+        ({"presence_penalty": 0.1}, False),
+        ({"frequency_penalty": -0.1}, False),
+        ({"logit_bias": {1: 2.0}}, False),
+        ({"allowed_token_ids": [1, 2]}, False),
+        ({"bad_words_token_ids": [[2]]}, False),
+    ],
+)
+def test_plain_greedy_rows_build_the_general_paths_metadata(fields: dict, plain: bool) -> None:
+    """A batch whose every row is plain greedy (no logits edits, no logprobs) builds in one pass
+    the metadata the general build gives it; any other field takes the general build."""
+    engine_fields = {"bad_words_token_ids"} & fields.keys()
+    user_fields = {k: v for k, v in fields.items() if k not in engine_fields}
+    params = replace(  # as the engine fills its fields: a copy, which derives plain_greedy anew
+        SamplingParams(**{"temperature": 0, **user_fields}), **{k: fields[k] for k in engine_fields}
+    )
+    assert params.plain_greedy == plain
+    batch = [SamplingParams(temperature=0), params, SamplingParams(temperature=0, max_tokens=3)]
+    inputs = ([[1, 2]] * 3, [[2], [], [3]], "cpu", 5)
+    metadata = SamplingMetadata.build(batch, *inputs)
+    if plain:
+        assert metadata == SamplingMetadata.greedy(3)
+    general = [replace(p) for p in batch]
+    for p in general:
+        p.plain_greedy = False  # no fast path
+    expected = SamplingMetadata.build(general, *inputs)
+    for name in SamplingMetadata.__slots__:
+        got, want = getattr(metadata, name), getattr(expected, name)
+        if isinstance(want, torch.Tensor):
+            assert torch.equal(got, want), name
+        else:
+            assert got == want, name

@@ -52,6 +52,32 @@ class SamplingMetadata:
     max_num_logprobs: int | None  # None when no row asks for logprobs
 
     @classmethod
+    def greedy(cls, num_seqs: int) -> "SamplingMetadata":
+        """num_seqs rows that each take the logits' argmax, untouched."""
+        return cls(
+            num_seqs=num_seqs,
+            all_greedy=True,
+            greedy_mask=None,
+            temperatures=None,
+            top_k=None,
+            max_top_k=0,
+            top_p=None,
+            min_p=None,
+            seeds={},
+            repetition_penalties=None,
+            repetition_coords=None,
+            output_penalty_coords=None,
+            output_penalties=None,
+            banned_coords=None,
+            logit_bias_coords=None,
+            logit_biases=None,
+            allowed_rows=None,
+            allowed_coords=None,
+            num_logprobs=[None] * num_seqs,
+            max_num_logprobs=None,
+        )
+
+    @classmethod
     def build(
         cls,
         params: list[SamplingParams],
@@ -62,6 +88,8 @@ class SamplingMetadata:
     ) -> "SamplingMetadata":
         num_seqs = len(params)
         assert len(prompt_token_ids) == num_seqs == len(output_token_ids)
+        if all(p.plain_greedy for p in params):  # most batches: one pass, not a dozen
+            return cls.greedy(num_seqs)
         greedy = [p.greedy for p in params]
         num_logprobs = [p.logprobs for p in params]
         requested = [k for k in num_logprobs if k is not None]
