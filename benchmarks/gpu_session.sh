@@ -14,6 +14,7 @@
 #   ncu              Nsight Compute on each attention kernel (benchmarks/ncu_attention.py: decode
 #                    at two shapes, prefill at one): DRAM throughput, occupancy and warp stall
 #                    reasons, the why of a GB/s figure
+#   decode-kernels   benchmarks/bench_kernels.py alone (~4 min)
 #   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak,
 #                    decode per-head, grouped (each without and with prefetch) and mma (~4 min);
 #                    then benchmarks/bench_prefill.py: prefill TFLOP/s, CUDA cores and tensor cores
@@ -50,22 +51,23 @@
 # one): generate_batch takes ~80 s on the 8B shape, and it is the same in each. Every stage gives
 # pagedgen the same KV pool, KV_CACHE_GIB (24: room for 256 sequences of 639 tokens of the 8B
 # shape), so that stages with and without baselines compare.
-# A call lasts at most 600 s, so a session splits its stages, e.g.
-#   call 1: STAGES="smollm2-auto llama8b-auto"                                   (~5 min)
-#   call 2: STAGES="mma-smoke kernels"          (~6 min, the mma kernels' first check and timings)
-#   call 3: BASELINES='' STAGES="llama8b-mma smollm2-mma"  (~4 min; call 1 ran the baselines)
-#   call 3b: BASELINES='' STAGES="piecewise-smoke smollm2-piecewise llama8b-piecewise" (~5 min)
-#   call 4: STAGES="sweep"                                                       (~5 min)
-#   call 5: STAGES="tests-a"                                                     (~8 min)
-#   call 6: STAGES="tests-b"                          (~6 min, test_gpu_mma.py among them)
-# and, time left, STAGES="ncu" (~3 min), then
-# STAGES="llama8b-grouped llama8b-prefetch llama8b-grouped-prefetch" (~4 min).
+# A call lasts at most 600 s, and a session now has 15 minutes of device time in all (a machine
+# start takes 1-2 of them), so the first call carries what issue 15 still lacks, most decisive
+# first, and the second whatever time is left:
+#   call 1: BASELINES='' STAGES="mma-smoke decode-kernels llama8b-auto"          (~8.5 min: are the
+#           tensor-core kernels right on hardware; decode attention's GB/s against 80 % of HBM;
+#           the 8B decode steps' unprofiled busy share and roofline ratio)
+#   call 2: BASELINES='' STAGES="piecewise-smoke smollm2-piecewise"  (~3.5 min: piecewise graphs
+#           right, and the mixed steps' host time with them and the per-step attention plans)
+# With more time (earlier sessions had 30 minutes): STAGES="llama8b-mma smollm2-mma" (~4 min),
+# "sweep" (~5 min), "tests-a" (~8 min), "tests-b" (~6 min), "ncu" (~3 min), "kernels" (decode
+# and prefill kernels, ~6 min), "smollm2-auto" with the generate_batch baseline (~3 min).
 # The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
 # the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
 # machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
 set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-gpu-session}
-STAGES=${STAGES:-tests smollm2-eager smollm2-graphs}
+STAGES=${STAGES:-mma-smoke decode-kernels llama8b-auto}  # call 1 above
 BASELINES=${BASELINES-generate_batch}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -121,6 +123,7 @@ for stage in $STAGES; do case $stage in
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section LaunchStats \
         python benchmarks/ncu_attention.py --dtype bfloat16 ;;
+    decode-kernels) run kernels 300 python benchmarks/bench_kernels.py --dtype bfloat16 ;;
     kernels) run kernels 300 python benchmarks/bench_kernels.py --dtype bfloat16
         run prefill-kernels 120 python benchmarks/bench_prefill.py --dtype bfloat16 ;;
     sweep) TAIL=20 run sweep 500 python benchmarks/sweep_decode.py --dtype bfloat16 \
