@@ -62,9 +62,12 @@
 # With more time (earlier sessions had 30 minutes): STAGES="llama8b-mma smollm2-mma" (~4 min),
 # "sweep" (~5 min), "tests-a" (~8 min), "tests-b" (~6 min), "ncu" (~3 min), "kernels" (decode
 # and prefill kernels, ~6 min), "smollm2-auto" with the generate_batch baseline (~3 min).
-# The workload is a file saved elsewhere with `pagedgen bench --save-workload` (ShareGPT needs
-# the dataset package, which GPU machines lack), or else 500 fixed 256-in/128-out prompts. GPU
-# machines hold no Hugging Face cache: the random models take their tokenizer from TOKENIZER_DIR.
+# The workload is a file saved elsewhere (ShareGPT needs the dataset package, which GPU machines
+# lack), or else 500 fixed 256-in/128-out prompts. GPU machines hold no Hugging Face cache: the
+# random models take their tokenizer from TOKENIZER_DIR. `python benchmarks/gpu_inputs.py` makes
+# both here in seconds, in .gpuwl/ (ShareGPT-1000 and the default model's tokenizer, 4 MB), so a
+# call is: carry [".gpuwl"], command
+#   STAGES="..." bash benchmarks/gpu_session.sh .gpuwl/sharegpt-1000.json .gpuwl/tokenizer
 set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-gpu-session}
 STAGES=${STAGES:-mma-smoke decode-kernels llama8b-auto}  # call 1 above
