@@ -86,7 +86,9 @@ class CupyAttentionBackend(TorchAttentionBackend):
 
     @property
     def step_plans(self) -> StepPlans:
-        """The step's decode and prefill launches, planned by its first layer (step_plans.py)."""
+        """The step's decode and prefill launches, planned by its first layer (step_plans.py);
+        made on first use, so that a backend built without __init__ (emulated on the CPU) has
+        them too."""
         plans = self.__dict__.get("_step_plans")
         if plans is None:
             plans = self.__dict__["_step_plans"] = StepPlans()
