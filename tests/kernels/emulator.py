@@ -38,7 +38,8 @@ def _gxx_version() -> str:
     return subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
 
 
-def _cache_dir() -> Path:
+def build_cache_dir() -> Path:
+    """Where builds are kept by content (PAGEDGEN_EMU_CACHE): each happens once per machine."""
     path = Path(os.environ.get("PAGEDGEN_EMU_CACHE", Path(tempfile.gettempdir()) / "pagedgen-emu"))
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -64,10 +65,10 @@ def build_library(source: str, name_expressions: list[str], defines: tuple[str, 
     key = hashlib.sha256(
         "\0".join([header, source, entry_points, " ".join(flags), _gxx_version()]).encode()
     ).hexdigest()[:24]
-    library = _cache_dir() / f"{key}.so"
+    library = build_cache_dir() / f"{key}.so"
     if library.exists():
         return library
-    work = Path(tempfile.mkdtemp(dir=_cache_dir()))
+    work = Path(tempfile.mkdtemp(dir=build_cache_dir()))
     (work / "kernel.cu").write_text(source)
     (work / "driver.cpp").write_text(
         f'#include "{EMU_HEADER}"\n#include "kernel.cu"\n\n{entry_points}\n'

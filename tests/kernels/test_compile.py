@@ -2,16 +2,21 @@
 the runtime compiles it (same source text, options, name expressions), without a GPU.
 
 `python tests/kernels/test_compile.py` prints ptxas' registers and spills for every kernel.
+Each build's report (nvcc) or cubin (NVRTC) is kept by content where the emulator keeps its
+builds (build_cache_dir): a machine builds a kernel source once per text, options and compiler.
 """
 
 import functools
+import hashlib
 import inspect
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -34,6 +39,11 @@ from pagedgen.kernels.paged_attention_mma import HEAD_SIZES as MMA_HEAD_SIZES
 from pagedgen.kernels.paged_attention_mma import mma_modules
 from pagedgen.kernels.prefill_attention import prefill_attention_module, prefill_mma_module
 from pagedgen.kernels.source import kernel_names, kernel_source
+
+try:
+    from tests.kernels.emulator import build_cache_dir
+except ModuleNotFoundError:  # run as a script, from tests/kernels
+    from emulator import build_cache_dir
 
 ARCHS = ("80", "90")
 SOURCES = [name for name in kernel_names() if name.endswith(".cu")]
@@ -157,13 +167,24 @@ def nvcc_builds() -> dict[tuple[str, str], dict[str, PtxasInfo]]:
 
     def compile_one(index: int) -> str:
         build = builds[index]
-        command = ["nvcc", "-cubin", f"-arch=sm_{build.key[1]}", "-std=c++17", "-Xptxas", "-v"]
-        command += [f"-D{define}" for define in build.defines]
-        command += ["-o", str(work / f"{index}.cubin"), str(work / build.source)]
+        options = [f"-arch=sm_{build.key[1]}", "-std=c++17", "-Xptxas", "-v"]
+        options += [f"-D{define}" for define in build.defines]
+        text = kernel_source(build.source)
+        key = hashlib.sha256("\0".join([text, *options, _nvcc_version()]).encode()).hexdigest()
+        report = build_cache_dir() / f"nvcc-{key[:24]}.txt"  # the build once per machine
+        if report.exists():
+            return report.read_text()
+        command = ["nvcc", "-cubin", *options, "-o", str(work / f"{index}.cubin")]
         result = subprocess.run(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [*command, str(work / build.source)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         assert result.returncode == 0, f"nvcc failed on {build}:\n{result.stdout[-4000:]}"
+        partial = report.with_suffix(f".{os.getpid()}.{index}")
+        partial.write_text(result.stdout)
+        partial.replace(report)
         return result.stdout
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -173,6 +194,11 @@ def nvcc_builds() -> dict[tuple[str, str], dict[str, PtxasInfo]]:
     for build, output in zip(builds, outputs):
         info.setdefault(build.key, {}).update(parse_ptxas(output))
     return info
+
+
+@functools.cache
+def _nvcc_version() -> str:
+    return subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
 
 
 def parse_ptxas(output: str) -> dict[str, PtxasInfo]:
@@ -204,12 +230,34 @@ def nvrtc_unavailable() -> str | None:
 def nvrtc_compile(module: KernelModule, arch: str) -> tuple[bytes, dict[str, str]]:
     """Compiles like cupy.RawModule on an sm_<arch> device: the cubin and each name expression's
     lowered (mangled) name."""
+    import cupy
     from cupy._core import core
     from cupy.cuda import nvrtc
 
     options = core.assemble_cupy_compiler_options(module.options)
     options += tuple(option.format(arch=arch) for option in CUPY_ADDED)
-    program = nvrtc.createProgram(kernel_source(module.source), module.source, [], [])
+    text = kernel_source(module.source)
+    version = f"{cupy.__version__} {nvrtc.getVersion()}"  # CuPy's headers, NVRTC's
+    parts = [text, *options, *module.name_expressions, version]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+    cubin_path = build_cache_dir() / f"nvrtc-{key}.cubin"  # the build once per machine
+    names_path = cubin_path.with_suffix(".json")
+    if names_path.exists():
+        return cubin_path.read_bytes(), json.loads(names_path.read_text())
+    cubin, lowered = _nvrtc_build(module, text, options)
+    for path, data in ((cubin_path, cubin), (names_path, json.dumps(lowered).encode())):
+        partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
+        partial.write_bytes(data)
+        partial.replace(path)  # the names last: they mark the build whole
+    return cubin, lowered
+
+
+def _nvrtc_build(
+    module: KernelModule, text: str, options: tuple[str, ...]
+) -> tuple[bytes, dict[str, str]]:
+    from cupy.cuda import nvrtc
+
+    program = nvrtc.createProgram(text, module.source, [], [])
     try:
         for name in module.name_expressions:
             nvrtc.addNameExpression(program, name)
