@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,20 @@ def build_cache_dir() -> Path:
     return path
 
 
+def cache_path(prefix: str, suffix: str, *inputs: str) -> Path:
+    """A build's place in build_cache_dir(), named by the content of everything it is built from:
+    each build happens once per machine."""
+    key = hashlib.sha256("\0".join(inputs).encode()).hexdigest()[:24]
+    return build_cache_dir() / f"{prefix}{key}{suffix}"
+
+
+def store(path: Path, data: bytes) -> None:
+    """Writes a cached build whole or not at all: builds run in parallel."""
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
 def build_library(source: str, name_expressions: list[str], defines: tuple[str, ...] = ()) -> Path:
     """Compiles source (a kernels/ file's text, includes inlined) with an entry point launch_<i>
     for name_expressions[i]; cached by content, so each build happens once per machine.
@@ -62,10 +77,7 @@ def build_library(source: str, name_expressions: list[str], defines: tuple[str, 
     )
     header = "".join(path.read_text() for path in EMU_HEADERS)
     flags = [*CXX_FLAGS, *(f"-D{define}" for define in defines)]
-    key = hashlib.sha256(
-        "\0".join([header, source, entry_points, " ".join(flags), _gxx_version()]).encode()
-    ).hexdigest()[:24]
-    library = build_cache_dir() / f"{key}.so"
+    library = cache_path("", ".so", header, source, entry_points, " ".join(flags), _gxx_version())
     if library.exists():
         return library
     work = Path(tempfile.mkdtemp(dir=build_cache_dir()))

@@ -7,7 +7,6 @@ builds (build_cache_dir): a machine builds a kernel source once per text, option
 """
 
 import functools
-import hashlib
 import inspect
 import json
 import os
@@ -16,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -41,9 +39,9 @@ from pagedgen.kernels.prefill_attention import prefill_attention_module, prefill
 from pagedgen.kernels.source import kernel_names, kernel_source
 
 try:
-    from tests.kernels.emulator import build_cache_dir
+    from tests.kernels.emulator import cache_path, store
 except ModuleNotFoundError:  # run as a script, from tests/kernels
-    from emulator import build_cache_dir
+    from emulator import cache_path, store
 
 ARCHS = ("80", "90")
 SOURCES = [name for name in kernel_names() if name.endswith(".cu")]
@@ -169,9 +167,7 @@ def nvcc_builds() -> dict[tuple[str, str], dict[str, PtxasInfo]]:
         build = builds[index]
         options = [f"-arch=sm_{build.key[1]}", "-std=c++17", "-Xptxas", "-v"]
         options += [f"-D{define}" for define in build.defines]
-        text = kernel_source(build.source)
-        key = hashlib.sha256("\0".join([text, *options, _nvcc_version()]).encode()).hexdigest()
-        report = build_cache_dir() / f"nvcc-{key[:24]}.txt"  # the build once per machine
+        report = cache_path("nvcc-", ".txt", kernel_source(build.source), *options, _nvcc_version())
         if report.exists():
             return report.read_text()
         command = ["nvcc", "-cubin", *options, "-o", str(work / f"{index}.cubin")]
@@ -182,9 +178,7 @@ def nvcc_builds() -> dict[tuple[str, str], dict[str, PtxasInfo]]:
             text=True,
         )
         assert result.returncode == 0, f"nvcc failed on {build}:\n{result.stdout[-4000:]}"
-        partial = report.with_suffix(f".{os.getpid()}.{index}")
-        partial.write_text(result.stdout)
-        partial.replace(report)
+        store(report, result.stdout.encode())
         return result.stdout
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -238,17 +232,13 @@ def nvrtc_compile(module: KernelModule, arch: str) -> tuple[bytes, dict[str, str
     options += tuple(option.format(arch=arch) for option in CUPY_ADDED)
     text = kernel_source(module.source)
     version = f"{cupy.__version__} {nvrtc.getVersion()}"  # CuPy's headers, NVRTC's
-    parts = [text, *options, *module.name_expressions, version]
-    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
-    cubin_path = build_cache_dir() / f"nvrtc-{key}.cubin"  # the build once per machine
+    cubin_path = cache_path("nvrtc-", ".cubin", text, *options, *module.name_expressions, version)
     names_path = cubin_path.with_suffix(".json")
     if names_path.exists():
         return cubin_path.read_bytes(), json.loads(names_path.read_text())
     cubin, lowered = _nvrtc_build(module, text, options)
-    for path, data in ((cubin_path, cubin), (names_path, json.dumps(lowered).encode())):
-        partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
-        partial.write_bytes(data)
-        partial.replace(path)  # the names last: they mark the build whole
+    store(cubin_path, cubin)
+    store(names_path, json.dumps(lowered).encode())  # the names last: they mark the build whole
     return cubin, lowered
 
 
