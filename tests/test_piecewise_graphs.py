@@ -6,6 +6,7 @@ replayed is refused and leaves nothing behind."""
 import gc
 import random
 import weakref
+from collections.abc import Callable
 
 import pytest
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -16,6 +17,7 @@ from pagedgen.engine.graph_capture import PIECEWISE, capture_piecewise_graphs
 from pagedgen.engine.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
 from pagedgen.kernels import cpu_ops
 from pagedgen.layers.linear import gemm_rows
+from tests.model_configs import CONFIGS
 from tests.test_async_scheduling import ENGINE, outputs, prompts_of
 from tests.test_cpu_graphs import preemption_case
 from tests.test_models import tiny_model  # noqa: F401 (the fixture, parametrized below)
@@ -122,20 +124,21 @@ def test_unset_variable_captures_no_pieces(tiny_llama_path, monkeypatch):
     assert llm.engine.runner.piecewise_graphs is None
 
 
-@pytest.mark.parametrize(
-    "tiny_model",
-    ["bloom", "mistral", "phi3-partial-rotary", "gpt2", "cohere2", "granite4-dense-nope"],
-    indirect=True,
-)
+@pytest.mark.parametrize("tiny_model", sorted(CONFIGS), indirect=True)
 @needs_cpu_ops
 def test_architectures_through_pieces(tiny_model, monkeypatch):  # noqa: F811
-    """ALiBi, sliding windows, partial and no RoPE, separate Q/K/V projections, NoPE layers:
-    whatever each layer's attention is called with reaches it from the pieces."""
+    """Every architecture whose steps graphs serve (on a GPU pieces are on by default): ALiBi,
+    sliding windows, partial and no RoPE, separate Q/K/V projections, NoPE layers, whatever
+    each layer's attention is called with reaches it from the pieces."""
     folder, _ = tiny_model
     prompts = prompts_of(7, 10)
     params = mixed_params(len(prompts))
     eager = outputs(LLM(str(folder), **ENGINE, enforce_eager=True, **MIXED), prompts, params)
-    llm = piecewise_llm(folder, monkeypatch, **MIXED)
+    monkeypatch.setenv(PIECEWISE, "1")
+    llm = LLM(str(folder), **ENGINE, **MIXED)
+    if not llm.engine.runner.model.supports_graphs:
+        pytest.skip(f"{type(llm.engine.runner.model).__name__} routes tokens on the host")
+    assert isinstance(llm.engine.runner.piecewise_graphs, PiecewiseGraphs)
     replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
     assert replays[1] > 0
@@ -201,6 +204,35 @@ def test_a_refused_capture_leaves_nothing_behind(tiny_llama_path, monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     eager = LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, kv_cache_memory=0.01)
     assert outputs(llm, prompts_of(2, 3), params) == outputs(eager, prompts_of(2, 3), params)
+
+
+class RecordOnlyPieces(CpuPieces):
+    """Pieces whose capture leaves what it recorded unwritten, as a CUDA graph's capture
+    records kernels without running them: only replays compute."""
+
+    def end(self) -> Callable[[], None]:
+        replay = super().end()
+        self.poison()
+        return replay
+
+
+@needs_cpu_ops
+def test_a_capture_that_computes_nothing_is_checked_against_the_eager_forward(
+    tiny_llama_path, monkeypatch
+):
+    """The replay is compared with an eager forward, not with what the capture left behind
+    (the first GPU run of piecewise graphs refused every capture that way)."""
+    llm = LLM(str(tiny_llama_path), **ENGINE, **MIXED)
+    runner = llm.engine.runner
+    capture_piecewise_graphs(runner, RecordOnlyPieces(), [8, 16, 24, 32, 40])
+    prompts = prompts_of(5, 24, shared_prefix=17)
+    params = mixed_params(len(prompts))
+    eager = outputs(
+        LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **MIXED), prompts, params
+    )
+    replays = count_piecewise_replays(monkeypatch)
+    assert outputs(llm, prompts, params) == eager
+    assert replays[1] >= 10, replays
 
 
 @needs_cpu_ops

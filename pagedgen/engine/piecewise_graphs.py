@@ -180,7 +180,9 @@ class PiecewiseGraphs:
 
         self.backend.attend = warm_up  # the instance's, over the class's method
         try:
-            self._forward(b, metadata)  # kernels compiled, allocator settled, buffers made
+            # Kernels compiled, allocator settled, buffers made; and what a replay must give:
+            # a CUDA capture records its kernels without running them.
+            expected = self._forward(b, metadata).clone()
         finally:
             del self.backend.attend
         self.backend.attend = split  # the instance's, over the class's method
@@ -190,7 +192,6 @@ class PiecewiseGraphs:
             steps.append(pieces.end())
         finally:
             del self.backend.attend
-        expected = output.clone()
         pieces.poison()
         for step in steps:
             step()
