@@ -27,17 +27,18 @@ def _forced(variable: str) -> bool | None:
 class CupyAttentionBackend(TorchAttentionBackend):
     """Our CUDA kernels through CuPy: rope_and_cache applies RoPE and writes K/V in one launch,
     paged attention v1/v2 serves decode rows, and one prefill attention launch per layer serves
-    every prefill and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu;
-    its tiles use no tensor cores yet), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA,
-    one call per sequence. GQA layers with groups of 4 or more and heads of 128 or more decode
+    every prefill and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu,
+    or its tensor-core twin below), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA, one
+    call per sequence. GQA layers with groups of 4 or more and heads of 128 or more decode
     with the grouped kernel, which reads each kv head's K/V once for its group
     (PAGEDGEN_CUDA_GROUPED_DECODE=1 for every GQA layer, 0 for none);
     per-head decode warps prefetch their next KV block into L2, grouped ones do not
     (PAGEDGEN_CUDA_DECODE_PREFETCH=1 for both, 0 for neither).
-    PAGEDGEN_CUDA_MMA_DECODE=1 and PAGEDGEN_CUDA_MMA_PREFILL=1 run the decode and the prefill
-    rows of every layer with a 16-bit cache of the model's dtype and heads of 64, 128 or 256
-    (every option below included; sm_80 or newer) on tensor cores
-    (kernels/paged_attention_mma.cu, prefill_attention_mma.cu); unset or 0, the kernels above.
+    Layers with a 16-bit cache of the model's dtype and heads of 64, 128 or 256 (every option
+    below included; sm_80 or newer) run their prefill rows, and their decode rows where GQA
+    groups hold 3 or more query heads, on tensor cores (kernels/prefill_attention_mma.cu,
+    paged_attention_mma.cu); PAGEDGEN_CUDA_MMA_DECODE and PAGEDGEN_CUDA_MMA_PREFILL =1 take them
+    for every such layer, =0 for none (the kernels above).
     Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES and
     block sizes BLOCK_SIZES, and fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside
     caches of the model's dtype: every kernel rounds K/V into them as to_cache_dtype does, and
@@ -55,11 +56,11 @@ class CupyAttentionBackend(TorchAttentionBackend):
     # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh): None where it
     # measured faster (the per-head kernel), True for both kernels, False for neither.
     use_l2_prefetch = _forced("PAGEDGEN_CUDA_DECODE_PREFETCH")
-    # The tensor-core decode kernel (kernels/paged_attention_mma.cu): None (unset) off until it
-    # is measured on a GPU, True for every layer it takes, False for none.
+    # The tensor-core decode kernel (kernels/paged_attention_mma.cu): None where it measured
+    # faster (paged_attention.AUTO_MMA_MIN_GROUP), True for every layer it takes, False for none.
     use_tensor_core_decode = _forced("PAGEDGEN_CUDA_MMA_DECODE")
-    # The tensor-core prefill kernel (kernels/prefill_attention_mma.cu), likewise: None (unset) off
-    # until it is measured on a GPU, True for every layer it takes, False for none.
+    # The tensor-core prefill kernel (kernels/prefill_attention_mma.cu): None or True for every
+    # layer it takes, False for none.
     use_tensor_core_prefill = _forced("PAGEDGEN_CUDA_MMA_PREFILL")
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
@@ -81,7 +82,7 @@ class CupyAttentionBackend(TorchAttentionBackend):
             )
         super().__init__()
         self.device = device
-        if self.use_tensor_core_decode:  # its counters, before any CUDA graph capture
+        if self.use_tensor_core_decode is not False:  # its counters, before any graph capture
             paged_attention_mma.counters(device, 1)
 
     @property

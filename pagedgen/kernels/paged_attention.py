@@ -33,6 +33,11 @@ PARTITION_SIZE = 512
 # of 128, from 1 x 4,096 to 256 x 512 tokens, and 0.63x at SmolLM2's 3:1 with heads of 64.
 AUTO_GROUPED_MIN_GROUP = 4
 AUTO_GROUPED_MIN_HEAD_SIZE = 128
+# When not told (tensor_cores=None), decode runs on tensor cores wherever mma.supports the layer,
+# for groups of at least AUTO_MMA_MIN_GROUP query heads a kv head (a tile holds 16): on an H200
+# (bench_kernels.py, bfloat16) the mma kernel ran 1.7-4.4x the per-head kernel on all six shapes
+# at 3:1 and 4:1, 1.2-2.8x the grouped one on five, 0.83x it for one 4,096-token sequence.
+AUTO_MMA_MIN_GROUP = 3
 
 
 def use_v1(max_context_len: int, num_seqs: int, num_heads: int, partition_size: int) -> bool:
@@ -111,7 +116,8 @@ def paged_attention_launches(
     tensor_cores picks kernels/paged_attention_mma.cu, tiles of 16 query heads of a kv head on
     mma.sync with K/V streamed through shared memory, for 16-bit caches of the activations'
     dtype on sm_80 or newer, every option included (other layers keep the kernels above); None
-    is False until it is measured on a GPU.
+    picks it for groups of AUTO_MMA_MIN_GROUP or more, where it was measured faster, unless
+    grouped is True.
     version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
     PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
@@ -145,7 +151,9 @@ def paged_attention_launches(
     group_size = num_heads // num_kv_heads
     plain = window is None and softcap is None and sinks is None and alibi_slopes is None
     cache_dtype = key_cache.dtype
-    use_mma = bool(tensor_cores) and mma.supports(
+    if tensor_cores is None:  # a grouped kernel asked for wins
+        tensor_cores = not grouped and group_size >= AUTO_MMA_MIN_GROUP
+    use_mma = tensor_cores and mma.supports(
         dtype, cache_dtype, head_size, query.device, mma.shared_bytes(head_size)
     )
     if grouped is None:

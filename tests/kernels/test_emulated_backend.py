@@ -160,6 +160,62 @@ def test_alibi_layer_matches_reference(emulated_backend, monkeypatch, prefill_ke
     assert not any("grouped" in name for name in names), names
 
 
+@pytest.mark.parametrize(
+    ("dtype", "num_heads", "decode"),
+    [
+        (torch.float16, 8, "mma"),  # GQA 4:1
+        (torch.bfloat16, 6, "mma"),  # 3:1, SmolLM2's
+        (torch.float16, 4, "paged_attention_v"),  # 2:1: the per-head kernel
+        (torch.float32, 8, "paged_attention_v"),  # no tensor-core kernel for float32
+    ],
+)
+def test_unless_told_16_bit_layers_attend_on_tensor_cores(
+    emulated_backend, monkeypatch, dtype, num_heads, decode
+) -> None:
+    """No variable set: decode rows of 16-bit GQA layers with groups of 3 or more, and every
+    16-bit layer's prefill rows, go to the tensor-core kernels, and match the reference."""
+    names = []
+    launch = loader.launch
+    monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
+    query_lens, context_lens = [1, 1, 12], [17, 40, 20]
+    metadata = make_metadata(query_lens, context_lens, 16, 12, "cpu")
+    num_tokens, num_kv_heads, head_size = sum(query_lens), 2, 64
+    query = torch.randn(num_tokens, num_heads, head_size).to(dtype)
+    key = torch.randn(num_tokens, num_kv_heads, head_size).to(dtype)
+    cache = torch.randn(2, 12, 16, num_kv_heads, head_size).to(dtype)
+    ref_cache = cache.clone()
+
+    emulated_backend.prepare(metadata)
+    out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = ReferenceAttentionBackend().forward(
+        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+    )
+    torch.testing.assert_close(out, expected, atol=TOLERANCES[dtype], rtol=TOLERANCES[dtype])
+    decode_name, prefill_name = names[-2:]  # after the cache write
+    assert decode in decode_name and "prefill" not in decode_name, names
+    assert ("prefill_attention_mma" in prefill_name) == (dtype != torch.float32), names
+
+
+def test_an_asked_for_grouped_kernel_wins_over_tensor_cores_unless_told() -> None:
+    """PAGEDGEN_CUDA_GROUPED_DECODE=1 alone (grouped=True, tensor_cores=None) keeps the grouped
+    kernel where the tensor-core one would be picked; tensor_cores=True takes it anyway."""
+    from pagedgen.kernels.paged_attention import paged_attention_launches
+
+    out, query = torch.empty(2, 8, 128).half(), torch.randn(2, 8, 128).half()
+    cache = torch.randn(2, 8, 16, 2, 128).half()
+    tables = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    context_lens = torch.tensor([17, 40], dtype=torch.int32)
+    args = (out, query, cache[0], cache[1], tables, context_lens, 40, 0.1)
+
+    def kernel(**flags) -> str:
+        return paged_attention_launches(*args, **flags)[0].name_expression
+
+    assert "mma" in kernel(tensor_cores=None)
+    assert "grouped" in kernel(grouped=True, tensor_cores=None)
+    assert "mma" in kernel(grouped=True, tensor_cores=True)
+    assert "mma" not in kernel(grouped=None, tensor_cores=False)
+
+
 def test_backend_rejects_unsupported_sizes_when_built(monkeypatch) -> None:
     monkeypatch.setattr(loader, "cupy_available", lambda: True)
     with pytest.raises(ValueError, match="block sizes"):

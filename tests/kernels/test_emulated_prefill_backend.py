@@ -51,6 +51,8 @@ def run_step(
 
     backend = CupyAttentionBackend.__new__(CupyAttentionBackend)  # __init__ insists on a GPU
     backend.use_prefill_kernel = True  # PAGEDGEN_CUDA_PREFILL_KERNEL=1
+    # the CUDA-core kernels (test_emulated_backend.py takes 16-bit layers to the tensor-core ones)
+    backend.use_tensor_core_decode = backend.use_tensor_core_prefill = False
     backend.prepare(metadata)
     args = (metadata, scale, window, softcap, sinks, alibi_slopes)
     out = backend.forward(query, key, value, cache[0], cache[1], *args)
