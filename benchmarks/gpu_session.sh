@@ -4,6 +4,8 @@
 #   STAGES="tests smollm2-graphs" bash benchmarks/gpu_session.sh [WORKLOAD.json] [TOKENIZER_DIR]
 #
 # Stages (figures and full logs land in $OUT):
+#   tests-xdist      the GPU tests of the attention kernels (mma among them), CUDA and piecewise
+#                    graphs and test_gpu.py, eight processes at a time (~2 min on an H200)
 #   tests            every GPU test (the CUDA kernels, CUDA graphs against eager, the GPU profile):
 #                    ~13 min on a fresh H100 (NVRTC compiles every module first), over one call's
 #                    limit, so a session runs its halves, tests-a (test_gpu.py, test_gpu_fp8.py:
@@ -34,12 +36,13 @@
 #   smollm2-mma      graphs, async scheduling and the tensor-core attention kernels on every
 #                    layer (PAGEDGEN_CUDA_MMA_DECODE=1 and PAGEDGEN_CUDA_MMA_PREFILL=1,
 #                    kernels/paged_attention_mma.cu and prefill_attention_mma.cu; the other stages
-#                    set them to 0, auto leaves them unset, which is off too)
-#   smollm2-auto     graphs and async scheduling, each decode kernel and its prefetch as pagedgen
-#                    picks them by shape (no variable set): what a user gets
-#   smollm2-piecewise  auto, and steps with prefill rows replayed from piecewise CUDA graphs
-#                    (PAGEDGEN_PIECEWISE_GRAPHS=1, engine/piecewise_graphs.py): their launches
-#                    and GPU busy share against auto's
+#                    set them to 0, auto leaves them unset: decode on tensor cores for GQA groups
+#                    of 3 or more, prefill for every 16-bit layer)
+#   smollm2-auto     graphs and async scheduling, each kernel and prefetch as pagedgen picks them
+#                    by shape, and steps with prefill rows from piecewise CUDA graphs (no
+#                    variable set): what a user gets
+#   smollm2-piecewise  auto with PAGEDGEN_PIECEWISE_GRAPHS=1 said (engine/piecewise_graphs.py; the
+#                    stages but auto set it to 0)
 #   piecewise-smoke  the piecewise graphs' GPU test (outputs equal to eager; ~1 min)
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
 #   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto, llama8b-piecewise   the same on a
@@ -47,6 +50,8 @@
 #                    shape
 #   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
 #                    torch backend, 64 experts: eager, as every mixture runs)
+#   host-profile     benchmarks/host_profile.py on the SmolLM2 shape: cProfile of the steps no
+#                    decode graph serves, and each kind of launch's host cost (~1 min)
 # The baselines run in the first bench stage of each shape only (BASELINES_EVERY=1: in every
 # one): generate_batch takes ~80 s on the 8B shape, and it is the same in each. Every stage gives
 # pagedgen the same KV pool, KV_CACHE_GIB (24: room for 256 sequences of 639 tokens of the 8B
@@ -54,14 +59,15 @@
 # A call lasts at most 600 s, and a session now has 15 minutes of device time in all (a machine
 # start takes 1-2 of them), so the first call carries what issue 15 still lacks, most decisive
 # first, and the second whatever time is left:
-#   call 1: BASELINES='' STAGES="mma-smoke decode-kernels llama8b-auto"          (~8.5 min: are the
-#           tensor-core kernels right on hardware; decode attention's GB/s against 80 % of HBM;
-#           the 8B decode steps' unprofiled busy share and roofline ratio)
-#   call 2: BASELINES='' STAGES="piecewise-smoke smollm2-piecewise"  (~3.5 min: piecewise graphs
-#           right, and the mixed steps' host time with them and the per-step attention plans)
-# With more time (earlier sessions had 30 minutes): STAGES="llama8b-mma smollm2-mma" (~4 min),
-# "sweep" (~5 min), "tests-a" (~8 min), "tests-b" (~6 min), "ncu" (~3 min), "kernels" (decode
-# and prefill kernels, ~6 min), "smollm2-auto" with the generate_batch baseline (~3 min).
+# On an H200 (stop 43) the stages ran far faster than these estimates, made on an H100 with the
+# baselines: mma-smoke 21 s, decode-kernels 58 s, llama8b-auto 55 s, smollm2-* ~40 s,
+# llama8b-* ~60 s, host-profile ~70 s, tests-xdist (the GPU tests of the kernels and graphs,
+# 573, eight at a time) 2 min; a machine's start ~40 s. So:
+#   call 1: STAGES="tests-xdist smollm2-auto llama8b-auto" (generate_batch beside the defaults;
+#           ~7 min with the baselines)
+#   call 2: BASELINES='' STAGES="decode-kernels host-profile ncu" (~5 min)
+# Others: "sweep" (~5 min), "tests-a" / "tests-b" (all GPU tests, one at a time, ~8 / ~6 min),
+# "kernels" (decode and prefill kernels), the eager/graphs/grouped/mma stages of each shape.
 # The workload is a file saved elsewhere (ShareGPT needs the dataset package, which GPU machines
 # lack), or else 500 fixed 256-in/128-out prompts. GPU machines hold no Hugging Face cache: the
 # random models take their tokenizer from TOKENIZER_DIR. `python benchmarks/gpu_inputs.py` makes
@@ -70,7 +76,7 @@
 #   STAGES="..." bash benchmarks/gpu_session.sh .gpuwl/sharegpt-1000.json .gpuwl/tokenizer
 set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-gpu-session}
-STAGES=${STAGES:-mma-smoke decode-kernels llama8b-auto}  # call 1 above
+STAGES=${STAGES:-tests-xdist smollm2-auto llama8b-auto}  # call 1 above
 BASELINES=${BASELINES-generate_batch}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -88,11 +94,16 @@ run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     echo "exit $?" >> "$OUT/$name.txt"
     tail -n "${TAIL:-30}" "$OUT/$name.txt"
 }
+random_model() {  # random_model PRESET: its folder, made once a machine
+    local model=/tmp/pagedgen-$1
+    [ -d "$model" ] || python benchmarks/random_models.py "$1" "$model" --device cuda \
+        --dtype bfloat16 "${tokenizer[@]}" > "$OUT/model-$1.txt" 2>&1
+    echo "$model"
+}
 bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, prefetch,
     # grouped-prefetch, mma, auto or piecewise
-    local preset=$1 mode=$2 model=/tmp/pagedgen-$1
-    [ -d "$model" ] || python benchmarks/random_models.py "$preset" "$model" --device cuda \
-        --dtype bfloat16 "${tokenizer[@]}" > "$OUT/model-$preset.txt" 2>&1
+    local preset=$1 mode=$2 model
+    model=$(random_model "$preset")
     local flags=(--enforce-eager)
     [ "$mode" = graphs ] && flags=(--no-enforce-eager)
     [ "$mode" != eager ] && [ "$mode" != graphs ] && flags=(--no-enforce-eager --async-scheduling)
@@ -100,9 +111,10 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     [[ $mode == grouped* ]] && grouped=1
     [[ $mode == *prefetch ]] && prefetch=1
     [ "$mode" = mma ] && mma=1
-    [ "$mode" = auto ] || [ "$mode" = piecewise ] && grouped='' prefetch='' mma=''  # unset: the shape decides (mma: off)
+    [ "$mode" = auto ] || [ "$mode" = piecewise ] && grouped='' prefetch='' mma=''  # unset: the shape decides
     local piecewise=0
     [ "$mode" = piecewise ] && piecewise=1
+    [ "$mode" = auto ] && piecewise=''  # unset: on, on a GPU
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
@@ -118,6 +130,10 @@ for stage in $STAGES; do case $stage in
     tests-a) TAIL=40 run gpu-tests-a 560 python -m pytest "${gpu_tests[@]}" "${tests_a[@]}" ;;
     tests-b) TAIL=40 run gpu-tests-b 560 python -m pytest "${gpu_tests[@]}" tests \
         "${tests_a[@]/#/--ignore=}" ;;
+    tests-xdist) TAIL=40 run gpu-tests-xdist 300 python -m pytest "${gpu_tests[@]}" -n 8 \
+        --timeout=180 tests/kernels/test_gpu_mma.py tests/kernels/test_gpu_prefill_mma.py \
+        tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_grouped.py \
+        tests/test_cuda_graphs.py tests/kernels/test_gpu_prefill.py tests/kernels/test_gpu.py ;;
     mma-smoke) TAIL=15 run mma-smoke 300 python -m pytest "${gpu_tests[@]}" \
         tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_prefill_mma.py::test_prefill_mma_gqa \
         tests/kernels/test_gpu_mma.py::test_mma_long_contexts \
@@ -152,5 +168,7 @@ for stage in $STAGES; do case $stage in
     piecewise-smoke) TAIL=15 run piecewise-smoke 200 python -m pytest "${gpu_tests[@]}" \
         tests/test_cuda_graphs.py -k piecewise ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;
+    host-profile) TAIL=120 run host-profile 200 python benchmarks/host_profile.py \
+        "$(random_model smollm2-135m)" "${1:?host-profile needs a workload file}" ;;
     *) echo "unknown stage $stage" ;;
 esac; done
