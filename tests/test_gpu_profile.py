@@ -254,4 +254,24 @@ def test_decode_bound_weighs_the_steps_against_their_bytes():
     assert plain["plain_ratio"] == pytest.approx(10.08 / plain["bound_ms"])
     assert decode_bound_line(plain).endswith("3.97x; unprofiled 10.08 ms: 2.00x")
     assert decode_bound(GpuProfile(0, 0.0, None, 0, 0), 16e9, 131072, 3.2e12) is None
+    assert "floor" not in decode_bound_line(plain)
+
+
+def test_decode_bound_floors_compute_bound_matmuls():
+    """256 rows a step of a model of 16 GFLOP a token at 800 TFLOP/s: its matmuls take 5.12 ms,
+    longer than its weights' 5 ms of bytes, and the K/V reads come after them."""
+    profile = GpuProfile(4, 0.08, 0.07, 0, 4, kv_tokens=4 * 1000, num_tokens=4 * 256)
+    bound = decode_bound(profile._replace(plain_step_s=0.01), 16e9, 131072, 3.2e12, 16e9, 800e12)
+    assert bound["matmul_tflop_per_step"] == pytest.approx(16e9 * 256 / 1e12)
+    assert bound["floor_ms"] == pytest.approx(5.12 + 131072e3 / 3.2e12 * 1000)
+    assert bound["floor_ratio"] == pytest.approx(20.0 / bound["floor_ms"])
+    assert bound["plain_floor_ratio"] == pytest.approx(10.0 / bound["floor_ms"])
+    assert bound["ratio"] == pytest.approx(20.0 / 5.04096)  # the bytes bound is unchanged
+    assert decode_bound_line(bound).splitlines()[1] == (
+        "against their floor, 5.16 ms (matmuls 4.10 TFLOP a step at the measured 800 TFLOP/s or "
+        "their weights' bytes, whichever is longer, then the K/V bytes): 3.88x; unprofiled 1.94x"
+    )
+    # 8 rows a step: the weights' bytes take longer than the matmuls' arithmetic
+    small = decode_bound(profile._replace(num_tokens=4 * 8), 16e9, 131072, 3.2e12, 16e9, 800e12)
+    assert small["floor_ms"] == pytest.approx(5.0 + 131072e3 / 3.2e12 * 1000)
     assert hbm_peak_bytes_per_s(torch.device("cpu")) is None

@@ -36,6 +36,7 @@ def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_pat
     assert profile.num_kernel_launches == profile.num_graph_launches == 0
     # decode steps 3, 4 and 5 of 4 sequences of 24 prompt tokens read 27, 28 and 29 tokens each
     assert profile.kv_tokens == 4 * (27 + 28 + 29)
+    assert profile.num_tokens == 4 * 3  # a row for each sequence in each of them
     assert "execute" not in vars(engine.runner) and "step" not in vars(engine)
     assert not engine.requests and not engine.rejected and not engine.has_unfinished_requests()
     assert run_pagedgen(llm, workload).output_token_ids == before.output_token_ids
@@ -58,6 +59,7 @@ def test_the_window_is_a_full_batch_decoding_with_nothing_waiting(tiny_llama_pat
     assert profile.num_steps == 11 - 2  # as with 2 requests alone
     # 2 sequences; decode steps 3 to 11 read 27 to 35 tokens each
     assert profile.kv_tokens == 2 * sum(range(27, 36))
+    assert profile.num_tokens == 2 * 9
     assert not llm.engine.has_unfinished_requests()
 
 
@@ -133,6 +135,7 @@ def test_on_a_gpu_the_bench_reports_busy_share_and_launches(tiny_llama_path):
     assert profile["graph_launches_per_step"] == 0  # heads of 16: no cupy kernels, no graphs
     assert profile["kernel_s"] and 0 <= profile["sync_wait_perc"] <= 100
     assert profile["kv_tokens"] > 0 and profile["bound"]["ratio"] > 1  # host-bound tiny steps
+    assert profile["bound"]["floor_ratio"] > 1 and profile["bound"]["peak_tflops"] > 0
     assert gpu_profile_line(profile).startswith("GPU busy ")
     assert "model_forward" in profile["host_s"]
     assert report["gpu_profile_mixed"]["phase"] == "mixed"  # all finish at once: no such step

@@ -70,6 +70,7 @@ class GpuProfile(NamedTuple):
     # with the device idle too, the steps are serialized rather than host-bound.
     sync_wait_s: float = 0.0
     kv_tokens: int = 0  # context tokens the steps' attention read, all steps together
+    num_tokens: int = 0  # tokens the steps computed (their rows), all steps together
     # Host seconds within the steps in each StepTimer section (SECTION_ANNOTATION + name), in
     # STEP_PARTS order: with async scheduling a step's device work overlaps them.
     host_s: tuple[tuple[str, float], ...] = ()

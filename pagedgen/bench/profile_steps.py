@@ -57,11 +57,13 @@ def profile_mixed_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gpu
 
 class Window(NamedTuple):
     """One run of a profile's window: the steps it counts (their index in the window), their
-    host wall times, the context tokens their attention read, and the profiler if one ran."""
+    host wall times, the context tokens their attention read, the tokens they computed, and the
+    profiler if one ran."""
 
     steps: list[int]
     step_s: list[float]
     kv_tokens: int
+    num_tokens: int
     profiler: profile | None
 
 
@@ -79,7 +81,12 @@ def _profile(
     names = {f"{STEP_ANNOTATION}{i}" for i in traced.steps}
     profiled = summarize(events, names, device_traced=device_traced)
     plain_step_s = sum(plain.step_s) / len(plain.step_s) if plain.step_s else None
-    return profiled._replace(kv_tokens=traced.kv_tokens, phase=phase, plain_step_s=plain_step_s)
+    return profiled._replace(
+        kv_tokens=traced.kv_tokens,
+        num_tokens=traced.num_tokens,
+        phase=phase,
+        plain_step_s=plain_step_s,
+    )
 
 
 def _run_window(
@@ -96,12 +103,16 @@ def _run_window(
     if not llm.reset_prefix_cache():  # its prompts are computed, as in the timed passes
         raise RuntimeError("requests are still running: the prefix cache cannot be reset")
     decode = phase == "decode"
-    is_decode: list[bool] = []  # per step that ran the model: did it compute decodes only
-    context_tokens: list[int] = []  # and the tokens its attention read
-    runner.execute = _observe(runner.execute, is_decode, context_tokens)
-    runner.execute_async = _observe(runner.execute_async, is_decode, context_tokens)
+    # per step that ran the model: did it compute decodes only, the tokens its attention read
+    # and the tokens it computed
+    is_decode: list[bool] = []
+    context_tokens: list[int] = []
+    computed_tokens: list[int] = []
+    observed = (is_decode, context_tokens, computed_tokens)
+    runner.execute = _observe(runner.execute, *observed)
+    runner.execute_async = _observe(runner.execute_async, *observed)
     request_ids = [f"gpu-profile-{i}" for i in range(num_requests)]
-    steps, step_s, kv_tokens = [], [], 0
+    steps, step_s, kv_tokens, num_tokens = [], [], 0, 0
     try:
         for request_id, prompt, params in zip(
             request_ids, workload.prompts, greedy_params(workload)
@@ -127,6 +138,7 @@ def _run_window(
                     steps.append(i)
                     step_s.append(elapsed)
                     kv_tokens += context_tokens[-1]
+                    num_tokens += computed_tokens[-1]
             sync()
     finally:
         for name in ("execute", "execute_async"):
@@ -136,7 +148,7 @@ def _run_window(
             engine.abort_request(request_id)
         ours = set(request_ids)
         engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
-    return Window(steps, step_s, kv_tokens, profiler)
+    return Window(steps, step_s, kv_tokens, num_tokens, profiler)
 
 
 def _first_finish(engine) -> Callable[[], bool]:
@@ -156,11 +168,15 @@ def _annotated(engine) -> Iterator[None]:
 
 
 def _observe(
-    execute: Callable[[SchedulerOutput], T], is_decode: list[bool], context_tokens: list[int]
+    execute: Callable[[SchedulerOutput], T],
+    is_decode: list[bool],
+    context_tokens: list[int],
+    computed_tokens: list[int],
 ) -> Callable[[SchedulerOutput], T]:
     def observed(scheduled: SchedulerOutput) -> T:
         is_decode.append(scheduled.num_decode_seqs == len(scheduled.seqs))
         context_tokens.append(sum(scheduled.num_computed_tokens) + scheduled.num_batched_tokens)
+        computed_tokens.append(scheduled.num_batched_tokens)
         return execute(scheduled)
 
     return observed
