@@ -43,9 +43,13 @@
 #                    variable set): what a user gets
 #   smollm2-piecewise  auto with PAGEDGEN_PIECEWISE_GRAPHS=1 said (engine/piecewise_graphs.py; the
 #                    stages but auto set it to 0)
+#   smollm2-piecewise4k  the same with pieces for steps of up to 4,096 tokens, the whole token
+#                    budget (PAGEDGEN_PIECEWISE_MAX_TOKENS=4096; 512 by default): on an H200 the
+#                    steps past 512 tokens were ~20 % of SmolLM2's mixed steps, each ~30 ms eager
 #   piecewise-smoke  the piecewise graphs' GPU test (outputs equal to eager; ~1 min)
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
-#   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto, llama8b-piecewise   the same on a
+#   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto, llama8b-piecewise,
+#   llama8b-piecewise4k   the same on a
 #                    random-weight Llama-3-8B
 #                    shape
 #   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
@@ -65,7 +69,8 @@
 # 573, eight at a time) 2 min; a machine's start ~40 s. So:
 #   call 1: STAGES="tests-xdist smollm2-auto llama8b-auto" (generate_batch beside the defaults;
 #           ~7 min with the baselines)
-#   call 2: BASELINES='' STAGES="decode-kernels host-profile ncu" (~5 min)
+#   call 2: BASELINES='' STAGES="smollm2-piecewise4k llama8b-piecewise4k decode-kernels
+#           host-profile" (~5 min: pieces over the whole token budget against call 1's auto)
 # Others: "sweep" (~5 min), "tests-a" / "tests-b" (all GPU tests, one at a time, ~8 / ~6 min),
 # "kernels" (decode and prefill kernels), the eager/graphs/grouped/mma stages of each shape.
 # The workload is a file saved elsewhere (ShareGPT needs the dataset package, which GPU machines
@@ -111,15 +116,17 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     [[ $mode == grouped* ]] && grouped=1
     [[ $mode == *prefetch ]] && prefetch=1
     [ "$mode" = mma ] && mma=1
-    [ "$mode" = auto ] || [ "$mode" = piecewise ] && grouped='' prefetch='' mma=''  # unset: the shape decides
-    local piecewise=0
-    [ "$mode" = piecewise ] && piecewise=1
+    [ "$mode" = auto ] || [[ $mode == piecewise* ]] && grouped='' prefetch='' mma=''  # unset: the shape decides
+    local piecewise=0 max_tokens=512
+    [[ $mode == piecewise* ]] && piecewise=1
     [ "$mode" = auto ] && piecewise=''  # unset: on, on a GPU
+    [ "$mode" = piecewise4k ] && max_tokens=4096
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
     PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch \
-        PAGEDGEN_PIECEWISE_GRAPHS=$piecewise PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+        PAGEDGEN_PIECEWISE_GRAPHS=$piecewise PAGEDGEN_PIECEWISE_MAX_TOKENS=$max_tokens \
+        PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
         --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"
@@ -156,6 +163,7 @@ for stage in $STAGES; do case $stage in
     smollm2-mma) bench smollm2-135m mma 200 ;;
     smollm2-auto) bench smollm2-135m auto 200 ;;
     smollm2-piecewise) bench smollm2-135m piecewise 200 ;;
+    smollm2-piecewise4k) bench smollm2-135m piecewise4k 200 ;;
     llama8b-eager) bench llama-8b eager 300 ;;
     llama8b-graphs) bench llama-8b graphs 300 ;;
     llama8b-async) bench llama-8b async 300 ;;
@@ -165,6 +173,7 @@ for stage in $STAGES; do case $stage in
     llama8b-mma) bench llama-8b mma 300 ;;
     llama8b-auto) bench llama-8b auto 300 ;;
     llama8b-piecewise) bench llama-8b piecewise 300 ;;
+    llama8b-piecewise4k) bench llama-8b piecewise4k 300 ;;
     piecewise-smoke) TAIL=15 run piecewise-smoke 200 python -m pytest "${gpu_tests[@]}" \
         tests/test_cuda_graphs.py -k piecewise ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;

@@ -13,7 +13,13 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from pagedgen import LLM, SamplingParams
 from pagedgen.engine.cpu_graphs import CaptureRefused, CpuPieces
-from pagedgen.engine.graph_capture import PIECEWISE, capture_piecewise_graphs
+from pagedgen.engine.graph_capture import (
+    PIECEWISE,
+    PIECEWISE_MAX_TOKENS,
+    capture_piecewise_graphs,
+    piecewise_enabled,
+    piecewise_max_tokens,
+)
 from pagedgen.engine.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
 from pagedgen.kernels import cpu_ops
 from pagedgen.layers.linear import gemm_rows
@@ -33,7 +39,33 @@ def test_token_sizes():
     assert piecewise_token_sizes(64, 8) == [8, 16, 24, 32, 40, 48, 56, 64]
     assert piecewise_token_sizes(40, 16) == [16, 32, 40]
     assert piecewise_token_sizes(512) == list(range(32, 513, 32))
+    assert piecewise_token_sizes(4096) == [*range(32, 1025, 32), *range(1152, 4097, 128)]
+    assert piecewise_token_sizes(1100) == [*range(32, 1025, 32), 1100]
     assert all(size == gemm_rows(size) for size in piecewise_token_sizes(MAX_NUM_TOKENS))
+    assert all(size == gemm_rows(size) for size in piecewise_token_sizes(8192))
+
+
+@pytest.mark.parametrize(
+    ("value", "on_gpu", "on_cpu"), [(None, True, False), ("", True, False), ("0", False, False),
+                                    ("1", True, True)]
+)  # fmt: skip
+def test_pieces_are_on_by_default_on_a_gpu_only(monkeypatch, value, on_gpu, on_cpu):
+    if value is None:
+        monkeypatch.delenv(PIECEWISE, raising=False)
+    else:
+        monkeypatch.setenv(PIECEWISE, value)
+    assert (piecewise_enabled(on_gpu=True), piecewise_enabled(on_gpu=False)) == (on_gpu, on_cpu)
+
+
+def test_the_largest_piecewise_step_on_a_gpu_is_told_by_its_variable(monkeypatch):
+    monkeypatch.delenv(PIECEWISE_MAX_TOKENS, raising=False)
+    assert piecewise_max_tokens() == MAX_NUM_TOKENS
+    monkeypatch.setenv(PIECEWISE_MAX_TOKENS, "4096")
+    assert piecewise_max_tokens() == 4096
+    for bad in ("0", "-5", "lots"):
+        monkeypatch.setenv(PIECEWISE_MAX_TOKENS, bad)
+        with pytest.raises(ValueError, match=PIECEWISE_MAX_TOKENS):
+            piecewise_max_tokens()
 
 
 def piecewise_llm(path, monkeypatch, **kwargs) -> LLM:
@@ -118,8 +150,12 @@ def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_path, monkeypatch)
     assert replays == [0, 0]  # 149 prompt tokens, then decode graphs
 
 
-def test_unset_variable_captures_no_pieces(tiny_llama_path, monkeypatch):
-    monkeypatch.delenv(PIECEWISE, raising=False)
+@pytest.mark.parametrize("unset", [None, ""])
+def test_unset_variable_captures_no_pieces_on_the_cpu(tiny_llama_path, monkeypatch, unset):
+    if unset is None:
+        monkeypatch.delenv(PIECEWISE, raising=False)
+    else:
+        monkeypatch.setenv(PIECEWISE, unset)
     llm = LLM(str(tiny_llama_path), **ENGINE, kv_cache_memory=0.01)
     assert llm.engine.runner.piecewise_graphs is None
 

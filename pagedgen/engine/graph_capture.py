@@ -24,6 +24,9 @@ from pagedgen.engine.piecewise_graphs import (
 # PAGEDGEN_PIECEWISE_GRAPHS=0 (on an H200 they cut the mixed steps of ShareGPT-1000 from 52 to
 # 30 ms on the Llama-3-8B shape, from 29 to 20 ms on SmolLM2's), on the CPU only with =1.
 PIECEWISE = "PAGEDGEN_PIECEWISE_GRAPHS"
+# The largest step they serve on a GPU (within the scheduler's token budget), by default
+# MAX_NUM_TOKENS; longer steps run eagerly.
+PIECEWISE_MAX_TOKENS = "PAGEDGEN_PIECEWISE_MAX_TOKENS"
 CPU_MAX_NUM_TOKENS = 64  # as CPU decode graphs: past it the Python between kernels is a few %
 CPU_TOKEN_STEP = 8
 
@@ -49,11 +52,11 @@ def capture_graphs(
         f"decode steps from {runner.decode_graphs.describe()}, captured in "
         f"{time.perf_counter() - start:.1f} s"
     )
-    if os.environ.get(PIECEWISE, "1" if on_gpu else "0") != "1":
+    if not piecewise_enabled(on_gpu):
         return
     start = time.perf_counter()
     if on_gpu:
-        pieces, top, step = CudaPieces(), MAX_NUM_TOKENS, TOKEN_STEP
+        pieces, top, step = CudaPieces(), piecewise_max_tokens(), TOKEN_STEP
     else:
         pieces, top, step = CpuPieces(), CPU_MAX_NUM_TOKENS, CPU_TOKEN_STEP
     try:
@@ -67,6 +70,18 @@ def capture_graphs(
         f"steps with prefill rows from {runner.piecewise_graphs.describe()}, captured in "
         f"{time.perf_counter() - start:.1f} s"
     )
+
+
+def piecewise_enabled(on_gpu: bool) -> bool:
+    """PAGEDGEN_PIECEWISE_GRAPHS=1 or, on a GPU, unset (or empty); not =0."""
+    return (os.environ.get(PIECEWISE) or ("1" if on_gpu else "0")) == "1"
+
+
+def piecewise_max_tokens() -> int:
+    value = os.environ.get(PIECEWISE_MAX_TOKENS) or str(MAX_NUM_TOKENS)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{PIECEWISE_MAX_TOKENS} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def capture_decode_graphs(

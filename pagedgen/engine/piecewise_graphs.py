@@ -22,15 +22,19 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.cpu_graphs import CaptureRefused
 from pagedgen.engine.cuda_graphs import InputBuffer
 
-MAX_NUM_TOKENS = 512  # vLLM's largest capture size: past it a step's matmuls dwarf its launches
+MAX_NUM_TOKENS = 512  # vLLM's largest capture size
 # The rows an eager GEMM pads to on a GPU (layers/linear.gemm_rows): a step runs the GEMMs it
-# would run eagerly.
+# would run eagerly. Past COARSE_FROM tokens, buckets are 4 steps apart, as gemm_rows' are.
 TOKEN_STEP = 32
+COARSE_FROM = 1024
 
 
 def piecewise_token_sizes(max_num_tokens: int, step: int = TOKEN_STEP) -> list[int]:
-    """step, 2 * step, ... up to max_num_tokens, which is always one."""
-    return sorted({*range(step, max_num_tokens, step), max_num_tokens})
+    """step, 2 * step, ... up to COARSE_FROM, then every 4 * step, up to max_num_tokens, which
+    is always one."""
+    fine = range(step, min(max_num_tokens, COARSE_FROM + 1), step)
+    coarse = range(COARSE_FROM + 4 * step, max_num_tokens, 4 * step)
+    return sorted({*fine, *coarse, max_num_tokens})
 
 
 class Pieces(Protocol):
