@@ -5,7 +5,8 @@
 #
 # Stages (figures and full logs land in $OUT):
 #   tests-xdist      the GPU tests of the attention kernels (mma among them), CUDA and piecewise
-#                    graphs and test_gpu.py, eight processes at a time (~2 min on an H200)
+#                    graphs, test_gpu.py and the engine's other GPU tests (pieces are on there by
+#                    default now), eight processes at a time (~2 min on an H200)
 #   tests            every GPU test (the CUDA kernels, CUDA graphs against eager, the GPU profile):
 #                    ~13 min on a fresh H100 (NVRTC compiles every module first), over one call's
 #                    limit, so a session runs its halves, tests-a (test_gpu.py, test_gpu_fp8.py:
@@ -140,7 +141,9 @@ for stage in $STAGES; do case $stage in
     tests-xdist) TAIL=40 run gpu-tests-xdist 300 python -m pytest "${gpu_tests[@]}" -n 8 \
         --timeout=180 tests/kernels/test_gpu_mma.py tests/kernels/test_gpu_prefill_mma.py \
         tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_grouped.py \
-        tests/test_cuda_graphs.py tests/kernels/test_gpu_prefill.py tests/kernels/test_gpu.py ;;
+        tests/test_cuda_graphs.py tests/kernels/test_gpu_prefill.py tests/kernels/test_gpu.py \
+        tests/test_spec_decode_models.py tests/test_prompt_logprobs.py tests/test_embeddings.py \
+        tests/test_profile_steps.py tests/test_lora_merged.py ;;
     mma-smoke) TAIL=15 run mma-smoke 300 python -m pytest "${gpu_tests[@]}" \
         tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_prefill_mma.py::test_prefill_mma_gqa \
         tests/kernels/test_gpu_mma.py::test_mma_long_contexts \
