@@ -36,7 +36,7 @@ AUTO_GROUPED_MIN_HEAD_SIZE = 128
 # When not told (tensor_cores=None), decode runs on tensor cores wherever mma.supports the layer,
 # for groups of at least AUTO_MMA_MIN_GROUP query heads a kv head (a tile holds 16): on an H200
 # (bench_kernels.py, bfloat16) the mma kernel ran 1.7-4.4x the per-head kernel on all six shapes
-# at 3:1 and 4:1, 1.2-2.8x the grouped one on five, 0.83x it for one 4,096-token sequence.
+# at 3:1 and 4:1, 1.8-2.8x the grouped one on five, 0.83x it for one 4,096-token sequence.
 AUTO_MMA_MIN_GROUP = 3
 
 
