@@ -48,32 +48,6 @@ def cache_ops_emulators() -> dict[str, Emulator]:
     }
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_64(tmp_path_factory) -> str:
-    """A random 2-layer Llama whose head size (64) the kernels support."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from tests.conftest import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-llama-64")
-    config = LlamaConfig(
-        vocab_size=257,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.3,
-        eos_token_id=256,
-        bos_token_id=256,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    build_tokenizer(folder)
-    return str(folder)
-
-
 @pytest.fixture(autouse=True)
 def _deterministic() -> None:
     torch.manual_seed(0)
