@@ -51,13 +51,14 @@ class OutputProcessor:
         num_sampled = 0
         beam_rows: dict[str, dict[int, dict[int, float]]] = {}
         queued_finished = False  # a sequence preempted (waiting or swapped) finished
+        finishing: dict[str, int] = {}  # request id -> where the sequence that finished samples
         token_ids, all_logprobs = samples.token_ids, samples.logprobs
         check, finish = self.stop_checker.check, self.scheduler.finish
         spec, proposer = scheduled.spec_token_ids, self.proposer
         max_model_len = self.stop_checker.max_model_len
         k = proposer.num_drafts_at(len(scheduled.seqs)) if proposer is not None else 0
         row = 0  # the next sequence's first sample row
-        for seq in scheduled.sample_seqs:
+        for index, seq in enumerate(scheduled.sample_seqs):
             first, drafts = row, spec.get(seq.seq_id) if spec else None
             row += 1 + len(drafts) if drafts else 1
             if seq.is_finished:
@@ -66,6 +67,7 @@ class OutputProcessor:
                 num_sampled += self._accept(seq, drafts, samples, first)
                 if seq.is_finished:
                     finish(seq)
+                    finishing[seq.request_id] = index
                 elif proposer is not None:
                     seq.spec_token_ids = proposer.propose_for(seq, max_model_len, k)
                 continue
@@ -85,19 +87,17 @@ class OutputProcessor:
                 self._check_structured_stop(seq)
             if seq.is_finished:
                 finish(seq)
+                finishing[seq.request_id] = index
                 queued_finished |= status is not SequenceStatus.RUNNING
             elif proposer is not None:
                 seq.spec_token_ids = proposer.propose_for(seq, max_model_len, k)
         for request_id, rows in beam_rows.items():
             request = requests[request_id]
             request.beam.step(request.group, rows, self.scheduler)
+        if not finishing and not beam_rows:  # most steps: no group finished
+            return num_sampled, []
         self.scheduler.remove_finished_groups(queued=queued_finished)
-        finished = []
-        for request_id in dict.fromkeys(seq.request_id for seq in scheduled.sample_seqs):
-            request = requests.get(request_id)
-            if request is not None and request.is_finished:
-                finished.append(request)
-        return num_sampled, finished
+        return num_sampled, _finished_requests(scheduled, requests, finishing, bool(beam_rows))
 
     def _finish_pooled(
         self, scheduled: SchedulerOutput, pooled: list, requests: dict[str, Request]
@@ -140,3 +140,24 @@ class OutputProcessor:
             self.stop_checker.finish(seq, SequenceStatus.FINISHED_IGNORED, error=grammar.error)
         else:
             self.stop_checker.check(seq, grammar_terminated=grammar.is_terminated)
+
+
+def _finished_requests(
+    scheduled: SchedulerOutput,
+    requests: dict[str, Request],
+    finishing: dict[str, int],
+    beams: bool,
+) -> list[Request]:
+    """The requests that finished, in the order of their first sample in the step. A group's
+    samples are scheduled together, one after another, so the index of the one that finished
+    (finishing: request id -> it) orders them; a beam step can finish any request it sampled."""
+    if beams:
+        candidates = list(dict.fromkeys(seq.request_id for seq in scheduled.sample_seqs))
+    else:
+        candidates = sorted(finishing, key=finishing.__getitem__)
+    finished = []
+    for request_id in candidates:
+        request = requests.get(request_id)
+        if request is not None and request.is_finished:
+            finished.append(request)
+    return finished
