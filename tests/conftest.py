@@ -44,27 +44,26 @@ def smollm2_path() -> Path:
         pytest.skip(str(e))
 
 
+def random_llama(folder: Path, **shape):
+    """Saves a 2-layer random-weight Llama of shape's sizes in folder, seeded, with the
+    byte-level tokenizer (257 tokens, 256 the end of text); returns the tokenizer."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=257, num_hidden_layers=2, initializer_range=0.3,
+                         eos_token_id=256, bos_token_id=256, **shape)  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return build_tokenizer(folder)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_path(tmp_path_factory) -> Path:
     """A 2-layer random-weight Llama with a byte-level tokenizer and a chat template."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=257,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.3,
-        eos_token_id=256,
-        bos_token_id=256,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer = build_tokenizer(folder)
+    tokenizer = random_llama(
+        folder, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512,
+    )  # fmt: skip
     tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}"
@@ -81,37 +80,17 @@ HEAD64 = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num
 def head64_llama_path(tmp_path_factory) -> Path:
     """The tiny Llama with heads of 64, a size the CUDA decode kernel takes (16 is not): GPU
     tests that need the cupy backend, and so decode CUDA graphs, use it."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     folder = tmp_path_factory.mktemp("head64-llama")
-    config = LlamaConfig(vocab_size=257, num_hidden_layers=2, max_position_embeddings=512,
-                         initializer_range=0.3, eos_token_id=256, bos_token_id=256,
-                         **HEAD64)  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    build_tokenizer(folder)
+    random_llama(folder, max_position_embeddings=512, **HEAD64)
     return folder
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_64(tmp_path_factory) -> str:
     """A random 2-layer Llama whose head size (64) the kernels support."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     folder = tmp_path_factory.mktemp("tiny-llama-64")
-    config = LlamaConfig(
-        vocab_size=257,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.3,
-        eos_token_id=256,
-        bos_token_id=256,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    build_tokenizer(folder)
+    random_llama(
+        folder, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024,
+    )  # fmt: skip
     return str(folder)

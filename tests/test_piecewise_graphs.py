@@ -167,14 +167,14 @@ def test_architectures_through_pieces(tiny_model, monkeypatch):  # noqa: F811
     sliding windows, partial and no RoPE, separate Q/K/V projections, NoPE layers, whatever
     each layer's attention is called with reaches it from the pieces."""
     folder, _ = tiny_model
-    prompts = prompts_of(7, 10)
-    params = mixed_params(len(prompts))
-    eager = outputs(LLM(str(folder), **ENGINE, enforce_eager=True, **MIXED), prompts, params)
     monkeypatch.setenv(PIECEWISE, "1")
     llm = LLM(str(folder), **ENGINE, **MIXED)
     if not llm.engine.runner.model.supports_graphs:
         pytest.skip(f"{type(llm.engine.runner.model).__name__} routes tokens on the host")
     assert isinstance(llm.engine.runner.piecewise_graphs, PiecewiseGraphs)
+    prompts = prompts_of(7, 10)
+    params = mixed_params(len(prompts))
+    eager = outputs(LLM(str(folder), **ENGINE, enforce_eager=True, **MIXED), prompts, params)
     replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
     assert replays[1] > 0

@@ -152,7 +152,7 @@ def _finished_requests(
     samples are scheduled together, one after another, so the index of the one that finished
     (finishing: request id -> it) orders them; a beam step can finish any request it sampled."""
     if beams:
-        candidates = list(dict.fromkeys(seq.request_id for seq in scheduled.sample_seqs))
+        candidates = dict.fromkeys(seq.request_id for seq in scheduled.sample_seqs)
     else:
         candidates = sorted(finishing, key=finishing.__getitem__)
     finished = []
