@@ -29,7 +29,8 @@ from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.paged_attention import paged_attention_launches
 
-# (num_seqs, context_len, num_heads, num_kv_heads, head_size, block_size)
+# (num_seqs, context_len, num_heads, num_kv_heads, head_size, block_size); context_len "sharegpt":
+# each sequence's own length, as a decode step of the ShareGPT workload sees them (sharegpt_lens)
 ATTENTION_SHAPES = [
     (1, 4096, 32, 8, 128, 16),
     (16, 2048, 32, 8, 128, 16),
@@ -37,7 +38,27 @@ ATTENTION_SHAPES = [
     (256, 512, 32, 8, 128, 16),
     (64, 1024, 9, 3, 64, 16),  # SmolLM2-135M
     (32, 8192, 32, 8, 128, 32),
+    (256, "sharegpt", 32, 8, 128, 16),  # Llama-3-8B's decode steps in `pagedgen bench`
 ]
+
+
+def sharegpt_lens(num_seqs: int) -> list[int]:
+    """Context lengths of num_seqs running sequences, fixed (seed 0): a prompt of ShareGPT's
+    (log-normal, median 55 and mean ~99 tokens, at most 511, as benchmarks/gpu_inputs.py's 1,000)
+    and 1 to 128 tokens generated so far. Short and uneven: one sequence a thread block (v1)
+    leaves most blocks little to read and the longest ones to finish alone."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.empty(num_seqs).log_normal_(4.0, 1.08, generator=generator)
+    generated = torch.randint(1, 129, (num_seqs,), generator=generator)
+    return (prompts.round().clamp(4, 511).long() + generated).tolist()
+
+
+def shape_label(shape: tuple[int | str, ...]) -> str:
+    label = "seqs={} ctx={} heads={}/{} head={} block={}".format(*shape)
+    if shape[1] != "sharegpt":
+        return label
+    lens = sharegpt_lens(shape[0])
+    return f"{label} (mean {sum(lens) / len(lens):.0f}, max {max(lens)})"
 
 
 def time_ms(fn: Callable[[], None], iters: int) -> float:
@@ -97,8 +118,10 @@ class AttentionBatch(NamedTuple):
         )
 
 
-def attention_batch(shape: tuple[int, ...], dtype: torch.dtype) -> AttentionBatch:
-    num_seqs, context_len, num_heads, num_kv_heads, head_size, block_size = shape
+def attention_batch(shape: tuple[int | str, ...], dtype: torch.dtype) -> AttentionBatch:
+    num_seqs, context, num_heads, num_kv_heads, head_size, block_size = shape
+    lens = sharegpt_lens(num_seqs) if context == "sharegpt" else [context] * num_seqs
+    context_len = max(lens)
     blocks_per_seq = -(-context_len // block_size)
     num_blocks = num_seqs * blocks_per_seq
     block_bytes = 2 * block_size * num_kv_heads * head_size * dtype.itemsize  # K and V
@@ -113,14 +136,14 @@ def attention_batch(shape: tuple[int, ...], dtype: torch.dtype) -> AttentionBatc
         for copy in range(num_copies)
     ]
     query = torch.randn(num_seqs, num_heads, head_size, device="cuda", dtype=dtype)
-    kv_bytes = 2 * num_seqs * context_len * num_kv_heads * head_size * dtype.itemsize
+    kv_bytes = 2 * sum(lens) * num_kv_heads * head_size * dtype.itemsize
     return AttentionBatch(
         out=torch.empty_like(query),
         query=query,
         key_cache=key_cache,
         value_cache=torch.randn_like(key_cache),
         block_tables=block_tables,
-        context_lens=torch.full((num_seqs,), context_len, dtype=torch.int32, device="cuda"),
+        context_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
         context_len=context_len,
         bytes_moved=kv_bytes + 2 * query.numel() * query.element_size(),
     )
@@ -178,12 +201,12 @@ def time_attention(
 
 
 def add_attention_rows(
-    table: Table, shape: tuple[int, ...], dtype: torch.dtype, iters: int, peak: float
+    table: Table, shape: tuple[int | str, ...], dtype: torch.dtype, iters: int, peak: float
 ) -> None:
     """The per-head and grouped kernels on one shape, each without and with L2 prefetch, the
     tensor-core kernel, then torch's decode attention."""
     batch = attention_batch(shape, dtype)
-    label = "seqs={} ctx={} heads={}/{} head={} block={}".format(*shape)
+    label = shape_label(shape)
     timings = {
         f"{kind}{' +prefetch' if l2_prefetch else ''}": time_attention(
             batch, kind == "grouped", l2_prefetch, iters

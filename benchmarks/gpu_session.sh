@@ -15,8 +15,9 @@
 #   mma-smoke        the tensor-core kernels' GPU tests that tell first whether PTX agrees with
 #                    the emulator (kernels/mma.cuh's probes, then prefill and decode; ~2 min)
 #   ncu              Nsight Compute on each attention kernel (benchmarks/ncu_attention.py: decode
-#                    at two shapes, prefill at one): DRAM throughput, occupancy and warp stall
-#                    reasons, the why of a GB/s figure
+#                    at three shapes, prefill at one): DRAM throughput, occupancy and warp stall
+#                    reasons, the why of a GB/s figure; NCU_KERNELS (a regex, "attention" by
+#                    default) picks the kernels, "mma" the tensor-core ones
 #   decode-kernels   benchmarks/bench_kernels.py alone (~4 min)
 #   kernels          benchmarks/bench_kernels.py: the kernels' GB/s against the device's peak,
 #                    decode per-head, grouped (each without and with prefetch) and mma (~4 min);
@@ -24,6 +25,9 @@
 #   sweep            benchmarks/sweep_decode.py: the decode kernels' compile-time knobs and the mma
 #                    kernel's v1/v2 partition sizes on the same shapes (~5 min), every variant in
 #                    $OUT/sweep.json
+#   sweep-mma        the mma kernel alone: its plans (v1, v2 at each partition size), stages and
+#                    register budgets on every shape,
+#                    the uneven ShareGPT batch among them ($OUT/sweep-mma.json)
 #   smollm2-eager    pagedgen bench on a random-weight SmolLM2-135M shape, bfloat16, eager,
 #                    with the baselines in $BASELINES (default generate_batch)
 #   smollm2-graphs   the same with decode CUDA graphs (--no-enforce-eager)
@@ -63,15 +67,17 @@
 # shape), so that stages with and without baselines compare.
 # A call lasts at most 600 s, and a session now has 15 minutes of device time in all (a machine
 # start takes 1-2 of them), so the first call carries what issue 15 still lacks, most decisive
-# first, and the second whatever time is left:
-# On an H200 (stop 43) the stages ran far faster than these estimates, made on an H100 with the
-# baselines: mma-smoke 21 s, decode-kernels 58 s, llama8b-auto 55 s, smollm2-* ~40 s,
-# llama8b-* ~60 s, host-profile ~70 s, tests-xdist (the GPU tests of the kernels and graphs,
-# 573, eight at a time) 2 min; a machine's start ~40 s. So:
-#   call 1: STAGES="tests-xdist smollm2-auto llama8b-auto" (generate_batch beside the defaults;
-#           ~7 min with the baselines)
-#   call 2: BASELINES='' STAGES="smollm2-piecewise4k llama8b-piecewise4k decode-kernels
-#           host-profile" (~5 min: pieces over the whole token budget against call 1's auto)
+# first, and the second whatever time is left, at once: a machine given back between calls may
+# not be lent again that session (stop 44's was not).
+# On an H200 the stages ran far faster than these estimates, made on an H100 with the
+# baselines: mma-smoke 21 s, decode-kernels 58 s, llama8b-* ~60 s (~135 s with generate_batch),
+# smollm2-* ~40 s (~105 s with it), host-profile ~70 s, tests-xdist (579 tests, eight at a time)
+# 100 s; a machine's start ~30 s. Stop 44 ran tests-xdist smollm2-auto llama8b-auto with
+# generate_batch (344 s), so next:
+#   call 1: BASELINES='' NCU_KERNELS=mma STAGES="smollm2-piecewise4k llama8b-piecewise4k
+#           sweep-mma ncu" (~5 min: pieces over the whole token budget against stop 44's auto,
+#           then why the mma kernel falls short on the small and uneven shapes)
+#   call 2, straight after: STAGES="decode-kernels host-profile" or a stage the first one points at
 # Others: "sweep" (~5 min), "tests-a" / "tests-b" (all GPU tests, one at a time, ~8 / ~6 min),
 # "kernels" (decode and prefill kernels), the eager/graphs/grouped/mma stages of each shape.
 # The workload is a file saved elsewhere (ShareGPT needs the dataset package, which GPU machines
@@ -82,7 +88,7 @@
 #   STAGES="..." bash benchmarks/gpu_session.sh .gpuwl/sharegpt-1000.json .gpuwl/tokenizer
 set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-gpu-session}
-STAGES=${STAGES:-tests-xdist smollm2-auto llama8b-auto}  # call 1 above
+STAGES=${STAGES:-smollm2-piecewise4k llama8b-piecewise4k sweep-mma ncu}  # call 1 above
 BASELINES=${BASELINES-generate_batch}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -148,7 +154,7 @@ for stage in $STAGES; do case $stage in
         tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_prefill_mma.py::test_prefill_mma_gqa \
         tests/kernels/test_gpu_mma.py::test_mma_long_contexts \
         tests/kernels/test_gpu_mma.py::test_backend_decodes_with_the_mma_kernel ;;
-    ncu) TAIL=80 run ncu 300 ncu --nvtx --kernel-name regex:attention \
+    ncu) TAIL=80 run ncu 300 ncu --nvtx --kernel-name "regex:${NCU_KERNELS:-attention}" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section LaunchStats \
         python benchmarks/ncu_attention.py --dtype bfloat16 ;;
@@ -157,6 +163,8 @@ for stage in $STAGES; do case $stage in
         run prefill-kernels 120 python benchmarks/bench_prefill.py --dtype bfloat16 ;;
     sweep) TAIL=20 run sweep 500 python benchmarks/sweep_decode.py --dtype bfloat16 \
         --output-json "$OUT/sweep.json" ;;
+    sweep-mma) TAIL=60 run sweep-mma 200 python benchmarks/sweep_decode.py --dtype bfloat16 \
+        --kinds mma --output-json "$OUT/sweep-mma.json" ;;
     smollm2-eager) bench smollm2-135m eager 200 ;;
     smollm2-graphs) bench smollm2-135m graphs 200 ;;
     smollm2-async) bench smollm2-135m async 200 ;;

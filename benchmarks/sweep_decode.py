@@ -2,13 +2,14 @@
 block, register budget, the grouped kernel's loads in flight) over the attention shapes of
 bench_kernels.py, each with and without L2 prefetch of the next KV block, and the tensor-core
 kernel's ("mma") v1/v2 plans: the planner's own, forced v1, and forced v2 at each of
-paged_attention_mma.PARTITION_SIZES. Each is timed as bench_kernels times them (one CUDA graph of
-`iters` repetitions over K/V twice the L2 in all; bytes counted once). Prints every variant's GPU
-ms and share of the peak bandwidth against its kernel's default (the default tuning without
-prefetch; for mma the planner's choice), then the best variant per shape; --output-json keeps
-them all.
+paged_attention_mma.PARTITION_SIZES, then its stages and register budgets (SWEEP["mma"]). Each
+is timed as bench_kernels times them (one CUDA graph of `iters` repetitions over K/V twice the
+L2 in all; bytes counted once). Prints every variant's GPU ms and share of the peak bandwidth
+against its kernel's default (the default tuning without prefetch; for mma the planner's
+choice), then the best variant per shape; --output-json keeps them all.
 
     python benchmarks/sweep_decode.py [--dtype bfloat16] [--iters 30] [--kinds per-head,grouped,mma]
+        [--shapes 0,6]   (indices into bench_kernels.ATTENTION_SHAPES; all by default)
 """
 
 import argparse
@@ -16,7 +17,13 @@ import json
 from pathlib import Path
 
 import torch
-from bench_kernels import ATTENTION_SHAPES, AttentionTiming, attention_batch, time_attention
+from bench_kernels import (
+    ATTENTION_SHAPES,
+    AttentionTiming,
+    attention_batch,
+    shape_label,
+    time_attention,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -33,7 +40,9 @@ MMA_PLANS = [
 ]
 
 
-def sweep_shape(shape: tuple[int, ...], dtype: torch.dtype, kinds: list[str], iters: int) -> list:
+def sweep_shape(
+    shape: tuple[int | str, ...], dtype: torch.dtype, kinds: list[str], iters: int
+) -> list:
     """Every (kernel, tuning, prefetch) and mma plan on one shape: dicts of its figures, each
     kernel's default first."""
     batch = attention_batch(shape, dtype)
@@ -57,6 +66,9 @@ def sweep_shape(shape: tuple[int, ...], dtype: torch.dtype, kinds: list[str], it
                 options = dict(tensor_cores=True, version=version, partition_size=size)
                 timing = time_attention(batch, False, False, iters, **options)
                 add(kind, {"version": version, "partition_size": size}, label, timing)
+            for tuning in SWEEP["mma"]:  # stages and register budgets, the planner's plan
+                timing = time_attention(batch, False, False, iters, tuning, tensor_cores=True)
+                add(kind, tuning._asdict(), f"{tuning.label}, planner's choice", timing)
             continue
         for tuning in (DEFAULT_TUNING, *SWEEP[kind]):
             for l2_prefetch in (False, True):
@@ -71,6 +83,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--kinds", default="per-head,grouped,mma")
+    parser.add_argument("--shapes", help="indices into ATTENTION_SHAPES, comma-separated")
     parser.add_argument("--output-json", type=Path)
     options = parser.parse_args()
     if not (torch.cuda.is_available() and loader.cupy_available()):
@@ -80,8 +93,11 @@ def main() -> None:
     console = Console(width=200)
     console.print(f"{torch.cuda.get_device_name()}: peak {peak:.0f} GB/s, {options.dtype}")
     results, best = {}, Table("shape", "best kernel", "tuning", "plan", "GPU ms", "% of peak")
-    for shape in ATTENTION_SHAPES:
-        label = "seqs={} ctx={} heads={}/{} head={} block={}".format(*shape)
+    indices = range(len(ATTENTION_SHAPES))
+    if options.shapes:
+        indices = [int(index) for index in options.shapes.split(",")]
+    for shape in [ATTENTION_SHAPES[index] for index in indices]:
+        label = shape_label(shape)
         rows = sweep_shape(shape, dtype, kinds, options.iters)
         results[label] = rows
         table = Table("kernel", "tuning", "plan", "GPU ms", "% of peak", "vs default", title=label)

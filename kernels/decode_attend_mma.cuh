@@ -17,6 +17,16 @@ constexpr int kWarpTokens = 16;                        // one k-step of P V
 constexpr int kChunkTokens = kMmaWarps * kWarpTokens;  // a pipeline stage: each warp its 16
 constexpr int kTileHeads = 16;                         // mma's M
 
+// Compile-time knobs for benchmarks/sweep_decode.py (pagedgen/kernels/decode_tuning.py), unset
+// for the engine: pipeline stages (0: 3, or 2 for heads past 128) and the blocks an SM
+// __launch_bounds__ budgets registers for (0: kMmaMinBlocks' table).
+#ifndef PAGEDGEN_MMA_STAGES
+#define PAGEDGEN_MMA_STAGES 0
+#endif
+#ifndef PAGEDGEN_MMA_MIN_BLOCKS
+#define PAGEDGEN_MMA_MIN_BLOCKS 0
+#endif
+
 // Shared memory (kv_tiles.cuh's swizzled pieces): the Q tile [kTileHeads][ROW], then K and V,
 // each [STAGES][kChunkTokens][ROW]. After the last stage, the K/V space holds each warp's float
 // partial output and statistics. pagedgen/kernels/paged_attention_mma.py computes kSharedBytes
@@ -24,7 +34,9 @@ constexpr int kTileHeads = 16;                         // mma's M
 template <int HEAD_SIZE>
 struct MmaLayout {
   static constexpr int kRow = HEAD_SIZE / 8;
-  static constexpr int kStages = HEAD_SIZE > 128 ? 2 : 3;
+  static constexpr int kStages =
+      PAGEDGEN_MMA_STAGES > 0 ? PAGEDGEN_MMA_STAGES : HEAD_SIZE > 128 ? 2 : 3;
+  static_assert(kStages >= 2, "a stage is read while the next one lands");
   static constexpr int kQBytes = kTileHeads * HEAD_SIZE * 2;
   static constexpr int kStageBytes = kChunkTokens * HEAD_SIZE * 2;  // K or V
   static constexpr int kSharedBytes = kQBytes + 2 * kStages * kStageBytes;
@@ -37,7 +49,10 @@ struct MmaLayout {
 // The blocks an SM holds at kSharedBytes (228 KB on an H100, 164 KB on an A100), which
 // __launch_bounds__ budgets registers for.
 template <int HEAD_SIZE>
-constexpr int kMmaMinBlocks = HEAD_SIZE <= 64 ? 4 : HEAD_SIZE <= 128 ? 2 : 1;
+constexpr int kMmaMinBlocks = PAGEDGEN_MMA_MIN_BLOCKS > 0 ? PAGEDGEN_MMA_MIN_BLOCKS
+                              : HEAD_SIZE <= 64                ? 4
+                              : HEAD_SIZE <= 128               ? 2
+                                                               : 1;
 
 // What the tile's queries see beyond their plain scores: paged_attention.cu's options.
 struct MmaDecodeOptions {

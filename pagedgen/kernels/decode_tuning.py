@@ -1,6 +1,7 @@
 """Compile-time knobs of the decode attention kernels, for benchmarks/sweep_decode.py: each is a
--D macro of kernels/paged_attention.cu and paged_attention_grouped.cu, whose defaults are the
-kernels' own, so the default tuning compiles exactly the modules the engine runs."""
+-D macro of kernels/paged_attention.cu and paged_attention_grouped.cu (`defines`) or of the
+tensor-core kernels' decode_attend_mma.cuh (`mma_defines`), whose defaults are the kernels' own,
+so the default tuning compiles exactly the modules the engine runs."""
 
 from typing import NamedTuple
 
@@ -10,6 +11,7 @@ class DecodeTuning(NamedTuple):
     min_blocks_per_sm: int | None = None  # __launch_bounds__' minimum: the register budget
     k_unroll: int | None = None  # grouped kernel: key vectors in flight a lane
     v_unroll: int | None = None  # grouped kernel: value tokens in flight a lane
+    mma_stages: int | None = None  # tensor-core kernel: K/V chunks of 64 tokens in shared memory
 
     @property
     def defines(self) -> tuple[str, ...]:
@@ -22,6 +24,15 @@ class DecodeTuning(NamedTuple):
         return tuple(f"{name}={value}" for name, value in values.items() if value is not None)
 
     @property
+    def mma_defines(self) -> tuple[str, ...]:
+        """The tensor-core kernel's: its stages and register budget (its threads are fixed)."""
+        values = {
+            "PAGEDGEN_MMA_STAGES": self.mma_stages,
+            "PAGEDGEN_MMA_MIN_BLOCKS": self.min_blocks_per_sm,
+        }
+        return tuple(f"{name}={value}" for name, value in values.items() if value is not None)
+
+    @property
     def label(self) -> str:
         parts = [f"{self.num_threads} threads"]
         if self.min_blocks_per_sm is not None:
@@ -29,6 +40,8 @@ class DecodeTuning(NamedTuple):
         parts += [
             f"{kind} unroll {n}" for kind, n in (("k", self.k_unroll), ("v", self.v_unroll)) if n
         ]
+        if self.mma_stages is not None:
+            parts.append(f"{self.mma_stages} stages")
         return ", ".join(parts)
 
 
@@ -52,5 +65,13 @@ SWEEP = {
         DecodeTuning(k_unroll=1, v_unroll=2),
         DecodeTuning(256, min_blocks_per_sm=2, k_unroll=16, v_unroll=16),
         DecodeTuning(64, min_blocks_per_sm=8),
+    ),
+    # Shared memory sets how many blocks an SM holds: at heads of 128, 3 stages (100 KB) two,
+    # 2 stages (68 KB) three; at heads of 64, 3 stages four, 2 stages six, 4 stages three.
+    "mma": (
+        DecodeTuning(mma_stages=2, min_blocks_per_sm=3),
+        DecodeTuning(mma_stages=2),
+        DecodeTuning(mma_stages=4, min_blocks_per_sm=1),
+        DecodeTuning(min_blocks_per_sm=1),
     ),
 }

@@ -154,7 +154,7 @@ def paged_attention_launches(
     if tensor_cores is None:  # a grouped kernel asked for wins
         tensor_cores = not grouped and group_size >= AUTO_MMA_MIN_GROUP
     use_mma = tensor_cores and mma.supports(
-        dtype, cache_dtype, head_size, query.device, mma.shared_bytes(head_size)
+        dtype, cache_dtype, head_size, query.device, mma.shared_bytes(head_size, tuning)
     )
     if grouped is None:
         grouped = group_size >= AUTO_GROUPED_MIN_GROUP and head_size >= AUTO_GROUPED_MIN_HEAD_SIZE
@@ -166,7 +166,8 @@ def paged_attention_launches(
     if use_mma:
         grid_x = num_kv_heads * mma.num_tiles(group_size)
         work_blocks, size = grid_x * num_seqs, head_size
-        planned = mma.mma_partition_size(max_context_len, work_blocks, size, num_sms(query.device))
+        sms = num_sms(query.device)
+        planned = mma.mma_partition_size(max_context_len, work_blocks, size, sms, tuning)
     elif grouped:
         grid_x = num_kv_heads * -(-group_size // tile)
         work_blocks, size = grid_x * num_seqs, block_size
@@ -199,8 +200,8 @@ def paged_attention_launches(
             dtype, head_size, block_size, tile, cache_dtype, l2_prefetch, tuning
         )
     elif use_mma:
-        main_module = mma.mma_module(dtype, head_size, block_size)
-        main_block, shared_mem = (mma.NUM_THREADS, 1, 1), mma.shared_bytes(head_size)
+        main_module = mma.mma_module(dtype, head_size, block_size, tuning)
+        main_block, shared_mem = (mma.NUM_THREADS, 1, 1), mma.shared_bytes(head_size, tuning)
     v1_name, v2_name = main_module.name_expressions[:2]
     block = (NUM_THREADS, 1, 1)  # the v2 reduce's
     common = (

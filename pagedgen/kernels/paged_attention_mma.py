@@ -5,6 +5,7 @@ paged_attention_launches(..., tensor_cores=True)."""
 
 import torch
 
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import C_TYPES, KernelModule
 from pagedgen.kernels.paged_attention_grouped import PARTITION_SIZES, fill_partition_size
 
@@ -23,17 +24,20 @@ DTYPES = (torch.float16, torch.bfloat16)
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
-def num_stages(head_size: int) -> int:
-    return 2 if head_size > 128 else 3
+def num_stages(head_size: int, tuning: DecodeTuning = DEFAULT_TUNING) -> int:
+    return tuning.mma_stages or (2 if head_size > 128 else 3)
 
 
-def shared_bytes(head_size: int) -> int:
+def shared_bytes(head_size: int, tuning: DecodeTuning = DEFAULT_TUNING) -> int:
     """MmaLayout<head_size>::kSharedBytes: the Q tile, then K and V of every stage."""
-    return TILE_HEADS * head_size * 2 + 2 * num_stages(head_size) * CHUNK_TOKENS * head_size * 2
+    stages = num_stages(head_size, tuning)
+    return TILE_HEADS * head_size * 2 + 2 * stages * CHUNK_TOKENS * head_size * 2
 
 
-def blocks_per_sm(head_size: int) -> int:
+def blocks_per_sm(head_size: int, tuning: DecodeTuning = DEFAULT_TUNING) -> int:
     """kMmaMinBlocks: the thread blocks an SM holds at shared_bytes (an H100 has 228 KB)."""
+    if tuning.min_blocks_per_sm is not None:
+        return tuning.min_blocks_per_sm
     return 4 if head_size <= 64 else 2 if head_size <= 128 else 1
 
 
@@ -64,7 +68,9 @@ def num_tiles(group_size: int) -> int:
     return -(-group_size // TILE_HEADS)
 
 
-def mma_module(dtype: torch.dtype, head_size: int, block_size: int) -> KernelModule:
+def mma_module(
+    dtype: torch.dtype, head_size: int, block_size: int, tuning: DecodeTuning = DEFAULT_TUNING
+) -> KernelModule:
     c_type = C_TYPES[dtype]
     args = f"{c_type}, {head_size}, {block_size}"
     return KernelModule(
@@ -73,6 +79,7 @@ def mma_module(dtype: torch.dtype, head_size: int, block_size: int) -> KernelMod
             f"PAGEDGEN_SCALAR_T={c_type}",
             f"PAGEDGEN_HEAD_SIZE={head_size}",
             f"PAGEDGEN_BLOCK_SIZE={block_size}",
+            *tuning.mma_defines,
         ),
         name_expressions=(
             f"pagedgen::paged_attention_mma_v1_kernel<{args}>",
@@ -93,11 +100,15 @@ def mma_modules(head_sizes: tuple[int, ...], block_sizes: tuple[int, ...]) -> li
 
 
 def mma_partition_size(
-    max_context_len: int, num_work_blocks: int, head_size: int, num_sms: int
+    max_context_len: int,
+    num_work_blocks: int,
+    head_size: int,
+    num_sms: int,
+    tuning: DecodeTuning = DEFAULT_TUNING,
 ) -> int | None:
     """The v2 partition size for num_work_blocks (kv head tile, sequence) pairs, or None for one
     pass (v1): fill_partition_size at the kernel's occupancy for head_size."""
-    fill = blocks_per_sm(head_size) * num_sms
+    fill = blocks_per_sm(head_size, tuning) * num_sms
     return fill_partition_size(max_context_len, num_work_blocks, fill, PARTITION_SIZES)
 
 
