@@ -1,13 +1,15 @@
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import NamedTuple
 
 from pagedgen.engine.block_invariants import check_integrity
-from pagedgen.engine.block_pool import NULL_BLOCK, Block, BlockPool, CpuBlockPool
+from pagedgen.engine.block_pool import NULL_BLOCK, Block, BlockMapping, BlockPool, CpuBlockPool
+from pagedgen.engine.block_swap import BlockSwapMixin
 from pagedgen.engine.prefix_hash import block_hashes
+from pagedgen.engine.prompt_hits import plan_prompt_hits
 from pagedgen.engine.sequence import Sequence
 
-BlockMapping = list[tuple[int, int]]  # (source block id, destination block id)
+__all__ = ["NULL_BLOCK", "BlockManager", "BlockMapping", "PromptPlan"]
 
 
 class PromptPlan(NamedTuple):
@@ -18,13 +20,14 @@ class PromptPlan(NamedTuple):
     num_new_tokens: int
 
 
-class BlockManager:
+class BlockManager(BlockSwapMixin):
     """Maps sequences to KV-cache blocks; plain Python, no torch.
 
     Logical block i of a sequence lives in physical block seq.block_table[i]. A block is taken
     only when a sequence crosses a block boundary and returned when its last holder lets go;
     blocks are shared by reference count (prefix-cache hits, forked samples and beams) and
-    copied on write. Sequences swapped out hold blocks of the CPU pool instead.
+    copied on write. Sequences swapped out hold blocks of the CPU pool instead (swap_out and
+    swap_in: engine/block_swap.py).
 
     Every allocation checks and commits in one call, all or nothing for a group of sequences:
     allocate_prompt (admission), allocate_slots (growth), swap_in, swap_out return None and
@@ -96,49 +99,21 @@ class BlockManager:
     ) -> list[PromptPlan] | None:
         """Admits waiting sequences holding no blocks, in order, all or none.
 
-        Each takes the longest run of its leading full blocks found in the prefix cache (always
-        leaving a token to compute, so the step yields logits for it); one that asks for prompt
-        logprobs takes none, as every prompt token's logits must be computed. num_new_tokens(seq,
-        num_computed_tokens) says how many tokens it computes this step: 0 for the first means
-        the group cannot be admitted now; 0 for a later one (the token budget ran out within a
-        recomputed group) admits it holding only its hits, its tokens left to later steps.
-        Returns the plans, or None.
-
-        Full blocks a sequence of the same call writes this step count as hits for the later
-        ones too (recomputed siblings share their prompt again, with or without prefix caching).
+        Each takes the longest run of its leading full blocks found in the prefix cache, or
+        written this step by an earlier sequence of the call (engine/prompt_hits.py).
+        num_new_tokens(seq, num_computed_tokens) says how many tokens it computes this step: 0
+        for the first means the group cannot be admitted now; 0 for a later one (the token
+        budget ran out within a recomputed group) admits it holding only its hits, its tokens
+        left to later steps. Returns the plans, or None.
         """
-        # Full blocks that earlier sequences of this call write: (their index, block index).
-        # Sharing them needs no prefix cache, so recomputed siblings share even without one.
-        written: dict[Hashable, tuple[int, int]] = {}
-        share = self.enable_prefix_caching or len(seqs) > 1
-        revived: set[int] = set()
-        plans: list[tuple[Sequence, list[Block | tuple[int, int]], int]] = []
-        needed = 0
-        for index, seq in enumerate(seqs):
+        for seq in seqs:
             assert not seq.block_table and seq.seq_id not in self.seqs
-            hits: list[Block | tuple[int, int]] = []
-            if share and seq.sampling_params.prompt_logprobs is None:
-                for block_hash in block_hashes(
-                    seq, self.block_size, (seq.num_tokens - 1) // self.block_size
-                ):
-                    block = self.pool.lookup(block_hash) if self.enable_prefix_caching else None
-                    if block is None and block_hash not in written:
-                        break
-                    if block is not None and block.ref_count == 0:
-                        needed += block.block_id not in revived  # revived off the free queue
-                        revived.add(block.block_id)
-                    hits.append(block if block is not None else written[block_hash])
-            num_computed = len(hits) * self.block_size
-            n = num_new_tokens(seq, num_computed)
-            if n <= 0 and index == 0:
-                return None
-            end = num_computed + n
-            needed += self.num_blocks_for(end) - len(hits)
-            if share:
-                new_hashes = block_hashes(seq, self.block_size, end // self.block_size)[len(hits) :]
-                for i, block_hash in enumerate(new_hashes, start=len(hits)):
-                    written.setdefault(block_hash, (index, i))
-            plans.append((seq, hits, n))
+        planned = plan_prompt_hits(
+            self.pool, self.block_size, self.enable_prefix_caching, seqs, num_new_tokens
+        )
+        if planned is None:
+            return None
+        plans, needed = planned
         if needed > self._num_admittable_blocks():
             return None
         # Planned hits are held before any block is handed out, so that no fresh allocation
@@ -153,13 +128,13 @@ class BlockManager:
             for hit in hits:
                 if not isinstance(hit, Block):  # written by an earlier seq of this call
                     index, i = hit
-                    hit = self.pool.blocks[plans[index][0].block_table[i]]
+                    hit = self.pool.blocks[plans[index].seq.block_table[i]]
                     self.pool.touch(hit)
                 table.append(hit.block_id)
             if self.enable_prefix_caching:
                 self.num_prefix_cache_queries += seq.num_tokens
                 self.num_prefix_cache_hits += len(hits) * self.block_size
-            _set_block_table(seq, table)
+            seq.set_block_table(table)
             seq.num_cached_blocks = len(hits)
             self.seqs[seq.seq_id] = seq
             num_computed = len(hits) * self.block_size
@@ -278,7 +253,7 @@ class BlockManager:
         for block_id in parent.block_table:
             if block_id != NULL_BLOCK:
                 self.pool.touch(self.pool.blocks[block_id])
-        _set_block_table(child, list(parent.block_table))
+        child.set_block_table(list(parent.block_table))
         child.num_cached_blocks = parent.num_cached_blocks
         self.seqs[child.seq_id] = child
 
@@ -293,56 +268,8 @@ class BlockManager:
             for block_id in seq.block_table:
                 if block_id != NULL_BLOCK:
                     self.cpu_pool.free(block_id)
-        _set_block_table(seq, [])
+        seq.set_block_table([])
         seq.num_cached_blocks = 0
-
-    # -- swapping --------------------------------------------------------------------------------
-    def swap_out(self, seqs: list[Sequence]) -> BlockMapping | None:
-        """Moves the sequences' blocks to the CPU pool, shared blocks once, all or none; returns
-        the (device, CPU) block copies to do, or None when the CPU pool is short."""
-        assert all(seq.seq_id in self.seqs for seq in seqs)
-        unique = _unique_blocks(seqs)
-        if len(unique) > self.num_free_cpu_blocks:
-            return None
-        tables = [list(seq.block_table) for seq in seqs]
-        mapping = {block_id: self.cpu_pool.allocate() for block_id in unique}
-        for seq, table in zip(seqs, tables):
-            self.free(seq)
-            _set_block_table(seq, [mapping.get(block_id, NULL_BLOCK) for block_id in table])
-            for cpu_block_id in seq.block_table:
-                if cpu_block_id != NULL_BLOCK:
-                    self.cpu_pool.hold(cpu_block_id)
-            self.swapped[seq.seq_id] = seq
-        return list(mapping.items())
-
-    def swap_in(
-        self, seqs: list[Sequence], num_new_tokens: list[int]
-    ) -> tuple[BlockMapping, BlockMapping] | None:
-        """Brings swapped sequences back and makes room for their next num_new_tokens tokens, all
-        or none; returns the (CPU, device) block copies and the copy-on-write copies to do after
-        them, or None."""
-        assert all(seq.seq_id in self.swapped for seq in seqs)
-        holders = Counter(
-            cpu_id for seq in seqs for cpu_id in seq.block_table if cpu_id != NULL_BLOCK
-        )
-        needed = len(holders) + self._num_blocks_to_append(
-            seqs, num_new_tokens, holders.__getitem__
-        )
-        if needed > self._num_admittable_blocks():
-            return None
-        mapping = {}
-        for cpu_id, num_holders in holders.items():
-            block = self.pool.allocate()
-            block.ref_count = num_holders
-            mapping[cpu_id] = block.block_id
-        for seq in seqs:
-            cpu_table = seq.block_table
-            self.free(seq)
-            _set_block_table(seq, [mapping.get(cpu_id, NULL_BLOCK) for cpu_id in cpu_table])
-            self.seqs[seq.seq_id] = seq
-        copies = self.allocate_slots(seqs, num_new_tokens)
-        assert copies is not None, "swap_in counted the appends' blocks"
-        return list(mapping.items()), copies
 
     # -- prefix hashing ----------------------------------------------------------------------------
     def _cache_full_blocks(self, seq: Sequence, num_full_blocks: int) -> None:
@@ -360,12 +287,3 @@ class BlockManager:
         """Raises AssertionError unless ref counts, the free queue, the hash index and the CPU
         pool all agree with the block tables (engine/block_invariants.py)."""
         check_integrity(self)
-
-
-def _set_block_table(seq: Sequence, block_table: list[int]) -> None:
-    seq.block_table = block_table
-    seq.num_synced_blocks = 0
-
-
-def _unique_blocks(seqs: list[Sequence]) -> list[int]:
-    return list(dict.fromkeys(b for seq in seqs for b in seq.block_table if b != NULL_BLOCK))

@@ -2,6 +2,7 @@ from collections import Counter
 from collections.abc import Hashable
 
 NULL_BLOCK = -1  # a block table entry whose block was freed: before every layer's window
+BlockMapping = list[tuple[int, int]]  # (source block id, destination block id)
 
 
 class Block:

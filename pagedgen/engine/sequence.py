@@ -170,6 +170,11 @@ class Sequence:
         preview.output_token_ids += drafts
         return preview
 
+    def set_block_table(self, block_table: list[int]) -> None:
+        """A new table, which the model runner has none of yet."""
+        self.block_table = block_table
+        self.num_synced_blocks = 0
+
     def fork(self, seq_id: int, sampling_params: SamplingParams | None = None) -> "Sequence":
         """A new sequence with this one's tokens and progress; the caller shares the blocks."""
         child = copy.copy(self)
@@ -177,8 +182,7 @@ class Sequence:
         child.sampling_params = sampling_params or self.sampling_params
         for name in ("token_ids", "output_token_ids", "output_logprobs", "block_hashes"):
             setattr(child, name, list(getattr(self, name)))
-        child.block_table = []
-        child.num_synced_blocks = 0
+        child.set_block_table([])
         child.spec_token_ids = []
         return child
 
