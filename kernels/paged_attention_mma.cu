@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
   // Warp w combines heads w, w + kMmaWarps, ...: its lanes take the partitions in turn for the
   // head's max logit and exp sum, then dims lane * DIMS ... of the output over every partition.
   constexpr int DIMS = HEAD_SIZE / kWarpSize;
+  constexpr int kCombineUnroll = 8;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   for (int g = warp; g < tile.num_q_heads; g += kMmaWarps) {
@@ -139,13 +140,29 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
     }
     // A sink is one more logit in the sum, of zero value (exp(kNegMax - max_logit) = 0 without).
     exp_sum = warp_sum(exp_sum) + __expf(sink - max_logit);
+    // kCombineUnroll partitions' loads in flight at once (one long sequence has dozens of
+    // partitions, each an L2 round trip); the sum keeps the partitions' order. A slot past the
+    // last partition rereads it and weighs it 0.
     float acc[DIMS] = {};
-    for (int p = first_partition; p < num_partitions; ++p) {
-      const float weight = __ldcg(&exp_sums[head_row + p]) *
-                           __expf(__ldcg(&max_logits[head_row + p]) - max_logit);
-      const float* partial = &tmp_out[(head_row + p) * HEAD_SIZE + lane * DIMS];
+    for (int p0 = first_partition; p0 < num_partitions; p0 += kCombineUnroll) {
+      float weight[kCombineUnroll];
+      float partial[kCombineUnroll][DIMS];
 #pragma unroll
-      for (int e = 0; e < DIMS; ++e) acc[e] += __ldcg(&partial[e]) * weight;
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const int p = min(p0 + u, num_partitions - 1);
+        weight[u] = p0 + u < num_partitions
+                        ? __ldcg(&exp_sums[head_row + p]) *
+                              __expf(__ldcg(&max_logits[head_row + p]) - max_logit)
+                        : 0.f;
+        const float* row = &tmp_out[(head_row + p) * HEAD_SIZE + lane * DIMS];
+#pragma unroll
+        for (int e = 0; e < DIMS; ++e) partial[u][e] = __ldcg(&row[e]);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < DIMS; ++e) acc[e] += partial[u][e] * weight[u];
+      }
     }
     T* dst = out + ((long long)seq * num_heads + tile.first_head + g) * HEAD_SIZE + lane * DIMS;
 #pragma unroll

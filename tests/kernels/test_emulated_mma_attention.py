@@ -181,6 +181,10 @@ def test_gpus_short_of_shared_memory_or_sm_80_keep_the_other_kernels(monkeypatch
 
 
 def test_more_partitions_than_lanes(launch: Launch) -> None:
-    """40 partitions: the combining warp's lanes take partitions 0-31, then 32-39."""
+    """40 partitions: the combining warp's lanes take partitions 0-31, then 32-39, and its
+    output sums them 8 at a time; under a window of 700 tokens, from partition 28 (of 39 at
+    2,470 tokens) on, the last group of 8 running past the end, and 23 of 35 at 2,200."""
     case = make_decode_case(torch.bfloat16, 8, 2, 64, 16, (2500, 70), seed=11)
+    check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
+    case = make_decode_case(torch.bfloat16, 8, 2, 64, 16, (2470, 2200, 70), seed=12, window=700)
     check_decode(launch, case, 2, partition_size=64, tensor_cores=True)

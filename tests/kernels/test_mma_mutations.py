@@ -109,8 +109,13 @@ MUTATIONS = {
         1,
     ),
     "partials_combined_unscaled": (
-        "acc[e] += __ldcg(&partial[e]) * weight;",
-        "acc[e] += __ldcg(&partial[e]);",
+        "acc[e] += partial[u][e] * weight[u];",
+        "acc[e] += partial[u][e];",
+        1,
+    ),
+    "combine_slot_past_the_end_weighed": (
+        "                        : 0.f;",
+        "                        : 1.f;",
         1,
     ),
     "window_not_masked": (
@@ -139,8 +144,8 @@ MUTATIONS = {
         1,
     ),
     "combine_reads_partitions_before_the_window": (
-        "for (int p = first_partition; p < num_partitions; ++p) {",
-        "for (int p = 0; p < num_partitions; ++p) {",
+        "for (int p0 = first_partition; p0 < num_partitions; p0 += kCombineUnroll) {",
+        "for (int p0 = 0; p0 < num_partitions; p0 += kCombineUnroll) {",
         1,
     ),
     "combine_over_stages_still_read": (
