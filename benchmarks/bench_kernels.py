@@ -104,6 +104,7 @@ class AttentionBatch(NamedTuple):
     context_lens: torch.Tensor
     context_len: int
     bytes_moved: int
+    longest_first: torch.Tensor  # the sequences by context length, longest first (seq_order)
 
     def args(self, copy: int) -> tuple:
         return (
@@ -146,6 +147,9 @@ def attention_batch(shape: tuple[int | str, ...], dtype: torch.dtype) -> Attenti
         context_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
         context_len=context_len,
         bytes_moved=kv_bytes + 2 * query.numel() * query.element_size(),
+        longest_first=torch.tensor(
+            sorted(range(num_seqs), key=lambda i: -lens[i]), dtype=torch.int32, device="cuda"
+        ),
     )
 
 
@@ -170,6 +174,7 @@ def time_attention(
     tensor_cores: bool = False,
     version: int | None = None,  # None: the planner's choice; 1 or 2 forces one
     partition_size: int | None = None,  # None: the planner's
+    longest_first: bool = False,  # the mma v1 kernel takes the longest sequences first
 ) -> AttentionTiming:
     options = dict(
         grouped=grouped,
@@ -178,6 +183,7 @@ def time_attention(
         version=version,
         partition_size=partition_size,
         tuning=tuning,
+        seq_order=batch.longest_first if longest_first else None,
     )
     plans = [
         paged_attention_launches(*batch.args(copy), **options)
@@ -215,6 +221,10 @@ def add_attention_rows(
         for l2_prefetch in (False, True)
     }
     timings["mma"] = time_attention(batch, False, False, iters, tensor_cores=True)
+    if shape[1] == "sharegpt":  # uneven: does taking the longest sequences first balance them?
+        timings["mma longest first"] = time_attention(
+            batch, False, False, iters, tensor_cores=True, longest_first=True
+        )
     per_head = timings["per-head"]
     for name, timing in timings.items():
         gbps = batch.bytes_moved / timing.gpu_ms / 1e6

@@ -34,7 +34,9 @@ __device__ __forceinline__ MmaTile mma_tile(int num_heads, int num_kv_heads) {
   return {kv_head, kv_head * group + tile * kTileHeads, min(kTileHeads, group - tile * kTileHeads)};
 }
 
-// grid (num_kv_heads * num_tiles, num_seqs), block kMmaThreads
+// grid (num_kv_heads * num_tiles, num_seqs), block kMmaThreads. Blocks start roughly in order
+// of their index, so a seq_order that puts the longest contexts first keeps one long sequence
+// from finishing alone after the rest (longest-processing-time-first scheduling).
 template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
 __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
     paged_attention_mma_v1_kernel(
@@ -46,8 +48,10 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
         const int* __restrict__ context_lens,  // [num_seqs]
         int max_num_blocks_per_seq, int q_stride, int num_kv_heads, float scale, int num_heads,
         int window, float softcap, const float* __restrict__ sinks,
-        const float* __restrict__ alibi_slopes) {
-  const int seq = blockIdx.y;
+        const float* __restrict__ alibi_slopes,
+        const int* __restrict__ seq_order) {  // [num_seqs], a permutation: blockIdx.y's sequence
+                                              // (nullptr: blockIdx.y)
+  const int seq = seq_order != nullptr ? seq_order[blockIdx.y] : blockIdx.y;
   const MmaTile tile = mma_tile(num_heads, num_kv_heads);
   const int context_len = context_lens[seq];
   const int window_start = window > 0 ? max(0, context_len - window) : 0;
@@ -178,7 +182,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<HEAD_SIZE>)
 #define PAGEDGEN_PAM_BLOCK(T, HEAD, BLOCK)                                                      \
   template __global__ void pagedgen::paged_attention_mma_v1_kernel<T, HEAD, BLOCK>(            \
       T*, const T*, const T*, const T*, const int*, const int*, int, int, int, float, int, int, \
-      float, const float*, const float*);                                                       \
+      float, const float*, const float*, const int*);                                           \
   template __global__ void pagedgen::paged_attention_mma_v2_kernel<T, HEAD, BLOCK>(            \
       T*, float*, float*, float*, int*, const T*, const T*, const T*, const int*, const int*,   \
       int, int, int, float, int, int, int, float, const float*, const float*);

@@ -100,6 +100,9 @@ def paged_attention_launches(
     # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
     alibi_slopes: torch.Tensor | None = None,
     tuning: DecodeTuning = DEFAULT_TUNING,  # the main kernel's compile-time knobs
+    # [num_seqs] int32, a permutation: the order the tensor-core v1 kernel takes the sequences in
+    # (longest first balances an uneven batch); the other kernels take them in order
+    seq_order: torch.Tensor | None = None,
 ) -> list[KernelLaunch]:
     """Checks the arguments and plans decode attention for one query row per sequence: a single
     v1 launch, or v2 and its reduce (then also allocating their float32 scratch tensors; the
@@ -142,6 +145,13 @@ def paged_attention_launches(
     )
     tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
     tensors += check_attention_options(window, softcap, sinks, num_heads, alibi_slopes)
+    if seq_order is not None:
+        check_tensor("seq_order", seq_order, torch.int32, 1)
+        check(
+            seq_order.shape[0] == num_seqs,
+            lambda: f"{num_seqs} queries, seq_order {seq_order.shape}",
+        )
+        tensors += (seq_order,)
     devices = {t.device for t in tensors}
     check(len(devices) == 1, lambda: f"all tensors must be on one device, got {devices}")
     if num_seqs == 0:
@@ -223,6 +233,7 @@ def paged_attention_launches(
             tail = (np.int32(num_heads),)
         if use_mma:
             tail += (*options, per_head_arg(sinks), per_head_arg(alibi_slopes))
+            tail += (per_head_arg(seq_order),)
         args = (out, *common, *tail)
         grid = (grid_x, num_seqs, 1)
         return [KernelLaunch(main_module, v1_name, grid, main_block, args, shared_mem)]

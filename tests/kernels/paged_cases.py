@@ -169,6 +169,7 @@ def decode_launches(
     l2_prefetch: bool = False,
     tuning: DecodeTuning = DEFAULT_TUNING,
     tensor_cores: bool = False,
+    seq_order: torch.Tensor | None = None,
 ) -> list[KernelLaunch]:
     """The case's decode planned into out (query: the case's by default)."""
     return paged_attention_launches(
@@ -190,6 +191,7 @@ def decode_launches(
         softcap=case.softcap,
         sinks=case.sinks,
         alibi_slopes=case.alibi_slopes,
+        seq_order=seq_order,
     )
 
 
@@ -202,11 +204,13 @@ def run_decode(
     grouped: bool = False,
     l2_prefetch: bool = False,
     tensor_cores: bool = False,
+    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     out = torch.full_like(case.query, float("nan"))
     launches = decode_launches(
-        case, out, version, partition_size, query, grouped, l2_prefetch, tensor_cores=tensor_cores
-    )
+        case, out, version, partition_size, query, grouped, l2_prefetch,
+        tensor_cores=tensor_cores, seq_order=seq_order,
+    )  # fmt: skip
     # The planner's float scratch (v2's partials and stats) starts as NaN: a kernel that reads a
     # partial before its partition wrote it shows, whatever the allocator handed out.
     inputs = {id(t) for t in (out, query, *case) if isinstance(t, torch.Tensor)}
@@ -227,11 +231,12 @@ def check_decode(
     grouped: bool = False,
     l2_prefetch: bool = False,
     tensor_cores: bool = False,
+    seq_order: torch.Tensor | None = None,
 ) -> None:
     """Runs the kernels through launch and asserts they match the reference (NaN never does)."""
     out = run_decode(
         launch, case, version, partition_size, grouped=grouped, l2_prefetch=l2_prefetch,
-        tensor_cores=tensor_cores,
+        tensor_cores=tensor_cores, seq_order=seq_order,
     )  # fmt: skip
     tolerance = TOLERANCES[case.query.dtype]
     torch.testing.assert_close(

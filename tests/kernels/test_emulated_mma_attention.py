@@ -188,3 +188,18 @@ def test_more_partitions_than_lanes(launch: Launch) -> None:
     check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
     case = make_decode_case(torch.bfloat16, 8, 2, 64, 16, (2470, 2200, 70), seed=12, window=700)
     check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
+
+
+def test_v1_takes_sequences_in_the_order_given(launch: Launch) -> None:
+    """seq_order only says which sequence each row of blocks attends for: longest first, or any
+    permutation, each sequence's output lands in its own row. The planner checks its shape."""
+    lens = (5, 300, 64, 130, 1, 257)
+    case = make_decode_case(torch.bfloat16, 8, 2, 64, 16, lens, seed=13, window=100, sinks=True)
+    for order in (sorted(range(6), key=lambda i: -lens[i]), [3, 0, 5, 1, 4, 2]):
+        seq_order = torch.tensor(order, dtype=torch.int32)
+        check_decode(launch, case, 1, tensor_cores=True, seq_order=seq_order)
+    with pytest.raises(ValueError, match="seq_order"):
+        decode_launches(
+            case, torch.empty_like(case.query), 1, None, tensor_cores=True,
+            seq_order=torch.arange(5, dtype=torch.int32),
+        )  # fmt: skip

@@ -91,6 +91,11 @@ MUTATIONS = {
         "acc += s_o[(w * kTileHeads + g) * HEAD_SIZE + d] * 0.25f;",
         1,
     ),
+    "v1_output_row_by_block_not_sequence": (
+        "out + ((long long)seq * num_heads + tile.first_head) * HEAD_SIZE, HEAD_SIZE, nullptr,",
+        "out + ((long long)blockIdx.y * num_heads + tile.first_head) * HEAD_SIZE, HEAD_SIZE, 0,",
+        1,
+    ),
     "tile_heads_start_at_the_kv_head": (
         "return {kv_head, kv_head * group + tile * kTileHeads,",
         "return {kv_head, kv_head + tile * kTileHeads,",
@@ -157,9 +162,10 @@ MUTATIONS = {
 
 
 def mma_checks_pass(source: str) -> bool:
-    """v1 and v2 (64-token partitions) on heads of 64 in float16: groups of 4 over two kv heads,
-    contexts that end inside a warp's slice, on a stage boundary and a few stages in, plain, with
-    a window, soft cap and sinks, and with ALiBi; warps in step, then racing."""
+    """v1 (in order and longest first) and v2 (64-token partitions) on heads of 64 in float16:
+    groups of 4 over two kv heads, contexts that end inside a warp's slice, on a stage boundary
+    and a few stages in, plain, with a window, soft cap and sinks, and with ALiBi; warps in step,
+    then racing."""
     module = mma_module(torch.float16, 64, 16)
     emulator = Emulator(source, list(module.name_expressions), module.defines)
 
@@ -175,11 +181,15 @@ def mma_checks_pass(source: str) -> bool:
         make_decode_case(torch.float16, 8, 2, 64, 16, lens, window=90, softcap=5.0, sinks=True),
         make_decode_case(torch.float16, 8, 2, 64, 16, lens, alibi=True),
     ]
+    longest_first = torch.tensor(
+        sorted(range(len(lens)), key=lambda i: -lens[i]), dtype=torch.int32
+    )
     counters = mma.counters(torch.device("cpu"), 1)  # what a planted bug leaves there, it clears
     try:
         for racing, case in itertools.product((False, True), cases):
             emulator.set_racing(racing)
             check_decode(launch, case, version=1, tensor_cores=True)
+            check_decode(launch, case, 1, tensor_cores=True, seq_order=longest_first)
             check_decode(launch, case, 2, partition_size=64, tensor_cores=True)
             check_decode(launch, case, 2, partition_size=64, tensor_cores=True)  # a second launch
     except (AssertionError, EmulationError):
