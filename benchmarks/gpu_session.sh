@@ -51,10 +51,12 @@
 #   smollm2-piecewise4k  the same with pieces for steps of up to 4,096 tokens, the whole token
 #                    budget (PAGEDGEN_PIECEWISE_MAX_TOKENS=4096; 512 by default): on an H200 the
 #                    steps past 512 tokens were ~20 % of SmolLM2's mixed steps, each ~30 ms eager
+#   smollm2-lpt      auto with the tensor-core v1 decode kernel taking each step's sequences
+#                    longest first (PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=1; off by default)
 #   piecewise-smoke  the piecewise graphs' GPU test (outputs equal to eager; ~1 min)
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
 #   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto, llama8b-piecewise,
-#   llama8b-piecewise4k   the same on a
+#   llama8b-piecewise4k, llama8b-lpt   the same on a
 #                    random-weight Llama-3-8B
 #                    shape
 #   deepseek-eager   the same on a random-weight DeepSeek-V2-Lite (MLA's latent cache through the
@@ -77,7 +79,9 @@
 #   call 1: BASELINES='' NCU_KERNELS=mma STAGES="smollm2-piecewise4k llama8b-piecewise4k
 #           sweep-mma ncu" (~5 min: pieces over the whole token budget against stop 44's auto,
 #           then why the mma kernel falls short on the small and uneven shapes)
-#   call 2, straight after: STAGES="decode-kernels host-profile" or a stage the first one points at
+#   call 2, straight after: STAGES="llama8b-lpt decode-kernels" (the 8B's decode steps with the
+#           longest sequences first, against stop 44's auto; the kernels' table), or what call 1
+#           points at
 # Others: "sweep" (~5 min), "tests-a" / "tests-b" (all GPU tests, one at a time, ~8 / ~6 min),
 # "kernels" (decode and prefill kernels), the eager/graphs/grouped/mma stages of each shape.
 # The workload is a file saved elsewhere (ShareGPT needs the dataset package, which GPU machines
@@ -113,7 +117,7 @@ random_model() {  # random_model PRESET: its folder, made once a machine
     echo "$model"
 }
 bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, prefetch,
-    # grouped-prefetch, mma, auto or piecewise
+    # grouped-prefetch, mma, auto, lpt, piecewise or piecewise4k
     local preset=$1 mode=$2 model
     model=$(random_model "$preset")
     local flags=(--enforce-eager)
@@ -123,15 +127,19 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     [[ $mode == grouped* ]] && grouped=1
     [[ $mode == *prefetch ]] && prefetch=1
     [ "$mode" = mma ] && mma=1
-    [ "$mode" = auto ] || [[ $mode == piecewise* ]] && grouped='' prefetch='' mma=''  # unset: the shape decides
+    [ "$mode" = auto ] || [ "$mode" = lpt ] || [[ $mode == piecewise* ]] && grouped='' \
+        prefetch='' mma=''  # unset: the shape decides
+    local longest_first=0
+    [ "$mode" = lpt ] && longest_first=1
     local piecewise=0 max_tokens=512
     [[ $mode == piecewise* ]] && piecewise=1
-    [ "$mode" = auto ] && piecewise=''  # unset: on, on a GPU
+    [ "$mode" = auto ] || [ "$mode" = lpt ] && piecewise=''  # unset: on, on a GPU
     [ "$mode" = piecewise4k ] && max_tokens=4096
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
     PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch \
+        PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=$longest_first \
         PAGEDGEN_PIECEWISE_GRAPHS=$piecewise PAGEDGEN_PIECEWISE_MAX_TOKENS=$max_tokens \
         PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
@@ -175,6 +183,7 @@ for stage in $STAGES; do case $stage in
     smollm2-auto) bench smollm2-135m auto 200 ;;
     smollm2-piecewise) bench smollm2-135m piecewise 200 ;;
     smollm2-piecewise4k) bench smollm2-135m piecewise4k 200 ;;
+    smollm2-lpt) bench smollm2-135m lpt 200 ;;
     llama8b-eager) bench llama-8b eager 300 ;;
     llama8b-graphs) bench llama-8b graphs 300 ;;
     llama8b-async) bench llama-8b async 300 ;;
@@ -185,6 +194,7 @@ for stage in $STAGES; do case $stage in
     llama8b-auto) bench llama-8b auto 300 ;;
     llama8b-piecewise) bench llama-8b piecewise 300 ;;
     llama8b-piecewise4k) bench llama-8b piecewise4k 300 ;;
+    llama8b-lpt) bench llama-8b lpt 300 ;;
     piecewise-smoke) TAIL=15 run piecewise-smoke 200 python -m pytest "${gpu_tests[@]}" \
         tests/test_cuda_graphs.py -k piecewise ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;

@@ -121,6 +121,28 @@ def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(head64_llama_path, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_longest_first_decode_graphs_give_the_eager_tokens_on_a_gpu(head64_llama_path, monkeypatch):
+    """PAGEDGEN_CUDA_DECODE_LONGEST_FIRST sorts the decode rows on the device, inside the decode
+    graphs too: their tokens equal the eager engine's, which takes the rows in order. Every
+    layer decodes on the tensor-core kernel in one pass (the planner sees a GPU of one SM)."""
+    from pagedgen.attention.cupy_backend import CupyAttentionBackend
+    from pagedgen.kernels import paged_attention
+
+    monkeypatch.setattr(CupyAttentionBackend, "use_tensor_core_decode", True)
+    monkeypatch.setattr(paged_attention, "num_sms", lambda device: 1)
+    kwargs = dict(device="cuda", dtype="bfloat16", kv_cache_memory=0.05, max_num_seqs=20,
+                  max_num_batched_tokens=128, log=lambda m: None)  # fmt: skip
+    prompts, params = workload(0)
+    eager = token_ids(LLM(str(head64_llama_path), **kwargs), prompts, params)
+    monkeypatch.setattr(CupyAttentionBackend, "decode_longest_first", True)
+    llm = LLM(str(head64_llama_path), enforce_eager=False, **kwargs)
+    counts = count_replays(llm)
+    assert token_ids(llm, prompts, params) == eager
+    assert sum(counts.values()) >= 20
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("preemption_mode", ["swap", "recompute"])
 def test_async_scheduling_on_a_gpu_equals_one_step_at_a_time(head64_llama_path, preemption_mode):
     """The overlap for real: step N + 1 runs on the GPU while the host applies step N. Greedy and

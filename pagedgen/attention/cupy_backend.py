@@ -62,6 +62,10 @@ class CupyAttentionBackend(TorchAttentionBackend):
     # The tensor-core prefill kernel (kernels/prefill_attention_mma.cu): None or True for every
     # layer it takes, False for none.
     use_tensor_core_prefill = _forced("PAGEDGEN_CUDA_MMA_PREFILL")
+    # PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=1: the tensor-core v1 decode kernel takes the step's
+    # sequences longest first (seq_order), so that a long one does not finish alone after the
+    # rest; off until a GPU has measured it in the engine.
+    decode_longest_first = os.environ.get("PAGEDGEN_CUDA_DECODE_LONGEST_FIRST") == "1"
 
     def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
         if device.type != "cuda":
@@ -148,6 +152,8 @@ class CupyAttentionBackend(TorchAttentionBackend):
         out, query = out[:num_decode], query[:num_decode]
         flags = (self.use_grouped_decode, self.use_l2_prefetch, self.use_tensor_core_decode)
         tensors = (out, query, key_cache, value_cache, sinks, alibi_slopes)
+        plans = self.step_plans
+        seq_order = plans.longest_first(metadata) if self.decode_longest_first else None
 
         def plan() -> list[KernelLaunch]:
             return paged_attention_launches(
@@ -166,10 +172,11 @@ class CupyAttentionBackend(TorchAttentionBackend):
                 softcap=softcap,
                 sinks=sinks,
                 alibi_slopes=alibi_slopes,
+                seq_order=seq_order,
             )
 
         scalars = (scale, window, softcap, *flags)
-        self._launch(self.step_plans.launches(metadata, "decode", tensors, scalars, plan))
+        self._launch(plans.launches(metadata, "decode", tensors, scalars, plan))
 
     def prefill(
         self,

@@ -61,13 +61,24 @@ class StepPlans:
     def __init__(self) -> None:
         self.metadata: AttentionMetadata | None = None
         self.views: StepViews | None = None
+        self.seq_order: torch.Tensor | None = None  # decode rows, longest context first
         # key -> (the first layer's launches, _slots of them)
         self.plans: dict[tuple, tuple[list[KernelLaunch], list[tuple[tuple[int, int], ...]]]] = {}
 
     def step_views(self, metadata: AttentionMetadata) -> StepViews:
         if metadata is not self.metadata:
             self.metadata, self.views, self.plans = metadata, StepViews.of(metadata), {}
+            self.seq_order = None
         return self.views
+
+    def longest_first(self, metadata: AttentionMetadata) -> torch.Tensor:
+        """The step's decode rows by context length, longest first, sorted on the device once a
+        step (inside a decode graph, once a replay): a seq_order for the decode kernels."""
+        views = self.step_views(metadata)
+        if self.seq_order is None:
+            order = torch.argsort(views.decode_context_lens, descending=True)
+            self.seq_order = order.to(torch.int32)
+        return self.seq_order
 
     def launches(
         self,

@@ -105,6 +105,36 @@ def test_tensor_core_decode_matches_reference(emulated_backend, monkeypatch) -> 
     assert any("mma_v2_kernel" in name for name in names), names  # a few blocks: partitions
 
 
+def test_decode_longest_first_matches_reference(emulated_backend, monkeypatch) -> None:
+    """PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=1: the one-pass tensor-core kernel (a GPU of one SM:
+    no partitions) gets the step's decode rows longest first, sorted once for every layer."""
+    from pagedgen.kernels import paged_attention
+
+    launches = []
+    launch = loader.launch
+    monkeypatch.setattr(loader, "launch", lambda k: launches.append(k) or launch(k))
+    monkeypatch.setattr(paged_attention, "num_sms", lambda device: 1)
+    query_lens, context_lens = [1] * 5 + [9], [17, 1, 100, 64, 65, 30]
+    metadata = make_metadata(query_lens, context_lens, 16, 24, "cpu")
+    query, key = torch.randn(14, 8, 64).half(), torch.randn(14, 2, 64).half()
+    cache = torch.randn(2, 24, 16, 2, 64).half()
+    ref_cache = cache.clone()
+
+    emulated_backend.use_tensor_core_decode = True
+    emulated_backend.decode_longest_first = True
+    emulated_backend.prepare(metadata)
+    for _ in range(2):  # two layers of one step
+        out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = ReferenceAttentionBackend().forward(
+        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+    )
+    tolerance = TOLERANCES[torch.float16]
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    decodes = [k for k in launches if "mma_v1_kernel" in k.name_expression]
+    assert len(decodes) == 2 and decodes[0].args[-1] is decodes[1].args[-1]
+    assert decodes[0].args[-1].tolist() == [2, 4, 3, 0, 1]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_forward_qkv_ropes_and_caches_in_one_launch(emulated_backend, dtype) -> None:
     """From a fused projection: the rope_and_cache launch, then the same attention as the
