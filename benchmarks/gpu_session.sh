@@ -76,12 +76,13 @@
 # smollm2-* ~40 s (~105 s with it), host-profile ~70 s, tests-xdist (579 tests, eight at a time)
 # 100 s; a machine's start ~30 s. Stop 44 ran tests-xdist smollm2-auto llama8b-auto with
 # generate_batch (344 s), so next:
-#   call 1: BASELINES='' NCU_KERNELS=mma STAGES="smollm2-piecewise4k llama8b-piecewise4k
-#           sweep-mma ncu" (~5 min: pieces over the whole token budget against stop 44's auto,
-#           then why the mma kernel falls short on the small and uneven shapes)
-#   call 2, straight after: STAGES="llama8b-lpt decode-kernels" (the 8B's decode steps with the
-#           longest sequences first, against stop 44's auto; the kernels' table), or what call 1
-#           points at
+#   call 1: BASELINES='' STAGES="tests-xdist smollm2-piecewise4k llama8b-piecewise4k sweep-mma"
+#           (~5 min: the GPU tests first, stop 44's mma combine and longest-first graphs among
+#           them; pieces over the whole token budget against stop 44's auto; the mma kernel's
+#           plans, stages and longest-first order on every shape)
+#   call 2, straight after: BASELINES='' NCU_KERNELS=mma STAGES="llama8b-lpt ncu decode-kernels"
+#           (the 8B's decode steps with the longest sequences first against stop 44's auto, why
+#           the mma kernel falls short on the small and uneven shapes), or what call 1 points at
 # Others: "sweep" (~5 min), "tests-a" / "tests-b" (all GPU tests, one at a time, ~8 / ~6 min),
 # "kernels" (decode and prefill kernels), the eager/graphs/grouped/mma stages of each shape.
 # The workload is a file saved elsewhere (ShareGPT needs the dataset package, which GPU machines
@@ -92,7 +93,7 @@
 #   STAGES="..." bash benchmarks/gpu_session.sh .gpuwl/sharegpt-1000.json .gpuwl/tokenizer
 set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-gpu-session}
-STAGES=${STAGES:-smollm2-piecewise4k llama8b-piecewise4k sweep-mma ncu}  # call 1 above
+STAGES=${STAGES:-tests-xdist smollm2-piecewise4k llama8b-piecewise4k sweep-mma}  # call 1 above
 BASELINES=${BASELINES-generate_batch}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -171,7 +172,7 @@ for stage in $STAGES; do case $stage in
         run prefill-kernels 120 python benchmarks/bench_prefill.py --dtype bfloat16 ;;
     sweep) TAIL=20 run sweep 500 python benchmarks/sweep_decode.py --dtype bfloat16 \
         --output-json "$OUT/sweep.json" ;;
-    sweep-mma) TAIL=60 run sweep-mma 200 python benchmarks/sweep_decode.py --dtype bfloat16 \
+    sweep-mma) TAIL=60 run sweep-mma 300 python benchmarks/sweep_decode.py --dtype bfloat16 \
         --kinds mma --output-json "$OUT/sweep-mma.json" ;;
     smollm2-eager) bench smollm2-135m eager 200 ;;
     smollm2-graphs) bench smollm2-135m graphs 200 ;;

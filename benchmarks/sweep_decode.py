@@ -3,11 +3,11 @@ block, register budget, the grouped kernel's loads in flight) over the attention
 bench_kernels.py, each with and without L2 prefetch of the next KV block, and the tensor-core
 kernel's ("mma") v1/v2 plans: the planner's own, forced v1, and forced v2 at each of
 paged_attention_mma.PARTITION_SIZES, then its stages and register budgets (SWEEP["mma"]), and
-v1 taking the longest sequences first (seq_order) with each. Each is timed as bench_kernels
-times them (one CUDA graph of `iters` repetitions over K/V twice the L2 in all; bytes counted
-once). Prints every variant's GPU ms and share of the peak bandwidth against its kernel's
-default (the default tuning without prefetch; for mma the planner's choice), then the best
-variant per shape; --output-json keeps them all.
+on the uneven shape v1 taking the longest sequences first (seq_order) with each. Each is timed
+as bench_kernels times them (one CUDA graph of `iters` repetitions over K/V twice the L2 in all;
+bytes counted once). Prints every variant's GPU ms and share of the peak bandwidth against its
+kernel's default (the default tuning without prefetch; for mma the planner's choice), then the
+best variant per shape; --output-json keeps them all.
 
     python benchmarks/sweep_decode.py [--dtype bfloat16] [--iters 30] [--kinds per-head,grouped,mma]
         [--shapes 0,6]   (indices into bench_kernels.ATTENTION_SHAPES; all by default)
@@ -70,7 +70,8 @@ def sweep_shape(
             for tuning in SWEEP["mma"]:  # stages and register budgets, the planner's plan
                 timing = time_attention(batch, False, False, iters, tuning, tensor_cores=True)
                 add(kind, tuning._asdict(), f"{tuning.label}, planner's choice", timing)
-            for tuning in (DEFAULT_TUNING, *SWEEP["mma"]):  # v1 taking the longest first
+            uneven = shape[1] == "sharegpt"  # where the order of the sequences matters
+            for tuning in (DEFAULT_TUNING, *SWEEP["mma"]) if uneven else ():  # longest first
                 options = dict(tensor_cores=True, version=1, longest_first=True)
                 timing = time_attention(batch, False, False, iters, tuning, **options)
                 add(kind, tuning._asdict(), f"{tuning.label}, v1 longest first", timing)
