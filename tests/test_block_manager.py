@@ -200,3 +200,24 @@ def test_check_integrity_catches_corruption():
     b.block_table[0] = a.block_table[0]  # one block owned twice, another leaked
     with pytest.raises(AssertionError):
         bm.check_integrity()
+
+
+@pytest.mark.parametrize("corruption", ["stray count", "held count", "free twice", "held and free"])
+def test_check_integrity_catches_a_corrupt_cpu_pool(corruption):
+    bm = BlockManager(num_blocks=8, block_size=2, num_cpu_blocks=6)
+    seq = make_seq(5)
+    admit(bm, seq)
+    bm.swap_out([seq])  # CPU blocks 0-2 held, 3-5 free
+    bm.check_integrity()
+    pool = bm.cpu_pool
+    held, free = seq.block_table[0], pool.free_block_ids[-1]
+    if corruption == "stray count":
+        pool.ref_counts[free] = 1
+    elif corruption == "held count":
+        pool.ref_counts[held] = 2
+    elif corruption == "free twice":
+        pool.free_block_ids.append(free)
+    else:
+        pool.free_block_ids[0] = held
+    with pytest.raises(AssertionError):
+        bm.check_integrity()
