@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+from attention_shapes import ATTENTION_SHAPES, Shape, context_lens, is_uneven, shape_label
 from rich.console import Console
 from rich.table import Table
 
@@ -28,37 +29,6 @@ from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache
 from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.paged_attention import paged_attention_launches
-
-# (num_seqs, context_len, num_heads, num_kv_heads, head_size, block_size); context_len "sharegpt":
-# each sequence's own length, as a decode step of the ShareGPT workload sees them (sharegpt_lens)
-ATTENTION_SHAPES = [
-    (1, 4096, 32, 8, 128, 16),
-    (16, 2048, 32, 8, 128, 16),
-    (64, 1024, 32, 8, 128, 16),
-    (256, 512, 32, 8, 128, 16),
-    (64, 1024, 9, 3, 64, 16),  # SmolLM2-135M
-    (32, 8192, 32, 8, 128, 32),
-    (256, "sharegpt", 32, 8, 128, 16),  # Llama-3-8B's decode steps in `pagedgen bench`
-]
-
-
-def sharegpt_lens(num_seqs: int) -> list[int]:
-    """Context lengths of num_seqs running sequences, fixed (seed 0): a prompt of ShareGPT's
-    (log-normal, median 55 and mean ~99 tokens, at most 511, as benchmarks/gpu_inputs.py's 1,000)
-    and 1 to 128 tokens generated so far. Short and uneven: one sequence a thread block (v1)
-    leaves most blocks little to read and the longest ones to finish alone."""
-    generator = torch.Generator().manual_seed(0)
-    prompts = torch.empty(num_seqs).log_normal_(4.0, 1.08, generator=generator)
-    generated = torch.randint(1, 129, (num_seqs,), generator=generator)
-    return (prompts.round().clamp(4, 511).long() + generated).tolist()
-
-
-def shape_label(shape: tuple[int | str, ...]) -> str:
-    label = "seqs={} ctx={} heads={}/{} head={} block={}".format(*shape)
-    if shape[1] != "sharegpt":
-        return label
-    lens = sharegpt_lens(shape[0])
-    return f"{label} (mean {sum(lens) / len(lens):.0f}, max {max(lens)})"
 
 
 def time_ms(fn: Callable[[], None], iters: int) -> float:
@@ -119,9 +89,9 @@ class AttentionBatch(NamedTuple):
         )
 
 
-def attention_batch(shape: tuple[int | str, ...], dtype: torch.dtype) -> AttentionBatch:
-    num_seqs, context, num_heads, num_kv_heads, head_size, block_size = shape
-    lens = sharegpt_lens(num_seqs) if context == "sharegpt" else [context] * num_seqs
+def attention_batch(shape: Shape, dtype: torch.dtype) -> AttentionBatch:
+    num_seqs, _, num_heads, num_kv_heads, head_size, block_size = shape
+    lens = context_lens(shape)
     context_len = max(lens)
     blocks_per_seq = -(-context_len // block_size)
     num_blocks = num_seqs * blocks_per_seq
@@ -207,7 +177,7 @@ def time_attention(
 
 
 def add_attention_rows(
-    table: Table, shape: tuple[int | str, ...], dtype: torch.dtype, iters: int, peak: float
+    table: Table, shape: Shape, dtype: torch.dtype, iters: int, peak: float
 ) -> None:
     """The per-head and grouped kernels on one shape, each without and with L2 prefetch, the
     tensor-core kernel, then torch's decode attention."""
@@ -221,7 +191,7 @@ def add_attention_rows(
         for l2_prefetch in (False, True)
     }
     timings["mma"] = time_attention(batch, False, False, iters, tensor_cores=True)
-    if shape[1] == "sharegpt":  # uneven: does taking the longest sequences first balance them?
+    if is_uneven(shape):  # does taking the longest sequences first balance them?
         timings["mma longest first"] = time_attention(
             batch, False, False, iters, tensor_cores=True, longest_first=True
         )

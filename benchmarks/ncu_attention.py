@@ -1,7 +1,7 @@
 """Launches each attention kernel once, for Nsight Compute to profile (benchmarks/gpu_session.sh's
 `ncu` stage): decode at three shapes of bench_kernels.py, Llama-3-8B's heads at 256 x 512 tokens
 (the batch fills the GPU: one pass), 1 x 4,096 (partitions spread one sequence) and 256 of
-ShareGPT's uneven lengths (bench_kernels.sharegpt_lens: the 8B's decode steps), with the
+ShareGPT's uneven lengths (attention_shapes.sharegpt_lens: the 8B's decode steps), with the
 per-head, GQA-grouped and tensor-core kernels; then prefill of 8 prompts of 512 tokens with the
 CUDA-core and tensor-core kernels. Each launch runs inside an NVTX range naming it, so the report
 says which is which (ncu replays each kernel with caches flushed).
@@ -13,6 +13,7 @@ says which is which (ncu replays each kernel with caches flushed).
 import argparse
 
 import torch
+from attention_shapes import SHAREGPT
 from bench_kernels import attention_batch
 
 from pagedgen.kernels import loader
@@ -24,7 +25,7 @@ from tests.kernels.prefill_cases import make_prefill_case
 DECODE_SHAPES = [
     (256, 512, 32, 8, 128, 16),
     (1, 4096, 32, 8, 128, 16),
-    (256, "sharegpt", 32, 8, 128, 16),
+    (256, SHAREGPT, 32, 8, 128, 16),
 ]
 DECODE_KERNELS = {
     "per-head": dict(grouped=False, l2_prefetch=None),

@@ -10,7 +10,7 @@ kernel's default (the default tuning without prefetch; for mma the planner's cho
 best variant per shape; --output-json keeps them all.
 
     python benchmarks/sweep_decode.py [--dtype bfloat16] [--iters 30] [--kinds per-head,grouped,mma]
-        [--shapes 0,6]   (indices into bench_kernels.ATTENTION_SHAPES; all by default)
+        [--shapes 0,6]   (indices into attention_shapes.ATTENTION_SHAPES; all by default)
 """
 
 import argparse
@@ -18,13 +18,8 @@ import json
 from pathlib import Path
 
 import torch
-from bench_kernels import (
-    ATTENTION_SHAPES,
-    AttentionTiming,
-    attention_batch,
-    shape_label,
-    time_attention,
-)
+from attention_shapes import ATTENTION_SHAPES, Shape, is_uneven, shape_label
+from bench_kernels import AttentionTiming, attention_batch, time_attention
 from rich.console import Console
 from rich.table import Table
 
@@ -41,9 +36,7 @@ MMA_PLANS = [
 ]
 
 
-def sweep_shape(
-    shape: tuple[int | str, ...], dtype: torch.dtype, kinds: list[str], iters: int
-) -> list:
+def sweep_shape(shape: Shape, dtype: torch.dtype, kinds: list[str], iters: int) -> list:
     """Every (kernel, tuning, prefetch) and mma plan on one shape: dicts of its figures, each
     kernel's default first."""
     batch = attention_batch(shape, dtype)
@@ -70,8 +63,8 @@ def sweep_shape(
             for tuning in SWEEP["mma"]:  # stages and register budgets, the planner's plan
                 timing = time_attention(batch, False, False, iters, tuning, tensor_cores=True)
                 add(kind, tuning._asdict(), f"{tuning.label}, planner's choice", timing)
-            uneven = shape[1] == "sharegpt"  # where the order of the sequences matters
-            for tuning in (DEFAULT_TUNING, *SWEEP["mma"]) if uneven else ():  # longest first
+            for tuning in (DEFAULT_TUNING, *SWEEP["mma"]) if is_uneven(shape) else ():
+                # v1 taking the longest sequences first, where their order matters
                 options = dict(tensor_cores=True, version=1, longest_first=True)
                 timing = time_attention(batch, False, False, iters, tuning, **options)
                 add(kind, tuning._asdict(), f"{tuning.label}, v1 longest first", timing)

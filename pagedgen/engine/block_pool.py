@@ -167,6 +167,7 @@ class CpuBlockPool:
             assert self.ref_counts[block_id] == num_holders, f"CPU block {block_id}"
         # Every other block's count is 0 (list.count runs in C: a tiny model's pool has millions).
         assert self.ref_counts.count(0) == self.num_blocks - len(holders), "a stray CPU ref count"
-        assert len(set(self.free_block_ids)) == len(self.free_block_ids)
-        assert set(self.free_block_ids).isdisjoint(holders)
+        free = set(self.free_block_ids)
+        assert len(free) == len(self.free_block_ids)
+        assert free.isdisjoint(holders)
         assert len(self.free_block_ids) + len(holders) == self.num_blocks
