@@ -4,7 +4,12 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One torch thread a worker (and for the processes tests start): workers share the cores.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
 @pytest.fixture(autouse=True)

@@ -81,6 +81,39 @@ def test_copies_of_a_gguf_file_share_one_conversion(tmp_path, monkeypatch):
     assert (changed / "model.safetensors").read_bytes() == b"GGUF other weights"
 
 
+def test_processes_that_find_no_conversion_at_once_convert_once(tmp_path, monkeypatch):
+    """Two runs started together (or two test workers) on a fresh machine: one converts while
+    the other waits for its folder, rather than deleting it under the first one's load."""
+    import threading
+    import time
+
+    import pagedgen.loader.gguf as gguf
+    import pagedgen.loader.resolve as resolve
+
+    converted, both_started = [], threading.Barrier(2)
+
+    def convert(gguf_path, target):
+        converted.append(gguf_path)
+        time.sleep(0.2)  # long enough for the other to look for the folder meanwhile
+        target.mkdir(parents=True)
+        (target / "model.safetensors").write_bytes(b"weights")
+
+    monkeypatch.setattr(gguf, "convert_gguf", convert)
+    target = tmp_path / "models" / "m"
+
+    def resolve_in_a_thread():
+        both_started.wait()
+        resolve._convert_once(tmp_path / "m.gguf", target)
+
+    threads = [threading.Thread(target=resolve_in_a_thread) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert converted == [tmp_path / "m.gguf"]
+    assert (target / "model.safetensors").read_bytes() == b"weights"
+
+
 @pytest.mark.parametrize("isa_cap", [None, "avx2"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_runs_and_mostly_agrees_with_float32(

@@ -1,3 +1,4 @@
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -131,10 +132,17 @@ def _digest(text: str) -> str:
 
 
 def _convert_once(gguf_path: Path, target: Path) -> None:
+    """Converts under a lock file beside target: of processes that found no conversion at once
+    (two runs started together, test workers), one converts and the others use its folder."""
     from pagedgen.loader.gguf import convert_gguf
 
-    start = time.perf_counter()
-    print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr)
-    convert_gguf(gguf_path, target)
-    elapsed = time.perf_counter() - start
-    print(f"converted {gguf_path.name} in {elapsed:.1f} s, cached at {target}", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (target / "model.safetensors").is_file():
+            return
+        start = time.perf_counter()
+        print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr)
+        convert_gguf(gguf_path, target)
+        elapsed = time.perf_counter() - start
+        print(f"converted {gguf_path.name} in {elapsed:.1f} s, cached at {target}", file=sys.stderr)
