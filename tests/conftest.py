@@ -12,6 +12,14 @@ else:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+def pytest_collection_modifyitems(items):
+    """The files that load the real model go first: their module fixtures (the GGUF conversion
+    on a fresh machine, transformers' references) are the longest, and pytest-xdist hands out
+    files in this order, so they no longer run alone at the end of the run."""
+    real = {item.path for item in items if "smollm2_path" in item.fixturenames}
+    items.sort(key=lambda item: item.path not in real)  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def fresh_cpu_isa_cap(monkeypatch):
     """pagedgen reads PAGEDGEN_MAX_CPU_ISA once per process; a test that sets it clears that

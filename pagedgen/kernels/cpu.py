@@ -36,8 +36,10 @@ TRAILING_TYPES = [_i32, _i32, _i32, _i32, _f32, _i32, _f32, _p, _p, _i32]
 
 
 @functools.cache
-def _library(march: str) -> SimpleNamespace:
-    lib = load_cpu_library(SOURCE, march)
+def _library(march: str, kv_dtype: int = KV_DTYPE_CODES[torch.float32]) -> SimpleNamespace:
+    """The decode kernel built for one cache dtype (a code of KV_DTYPE_CODES): a build of all
+    five took ~50 s at -O3, one takes ~10."""
+    lib = load_cpu_library(SOURCE, march, (f"-DPAGEDGEN_KV_DTYPE={kv_dtype}",))
     decode = [*LEADING_TYPES, _p, _i64, *TRAILING_TYPES]  # context_lens, num_seqs
     return declare(lib, {"paged_attention_decode": decode, "paged_attention_has_float16": []})
 
@@ -127,7 +129,8 @@ def paged_attention_decode(
     head = _leading_args(out, query, key_cache, value_cache, block_tables)
     options = (window, softcap, sinks, alibi_slopes)
     tail = _trailing_args(query, key_cache, scale, *options, num_threads)
-    status = _library(march).paged_attention_decode(*head, context_lens.data_ptr(), num_seqs, *tail)
+    decode = _library(march, head[0]).paged_attention_decode  # head[0]: the cache's dtype code
+    status = decode(*head, context_lens.data_ptr(), num_seqs, *tail)
     if status != 0:
         raise RuntimeError(f"paged_attention_decode failed with status {status}")
     return out

