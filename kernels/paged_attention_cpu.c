@@ -326,6 +326,14 @@ ATTEND_HEADS_ALL(e5m2, WIDEN)
 #else
 #define BUILT(code) 1
 #endif
+// PICK(KV)'s function for kv_dtype (KV_DTYPE_CODES' order), NULL where this build has none.
+#define PICK_BY_DTYPE(PICK)                \
+  if (BUILT(0) && kv_dtype == 0) PICK(f32) \
+  if (BUILT(1) && kv_dtype == 1) PICK(bf16)\
+  if (BUILT(2) && kv_dtype == 2) PICK(f16) \
+  if (BUILT(3) && kv_dtype == 3) PICK(e4m3)\
+  if (BUILT(4) && kv_dtype == 4) PICK(e5m2)\
+  return NULL;
 
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
 typedef void (*AttendHeads)(const Work *, int64_t, int, int, const HeadsScratch *);
@@ -344,12 +352,7 @@ typedef void (*AttendHeads)(const Work *, int64_t, int, int, const HeadsScratch 
 // small groups (MLA's one latent, read whole by the unit pass, stays there); NULL elsewhere.
 static AttendHeads attend_heads_for(int kv_dtype, int head_dim, int num_kv_heads, int group) {
   if (num_kv_heads < 2 || group > 8) return NULL;
-  if (BUILT(0) && kv_dtype == 0) PICK_HEADS(f32)
-  if (BUILT(1) && kv_dtype == 1) PICK_HEADS(bf16)
-  if (BUILT(2) && kv_dtype == 2) PICK_HEADS(f16)
-  if (BUILT(3) && kv_dtype == 3) PICK_HEADS(e4m3)
-  if (BUILT(4) && kv_dtype == 4) PICK_HEADS(e5m2)
-  return NULL;
+  PICK_BY_DTYPE(PICK_HEADS)
 }
 
 #define PICK_UNIT(KV)                      \
@@ -364,12 +367,7 @@ static AttendHeads attend_heads_for(int kv_dtype, int head_dim, int num_kv_heads
   }
 
 static AttendUnit attend_unit_for(int kv_dtype, int head_dim) {
-  if (BUILT(0) && kv_dtype == 0) PICK_UNIT(f32)
-  if (BUILT(1) && kv_dtype == 1) PICK_UNIT(bf16)
-  if (BUILT(2) && kv_dtype == 2) PICK_UNIT(f16)
-  if (BUILT(3) && kv_dtype == 3) PICK_UNIT(e4m3)
-  if (BUILT(4) && kv_dtype == 4) PICK_UNIT(e5m2)
-  return NULL;
+  PICK_BY_DTYPE(PICK_UNIT)
 }
 
 // Runs of a sequence's kv heads, MAX_ROWS query heads at most, through the sequence-major pass.
