@@ -327,12 +327,12 @@ ATTEND_HEADS_ALL(e5m2, WIDEN)
 #define BUILT(code) 1
 #endif
 // PICK(KV)'s function for kv_dtype (KV_DTYPE_CODES' order), NULL where this build has none.
-#define PICK_BY_DTYPE(PICK)                \
-  if (BUILT(0) && kv_dtype == 0) PICK(f32) \
-  if (BUILT(1) && kv_dtype == 1) PICK(bf16)\
-  if (BUILT(2) && kv_dtype == 2) PICK(f16) \
-  if (BUILT(3) && kv_dtype == 3) PICK(e4m3)\
-  if (BUILT(4) && kv_dtype == 4) PICK(e5m2)\
+#define PICK_BY_DTYPE(PICK)                 \
+  if (BUILT(0) && kv_dtype == 0) PICK(f32)  \
+  if (BUILT(1) && kv_dtype == 1) PICK(bf16) \
+  if (BUILT(2) && kv_dtype == 2) PICK(f16)  \
+  if (BUILT(3) && kv_dtype == 3) PICK(e4m3) \
+  if (BUILT(4) && kv_dtype == 4) PICK(e5m2) \
   return NULL;
 
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
