@@ -173,8 +173,11 @@ def test_a_killed_replica_loses_and_repeats_nothing(cluster, tiny_llama_path, ro
     out.close()
     assert killed and result.num_records == NUM_ROWS and not result.interrupted
     assert without_timing(read_records(out.path)) == reference
-    # Ray Data restarted the replica (a new process) and retried the batches it held
-    assert len(result.summary["replicas"]) == 3, result.summary["replicas"]
+    # The killed replica's records that came back count as its own; Ray Data retried the
+    # batches it held, on the other replica or on the one it restarts (a new process), which on
+    # a loaded machine may start after the other has taken every batch left.
+    replicas = result.summary["replicas"]
+    assert killed[0] in replicas and len(replicas) in (2, 3), replicas
 
 
 @needs_ray
