@@ -129,8 +129,8 @@ def paged_attention_decode(
     head = _leading_args(out, query, key_cache, value_cache, block_tables)
     options = (window, softcap, sinks, alibi_slopes)
     tail = _trailing_args(query, key_cache, scale, *options, num_threads)
-    decode = _library(march, head[0]).paged_attention_decode  # head[0]: the cache's dtype code
-    status = decode(*head, context_lens.data_ptr(), num_seqs, *tail)
+    library = _library(march, KV_DTYPE_CODES[key_cache.dtype])
+    status = library.paged_attention_decode(*head, context_lens.data_ptr(), num_seqs, *tail)
     if status != 0:
         raise RuntimeError(f"paged_attention_decode failed with status {status}")
     return out
