@@ -12,7 +12,7 @@ from transformers import AutoConfig
 from pagedgen.config import EngineConfig
 from pagedgen.engine.control_plane import resolve_max_model_len
 from pagedgen.engine.llm_engine import LLMEngine
-from pagedgen.engine.scheduler import PreemptionMode
+from pagedgen.engine.preemption import PreemptionMode
 from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
 from pagedgen.sampling_params import SamplingParams
 from tests.kv_shadow import ShadowRunner, run_step

@@ -157,7 +157,9 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
     if options.workload == "latency":
         if "vllm" in options.baselines:
             log("vllm baseline skipped: it runs the throughput workloads (sharegpt, fixed) only")
-        report["latency"] = _latency_runs(options, llm, model, workload, pad_token_id, roofline)
+        report["latency"] = latency.latency_runs(
+            llm, model, workload, pad_token_id, roofline, options.baselines, options.num_iters
+        )
     else:
         report.update(
             _throughput_runs(options, llm, model, workload, pad_token_id, roofline, resolved, log)
@@ -273,34 +275,3 @@ def _throughput_runs(
         },
         "overhead": overhead,
     }
-
-
-def _latency_runs(
-    options: BenchOptions,
-    llm: LLM,
-    model: PreTrainedModel | None,
-    workload: Workload,
-    pad_token_id: int,
-    roofline: Roofline | None,
-) -> dict:
-    num_iters = max(options.num_iters, 3)
-    runs = {"pagedgen": latency.pagedgen_latency(llm, workload, num_iters)}
-    if any(name.startswith("static") for name in options.baselines):
-        runs["static"] = latency.static_latency(model, workload, pad_token_id, num_iters)
-    if "generate_batch" in options.baselines:
-        max_batch_tokens = llm.engine.scheduler.max_num_batched_tokens
-        runs["generate_batch"] = latency.generate_batch_latency(
-            model, workload, max_batch_tokens, num_iters
-        )
-    ours = runs["pagedgen"]
-    for run in runs.values():
-        if roofline is not None:
-            run["bandwidth_share"] = run["decode_tokens_per_s"] / roofline.max_steps_per_s
-        if run is not ours:
-            run["pagedgen_decode_speedup"] = (
-                ours["decode_tokens_per_s"] / run["decode_tokens_per_s"]
-            )
-            run["pagedgen_tokens_per_s_ratio"] = (
-                ours["output_tokens_per_s"] / run["output_tokens_per_s"]
-            )
-    return runs

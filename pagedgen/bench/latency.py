@@ -5,6 +5,7 @@ from collections.abc import Callable
 from transformers import PreTrainedModel
 
 from pagedgen.bench.engines import run_generate_batch, static_generate
+from pagedgen.bench.roofline import Roofline
 from pagedgen.bench.workloads import Workload
 from pagedgen.llm import LLM
 from pagedgen.sampling_params import SamplingParams
@@ -64,3 +65,37 @@ def generate_batch_latency(
         return run_generate_batch(model, one, max_batch_tokens, 1).elapsed
 
     return measure_latency(timed, workload.max_tokens[0], num_iters)
+
+
+def latency_runs(
+    llm: LLM,
+    model: PreTrainedModel | None,
+    workload: Workload,
+    pad_token_id: int,
+    roofline: Roofline | None,
+    baselines: list[str],
+    num_iters: int,
+) -> dict:
+    """pagedgen's batch-1 latency and the baselines' (static: one for all static*), each with
+    its share of the roofline's steps and pagedgen's speedup over it."""
+    num_iters = max(num_iters, 3)
+    runs = {"pagedgen": pagedgen_latency(llm, workload, num_iters)}
+    if any(name.startswith("static") for name in baselines):
+        runs["static"] = static_latency(model, workload, pad_token_id, num_iters)
+    if "generate_batch" in baselines:
+        max_batch_tokens = llm.engine.scheduler.max_num_batched_tokens
+        runs["generate_batch"] = generate_batch_latency(
+            model, workload, max_batch_tokens, num_iters
+        )
+    ours = runs["pagedgen"]
+    for run in runs.values():
+        if roofline is not None:
+            run["bandwidth_share"] = run["decode_tokens_per_s"] / roofline.max_steps_per_s
+        if run is not ours:
+            run["pagedgen_decode_speedup"] = (
+                ours["decode_tokens_per_s"] / run["decode_tokens_per_s"]
+            )
+            run["pagedgen_tokens_per_s_ratio"] = (
+                ours["output_tokens_per_s"] / run["output_tokens_per_s"]
+            )
+    return runs

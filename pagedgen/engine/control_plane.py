@@ -2,7 +2,8 @@ from typing import Any
 
 from pagedgen.config import EngineConfig
 from pagedgen.engine.block_manager import BlockManager
-from pagedgen.engine.scheduler import PreemptionMode, Scheduler
+from pagedgen.engine.preemption import PreemptionMode
+from pagedgen.engine.scheduler import Scheduler
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 4096
 DEFAULT_MAX_MODEL_LEN = 2048

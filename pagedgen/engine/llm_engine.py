@@ -14,6 +14,7 @@ from pagedgen.engine.sequence import SequenceStatus
 from pagedgen.engine.stats import EngineStats
 from pagedgen.engine.step_timer import StepTimer
 from pagedgen.engine.stop_checker import StopChecker, Tokenizer
+from pagedgen.engine.streaming import stream_outputs
 from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import PoolingRequestOutput, RequestOutput
 from pagedgen.pooling import PoolerConfig, PoolingParams
@@ -226,12 +227,12 @@ class LLMEngine:
         self.rejected.clear()
         overlap = self.config.async_scheduling and not self.num_sync_requests
         if self.in_flight is not None and not overlap:
-            finished += self._finish_in_flight()
+            finished += self.finish_in_flight()
         with self.timer.section("scheduler"):
             scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             if self.in_flight is not None:
-                return finished + self._finish_in_flight()
+                return finished + self.finish_in_flight()
             if self.scheduler.has_unfinished() and not finished:
                 raise RuntimeError("the scheduler can make no progress; the KV pool is too small")
             return finished
@@ -245,16 +246,17 @@ class LLMEngine:
             return finished + self._process(scheduled, samples, time.perf_counter() - start)
         pending = self.runner.execute_async(scheduled)
         queued = time.perf_counter() - start
-        if self.in_flight is not None:
-            finished += self._finish_in_flight()
+        finished += self.finish_in_flight()
         for seq in scheduled.sample_seqs:
             if not seq.is_finished:
                 seq.append_placeholder()
         self.in_flight = InFlightStep(scheduled, pending, queued)
         return finished
 
-    def _finish_in_flight(self) -> list[Output]:
-        """Waits for the step in flight and processes its samples."""
+    def finish_in_flight(self) -> list[Output]:
+        """Waits for the step in flight, if any, and processes its samples."""
+        if self.in_flight is None:
+            return []
         step, self.in_flight = self.in_flight, None
         start = time.perf_counter()
         samples = step.pending.result()
@@ -287,20 +289,4 @@ class LLMEngine:
         bounded memory while the batch stays full. on_step(engine) runs after every step, where
         the engine is consistent: it may read the gauges or abort requests."""
         max_pending = max_pending or 2 * self.config.max_num_seqs
-        requests = iter(requests)
-        exhausted = False
-        while True:
-            while not exhausted and self.num_unfinished_requests < max_pending:
-                request = next(requests, None)
-                if request is None:
-                    exhausted = True
-                else:
-                    self.add_request(*request)
-            if not self.has_unfinished_requests():
-                if self.in_flight is not None:  # a step of finished sequences only
-                    self._finish_in_flight()
-                return
-            finished = self.step()
-            if on_step is not None:
-                on_step(self)
-            yield from finished
+        return stream_outputs(self, requests, max_pending, on_step)

@@ -1,18 +1,14 @@
 from collections import deque
-from enum import Enum
 from itertools import count
 
 from pagedgen.engine.admission import refusal
 from pagedgen.engine.block_manager import BlockManager
+from pagedgen.engine.preemption import PreemptionMode, preempt
 from pagedgen.engine.running_loras import RunningLoRAs
 from pagedgen.engine.scheduler_output import ScheduledStep, SchedulerOutput
 from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedgen.engine.token_budget import PromptBudget, num_new_tokens
 from pagedgen.sampling_params import SamplingParams
-
-
-class PreemptionMode(Enum):
-    RECOMPUTE = "recompute"
-    SWAP = "swap"
 
 
 class Scheduler:
@@ -148,7 +144,7 @@ class Scheduler:
             ):
                 self.running.append(group)
                 continue
-            num_new = self._num_new_tokens(seqs, step.budget, num_later)
+            num_new = num_new_tokens(seqs, step.budget, self.enable_chunked_prefill, num_later)
             if not any(num_new):  # out of token budget: wait for the next step, holding blocks
                 self.running.append(group)
                 continue
@@ -186,7 +182,7 @@ class Scheduler:
             seqs = group.unfinished_seqs
             if step.num_seqs(self.running) + len(seqs) > self.max_num_seqs:
                 return
-            num_new = self._num_new_tokens(seqs, step.budget)
+            num_new = num_new_tokens(seqs, step.budget, self.enable_chunked_prefill)
             if not all(num_new):
                 return
             swapped_in = self.block_manager.swap_in(seqs, num_new)
@@ -225,18 +221,8 @@ class Scheduler:
             num_seqs = len(seqs) + group.num_pending_forks
             if num_running + num_seqs > self.max_num_seqs:
                 return
-            budget = step.budget
-
-            def num_new_tokens(seq: Sequence, num_computed_tokens: int) -> int:
-                nonlocal budget
-                remaining = seq.num_tokens - num_computed_tokens
-                n = min(remaining, budget) if self.enable_chunked_prefill else remaining
-                if n > budget:
-                    return 0
-                budget -= n
-                return n
-
-            plans = self.block_manager.allocate_prompt(seqs, num_new_tokens)
+            budget = PromptBudget(step.budget, self.enable_chunked_prefill)
+            plans = self.block_manager.allocate_prompt(seqs, budget)
             if plans is None:
                 return
             self.waiting.popleft()
@@ -254,21 +240,6 @@ class Scheduler:
             loras.add(group)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _num_new_tokens(self, seqs: list[Sequence], budget: int, num_later: int = 0) -> list[int]:
-        """What each of seqs computes this step; a decode's drafts leave a token of the budget
-        to each sequence after it (num_later more after seqs)."""
-        num_new = []
-        for i, seq in enumerate(seqs):
-            n = seq.num_tokens - seq.num_computed_tokens
-            if n == 1 and seq.spec_token_ids:  # a decode and its drafts
-                reserved = num_later + len(seqs) - i - 1
-                n += max(0, min(len(seq.spec_token_ids), budget - 1 - reserved))
-            if n > budget:  # without chunked prefill a sequence's tokens go in one step
-                n = budget if self.enable_chunked_prefill else 0
-            num_new.append(n)
-            budget -= n
-        return num_new
-
     def _fork_samples(self, group: SequenceGroup, step: ScheduledStep) -> None:
         """In the step that completes the prompt, the n - 1 siblings fork off the first sequence
         and sample from its last row, sharing all its blocks."""
@@ -280,24 +251,12 @@ class Scheduler:
             step.add_fork(parent, child)
 
     def _preempt(self, group: SequenceGroup, step: ScheduledStep) -> None:
-        bm = self.block_manager
-        seqs = group.unfinished_seqs
-        mode = self.preemption_mode or (
-            PreemptionMode.SWAP if len(group.seqs) > 1 else PreemptionMode.RECOMPUTE
-        )
-        mapping = bm.swap_out(seqs) if mode == PreemptionMode.SWAP else None
-        if mapping is not None:
+        mode, mapping = preempt(group, self.block_manager, self.preemption_mode)
+        if mode == PreemptionMode.SWAP:
             step.swap_out += mapping
             self.num_blocks_swapped_out += len(mapping)
-            for seq in seqs:
-                seq.status = SequenceStatus.SWAPPED
             self.swapped.appendleft(group)
         else:
-            mode = PreemptionMode.RECOMPUTE
-            for seq in seqs:
-                bm.free(seq)
-                seq.num_computed_tokens = 0
-                seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(group)
         self.num_preemptions[mode] += 1
         step.preempted.append(group)

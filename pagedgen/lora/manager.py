@@ -13,7 +13,7 @@ from pagedgen.layers.linear import Linear
 from pagedgen.lora.adapter import LoRAWeights, load_adapter
 from pagedgen.lora.layers import TARGETS, LinearLoRA, LoRAState
 from pagedgen.lora.request import LoRARequest
-from pagedgen.models.llama import fused_module
+from pagedgen.models.checkpoint_weights import fused_module
 
 # An adapter's weights by our layer's name: (output part, weights) for each part it adapts.
 AdapterWeights = dict[str, list[tuple[int, LoRAWeights]]]

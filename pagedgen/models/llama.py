@@ -8,30 +8,10 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.engine.kv_geometry import head_dim_of, num_kv_heads_of
 from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.activation import SiluAndMul
-from pagedgen.layers.linear import Linear, load_param
+from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import RMSNorm, add_norm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
-from pagedgen.models.kv_scales import kv_scale_of, scale_value
-
-# checkpoint projection -> (our fused module, shard index)
-STACKED_PARAMS = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
-
-
-def fused_module(module_name: str) -> tuple[str, int | None]:
-    """Our module for a checkpoint's (its "model." prefix dropped): for a q/k/v or gate/up
-    projection, the fused one and the shard it loads into; else the same name and None."""
-    name = module_name.removeprefix("model.")
-    prefix, _, proj = name.rpartition(".")
-    if proj in STACKED_PARAMS:
-        fused, shard = STACKED_PARAMS[proj]
-        return f"{prefix}.{fused}", shard
-    return name, None
+from pagedgen.models.checkpoint_weights import load_checkpoint_weights
 
 
 class LlamaAttention(nn.Module):
@@ -266,36 +246,4 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads checkpoint tensors by their Hugging Face names; every parameter must be set."""
-        modules = dict(self.named_modules())
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        embed = None
-        for name, tensor in weights:
-            name = name.removeprefix("model.")
-            if "rotary_emb" in name:
-                continue
-            if (kv_scale := kv_scale_of(name)) is not None:  # set, not a parameter
-                setattr(modules[kv_scale[0]], kv_scale[1], scale_value(name, tensor))
-                continue
-            if name == "embed_tokens.weight":
-                embed = tensor
-            module_name, _, param_name = name.rpartition(".")
-            target, shard = fused_module(module_name)
-            if shard is not None and target in modules:  # (MLA's q_proj is its own)
-                modules[target].load_shard(param_name, tensor, shard)
-                loaded.add(f"{target}.{param_name}")
-            elif isinstance(modules.get(module_name), Linear):  # fused or not in the checkpoint
-                modules[module_name].load_shard(param_name, tensor, None)
-                loaded.add(name)
-            elif name in params:
-                load_param(params[name], tensor)
-                loaded.add(name)
-            else:
-                raise ValueError(f"unexpected weight {name!r} in the checkpoint")
-        if "lm_head.weight" not in loaded and embed is not None:
-            self.lm_head.load_shard("weight", embed)
-            loaded.add("lm_head.weight")
-        loaded |= self.derived_weights()
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
+        load_checkpoint_weights(self, weights, self.derived_weights)
