@@ -76,13 +76,14 @@
 # smollm2-* ~40 s (~105 s with it), host-profile ~70 s, tests-xdist (579 tests, eight at a time)
 # 100 s; a machine's start ~30 s. Stop 44 ran tests-xdist smollm2-auto llama8b-auto with
 # generate_batch (344 s), so next:
-#   call 1: BASELINES='' STAGES="tests-xdist smollm2-piecewise4k llama8b-piecewise4k sweep-mma"
-#           (~5 min: the GPU tests first, stop 44's mma combine and longest-first graphs among
-#           them; pieces over the whole token budget against stop 44's auto; the mma kernel's
-#           plans, stages and longest-first order on every shape)
-#   call 2, straight after: BASELINES='' NCU_KERNELS=mma STAGES="llama8b-lpt ncu decode-kernels"
-#           (the 8B's decode steps with the longest sequences first against stop 44's auto, why
-#           the mma kernel falls short on the small and uneven shapes), or what call 1 points at
+#   call 1: BASELINES='' STAGES="tests-xdist decode-kernels sweep-mma llama8b-piecewise4k"
+#           (~7 min, what the open targets need if no second call comes: the GPU tests first, stop
+#           44's mma combine and longest-first graphs among them; bench_kernels' figures with that
+#           combine; the mma kernel's plans, stages and longest-first order on every shape; the
+#           8B's decode step against the bytes bound, pieces over the whole token budget)
+#   call 2, straight after: BASELINES='' NCU_KERNELS=mma STAGES="llama8b-lpt ncu smollm2-piecewise4k"
+#           (the 8B's decode steps with the longest sequences first against call 1's, why the mma
+#           kernel falls short on the small and uneven shapes), or what call 1 points at
 # Others: "sweep" (~5 min), "tests-a" / "tests-b" (all GPU tests, one at a time, ~8 / ~6 min),
 # "kernels" (decode and prefill kernels), the eager/graphs/grouped/mma stages of each shape.
 # The workload is a file saved elsewhere (ShareGPT needs the dataset package, which GPU machines
@@ -93,7 +94,7 @@
 #   STAGES="..." bash benchmarks/gpu_session.sh .gpuwl/sharegpt-1000.json .gpuwl/tokenizer
 set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-gpu-session}
-STAGES=${STAGES:-tests-xdist smollm2-piecewise4k llama8b-piecewise4k sweep-mma}  # call 1 above
+STAGES=${STAGES:-tests-xdist decode-kernels sweep-mma llama8b-piecewise4k}  # call 1 above
 BASELINES=${BASELINES-generate_batch}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
