@@ -45,6 +45,15 @@ static inline const float *of_group(const Work *w, const float *per_head, int kv
   return per_head == NULL ? NULL : per_head + kv_head * (w->num_heads / w->num_kv_heads);
 }
 
+// The softmax of the unit's score rows (softcap, sinks and ALiBi as w asks); inv_sum[g] is 1 over
+// row g's sum, which the V pass applies.
+static inline void softmax_unit(const Work *w, const Unit *u, int kv_head, float *scores,
+                                float *inv_sum) {
+  const float *sinks = of_group(w, w->sinks, kv_head);
+  const float *alibi = of_group(w, w->alibi_slopes, kv_head);
+  softmax_rows(w->softcap, sinks, alibi, scores, u->group, u->span, inv_sum);
+}
+
 // n output values from element i of the unit's output, rounded to bfloat16 where out is.
 static inline void store_out(const Work *w, const Unit *u, int64_t i, const float *v, int n) {
   if (w->act_bf16) {
@@ -150,9 +159,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
       })                                                                                      \
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
-    const float *sinks = of_group(w, w->sinks, kv_head);                                      \
-    const float *alibi = of_group(w, w->alibi_slopes, kv_head);                               \
-    softmax_rows(w->softcap, sinks, alibi, scores, u.group, u.span, inv_sum);                 \
+    softmax_unit(w, &u, kv_head, scores, inv_sum);                                            \
     const int gt = u.group <= 4 ? u.group : u.group % 4 == 0 ? 4 : u.group % 3 == 0 ? 3 : 4;  \
     for (int g0 = 0; g0 < u.group; g0 += gt)                                                  \
       for (int j0 = 0; j0 < head_dim / VW; j0 += JT) {                                        \
@@ -196,9 +203,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const Work *w, 
       })                                                                                      \
     }                                                                                         \
     float inv_sum[MAX_GROUP];                                                                 \
-    const float *sinks = of_group(w, w->sinks, kv_head);                                      \
-    const float *alibi = of_group(w, w->alibi_slopes, kv_head);                               \
-    softmax_rows(w->softcap, sinks, alibi, scores, u.group, u.span, inv_sum);                 \
+    softmax_unit(w, &u, kv_head, scores, inv_sum);                                            \
     for (int g = 0; g < u.group; g++) {                                                       \
       float o[head_dim];                                                                      \
       for (int d = 0; d < head_dim; d++) o[d] = 0.0f;                                         \
