@@ -159,7 +159,7 @@ for stage in $STAGES; do case $stage in
         tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_grouped.py \
         tests/test_cuda_graphs.py tests/kernels/test_gpu_prefill.py tests/kernels/test_gpu.py \
         tests/test_spec_decode_models.py tests/test_prompt_logprobs.py tests/test_embeddings.py \
-        tests/test_profile_steps.py tests/test_lora_merged.py ;;
+        tests/test_profile_steps.py tests/test_lora_merged.py tests/kernels/test_gpu_layer_ops.py ;;
     mma-smoke) TAIL=15 run mma-smoke 300 python -m pytest "${gpu_tests[@]}" \
         tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_prefill_mma.py::test_prefill_mma_gqa \
         tests/kernels/test_gpu_mma.py::test_mma_long_contexts \

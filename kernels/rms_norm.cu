@@ -25,44 +25,61 @@ __device__ __forceinline__ T scale_normed(float x, float inv_rms, T weight) {
   return from_float<T>(__fmul_rn(to_float(weight), to_float(normed)));
 }
 
-// grid (num_tokens), block min(1024, hidden rounded up to 32)
+// grid (num_tokens), block min(1024, hidden / kVec rounded up to 32)
 //
 // kAddResidual: residual[t] += x[t] (rounded to T, as torch's add), then out[t] is the norm of
-// the new residual; out may be x itself (each element is read and written by one thread).
-template <typename T, bool kAddResidual>
+// the new residual; out may be x itself (each element is read and written by one thread). Each
+// thread moves kVec elements at once: 16 bytes where hidden and x_stride are multiples of kVec
+// and every tensor is 16-byte aligned (layer_ops.vector_width), else 1.
+template <typename T, bool kAddResidual, int kVec>
 __global__ void rms_norm_kernel(
     T* out,                        // [num_tokens, hidden]; may be x
     T* __restrict__ residual,      // [num_tokens, hidden]; unused without kAddResidual
     const T* x,                    // [num_tokens, hidden], rows x_stride apart
     const T* __restrict__ weight,  // [hidden]
     float eps, int hidden, int x_stride) {
+  using V = Vec<T, kVec>;
   const long long token = blockIdx.x;
-  const T* row = x + token * x_stride;
-  T* residual_row = residual + token * hidden;
+  const V* row = reinterpret_cast<const V*>(x + token * x_stride);
+  V* residual_row = reinterpret_cast<V*>(residual + token * hidden);
+  const int n = hidden / kVec;
   float sum = 0.f;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float v = to_float(row[i]);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    V v = row[i];
     if (kAddResidual) {
-      const T added = from_float<T>(v + to_float(residual_row[i]));
-      residual_row[i] = added;
-      v = to_float(added);
+      const V r = residual_row[i];
+#pragma unroll
+      for (int j = 0; j < kVec; j++)
+        v.data[j] = from_float<T>(to_float(v.data[j]) + to_float(r.data[j]));
+      residual_row[i] = v;
     }
-    sum += v * v;
+#pragma unroll
+    for (int j = 0; j < kVec; j++) sum += to_float(v.data[j]) * to_float(v.data[j]);
   }
   const float inv_rms = rsqrtf(block_sum(sum) / hidden + eps);
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const float v = to_float(kAddResidual ? residual_row[i] : row[i]);
-    out[token * hidden + i] = scale_normed(v, inv_rms, weight[i]);
+  V* out_row = reinterpret_cast<V*>(out + token * hidden);
+  const V* weights = reinterpret_cast<const V*>(weight);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const V v = kAddResidual ? residual_row[i] : row[i];
+    const V w = weights[i];
+    V o;
+#pragma unroll
+    for (int j = 0; j < kVec; j++)
+      o.data[j] = scale_normed(to_float(v.data[j]), inv_rms, w.data[j]);
+    out_row[i] = o;
   }
 }
 
 }  // namespace pagedgen
 
-#define PAGEDGEN_RMS_NORM(T)                                                            \
-  template __global__ void pagedgen::rms_norm_kernel<T, false>(T*, T*, const T*, const T*, \
-                                                               float, int, int);         \
-  template __global__ void pagedgen::rms_norm_kernel<T, true>(T*, T*, const T*, const T*,  \
-                                                              float, int, int);
-PAGEDGEN_RMS_NORM(float)
-PAGEDGEN_RMS_NORM(__half)
-PAGEDGEN_RMS_NORM(__nv_bfloat16)
+#define PAGEDGEN_RMS_NORM(T, V)                                                              \
+  template __global__ void pagedgen::rms_norm_kernel<T, false, V>(T*, T*, const T*, const T*,  \
+                                                                  float, int, int);            \
+  template __global__ void pagedgen::rms_norm_kernel<T, true, V>(T*, T*, const T*, const T*,   \
+                                                                 float, int, int);
+PAGEDGEN_RMS_NORM(float, 1)
+PAGEDGEN_RMS_NORM(float, 4)
+PAGEDGEN_RMS_NORM(__half, 1)
+PAGEDGEN_RMS_NORM(__half, 8)
+PAGEDGEN_RMS_NORM(__nv_bfloat16, 1)
+PAGEDGEN_RMS_NORM(__nv_bfloat16, 8)

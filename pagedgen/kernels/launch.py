@@ -46,13 +46,6 @@ class KernelLaunch(NamedTuple):
     shared_mem: int = 0
 
 
-def typed_module(source: str, kernel: str) -> KernelModule:
-    """A module exporting pagedgen::kernel<T> for every kernel dtype T, with no -D macros."""
-    return KernelModule(
-        source, (), tuple(f"pagedgen::{kernel}<{c_type}>" for c_type in C_TYPES.values())
-    )
-
-
 def check_dtype(dtype: torch.dtype) -> None:
     check(dtype in C_TYPES, lambda: f"dtype must be one of {list(C_TYPES)}, got {dtype}")
 

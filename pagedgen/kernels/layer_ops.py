@@ -16,19 +16,34 @@ from pagedgen.kernels.launch import (
     check,
     check_dtype,
     check_tensor,
-    typed_module,
 )
+
+VECTOR_BYTES = 16  # what a thread of rms_norm.cu and silu_and_mul.cu moves at once, where it can
+
+
+def _widths(dtype: torch.dtype) -> tuple[int, int]:
+    return 1, VECTOR_BYTES // dtype.itemsize
+
 
 RMS_NORM = KernelModule(
     "rms_norm.cu",
     (),
     tuple(
-        f"pagedgen::rms_norm_kernel<{c_type}, {add}>"
-        for c_type in C_TYPES.values()
+        f"pagedgen::rms_norm_kernel<{c_type}, {add}, {width}>"
+        for dtype, c_type in C_TYPES.items()
         for add in ("false", "true")
+        for width in _widths(dtype)
     ),
 )
-SILU_AND_MUL = typed_module("silu_and_mul.cu", "silu_and_mul_kernel")
+SILU_AND_MUL = KernelModule(
+    "silu_and_mul.cu",
+    (),
+    tuple(
+        f"pagedgen::silu_and_mul_kernel<{c_type}, {width}>"
+        for dtype, c_type in C_TYPES.items()
+        for width in _widths(dtype)
+    ),
+)
 
 
 def rope_and_cache_module(dtype: torch.dtype, cache_dtype: torch.dtype) -> KernelModule:
@@ -49,6 +64,16 @@ def usable(t: torch.Tensor) -> bool:
 
 def _threads(n: int, limit: int) -> int:
     return min(limit, -(-n // 32) * 32)
+
+
+def vector_width(lengths: tuple[int, ...], *tensors: torch.Tensor | None) -> int:
+    """Elements a thread moves at once: VECTOR_BYTES' worth where every length (row sizes and
+    strides, in elements) is a multiple of it and every tensor starts VECTOR_BYTES-aligned,
+    else 1."""
+    present = [t for t in tensors if t is not None]
+    width = VECTOR_BYTES // present[0].element_size()
+    aligned = all(t.data_ptr() % VECTOR_BYTES == 0 for t in present)
+    return width if aligned and all(n % width == 0 for n in lengths) else 1
 
 
 def rms_norm_launch(
@@ -79,11 +104,12 @@ def rms_norm_launch(
     if num_tokens == 0:
         return None
     add = residual is not None
+    width = vector_width((hidden, x.stride(0)), out, x, weight, residual)
     return KernelLaunch(
         RMS_NORM,
-        f"pagedgen::rms_norm_kernel<{C_TYPES[dtype]}, {'true' if add else 'false'}>",
+        f"pagedgen::rms_norm_kernel<{C_TYPES[dtype]}, {'true' if add else 'false'}, {width}>",
         (num_tokens, 1, 1),
-        (_threads(hidden, 1024), 1, 1),
+        (_threads(hidden // width, 1024), 1, 1),
         (
             out,
             residual if add else out,
@@ -109,11 +135,12 @@ def silu_and_mul_launch(out: torch.Tensor, gate_up: torch.Tensor) -> KernelLaunc
     )
     if num_tokens == 0:
         return None
+    width = vector_width((d,), out, gate_up)
     return KernelLaunch(
         SILU_AND_MUL,
-        f"pagedgen::silu_and_mul_kernel<{C_TYPES[dtype]}>",
+        f"pagedgen::silu_and_mul_kernel<{C_TYPES[dtype]}, {width}>",
         (num_tokens, 1, 1),
-        (_threads(d, 1024), 1, 1),
+        (_threads(d // width, 1024), 1, 1),
         (out, gate_up, np.int32(d)),
     )
 

@@ -47,7 +47,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def check_rms_norm(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") -> None:
-    num_tokens, hidden, eps = 7, 200, 1e-5  # hidden not a multiple of the block
+    """Rows of 200 (16-byte vectors in every dtype) and of 201 (one element a thread)."""
+    for hidden in (200, 201):
+        check_rms_norm_rows(dtype, launcher, device, hidden)
+
+
+def check_rms_norm_rows(dtype: torch.dtype, launcher: Launcher, device: str, hidden: int) -> None:
+    num_tokens, eps = 7, 1e-5  # hidden not a multiple of the block
     norm = RMSNorm(hidden, eps).to(device, dtype)
     norm.weight.copy_(torch.randn(hidden))
     x = torch.randn(num_tokens, 2 * hidden).to(device, dtype)[:, :hidden]  # rows strided
@@ -65,11 +71,13 @@ def check_rms_norm(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") 
 
 
 def check_silu_and_mul(dtype: torch.dtype, launcher: Launcher, device: str = "cpu") -> None:
-    gate_up = (3 * torch.randn(9, 2 * 300)).to(device, dtype)
-    out = torch.full((9, 300), float("nan"), dtype=dtype, device=device)
-    run(launcher, silu_and_mul_launch(out, gate_up))
-    gate, up = gate_up.chunk(2, dim=-1)
-    torch.testing.assert_close(out, F.silu(gate) * up, atol=ULP[dtype], rtol=ULP[dtype])
+    """Rows of 296 (16-byte vectors in every dtype) and of 301 (one element a thread)."""
+    for d in (296, 301):
+        gate_up = (3 * torch.randn(9, 2 * d)).to(device, dtype)
+        out = torch.full((9, d), float("nan"), dtype=dtype, device=device)
+        run(launcher, silu_and_mul_launch(out, gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        torch.testing.assert_close(out, F.silu(gate) * up, atol=ULP[dtype], rtol=ULP[dtype])
 
 
 def check_rope_and_cache(
@@ -137,6 +145,35 @@ def test_rope_and_cache_into_fp8(dtype: torch.dtype, cache_dtype: torch.dtype) -
     check_rope_and_cache(dtype, emulated(), cache_dtype=cache_dtype)
 
 
+def test_layer_ops_move_16_bytes_where_rows_allow() -> None:
+    """A vector where every row size, stride and start allows one; one element a thread else."""
+    weight = torch.ones(200, dtype=torch.bfloat16)
+    x = torch.zeros(3, 400, dtype=torch.bfloat16)
+    out = torch.empty(3, 200, dtype=torch.bfloat16)
+
+    def rms_norm_width(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> str:
+        launch = rms_norm_launch(out, x, weight, 1e-6)
+        assert launch is not None
+        return launch.name_expression.rpartition(", ")[2]
+
+    assert rms_norm_width(x[:, :200], weight, out) == "8>"
+    assert rms_norm_width(x[:, 1:201], weight, out) == "1>"  # x starts 2 bytes in
+    assert rms_norm_width(x[:, :201], torch.ones(201, dtype=torch.bfloat16),
+                          torch.empty(3, 201, dtype=torch.bfloat16)) == "1>"  # fmt: skip
+    assert rms_norm_width(torch.zeros(3, 201, dtype=torch.bfloat16)[:, :200], weight, out) == "1>"
+    assert rms_norm_width(x[:, :200].float(), weight.float(), out.float()) == "4>"
+
+    def silu_width(d: int, dtype: torch.dtype) -> str:
+        launch = silu_and_mul_launch(
+            torch.empty(2, d, dtype=dtype), torch.empty(2, 2 * d, dtype=dtype)
+        )
+        assert launch is not None
+        return launch.name_expression.rpartition(", ")[2]
+
+    assert [silu_width(d, torch.bfloat16) for d in (296, 300, 301)] == ["8>", "1>", "1>"]
+    assert [silu_width(d, torch.float32) for d in (296, 300, 301)] == ["4>", "4>", "1>"]
+
+
 def test_empty_batches_launch_nothing() -> None:
     weight = torch.ones(8)
     assert rms_norm_launch(torch.empty(0, 8), torch.empty(0, 8), weight, 1e-6) is None
@@ -168,11 +205,21 @@ MUTATIONS = {
         "x = lane < static_cast<int>(blockDim.x / kWarpSize) ? partials[lane] : 0.f;",
         "x = lane < 1 ? partials[lane] : 0.f;",
     ),
-    "norm_residual_not_stored": ("rms_norm.cu", "      residual_row[i] = added;\n", "\n"),
+    "norm_residual_not_stored": ("rms_norm.cu", "      residual_row[i] = v;\n", "\n"),
+    "norm_vector_weight_from_first": (
+        "rms_norm.cu",
+        "const V w = weights[i];",
+        "const V w = weights[0];",
+    ),
     "silu_gate_up_swapped": (
         "silu_and_mul.cu",
-        "const float g = to_float(gate[i]);",
-        "const float g = to_float(up[i]);",
+        "silu_mul(g.data[j], u.data[j])",
+        "silu_mul(u.data[j], g.data[j])",
+    ),
+    "silu_vector_tail_skipped": (
+        "silu_and_mul.cu",
+        "i < d / kVec; i += blockDim.x",
+        "i < d / kVec - 1; i += blockDim.x",
     ),
     "rope_sign": (
         "rope_and_cache.cu",
