@@ -22,6 +22,7 @@ VECTOR_BYTES = 16  # what a thread of rms_norm.cu and silu_and_mul.cu moves at o
 
 
 def _widths(dtype: torch.dtype) -> tuple[int, int]:
+    """The widths each kernel is instantiated for: one element a thread, or VECTOR_BYTES."""
     return 1, VECTOR_BYTES // dtype.itemsize
 
 
@@ -71,7 +72,7 @@ def vector_width(lengths: tuple[int, ...], *tensors: torch.Tensor | None) -> int
     strides, in elements) is a multiple of it and every tensor starts VECTOR_BYTES-aligned,
     else 1."""
     present = [t for t in tensors if t is not None]
-    width = VECTOR_BYTES // present[0].element_size()
+    width = _widths(present[0].dtype)[1]
     aligned = all(t.data_ptr() % VECTOR_BYTES == 0 for t in present)
     return width if aligned and all(n % width == 0 for n in lengths) else 1
 
