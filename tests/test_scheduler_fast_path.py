@@ -75,13 +75,18 @@ def test_fast_paths_schedule_as_the_general_paths(seed: int, mode: str, monkeypa
     assert num_preempted > 5 and num_mixed > 20, (num_preempted, num_mixed)
 
 
-def test_a_decode_after_a_prefill_chunk_moves_first():
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_decode_after_a_prefill_chunk_moves_first(fast: bool):
     seqs = [Sequence(i, "r", [1, 2, 3, 4], SamplingParams()) for i in range(4)]
+    for seq in seqs[::2]:
+        seq.num_computed_tokens = 3
     step = ScheduledStep(budget=100)
-    step.add(seqs[0], 3, 1)  # decode
+    add_decode = step.add_decode if fast else lambda seq: step.add(seq, 3, 1)
+    add_decode(seqs[0])
     step.add(seqs[1], 0, 2)  # prefill chunk, samples nothing
-    step.add(seqs[2], 3, 1)  # decode
+    add_decode(seqs[2])
     step.add(seqs[3], 1, 3)  # last prefill chunk
+    assert step.budget == 100 - 7 and step.end(seqs[2]) == 4
     out = step.output()
     assert out.seqs == [seqs[0], seqs[2], seqs[1], seqs[3]] and out.num_decode_seqs == 2
     assert out.num_computed_tokens == [3, 3, 0, 1] and out.num_new_tokens == [1, 1, 2, 3]

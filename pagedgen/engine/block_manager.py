@@ -184,7 +184,9 @@ class BlockManager(BlockSwapMixin):
             table.append(self.pool.allocate().block_id)
         elif i >= len(table) or self.pool.blocks[table[i]].ref_count > 1:
             return False
-        self._cache_full_blocks(seq, (seq.num_computed_tokens + 1) // self.block_size)
+        num_full_blocks = (seq.num_computed_tokens + 1) // self.block_size
+        if num_full_blocks > seq.num_cached_blocks:  # the token fills a block
+            self._cache_full_blocks(seq, num_full_blocks)
         return True
 
     def _num_blocks_to_append(

@@ -132,17 +132,14 @@ class Scheduler:
         bm = self.block_manager
         running = deque(self.running)
         self.running = []
+        keep, schedule_decode = self.running.append, self._schedule_decode
         num_later = len(bm.seqs)  # running sequences after this group (all hold blocks)
         while running:
             group = running.popleft()
             seqs = group.unfinished_seqs
             num_later -= len(seqs)
-            if (
-                len(seqs) == 1
-                and not group.num_pending_forks
-                and self._schedule_decode(seqs[0], step)
-            ):
-                self.running.append(group)
+            if len(seqs) == 1 and not group.num_pending_forks and schedule_decode(seqs[0], step):
+                keep(group)
                 continue
             num_new = num_new_tokens(seqs, step.budget, self.enable_chunked_prefill, num_later)
             if not any(num_new):  # out of token budget: wait for the next step, holding blocks
@@ -169,11 +166,15 @@ class Scheduler:
         """The fast path of a group of one sequence, all its samples forked, that computes one
         token with no drafts: schedules it, and returns True, where the general path would do
         just that, without a copy."""
-        if seq.num_tokens - seq.num_computed_tokens != 1 or seq.spec_token_ids or step.budget < 1:
+        if (
+            len(seq.token_ids) - seq.num_computed_tokens != 1
+            or seq.spec_token_ids
+            or step.budget < 1
+        ):
             return False
         if not self.block_manager.append_decode(seq):
             return False
-        step.add(seq, seq.num_computed_tokens, 1)
+        step.add_decode(seq)
         return True
 
     def _schedule_swapped(self, step: ScheduledStep) -> None:

@@ -94,6 +94,20 @@ class ScheduledStep:
                 self._decode_after_prefill |= self.num_decode_seqs < index
                 self.num_decode_seqs += 1
 
+    def add_decode(self, seq: Sequence) -> None:
+        """add(seq, seq.num_computed_tokens, 1) for a sequence with one token to compute and no
+        drafts: the decode steps' hot path, without add's arithmetic."""
+        index = len(self.seqs)
+        self.seqs.append(seq)
+        self.starts.append(seq.num_computed_tokens)
+        self.num_new_tokens.append(1)
+        self.budget -= 1
+        self._index[seq.seq_id] = index
+        self.samplers.append((seq, index))
+        if self.num_decode_seqs < index:
+            self._decode_after_prefill = True
+        self.num_decode_seqs += 1
+
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """child, forked off parent (scheduled this step), samples from parent's last row."""
         self.forks.append((parent, child))
