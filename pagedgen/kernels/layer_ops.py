@@ -18,7 +18,7 @@ from pagedgen.kernels.launch import (
     check_tensor,
 )
 
-VECTOR_BYTES = 16  # what a thread of rms_norm.cu and silu_and_mul.cu moves at once, where it can
+VECTOR_BYTES = 16  # what a thread of each kernel here moves at once, where rows allow
 
 
 def _widths(dtype: torch.dtype) -> tuple[int, int]:
@@ -48,7 +48,11 @@ SILU_AND_MUL = KernelModule(
 
 
 def rope_and_cache_module(dtype: torch.dtype, cache_dtype: torch.dtype) -> KernelModule:
-    return cache_module("rope_and_cache.cu", "rope_and_cache_kernel", dtype, cache_dtype)
+    """pagedgen::rope_and_cache_kernel<T, CACHE_T, width> at both widths of dtype."""
+    one = cache_module("rope_and_cache.cu", "rope_and_cache_kernel", dtype, cache_dtype)
+    name = one.name_expressions[0].removesuffix(">")
+    names = tuple(f"{name}, {width}>" for width in _widths(dtype))
+    return KernelModule(one.source, one.defines, names)
 
 
 @functools.cache
@@ -75,6 +79,17 @@ def vector_width(lengths: tuple[int, ...], *tensors: torch.Tensor | None) -> int
     width = _widths(present[0].dtype)[1]
     aligned = all(t.data_ptr() % VECTOR_BYTES == 0 for t in present)
     return width if aligned and all(n % width == 0 for n in lengths) else 1
+
+
+def rope_vector_width(
+    query: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *caches
+) -> int:
+    """rope_and_cache's vector_width: the pairs' halves and qkv's rows split into whole
+    vectors, and cos and sin (float32) aligned for a vector of that many floats."""
+    head_size = query.shape[2]
+    width = vector_width((head_size // 2, qkv.stride(0)), query, qkv, *caches)
+    float_bytes = width * cos.element_size()
+    return width if all(t.data_ptr() % float_bytes == 0 for t in (cos, sin)) else 1
 
 
 def rms_norm_launch(
@@ -193,11 +208,12 @@ def rope_and_cache_launch(
     )
     if num_tokens == 0:
         return None
+    width = rope_vector_width(query, qkv, cos, sin, key_cache, value_cache)
     return KernelLaunch(
         module,
-        module.name_expressions[0],
+        module.name_expressions[width > 1],
         (num_tokens, 1, 1),
-        (_threads((num_heads + num_kv_heads) * head_size // 2, 512), 1, 1),
+        (_threads((num_heads + num_kv_heads) * head_size // 2 // width, 512), 1, 1),
         (
             query,
             qkv,

@@ -86,10 +86,21 @@ def check_rope_and_cache(
     device: str = "cpu",
     cache_dtype: torch.dtype | None = None,  # None: dtype
 ) -> None:
-    """Into an fp8 cache, the projection is scaled so that E4M3's keys and values saturate too."""
-    num_tokens, num_heads, num_kv_heads, head_size, block_size, num_blocks = 11, 6, 2, 64, 16, 5
+    """Heads of 64 (16-byte vectors in every dtype) and of 36 (one element a thread). Into an
+    fp8 cache, the projection is scaled so that E4M3's keys and values saturate too."""
+    for head_size in (64, 36):
+        check_rope_and_cache_heads(dtype, launcher, device, cache_dtype or dtype, head_size)
+
+
+def check_rope_and_cache_heads(
+    dtype: torch.dtype,
+    launcher: Launcher,
+    device: str,
+    cache_dtype: torch.dtype,
+    head_size: int,
+) -> None:
+    num_tokens, num_heads, num_kv_heads, block_size, num_blocks = 11, 6, 2, 16, 5
     width = (num_heads + 2 * num_kv_heads) * head_size
-    cache_dtype = cache_dtype or dtype
     scale = 1 if cache_dtype == dtype else 300
     qkv = (scale * torch.randn(num_tokens, width + 32)).to(device, dtype)[:, :width]  # strided
     angles = torch.rand(num_tokens, head_size // 2, device=device) * 6.3
@@ -173,6 +184,25 @@ def test_layer_ops_move_16_bytes_where_rows_allow() -> None:
     assert [silu_width(d, torch.bfloat16) for d in (296, 300, 301)] == ["8>", "1>", "1>"]
     assert [silu_width(d, torch.float32) for d in (296, 300, 301)] == ["4>", "4>", "1>"]
 
+    def rope_width(dtype: torch.dtype, head_size: int = 64, pad: int = 32, cos_at: int = 0) -> str:
+        """pad: extra elements a qkv row; cos_at: where cos and sin start in their storage."""
+        num_tokens, width = 3, 4 * head_size  # 2 query heads, 1 kv head
+        qkv = torch.zeros(num_tokens, width + pad, dtype=dtype)[:, :width]
+        cache = torch.zeros(2, 16, 1, head_size, dtype=dtype)
+        rows = torch.zeros(num_tokens * head_size // 2 + cos_at)[cos_at:].view(num_tokens, -1)
+        query = torch.empty(num_tokens, 2, head_size, dtype=dtype)
+        slots = torch.zeros(num_tokens, dtype=torch.int64)
+        launch = rope_and_cache_launch(query, qkv, cache, cache, rows, rows, slots)
+        assert launch is not None
+        return launch.name_expression.rpartition(", ")[2]
+
+    assert [rope_width(torch.bfloat16, h) for h in (64, 40, 36)] == ["8>", "1>", "1>"]
+    assert [rope_width(torch.float32, h) for h in (64, 40, 36)] == ["4>", "4>", "1>"]
+    assert rope_width(torch.bfloat16, pad=4) == "1>"  # rows 8 bytes off a vector
+    assert rope_width(torch.bfloat16, cos_at=4) == "1>"  # 8 floats: 32 bytes, not 16
+    assert rope_width(torch.float32, cos_at=4) == "4>"
+    assert rope_width(torch.float32, cos_at=2) == "1>"
+
 
 def test_empty_batches_launch_nothing() -> None:
     weight = torch.ones(8)
@@ -223,30 +253,41 @@ MUTATIONS = {
     ),
     "rope_sign": (
         "rope_and_cache.cu",
-        "__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))",
-        "__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))",
+        "__fsub_rn(__fmul_rn(x1, c.data[j]), __fmul_rn(x2, s.data[j]))",
+        "__fadd_rn(__fmul_rn(x1, c.data[j]), __fmul_rn(x2, s.data[j]))",
+    ),
+    "rope_second_half_by_elements": (
+        "rope_and_cache.cu",
+        "const V a = x[i], b = x[i + half_vecs];",
+        "const V a = x[i], b = x[i + half];",
     ),
     "rope_key_not_cached": (
         "rope_and_cache.cu",
-        "        k[i + half] = to_cache<CACHE_T>(y2);\n",
+        "        k[i + half_vecs] = k2;\n",
         "\n",
     ),
     "rope_value_from_key": (
         "rope_and_cache.cu",
-        "row + (num_heads + num_kv_heads) * head_size;",
-        "row + num_heads * head_size;",
+        "row + (num_heads + num_kv_heads) * head_size);",
+        "row + num_heads * head_size);",
     ),
     "rope_value_row": (
         "rope_and_cache.cu",
-        "value_cache[slot * token_size + i] = to_cache<CACHE_T>(value[i]);",
-        "value_cache[slot * token_size + i] = to_cache<CACHE_T>(row[i]);",
+        "const V v = value[i];",
+        "const V v = reinterpret_cast<const V*>(row)[i];",
+    ),
+    "rope_value_tail_skipped": (
+        "rope_and_cache.cu",
+        "i < token_size / kVec; i += blockDim.x",
+        "i < token_size / kVec - 1; i += blockDim.x",
     ),
     # Into an fp8 cache the roped key must round to T first, then to fp8 (the torch path's
     # to_cache_dtype(rope(k))): rounding the float result straight to fp8 differs on ~1/64 of them.
     "rope_key_rounded_once": (
         "rope_and_cache.cu",
-        "k[i] = to_cache<CACHE_T>(y1);",
-        "k[i] = to_cache<CACHE_T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));",
+        "k1.data[j] = to_cache<CACHE_T>(y1.data[j]);",
+        "k1.data[j] = to_cache<CACHE_T>(__fsub_rn(__fmul_rn(to_float(a.data[j]), c.data[j]), "
+        "__fmul_rn(to_float(b.data[j]), s.data[j])));",
     ),
 }
 
