@@ -1,3 +1,4 @@
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     preemption_mode: str = "auto"
     swap_space: float = 1.0
-    seed: int = 0
+    seed: int | None = 0  # None: a fresh random seed each engine, as vLLM's
     num_threads: int | None = None  # torch's intra-op threads; None keeps torch's default
     enforce_eager: bool = False
     async_scheduling: bool = False
@@ -83,6 +84,8 @@ class EngineConfig:
     pooler_config: dict[str, Any] | str | None = None  # JSON ok
 
     def __post_init__(self) -> None:
+        if self.seed is None:
+            self.seed = secrets.randbits(63)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

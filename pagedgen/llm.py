@@ -56,6 +56,10 @@ class LLM:
         self.get_default_sampling_params()  # a bad default fails here, not on the first call
         self._log, self._said_defaults = log, False
 
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (vLLM's accessor; also self.tokenizer)."""
+        return self.tokenizer
+
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the model's recommended fields (vLLM's name): what generate()
         and chat() run without sampling_params."""

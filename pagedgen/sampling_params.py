@@ -1,8 +1,15 @@
+import copy
 import json as json_module
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# SamplingParams' integer fields; all but n, top_k and min_tokens may be None
+INTEGER_FIELDS = (
+    "n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs",
+    "truncate_prompt_tokens",
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -134,6 +141,7 @@ class SamplingParams:
             self.bad_words = [self.bad_words]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self._check_integers()
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:
@@ -193,6 +201,25 @@ class SamplingParams:
             and not (self.logit_bias or self.allowed_token_ids or self.bad_words_token_ids)
         )
 
+    def _check_integers(self) -> None:
+        """Integer fields hold integers (numpy's too, made int); a float there would fail deep
+        in a step, with every request of the batch."""
+        for name in INTEGER_FIELDS:
+            value = getattr(self, name)
+            if value is None and name not in INTEGER_FIELDS[:3]:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            setattr(self, name, int(value))
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name) or ()
+            if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+                raise ValueError(f"{name} must be token ids (integers), got {ids!r}")
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy (vLLM's)."""
+        return copy.deepcopy(self)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
@@ -209,9 +236,10 @@ class SamplingParams:
         return replace(self, all_stop_token_ids=stop_ids, bad_words_token_ids=bad)
 
     def token_outside(self, vocab_size: int) -> int | None:
-        """A token id logit_bias or allowed_token_ids names past the vocabulary, if any."""
-        named = [*(self.logit_bias or ()), *(self.allowed_token_ids or ())]
-        return next((t for t in named if t >= vocab_size > 0), None)
+        """A token id logit_bias, allowed_token_ids or stop_token_ids names past the vocabulary,
+        if any."""
+        named = [*(self.logit_bias or ()), *(self.allowed_token_ids or ()), *self.stop_token_ids]
+        return next((t for t in named if t < 0 or t >= vocab_size > 0), None)
 
     def truncated(self, prompt_token_ids: list[int]) -> list[int]:
         """The prompt as this request runs it: its last truncate_prompt_tokens tokens."""

@@ -42,7 +42,7 @@ def bad_lines(rng: random.Random) -> list[bytes]:
         lambda i: b'{"prompt": "a", "max_tokens": 0}',
         lambda i: b'{"prompt": "a", "n": 100000}',
         lambda i: b'{"prompt": "a", "logprobs": 100000}',
-        lambda i: b'{"prompt": "a", "max_tokens": 100000}',
+        lambda i: b'{"prompt": "a", "top_k": 2.5}',
         lambda i: b'{"prompt": "a", "prompt_logprobs": -1}',
         lambda i: b'{"prompt": "a", "logit_bias": {"x": 1}}',
         lambda i: b'{"prompt": "a", "logit_bias": {"5": 1000}}',

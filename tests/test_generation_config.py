@@ -124,3 +124,28 @@ def test_profile_takes_them_too(model_with_defaults, capsys):
         )
         assert code == 0, stderr
         assert json.loads(stdout)["workload"]["mean_output_tokens"] == expected
+
+
+def test_generation_configs_eos_ids_stop_generation(tiny_llama_path, tmp_path):
+    """An end-of-sequence id the generation config lists beyond config.json's (a chat model's end
+    of turn) stops a completion as EOS does, finish_reason "stop"; "vllm" reads none of it, and
+    ignore_eos runs past it."""
+    prompt, params = [5, 6, 7], SamplingParams(temperature=0, max_tokens=8)
+    plain = LLM(str(tiny_llama_path), **QUIET).generate([prompt], params, use_tqdm=False)[0]
+    tokens = plain.outputs[0].token_ids
+    assert plain.outputs[0].finish_reason == "length" and len(set(tokens)) > 1
+    end_of_turn = tokens[2]  # the greedy continuation's third token
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_path, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, end_of_turn]}))
+    stopped = LLM(str(folder), **QUIET).generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    first = tokens.index(end_of_turn)
+    assert stopped.token_ids == tokens[: first + 1] and stopped.finish_reason == "stop"
+    assert stopped.stop_reason is None  # an EOS, not a stop_token_ids entry
+    ignored = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    [through] = LLM(str(folder), **QUIET).generate([prompt], ignored, use_tqdm=False)
+    assert through.outputs[0].token_ids == tokens
+    [unread] = LLM(str(folder), generation_config="vllm", **QUIET).generate(
+        [prompt], params, use_tqdm=False
+    )
+    assert unread.outputs[0].token_ids == tokens

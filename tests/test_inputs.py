@@ -90,7 +90,7 @@ def test_openai_requests_map_body_parameters():
         1,
     )  # fmt: skip
     assert chat.error is None and chat.endpoint == "chat" and chat.id == "c1"
-    assert chat.messages == [{"role": "user", "content": "ab"}]
+    assert chat.messages == [{"role": "user", "content": "a\nb"}]  # as vLLM joins text parts
     assert chat.sampling == {"max_tokens": 9, "logprobs": 2, "stop": "\n", "n": 2, "seed": 4,
                              "top_p": 0.5}  # fmt: skip
     completion = parse_openai(

@@ -157,8 +157,10 @@ def test_parallel_samples_fork_at_the_end_of_the_prompt_and_swap_as_a_group():
 
 
 def test_request_that_can_never_fit_is_refused():
-    engine = make_engine(num_blocks=4, block_size=4, max_len=100)
-    assert "max_model_len" in add(engine, 95, max_tokens=10)
+    engine = make_engine(num_blocks=4, block_size=4, max_len=100, max_num_seqs=4)
+    assert "max_model_len" in add(engine, 101, max_tokens=10)
+    assert "whole pool" in add(engine, 95, max_tokens=10)  # capped at max_model_len: 25 blocks
+    assert "exceeds max_num_seqs (4)" in add(engine, 2, max_tokens=1, n=5)
     assert "whole pool" in add(engine, 10, max_tokens=10)
     assert "whole pool" in add(engine, 4, max_tokens=4, n=4)  # 1 + 4 x 1 blocks > 4
     assert "empty" in add(engine, 0)

@@ -27,6 +27,7 @@ from pagedgen.engine.sequence import Sequence
 from pagedgen.engine.sliding_window import freeable_window
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.loader import load_model, resolve_model
+from pagedgen.loader.generation_config import generation_eos_token_ids
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.loader.quantized import check_quantization
 from pagedgen.lora.manager import LoRAManager
@@ -189,7 +190,10 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         max_model_len,
         pool.num_blocks,
         pool.num_cpu_blocks,
-        eos_token_ids(hf_config, tokenizer),
+        eos_token_ids(hf_config, tokenizer)
+        | generation_eos_token_ids(
+            resolved.path, config.generation_config, config.override_generation_config
+        ),
         pooler_config,
     )
 

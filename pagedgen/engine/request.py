@@ -54,6 +54,10 @@ class Request:
     def refusal(self, vocab_size: int, hf_config: Any) -> str | None:
         """Why it cannot run on an engine of this vocabulary and model, known before it is
         scheduled: a token id past the vocabulary, dimensions the model cannot give."""
+        ids = self.group.seqs[0].prompt_token_ids
+        if ids and vocab_size and not 0 <= min(ids) <= max(ids) < vocab_size:
+            bad = next(t for t in ids if not 0 <= t < vocab_size)
+            return f"prompt token {bad} is outside the vocabulary of {vocab_size}"
         if self.pooling_params is not None:
             return dimensions_refusal(self.pooling_params, hf_config)
         outside = self.group.sampling_params.token_outside(vocab_size)

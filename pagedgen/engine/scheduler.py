@@ -87,6 +87,7 @@ class Scheduler:
             self.block_manager,
             self.max_model_len,
             None if self.enable_chunked_prefill else self.max_num_batched_tokens,
+            self.max_num_seqs,
         )
         if error is None:
             self.waiting.append(group)

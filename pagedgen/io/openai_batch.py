@@ -22,7 +22,7 @@ from pagedgen.io.records import (
     json_type,
     sampling_overrides,
 )
-from pagedgen.io.tools import Answer
+from pagedgen.io.tools import Answer, text_messages
 from pagedgen.outputs import RequestOutput
 
 ENDPOINTS = {
@@ -74,7 +74,7 @@ def parse_openai(obj: object, line: int) -> InputRecord:
     if record.endpoint == "embeddings":
         return parse_embedding_body(record, body)
     if record.endpoint == "chat":
-        messages = _text_messages(body.get("messages"))
+        messages = text_messages(body.get("messages"))
         error = check_messages(messages)
         record = record._replace(messages=messages)
     else:
@@ -93,22 +93,6 @@ def parse_openai(obj: object, line: int) -> InputRecord:
         chat, error = chat_options(body, record.endpoint == "chat")
         record = record._replace(chat=chat)
     return record._replace(error=error) if error else record
-
-
-def _text_messages(messages: object) -> object:
-    """Joins content given as a list of {"type": "text", "text"} parts into one string."""
-    if not isinstance(messages, list):
-        return messages
-    joined = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-            for p in content
-        ):
-            message = {**message, "content": "".join(p["text"] for p in content)}
-        joined.append(message)
-    return joined
 
 
 def _sampling(body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], str | None]:

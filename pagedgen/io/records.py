@@ -3,7 +3,7 @@ import json
 import math
 from typing import Any, NamedTuple
 
-from pagedgen.io.tools import check_tools
+from pagedgen.io.tools import check_tools, text_messages
 
 Prompt = str | list[int]
 Messages = list[dict[str, str]]
@@ -189,6 +189,8 @@ def check_messages(messages: object) -> str | None:
         if calls is not None and not (isinstance(calls, list) and message["role"] == "assistant"):
             return f"messages[{i}]: 'tool_calls' must be a list, in an assistant message"
         content = message.get("content")
+        if isinstance(content, list):  # text_messages joined the lists of text parts
+            return f"messages[{i}]: only text content parts are supported"
         if not (isinstance(content, str) or (content is None and calls)):
             return f"messages[{i}] must be an object with string 'role' and 'content'"
     return None
@@ -205,7 +207,7 @@ def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
         error = f"'id' must be a string or an integer, got {json_type(record_id)}"
         return InputRecord(line, default_id, error=error, unit=unit)
     record = InputRecord(line, str(record_id), unit=unit)
-    prompt, messages = obj.get("prompt"), obj.get("messages")
+    prompt, messages = obj.get("prompt"), text_messages(obj.get("messages"))
     if (prompt is None) == (messages is None):
         return record._replace(error="a line needs exactly one of 'prompt' and 'messages'")
     error = check_prompt(prompt) if prompt is not None else check_messages(messages)

@@ -193,16 +193,37 @@ def _call(body: str, arguments_key: str) -> dict[str, Any] | None:
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as chat templates take them: an assistant's tool call arguments as objects, not
-    the JSON strings of OpenAI's format (vLLM converts them too)."""
+    """Messages as chat templates take them: content given as OpenAI's text parts as one string
+    (text_messages), and an assistant's tool call arguments as objects, not the JSON strings of
+    OpenAI's format (vLLM converts both)."""
     converted = []
-    for message in messages:
+    for i, message in enumerate(text_messages(messages)):
+        if isinstance(message.get("content"), list):
+            raise ValueError(f"messages[{i}]: only text content parts are supported")
         calls = message.get("tool_calls")
         if calls:
             calls = [_with_object_arguments(call) for call in calls]
             message = {**message, "tool_calls": calls}
         converted.append(message)
     return converted
+
+
+def text_messages(messages: Any) -> Any:
+    """Each message whose content is a list of {"type": "text", "text"} parts with that content
+    as one string, the parts joined by newlines, as vLLM gives a text-only chat template; any
+    other value as it was."""
+    if not isinstance(messages, list):
+        return messages
+    joined = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        ):
+            message = {**message, "content": "\n".join(p["text"] for p in content)}
+        joined.append(message)
+    return joined
 
 
 def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:

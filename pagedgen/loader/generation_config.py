@@ -25,6 +25,27 @@ def model_sampling_defaults(
 ) -> dict[str, Any]:
     """SamplingParams fields: "auto" reads model_dir's generation config, "vllm" none (vLLM's
     neutral defaults), anything else is a folder holding a generation_config.json."""
+    config = _generation_fields(model_dir, generation_config, overrides)
+    fields = {key: config[key] for key in SAMPLING_KEYS if config.get(key) is not None}
+    if "max_new_tokens" in fields:
+        fields["max_tokens"] = fields.pop("max_new_tokens")
+    return fields
+
+
+def generation_eos_token_ids(
+    model_dir: Path, generation_config: str = "auto", overrides: dict[str, Any] | None = None
+) -> set[int]:
+    """The end-of-sequence ids of the same generation config: chat models list their end of
+    turn there (Llama 3's <|eot_id|>, Gemma's <end_of_turn>), which vLLM stops at as at EOS."""
+    ids = _generation_fields(model_dir, generation_config, overrides).get("eos_token_id")
+    if ids is None:
+        return set()
+    return {ids} if isinstance(ids, int) else set(ids)
+
+
+def _generation_fields(
+    model_dir: Path, generation_config: str, overrides: dict[str, Any] | None
+) -> dict[str, Any]:
     if generation_config == "vllm":
         config: dict[str, Any] = {}
     elif generation_config == "auto":
@@ -35,10 +56,7 @@ def model_sampling_defaults(
             raise ValueError(f"generation_config: no generation_config.json in {folder}")
         config = GenerationConfig.from_pretrained(folder).to_diff_dict()
     config.update(overrides or {})
-    fields = {key: config[key] for key in SAMPLING_KEYS if config.get(key) is not None}
-    if "max_new_tokens" in fields:
-        fields["max_tokens"] = fields.pop("max_new_tokens")
-    return fields
+    return config
 
 
 def _non_default_fields(model_dir: Path) -> dict[str, Any]:
