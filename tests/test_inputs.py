@@ -18,9 +18,12 @@ def test_native_lines_carry_prompt_messages_id_and_sampling_overrides():
     lines = [
         b'{"id": 7, "prompt": "hi", "temperature": 0, "stop": ["x"], "max_tokens": 3}\n',
         b'{"messages": [{"role": "user", "content": "yo"}], "n": 2, "seed": null}\n',
-        b'{"prompt": [1, 2, 3], "unknown_field": 1}\n',
+        b'{"prompt": [1, 2, 3], "unknown_field": 1, "idx": 4, "category": "a"}\n',
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},'
+        b' {"type": "text", "text": "b"}]}]}\n',
     ]
-    a, b, c = records_of(lines)
+    a, b, c, d = records_of(lines)
+    assert d.error is None and d.messages == [{"role": "user", "content": "a\nb"}]
     assert (a.id, a.prompt, a.sampling) == ("7", "hi", {"temperature": 0, "stop": ["x"],
                                                          "max_tokens": 3})  # fmt: skip
     assert b.messages == [{"role": "user", "content": "yo"}] and b.sampling == {
@@ -53,6 +56,13 @@ def test_native_lines_carry_prompt_messages_id_and_sampling_overrides():
         (b'{"prompt": "a", "stop_token_ids": [1.5]}', "'stop_token_ids'"),
         (b'{"id": [1], "prompt": "a"}', "'id' must be a string or an integer, got a list"),
         (b'{"prompt": "bad \xff bytes"}', "undecodable bytes: not UTF-8"),
+        (b'{"prompt": "a", "temprature": 0}', "unknown field 'temprature'; did you mean 'tempe"),
+        (b'{"message": [{"role": "user", "content": "a"}]}', "did you mean 'messages'?"),
+        (b'{"prompt": "a", "max_token": 4, "source": "web"}', "did you mean 'max_tokens'?"),
+        (
+            b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+            "messages[0]: only text content parts are supported",
+        ),
     ],
 )
 def test_a_bad_line_becomes_an_error_naming_the_reason(line, error):

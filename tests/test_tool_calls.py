@@ -121,6 +121,26 @@ def test_cli_tool_calls(tiny_llama_path, capsys):
     assert "'tool_choice' must be one of" in json.loads(stdout)["error"]["message"]
 
 
+def test_cli_runs_a_conversation_with_an_earlier_call(tiny_llama_path, capsys):
+    """An assistant turn that only calls a tool has content null, as OpenAI writes it: the
+    line runs (its length check counts no text there)."""
+    earlier_call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "paris"}'}}],
+    }  # fmt: skip
+    messages = [*HI, earlier_call, {"role": "tool", "tool_call_id": "1", "content": "sunny"}]
+    body = {"messages": messages, "max_tokens": 2}
+    line = {"custom_id": "a", "url": "/v1/chat/completions", "body": body}
+    code, stdout, stderr = run_in_process(
+        capsys, "run", "-", "-o", "-", "-m", str(tiny_llama_path), "--kv-cache-memory", "0.01",
+        "--no-progress", stdin=(json.dumps(line) + "\n").encode(),
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert json.loads(stdout)["error"] is None
+
+
 @pytest.mark.parametrize(
     "tools, tool_choice, error",
     [

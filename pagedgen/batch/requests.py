@@ -174,7 +174,7 @@ class RequestBuilder:
         if self.max_prompt_bytes is None or isinstance(record.prompt, list):
             return
         if record.messages is not None:
-            texts = [message["content"] for message in record.messages]
+            texts = [message["content"] or "" for message in record.messages]  # None: calls
         else:
             texts = [record.prompt or ""]
         if sum(map(len, texts)) * MAX_UTF8_BYTES_PER_CHAR <= self.max_prompt_bytes:

@@ -1,3 +1,4 @@
+import difflib
 import hashlib
 import json
 import math
@@ -153,6 +154,9 @@ CHAT_FIELDS = {
     "tools": _TOOLS,  # checked by io/tools.py
     "tool_choice": _TOOLS,
 }
+# Every field a native line may carry; others are the line's own, ignored (unless misspelled)
+NATIVE_FIELDS = ["id", "prompt", "messages", "lora", *SAMPLING_FIELDS, *POOLING_FIELDS,
+                 *CHAT_FIELDS]  # fmt: skip
 CHAT_DEFAULTS = {  # values that change nothing: a plain prompt may carry them
     "add_generation_prompt": (True,),
     "continue_final_message": (False,),
@@ -207,6 +211,9 @@ def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
         error = f"'id' must be a string or an integer, got {json_type(record_id)}"
         return InputRecord(line, default_id, error=error, unit=unit)
     record = InputRecord(line, str(record_id), unit=unit)
+    misspelled = _misspelled_field(obj)
+    if misspelled is not None:
+        return record._replace(error=misspelled)
     prompt, messages = obj.get("prompt"), text_messages(obj.get("messages"))
     if (prompt is None) == (messages is None):
         return record._replace(error="a line needs exactly one of 'prompt' and 'messages'")
@@ -223,6 +230,18 @@ def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
     return record._replace(
         prompt=prompt, messages=messages, sampling=overrides, lora=lora, chat=chat
     )
+
+
+def _misspelled_field(obj: dict[str, Any]) -> str | None:
+    """An unknown field that is a near miss of a known one ("temprature"), which would
+    otherwise be dropped unseen; other unknown fields (a line's own metadata) are left alone."""
+    for name in obj:
+        if name in NATIVE_FIELDS:
+            continue
+        close = difflib.get_close_matches(name, NATIVE_FIELDS, n=1, cutoff=0.85)
+        if close:
+            return f"unknown field {name!r}; did you mean {close[0]!r}?"
+    return None
 
 
 def json_type(value: object) -> str:
