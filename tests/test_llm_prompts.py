@@ -3,7 +3,7 @@ one or a list; a dict it cannot honor fails before anything runs."""
 
 import pytest
 
-from pagedgen import LLM, SamplingParams
+from pagedgen import LLM, BeamSearchParams, SamplingParams
 
 QUIET = dict(log=lambda message: None, kv_cache_memory=0.01)
 
@@ -77,6 +77,11 @@ def test_output_stops_at_max_model_len(tiny_llama_path):
         [prompts[0]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
     )
     assert alone.outputs[0].token_ids == cut.outputs[0].token_ids
+    sampled = SamplingParams(n=3, temperature=1.0, max_tokens=16, ignore_eos=True, seed=0)
+    [three] = llm.generate([prompts[0]], sampled, use_tqdm=False)
+    assert [len(o.token_ids) for o in three.outputs] == [2, 2, 2]
+    [beams] = llm.beam_search([{"prompt_token_ids": prompts[0]}], BeamSearchParams(2, 16))
+    assert [len(o.token_ids) for o in beams.outputs] == [2, 2]
 
 
 def test_chat_takes_openai_text_parts(llm):

@@ -69,7 +69,7 @@ class BeamSearchState:
     ) -> None:
         """Extends the group's beams by one token: forks kept beams by reference, frees dropped
         ones, both through the scheduler. Ends the group (every beam FINISHED_LENGTH_CAPPED) at
-        max_tokens."""
+        max_tokens, or at max_model_len."""
         params = self.params
         candidates = []
         for beam in group.unfinished_seqs:
@@ -108,7 +108,11 @@ class BeamSearchState:
             beam.cumulative_logprob = cumulative
             survivors.append(beam)
         group.seqs = survivors
-        if not survivors or survivors[0].num_output_tokens >= params.max_tokens:
+        if (
+            not survivors
+            or survivors[0].num_output_tokens >= params.max_tokens
+            or survivors[0].num_tokens >= scheduler.max_model_len
+        ):
             for beam in survivors:
                 beam.finish(SequenceStatus.FINISHED_LENGTH_CAPPED)
                 scheduler.finish(beam)
