@@ -179,3 +179,26 @@ def test_progress_off_a_terminal_logs_a_plain_line_every_few_seconds():
     assert "KV cache" in lines[0] and "42%" in lines[0] and "preemptions 2" in lines[0]
     assert "prefix cache hit rate 0%" in lines[0] and "swapped 0" in lines[0]
     assert lines[1].startswith("stopping: no new requests; finishing the 8 started")
+
+
+def test_dataset_options_are_refused_for_other_inputs(tiny_llama_path, tmp_path, capsys):
+    rows = [{"qid": f"q{i}", "q": f"what is {i}"} for i in range(2)]
+    src = write_jsonl(tmp_path / "rows.jsonl", rows)
+    (tmp_path / "prompts.txt").write_text("first prompt\n")
+    out = tmp_path / "out.jsonl"
+    options = ["-o", str(out), *tiny(tiny_llama_path, 2)]
+    for path, args, message in (
+        (src, ["--prompt-column", "q"], "--prompt-column applies to dataset inputs"),
+        (src, ["--messages-column", "q"], "--messages-column applies to dataset inputs"),
+        (src, ["--id-column", "qid"], "--id-column applies to dataset inputs"),
+        (src, ["--split", "test"], "--split applies to dataset inputs"),
+        (tmp_path / "prompts.txt", ["--input-format", "text", "--id-column", "qid"], "as text"),
+    ):
+        code, _, stderr = run_in_process(capsys, "run", str(path), *options, *args)
+        assert code == 2, stderr
+        assert message in stderr and "use --input-format dataset" in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1 and not out.exists()
+    dataset = ["--input-format", "dataset", "--prompt-column", "q", "--id-column", "qid"]
+    code, _, stderr = run_in_process(capsys, "run", str(src), *options, *dataset)
+    assert code == 0, stderr
+    assert [r["id"] for r in read_records(out)] == ["q0", "q1"]

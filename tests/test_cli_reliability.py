@@ -237,3 +237,20 @@ def test_a_start_up_signal_swallowed_by_library_code_still_stops_the_run(
         signal.signal(signal.SIGINT, previous)
     assert result.exit_code == 130, result.output
     assert "interrupted (SIGINT) during start-up" in result.output and not out.exists()
+
+
+def test_a_closed_output_pipe_exits_as_sigpipe_would(tiny_llama_path, prompts):
+    """`pagedgen run ... -o - | head -1`: 141 (128 + SIGPIPE), as a C tool killed by it, not 1,
+    which says that requests failed. Records with logprobs overflow the pipe's buffer, so the
+    run cannot finish writing before the reader goes."""
+    args = [*run_args(tiny_llama_path, prompts, "-"), "--logprobs", "5"]
+    process = subprocess.Popen(
+        [*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+    )
+    first = json.loads(process.stdout.readline())
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert first["line"] == 1 and first["error"] is None
+    assert stderr.splitlines()[-1] == "stopped: the reader of stdout closed it"
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr

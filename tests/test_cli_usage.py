@@ -1,6 +1,7 @@
 """User mistakes: one line, exit 2, no traceback, found before the model loads where they can be,
 and no output left behind; bad values in one input line fail that line alone."""
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -34,6 +35,10 @@ def assert_usage_error(code: int, stderr: str, message: str) -> None:
         (["--block-size", "7"], "--block-size"),
         (["--temperature", "inf"], "temperature must be a finite number"),
         (["--swap-space", "nan"], "--swap-space must be a finite number"),
+        (
+            ["--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %"],
+            "--chat-template: Jinja syntax error on line 1: expected token 'end of statement",
+        ),
     ],
 )
 def test_mistakes_fail_before_the_model_loads_and_leave_no_output(
@@ -194,3 +199,38 @@ def test_the_readme_demo_runs_twice(tiny_llama_path, tmp_path, monkeypatch, caps
     api = readme[readme.index("## The Python API") :]
     example = api[api.index("```python") :].split("\n```", 1)[0]
     assert example.splitlines()[-1].startswith("print(")  # the chat result too
+
+
+def test_stats_json_is_neither_the_input_nor_the_output(
+    tiny_llama_path, src, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out.jsonl"
+    (tmp_path / "link.jsonl").symlink_to(out)
+    before = src.read_bytes()
+    for stats, message in (("./in.jsonl", "is the input"), ("out.jsonl", "is the output")):
+        args = ["run", "in.jsonl", "-o", "out.jsonl", *tiny(tiny_llama_path), "--stats-json"]
+        code, _, stderr = run_in_process(capsys, *args, stats)
+        assert_usage_error(code, stderr, f"--stats-json {stats!r} {message}")
+        assert not out.exists()
+    out.write_text('{"id": "a", "line": 1, "error": null}\n')
+    args = ["run", str(src), "-o", str(out), *tiny(tiny_llama_path), "--overwrite"]
+    code, _, stderr = run_in_process(capsys, *args, "--stats-json", "link.jsonl")
+    assert_usage_error(code, stderr, "--stats-json 'link.jsonl' is the output")
+    assert out.read_text() == '{"id": "a", "line": 1, "error": null}\n'
+    assert src.read_bytes() == before
+
+
+def test_stats_json_dash_is_stdout_unless_the_records_go_there(
+    tiny_llama_path, src, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    args = ["run", str(src), *tiny(tiny_llama_path), "--stats-json", "-"]
+    code, stdout, stderr = run_in_process(capsys, *args, "-o", "-")
+    assert_usage_error(code, stderr, "--stats-json - and -o - both write to stdout")
+    assert stdout == ""
+    code, stdout, stderr = run_in_process(capsys, *args, "-o", "out.jsonl")
+    assert code == 0, stderr
+    assert json.loads(stdout)["num_requests"] == 3
+    assert len(read_records(tmp_path / "out.jsonl")) == 3
+    assert not (tmp_path / "-").exists()

@@ -95,3 +95,26 @@ def test_bad_shard_is_a_usage_error(capsys, tiny_llama_path, prompts, tmp_path):
     args = ["run", str(prompts), "-o", str(tmp_path / "out.jsonl"), "--shard", "3/3"]
     code, _, err = run_in_process(capsys, *args, *tiny(tiny_llama_path))
     assert code == 2 and "--shard" in err
+
+
+def test_merge_refuses_an_output_that_is_a_part_or_the_input(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    parts = [
+        write_jsonl(tmp_path / "p0.jsonl", [{"id": "a", "line": 1}, {"id": "c", "line": 3}]),
+        write_jsonl(tmp_path / "p1.jsonl", [{"id": "b", "line": 2}]),
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": p} for p in "abc"])
+    (tmp_path / "link.jsonl").symlink_to(parts[1])
+    before = [path.read_bytes() for path in (*parts, src)]
+    for output, read in (
+        (str(parts[0]), "the part 'p0.jsonl'"),
+        ("./p1.jsonl", "the part 'p1.jsonl'"),
+        ("link.jsonl", "the part 'p1.jsonl'"),
+        ("in.jsonl", "the input 'in.jsonl'"),
+    ):
+        args = ["merge", "p0.jsonl", "p1.jsonl", "-o", output, "--input", "in.jsonl"]
+        code, _, err = run_in_process(capsys, *args, "--overwrite")
+        assert code == 2, err
+        assert f"the output {output!r} is {read}; write it elsewhere" in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert [path.read_bytes() for path in (*parts, src)] == before

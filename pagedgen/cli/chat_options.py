@@ -47,10 +47,28 @@ def check_tool_call_parser(tool_call_parser: str | None) -> None:
 def chat_template(template: str | None, kwargs_json: str | None) -> ChatTemplate:
     """The ChatTemplate of --chat-template (a file's text, or the template itself) and
     --default-chat-template-kwargs; raises ValueError for a bad one."""
+    source = "--chat-template"
     if template is not None and "{" not in template:
         path = Path(template)
         if not path.is_file():
             raise ValueError(f"--chat-template: no such file {template!r}, nor a Jinja template")
-        template = path.read_text()
+        source, template = f"--chat-template {str(path)!r}", path.read_text()
+    if template is not None:
+        check_jinja(template, source)
     kwargs = json_object("--default-chat-template-kwargs", kwargs_json) or {}
     return ChatTemplate(template, kwargs)
+
+
+def check_jinja(template: str, source: str) -> None:
+    """Raises ValueError if the template does not compile as apply_chat_template compiles it."""
+    import jinja2
+
+    try:  # transformers' own compiler (private): a plain sandbox lacks its {% generation %} tag
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # moved in some transformers: the template is checked when applied
+        return
+    try:
+        _compile_jinja_template(template)  # jinja's sandbox, with transformers' tags and filters
+    except jinja2.TemplateSyntaxError as e:
+        message = (e.message or "syntax error").strip().splitlines()[0]
+        raise ValueError(f"{source}: Jinja syntax error on line {e.lineno}: {message}") from e

@@ -3,8 +3,10 @@ user can make there is one line and exit 2, found in a second instead of after a
 
 import math
 import os
+import sys
 
 from pagedgen.config import EngineConfig
+from pagedgen.io.output_file import same_file
 
 GIB = 1 << 30
 
@@ -65,3 +67,26 @@ def check_writable_folder(path: str, option: str) -> None:
         raise ValueError(f"{option} {path!r}: folder {folder!r} does not exist")
     if not os.access(folder, os.W_OK):
         raise ValueError(f"{option} {path!r}: folder {folder!r} is not writable")
+
+
+def check_stats_json(stats_json: str, input_path: str, output: str) -> None:
+    """Raises ValueError unless --stats-json can take the summary: '-' (stdout) where the records
+    do not go there, else a file that can be created and is neither the input nor the output."""
+    if stats_json == "-":
+        if output == "-":
+            raise ValueError(
+                "--stats-json - and -o - both write to stdout, which carries only the records; "
+                "give --stats-json a file"
+            )
+        if sys.stdout is None:
+            raise ValueError("--stats-json -: stdout is closed; give --stats-json a file")
+        return
+    check_writable_folder(stats_json, "--stats-json")
+    if same_file(input_path, stats_json):
+        raise ValueError(f"--stats-json {stats_json!r} is the input {input_path!r}")
+    not_there_yet = output != "-" and not os.path.exists(output)
+    if same_file(stats_json, output) or (
+        not_there_yet and os.path.realpath(output) == os.path.realpath(stats_json)
+    ):
+        where = "stdout" if output == "-" else repr(output)
+        raise ValueError(f"--stats-json {stats_json!r} is the output {where}")

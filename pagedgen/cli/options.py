@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import typer
 
-from pagedgen.io.spec import InputSpec
+from pagedgen.io.spec import DEFAULT_SPLIT, InputSpec
 
 INPUT_PANEL = "Input"
 OUTPUT_PANEL = "Output"
@@ -70,7 +70,7 @@ INPUT = OptionGroup(
             str,
             _input("auto", "auto (from the path), jsonl, openai, text, dataset or sharegpt", "FMT"),
         ),
-        "split": (str, _input("train", "the dataset split to read", "NAME")),
+        "split": (str, _input(DEFAULT_SPLIT, "the dataset split to read", "NAME")),
         "prompt_column": (str | None, _input(None, "dataset column holding the prompt", "COL")),
         "messages_column": (
             str | None,

@@ -37,7 +37,7 @@ def run(
         "input", help="input: records in input order; completion: as they finish", metavar="O"
     ),
     stats_json: str | None = _output(
-        None, help="also write the final summary here, as JSON", metavar="FILE"
+        None, help="also write the final summary here, as JSON ('-' = stdout)", metavar="FILE"
     ),
     progress: bool = _output(
         True,
@@ -95,7 +95,8 @@ def run(
     (then the output is OpenAI batch responses). A bad line becomes an error record and the run
     goes on. Ctrl-C, SIGTERM or SIGHUP stops admitting and finishes what started (a second:
     stops at once); --resume continues. Exit codes: 0 all succeeded, 1 some failed, 2 usage
-    error, 74 the output could not be written, 130/143/129 interrupted by SIGINT/TERM/HUP.
+    error, 74 the output could not be written, 130/143/129 interrupted by SIGINT/TERM/HUP, 141
+    the reader of '-o -' closed the pipe.
     """
     from pagedgen.cli.run_job import RunOptions, lora_engine, run_job
     from pagedgen.cli.structured import structured_outputs_option

@@ -13,7 +13,7 @@ from rich.markup import escape
 from pagedgen.batch.job import ORDERS, BatchJob, JobResult
 from pagedgen.batch.requests import sampling_defaults
 from pagedgen.chat_template import ChatTemplate
-from pagedgen.cli.checks import check_engine_fits, check_writable_folder, fill_closed_std_fds
+from pagedgen.cli.checks import check_engine_fits, check_stats_json, fill_closed_std_fds
 from pagedgen.cli.progress import RunProgress
 from pagedgen.cli.signals import Interrupted, StopSignals
 from pagedgen.cli.summary import print_summary
@@ -36,6 +36,7 @@ from pagedgen.pooling.config import job_task
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_IO_ERROR = 74  # EX_IOERR of sysexits.h: the output (or --stats-json) could not be written
 # Interrupted: 128 + the signal's number, as a shell tells: 130 SIGINT, 143 SIGTERM, 129 SIGHUP.
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's, as for a tool it killed: stdout's reader went (| head)
 USAGE_ERRORS = (ValueError, InputError, ModelNotFoundError)
 
 
@@ -184,7 +185,7 @@ def check_options(options: RunOptions) -> None:
         raise ValueError("--resume and --overwrite contradict each other")
     sampling_defaults(options.sampling)
     if options.stats_json is not None:
-        check_writable_folder(options.stats_json, "--stats-json")
+        check_stats_json(options.stats_json, options.input.path, options.output)
 
 
 def _run(
@@ -227,9 +228,9 @@ def _run(
     except InputError as e:
         return _usage_error(console, e)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        console.print("[red]error:[/] the output pipe was closed")
-        return EXIT_SOME_FAILED
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        console.print("stopped: the reader of stdout closed it")
+        return EXIT_BROKEN_PIPE
     return _report(console, options, result, signals, source.total)
 
 
@@ -266,10 +267,12 @@ def _report(
 def _write_stats(console: Console, options: RunOptions, result: JobResult) -> bool:
     summary = {**result.summary, "output": options.output, "interrupted": result.interrupted}
     summary["failed_lines"] = result.failed_lines
+    text = json.dumps(summary, indent=2) + "\n"
     try:
-        with open(options.stats_json, "w", encoding="utf-8") as f:  # type: ignore[arg-type]
-            json.dump(summary, f, indent=2)
-            f.write("\n")
+        if options.stats_json == "-":  # the records went to a file (see check_stats_json)
+            print(text, end="", flush=True)
+        else:
+            Path(options.stats_json).write_text(text, encoding="utf-8")  # type: ignore[arg-type]
     except OSError as e:
         path = escape(str(options.stats_json))
         console.print(f"[red]error:[/] cannot write --stats-json {path}: {e.strerror}")

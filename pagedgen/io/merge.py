@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from pagedgen.io.output_file import OutputFile
+from pagedgen.io.output_file import OutputFile, refuse_input_as_output
 from pagedgen.io.readers import open_input
 from pagedgen.io.resume import record_line
 from pagedgen.io.spec import InputError, InputSpec
@@ -95,11 +95,15 @@ def merge_parts(
     paths: list[str], output: str, input_spec: InputSpec | None = None, overwrite: bool = False
 ) -> MergeResult:
     """Writes the records of the parts to output in input order; raises MergeError (and writes
-    nothing) unless they hold exactly one record per input line."""
+    nothing) unless they hold exactly one record per input line; raises InputError for an output
+    that is a part or the input, whatever overwrite says."""
     files = part_files(paths)
+    for path in files:
+        refuse_input_as_output(str(path), output, "part")
+    input_path = None if input_spec is None else input_spec.path
     located, num_failed = index_parts(files)
     check_complete(set(located), input_spec)
-    out = OutputFile(output, overwrite=overwrite)
+    out = OutputFile(output, overwrite=overwrite, input_path=input_path)
     handles = [open(path, "rb") for path in files]  # noqa: SIM115
     try:
         for line in sorted(located):

@@ -40,9 +40,9 @@ class OutputFile:
                 raise InputError("--resume needs an output file, not stdout")
             if sys.stdout is None:
                 raise InputError("stdout is closed; write the output to a file with -o FILE")
-            _refuse_input_as_output(input_path, _fd_of(sys.stdout), "-")
+            refuse_input_as_output(input_path, "-")
             return
-        _refuse_input_as_output(input_path, None, path)
+        refuse_input_as_output(input_path, path)
         self._fd, self.created = _claim(path)
         try:
             if resume:
@@ -122,24 +122,32 @@ def _claim(path: str) -> tuple[int, bool]:
     raise InputError(f"cannot claim output {path!r}: it keeps being replaced")
 
 
-def _refuse_input_as_output(input_path: str | None, output_fd: int | None, output: str) -> None:
-    """Raises InputError if the output is the input file (also through a link or another path)."""
-    if input_path is None or (output == "-" and output_fd is None):
-        return
-    try:
-        if input_path == "-":
-            input_fd = _fd_of(sys.stdin)
-            if input_fd is None:
-                return
-            input_stat = os.fstat(input_fd)
-        else:
-            input_stat = os.stat(input_path)
-        output_stat = os.fstat(output_fd) if output_fd is not None else os.stat(output)
-    except OSError:
-        return  # one of them does not exist (yet): not the same file
-    if stat.S_ISREG(input_stat.st_mode) and os.path.samestat(input_stat, output_stat):
+def refuse_input_as_output(input_path: str | None, output: str, role: str = "input") -> None:
+    """Raises InputError if the output ('-': stdout) is the file input_path ('-': stdin): the
+    input, or another file the command reads (its role), also through a link or another path."""
+    if input_path is not None and same_file(input_path, output):
         where = "stdout" if output == "-" else repr(output)
-        raise InputError(f"the output {where} is the input {input_path!r}; write it elsewhere")
+        raise InputError(f"the output {where} is the {role} {input_path!r}; write it elsewhere")
+
+
+def same_file(path: str, output: str) -> bool:
+    """Whether path ('-': stdin) and output ('-': stdout) are one regular file, also through a
+    link or another spelling; False where either is not there (yet)."""
+    path_stat, output_stat = _stat_of(path, sys.stdin), _stat_of(output, sys.stdout)
+    if path_stat is None or output_stat is None or not stat.S_ISREG(path_stat.st_mode):
+        return False
+    return os.path.samestat(path_stat, output_stat)
+
+
+def _stat_of(path: str, std: object) -> os.stat_result | None:
+    """The file at path ('-': the std stream's), None where there is none."""
+    try:
+        if path != "-":
+            return os.stat(path)
+        fd = _fd_of(std)
+        return None if fd is None else os.fstat(fd)
+    except OSError:
+        return None
 
 
 def _fd_of(stream: object) -> int | None:

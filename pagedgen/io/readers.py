@@ -32,6 +32,7 @@ def open_input(spec: InputSpec) -> InputSource:
     input_format = spec.input_format
     if input_format == "auto":
         input_format = detect_format(spec.path)
+    spec.check_format(input_format)
     if input_format == "dataset":
         from pagedgen.io.hf_dataset import read_dataset
 

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from pagedgen.io.shard import parse_shard
 
 INPUT_FORMATS = ("auto", "jsonl", "openai", "text", "dataset", "sharegpt")
+DEFAULT_SPLIT = "train"
 
 
 class InputError(Exception):
@@ -22,7 +23,7 @@ class InputSpec:
 
     path: str
     input_format: str = "auto"
-    split: str = "train"
+    split: str = DEFAULT_SPLIT
     prompt_column: str | None = None
     messages_column: str | None = None
     id_column: str | None = None
@@ -41,3 +42,19 @@ class InputSpec:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.shard is not None:
             parse_shard(self.shard)
+
+    def check_format(self, input_format: str) -> None:
+        """Raises InputError if a dataset option (a column, the split) is given for an input
+        read as another format, which would ignore it."""
+        if input_format == "dataset":
+            return
+        columns = ("prompt_column", "messages_column", "id_column")
+        given = [name for name in columns if getattr(self, name) is not None]
+        if self.split != DEFAULT_SPLIT:
+            given.append("split")
+        if given:
+            hint = "" if self.path == "-" else "; use --input-format dataset"
+            raise InputError(
+                f"--{given[0].replace('_', '-')} applies to dataset inputs (this input is read "
+                f"as {input_format}){hint}"
+            )
