@@ -1,5 +1,4 @@
 import json
-import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from pagedgen.batch.requests import sampling_defaults
 from pagedgen.chat_template import ChatTemplate
 from pagedgen.cli.checks import check_engine_fits, check_stats_json, fill_closed_std_fds
 from pagedgen.cli.progress import RunProgress
-from pagedgen.cli.signals import Interrupted, StopSignals
+from pagedgen.cli.signals import Interrupted, StopSignals, stdout_reader_gone
 from pagedgen.cli.summary import print_summary
 from pagedgen.config import EngineConfig
 from pagedgen.io import (
@@ -36,7 +35,6 @@ from pagedgen.pooling.config import job_task
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_IO_ERROR = 74  # EX_IOERR of sysexits.h: the output (or --stats-json) could not be written
 # Interrupted: 128 + the signal's number, as a shell tells: 130 SIGINT, 143 SIGTERM, 129 SIGHUP.
-EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's, as for a tool it killed: stdout's reader went (| head)
 USAGE_ERRORS = (ValueError, InputError, ModelNotFoundError)
 
 
@@ -228,9 +226,7 @@ def _run(
     except InputError as e:
         return _usage_error(console, e)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
-        console.print("stopped: the reader of stdout closed it")
-        return EXIT_BROKEN_PIPE
+        return stdout_reader_gone(console)
     return _report(console, options, result, signals, source.total)
 
 

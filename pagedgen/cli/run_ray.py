@@ -26,7 +26,7 @@ from pagedgen.cli.run_job import (
     print_model_sampling,
     take_model_sampling_defaults,
 )
-from pagedgen.cli.signals import Interrupted, StopSignals
+from pagedgen.cli.signals import Interrupted, StopSignals, stdout_reader_gone
 from pagedgen.io import InputSource, OutputFile, OutputWriteError, open_input, resume_source
 from pagedgen.io.parts import PartsOutput
 from pagedgen.loader import resolve_model
@@ -61,6 +61,8 @@ def run_ray_job(options: RunOptions, scale: RayOptions) -> int:
             code = signals.exit_code
         except ConnectionError as e:
             code = _usage_error(console, e)
+        except BrokenPipeError:
+            code = stdout_reader_gone(console)
         finally:
             try:
                 output.close(keep=code in (EXIT_OK, EXIT_SOME_FAILED))

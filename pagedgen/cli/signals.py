@@ -1,4 +1,6 @@
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any, Protocol
@@ -62,3 +64,14 @@ class StopSignals:
         if self.job is None or self.job.num_stop_requests >= 2:
             raise Interrupted(signum)
         self.job.stop()
+
+
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # as for a tool SIGPIPE killed: stdout's reader went
+
+
+def stdout_reader_gone(console: Any) -> int:
+    """After a BrokenPipeError on stdout (`| head`): says so on stderr and returns 141; stdout
+    becomes /dev/null, so that the interpreter's flush at exit raises nothing more."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    console.print("stopped: the reader of stdout closed it")
+    return EXIT_BROKEN_PIPE
