@@ -16,7 +16,7 @@ namespace pagedgen {
 //
 // Each thread ropes kVec pairs (x[i + j], x[i + j + head_size / 2]) at once and moves kVec values:
 // 16 bytes of T where head_size / 2 and qkv_stride are multiples of kVec and every tensor is
-// aligned for its vectors (layer_ops.rope_vector_width), else one element.
+// aligned for its vectors (layer_ops.vector_width), else one element.
 template <typename T, typename CACHE_T, int kVec>
 __global__ void rope_and_cache_kernel(
     T* __restrict__ query,                       // [num_tokens, num_heads, head_size], written

@@ -5,10 +5,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
-# SamplingParams' integer fields; all but n, top_k and min_tokens may be None
-INTEGER_FIELDS = (
-    "n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs",
-    "truncate_prompt_tokens",
+# SamplingParams' integer fields: always set, and those that may be None
+INTEGER_FIELDS = ("n", "top_k", "min_tokens")
+OPTIONAL_INTEGER_FIELDS = (
+    "seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens",
 )  # fmt: skip
 
 
@@ -204,9 +204,9 @@ class SamplingParams:
     def _check_integers(self) -> None:
         """Integer fields hold integers (numpy's too, made int); a float there would fail deep
         in a step, with every request of the batch."""
-        for name in INTEGER_FIELDS:
+        for name in (*INTEGER_FIELDS, *OPTIONAL_INTEGER_FIELDS):
             value = getattr(self, name)
-            if value is None and name not in INTEGER_FIELDS[:3]:
+            if value is None and name in OPTIONAL_INTEGER_FIELDS:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -239,7 +239,7 @@ class SamplingParams:
         """A token id logit_bias, allowed_token_ids or stop_token_ids names past the vocabulary,
         if any."""
         named = [*(self.logit_bias or ()), *(self.allowed_token_ids or ()), *self.stop_token_ids]
-        return next((t for t in named if t < 0 or t >= vocab_size > 0), None)
+        return first_outside_vocabulary(named, vocab_size)
 
     def truncated(self, prompt_token_ids: list[int]) -> list[int]:
         """The prompt as this request runs it: its last truncate_prompt_tokens tokens."""
@@ -249,6 +249,14 @@ class SamplingParams:
     def _field_values(self) -> str:
         names = ("n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens")
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+
+
+def first_outside_vocabulary(token_ids: list[int], vocab_size: int) -> int | None:
+    """The first id of token_ids outside [0, vocab_size) (only a negative one where vocab_size
+    is 0, unknown), or None. A prompt's ids are checked by min and max first, in C."""
+    if not token_ids or (min(token_ids) >= 0 and (vocab_size <= 0 or max(token_ids) < vocab_size)):
+        return None
+    return next(t for t in token_ids if t < 0 or t >= vocab_size > 0)
 
 
 def _token_biases(biases: Any) -> dict[int, float]:

@@ -6,7 +6,7 @@ from pagedgen.io.records import POOLING_FIELDS, InputRecord
 from pagedgen.io.tools import parses_tool_calls, tool_schema
 from pagedgen.lora.request import LoRARequest
 from pagedgen.pooling.params import PoolingParams
-from pagedgen.sampling_params import SamplingParams
+from pagedgen.sampling_params import SamplingParams, first_outside_vocabulary
 
 MAX_INT64 = 2**63 - 1
 MAX_UTF8_BYTES_PER_CHAR = 4
@@ -166,7 +166,7 @@ class RequestBuilder:
         self._check_vocab(params.allowed_token_ids or [], "allowed token id")
 
     def _check_vocab(self, token_ids: list[int], what: str) -> None:
-        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        bad = first_outside_vocabulary(token_ids, self.vocab_size)
         if bad is not None:
             raise RequestError(f"{what} {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
 

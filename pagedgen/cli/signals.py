@@ -3,7 +3,10 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class Stoppable(Protocol):
@@ -69,7 +72,7 @@ class StopSignals:
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # as for a tool SIGPIPE killed: stdout's reader went
 
 
-def stdout_reader_gone(console: Any) -> int:
+def stdout_reader_gone(console: "Console") -> int:
     """After a BrokenPipeError on stdout (`| head`): says so on stderr and returns 141; stdout
     becomes /dev/null, so that the interpreter's flush at exit raises nothing more."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -16,7 +16,7 @@ from pagedgen.outputs import (
     RequestOutput,
 )
 from pagedgen.pooling.params import PoolingParams, dimensions_refusal
-from pagedgen.sampling_params import SamplingParams
+from pagedgen.sampling_params import SamplingParams, first_outside_vocabulary
 
 
 @dataclass(slots=True)
@@ -54,9 +54,8 @@ class Request:
     def refusal(self, vocab_size: int, hf_config: Any) -> str | None:
         """Why it cannot run on an engine of this vocabulary and model, known before it is
         scheduled: a token id past the vocabulary, dimensions the model cannot give."""
-        ids = self.group.seqs[0].prompt_token_ids
-        if ids and vocab_size and not 0 <= min(ids) <= max(ids) < vocab_size:
-            bad = next(t for t in ids if not 0 <= t < vocab_size)
+        bad = first_outside_vocabulary(self.group.seqs[0].prompt_token_ids, vocab_size)
+        if bad is not None and vocab_size:
             return f"prompt token {bad} is outside the vocabulary of {vocab_size}"
         if self.pooling_params is not None:
             return dimensions_refusal(self.pooling_params, hf_config)

@@ -72,15 +72,21 @@ def cache_c_type(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
 
 
 def cache_module(
-    source: str, kernel: str, dtype: torch.dtype, cache_dtype: torch.dtype
+    source: str,
+    kernel: str,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    last_args: tuple[int, ...] = (),
 ) -> KernelModule:
     """A module exporting pagedgen::kernel<T, CACHE_T> for activations of dtype and a cache of
-    cache_dtype, compiling only that instantiation (the -D macros pick it)."""
+    cache_dtype, compiling only that (T, CACHE_T) (the -D macros pick it); with last_args, one
+    instantiation kernel<T, CACHE_T, arg> per arg."""
     c_type, cache_type = C_TYPES[dtype], cache_c_type(dtype, cache_dtype)
+    args = [f", {arg}" for arg in last_args] or [""]
     return KernelModule(
         source,
         (f"PAGEDGEN_SCALAR_T={c_type}", f"PAGEDGEN_CACHE_T={cache_type}"),
-        (f"pagedgen::{kernel}<{c_type}, {cache_type}>",),
+        tuple(f"pagedgen::{kernel}<{c_type}, {cache_type}{arg}>" for arg in args),
     )
 
 

@@ -49,10 +49,9 @@ SILU_AND_MUL = KernelModule(
 
 def rope_and_cache_module(dtype: torch.dtype, cache_dtype: torch.dtype) -> KernelModule:
     """pagedgen::rope_and_cache_kernel<T, CACHE_T, width> at both widths of dtype."""
-    one = cache_module("rope_and_cache.cu", "rope_and_cache_kernel", dtype, cache_dtype)
-    name = one.name_expressions[0].removesuffix(">")
-    names = tuple(f"{name}, {width}>" for width in _widths(dtype))
-    return KernelModule(one.source, one.defines, names)
+    return cache_module(
+        "rope_and_cache.cu", "rope_and_cache_kernel", dtype, cache_dtype, _widths(dtype)
+    )
 
 
 @functools.cache
@@ -72,24 +71,14 @@ def _threads(n: int, limit: int) -> int:
 
 
 def vector_width(lengths: tuple[int, ...], *tensors: torch.Tensor | None) -> int:
-    """Elements a thread moves at once: VECTOR_BYTES' worth where every length (row sizes and
-    strides, in elements) is a multiple of it and every tensor starts VECTOR_BYTES-aligned,
-    else 1."""
+    """Elements a thread moves at once: VECTOR_BYTES of the first tensor's dtype, where every
+    length (row sizes and strides, in elements) is a multiple of it and every tensor starts
+    aligned for a vector of that many of its own elements (rope's float32 cos and sin, an fp8
+    cache's bytes), else 1."""
     present = [t for t in tensors if t is not None]
     width = _widths(present[0].dtype)[1]
-    aligned = all(t.data_ptr() % VECTOR_BYTES == 0 for t in present)
+    aligned = all(t.data_ptr() % (width * t.element_size()) == 0 for t in present)
     return width if aligned and all(n % width == 0 for n in lengths) else 1
-
-
-def rope_vector_width(
-    query: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *caches
-) -> int:
-    """rope_and_cache's vector_width: the pairs' halves and qkv's rows split into whole
-    vectors, and cos and sin (float32) aligned for a vector of that many floats."""
-    head_size = query.shape[2]
-    width = vector_width((head_size // 2, qkv.stride(0)), query, qkv, *caches)
-    float_bytes = width * cos.element_size()
-    return width if all(t.data_ptr() % float_bytes == 0 for t in (cos, sin)) else 1
 
 
 def rms_norm_launch(
@@ -208,7 +197,9 @@ def rope_and_cache_launch(
     )
     if num_tokens == 0:
         return None
-    width = rope_vector_width(query, qkv, cos, sin, key_cache, value_cache)
+    width = vector_width(
+        (head_size // 2, qkv.stride(0)), query, qkv, cos, sin, key_cache, value_cache
+    )
     return KernelLaunch(
         module,
         module.name_expressions[width > 1],
