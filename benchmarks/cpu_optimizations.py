@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from pagedgen import LLM, cpu_features
-from pagedgen.bench.engines import greedy_params
-from pagedgen.bench.workloads import sharegpt_workload
-from pagedgen.kernels import cpu_gemm
+from pagedgen import LLM
+from pagedgen.entrypoints.bench.engines import greedy_params
+from pagedgen.entrypoints.bench.workloads import sharegpt_workload
+from pagedgen.kernels import cpu_features, cpu_gemm
 from pagedgen.layers.linear import DENSE, TRANSPOSED, Linear
 
 

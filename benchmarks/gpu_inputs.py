@@ -12,8 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pagedgen.bench.workload_file import save_workload
-from pagedgen.bench.workloads import sharegpt_workload
+from pagedgen.entrypoints.bench.workload_file import save_workload
+from pagedgen.entrypoints.bench.workloads import sharegpt_workload
 from pagedgen.loader.model_files import load_tokenizer
 from pagedgen.loader.resolve import DEFAULT_MODEL, resolve_model
 

@@ -143,7 +143,7 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch \
         PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=$longest_first \
         PAGEDGEN_PIECEWISE_GRAPHS=$piecewise PAGEDGEN_PIECEWISE_MAX_TOKENS=$max_tokens \
-        PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.cli bench -m "$model" --device cuda \
+        PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.entrypoints.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
         --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"

@@ -21,10 +21,10 @@ from collections.abc import Callable
 import torch
 
 from pagedgen import LLM
-from pagedgen.bench.engines import greedy_params
-from pagedgen.bench.workload_file import read_workload
-from pagedgen.bench.workloads import Workload
-from pagedgen.engine.model_runner import ModelRunner
+from pagedgen.entrypoints.bench.engines import greedy_params
+from pagedgen.entrypoints.bench.workload_file import read_workload
+from pagedgen.entrypoints.bench.workloads import Workload
+from pagedgen.worker.model_runner import ModelRunner
 
 
 def profile_mixed_forwards(llm: LLM, workload: Workload, top: int) -> None:

@@ -23,10 +23,10 @@ import torch
 from vllm_cpu import run_vllm  # benchmarks/, beside this script
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.bench.result import agreement
-from pagedgen.bench.workload_file import save_workload
-from pagedgen.bench.workloads import Workload, sharegpt_workload
-from pagedgen.cpu_features import isa_name
+from pagedgen.entrypoints.bench.result import agreement
+from pagedgen.entrypoints.bench.workload_file import save_workload
+from pagedgen.entrypoints.bench.workloads import Workload, sharegpt_workload
+from pagedgen.kernels.cpu_features import isa_name
 from pagedgen.loader import DEFAULT_MODEL, resolve_model
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2")

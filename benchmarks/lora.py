@@ -18,10 +18,10 @@ import torch
 from vllm_cpu import run_vllm  # benchmarks/, beside this script
 
 from pagedgen import LLM, LoRARequest, SamplingParams
-from pagedgen.bench.result import agreement
-from pagedgen.bench.workload_file import save_workload
-from pagedgen.bench.workloads import sharegpt_workload
-from pagedgen.cpu_features import isa_name
+from pagedgen.entrypoints.bench.result import agreement
+from pagedgen.entrypoints.bench.workload_file import save_workload
+from pagedgen.entrypoints.bench.workloads import sharegpt_workload
+from pagedgen.kernels.cpu_features import isa_name
 from pagedgen.loader import DEFAULT_MODEL, resolve_model
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -23,9 +23,9 @@ import torch
 from vllm_cpu import run_vllm  # benchmarks/, beside this script
 
 from pagedgen import LLM
-from pagedgen.bench.workload_file import save_workload
-from pagedgen.bench.workloads import sharegpt_workload
-from pagedgen.cpu_features import isa_name
+from pagedgen.entrypoints.bench.workload_file import save_workload
+from pagedgen.entrypoints.bench.workloads import sharegpt_workload
+from pagedgen.kernels.cpu_features import isa_name
 from pagedgen.loader import DEFAULT_MODEL, resolve_model
 
 

@@ -25,10 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 from pagedgen import LLM
-from pagedgen.batch import BatchJob
-from pagedgen.io import InputSpec, OutputFile, open_input
-from pagedgen.ray import ProcessorConfig
-from pagedgen.ray.job import RayJob
+from pagedgen.entrypoints.batch import BatchJob
+from pagedgen.entrypoints.io import InputSpec, OutputFile, open_input
+from pagedgen.entrypoints.ray import ProcessorConfig
+from pagedgen.entrypoints.ray.job import RayJob
 
 TOPICS = ["the sea", "a city at night", "bread", "a old clock", "rain", "mountains", "a library"]
 TIMING = ("time_to_first_token", "latency")

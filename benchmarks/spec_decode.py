@@ -23,15 +23,15 @@ import torch
 from vllm_cpu import run_vllm  # benchmarks/, beside this script
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.bench.result import agreement
-from pagedgen.bench.workload_file import save_workload
-from pagedgen.bench.workloads import (
+from pagedgen.entrypoints.bench.result import agreement
+from pagedgen.entrypoints.bench.workload_file import save_workload
+from pagedgen.entrypoints.bench.workloads import (
     Workload,
     encode_prompt,
-    iter_sharegpt_records,
     sharegpt_workload,
 )
-from pagedgen.cpu_features import isa_name
+from pagedgen.entrypoints.io.sharegpt import iter_sharegpt_records
+from pagedgen.kernels.cpu_features import isa_name
 from pagedgen.loader import DEFAULT_MODEL, resolve_model
 
 

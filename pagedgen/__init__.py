@@ -1,16 +1,16 @@
 """pagedgen: offline batch generation with a paged KV cache and continuous batching.
 
-The names below load on first use, so that the control plane (pagedgen.engine's scheduler,
-block manager and engine loop) imports without torch.
+The names below load on first use, so that the control plane (pagedgen.core) and the engine
+loop import without torch.
 """
 
 import importlib
 from typing import Any
 
 _EXPORTS = {
-    "LLM": "pagedgen.llm",
+    "LLM": "pagedgen.entrypoints.llm",
     "LoRARequest": "pagedgen.lora.request",
-    "BeamSearchParams": "pagedgen.engine.beam_search",
+    "BeamSearchParams": "pagedgen.core.beam_search",
     "ClassificationOutput": "pagedgen.outputs",
     "ClassificationRequestOutput": "pagedgen.outputs",
     "CompletionOutput": "pagedgen.outputs",

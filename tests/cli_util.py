@@ -10,7 +10,7 @@ from pathlib import Path
 
 # One OpenMP thread: on a busy machine a second spinning thread makes a tiny model 100x slower.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-COMMAND = [sys.executable, "-m", "pagedgen.cli"]
+COMMAND = [sys.executable, "-m", "pagedgen.entrypoints.cli"]
 
 
 def pagedgen(*args: str, stdin: str | bytes | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -70,7 +70,7 @@ def run_in_process(capsys, *args: str, stdin: bytes = b"") -> tuple[int, str, st
     """Runs the CLI in this process (no interpreter start-up); returns (code, stdout, stderr)."""
     import torch
 
-    from pagedgen.cli.main import app
+    from pagedgen.entrypoints.cli.main import app
 
     saved, threads = sys.stdin, torch.get_num_threads()
     sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(items):
 def fresh_cpu_isa_cap(monkeypatch):
     """pagedgen reads PAGEDGEN_MAX_CPU_ISA once per process; a test that sets it clears that
     cache, and this clears it again before monkeypatch puts the variable back."""
-    from pagedgen import cpu_features
+    from pagedgen.kernels import cpu_features
 
     yield
     cpu_features.max_cpu_isa.cache_clear()

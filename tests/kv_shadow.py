@@ -1,10 +1,10 @@
 """A shadow KV cache for control-plane tests: which token prefix each slot's K/V was computed
 from, moved as the model runner moves blocks, and checked where attention would read it."""
 
+from pagedgen.core.runner import NullRunner, SamplerOutput
+from pagedgen.core.scheduler_output import SchedulerOutput
+from pagedgen.core.sequence import Sequence
 from pagedgen.engine.llm_engine import LLMEngine
-from pagedgen.engine.runner import NullRunner, SamplerOutput
-from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.engine.sequence import Sequence
 
 Contents = list[int | None]  # per slot of a block: hash of the token prefix whose K/V it holds
 

@@ -4,7 +4,7 @@ and the check every completion must pass."""
 
 import json
 
-from pagedgen.bench.workloads import iter_sharegpt_records
+from pagedgen.entrypoints.io.sharegpt import iter_sharegpt_records
 
 EXTRACTION_SCHEMA = {
     "type": "object",

@@ -10,7 +10,7 @@ from transformers.models.falcon.modeling_falcon import build_alibi_tensor as fal
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.kv_geometry import KVGeometry
+from pagedgen.core.kv_geometry import KVGeometry
 from pagedgen.layers.alibi import bloom_alibi_slopes, falcon_alibi_slopes, mpt_alibi_slopes
 from tests.model_configs import COMMON
 from tests.model_configs.alibi import CONFIGS

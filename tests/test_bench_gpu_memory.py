@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pagedgen.bench import benchmark
-from pagedgen.bench.benchmark import BenchOptions
-from pagedgen.bench.gpu_memory import (
+from pagedgen.entrypoints.bench import benchmark
+from pagedgen.entrypoints.bench.benchmark import BenchOptions
+from pagedgen.entrypoints.bench.gpu_memory import (
     GIB,
     checkpoint_num_elements,
     kv_gpu_memory_utilization,

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from pagedgen.bench.engines import page_size_keyword
+from pagedgen.entrypoints.bench.engines import page_size_keyword
 
 
 @dataclasses.dataclass

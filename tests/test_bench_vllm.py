@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from pagedgen.bench import vllm_baseline
-from pagedgen.bench.result import agreement
-from pagedgen.bench.workload_file import workload_file
-from pagedgen.bench.workloads import Workload
+from pagedgen.entrypoints.bench import vllm_baseline
+from pagedgen.entrypoints.bench.result import agreement
+from pagedgen.entrypoints.bench.workload_file import workload_file
+from pagedgen.entrypoints.bench.workloads import Workload
 
 WORKLOAD = Workload("test", [[1, 2, 3], [4, 5]], [3, 2], "token ids")
 # What vllm_cpu_run.py wrote for this workload (figures shortened).

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from pagedgen.bench.workload_file import (
+from pagedgen.entrypoints.bench.workload_file import (
     WorkloadFileError,
     check_workload,
     read_workload,
     save_workload,
 )
-from pagedgen.bench.workloads import Workload
+from pagedgen.entrypoints.bench.workloads import Workload
 from tests.cli_util import run_in_process
 
 WORKLOAD = Workload("test", [[1, 2, 3], [4, 5]], [3, 2], "token ids")

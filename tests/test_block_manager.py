@@ -2,9 +2,9 @@ from itertools import count
 
 import pytest
 
-from pagedgen.engine.block_manager import BlockManager, PromptPlan
-from pagedgen.engine.block_pool import Block, FreeBlockQueue
-from pagedgen.engine.sequence import Sequence
+from pagedgen.core.block_manager import BlockManager, PromptPlan
+from pagedgen.core.block_pool import Block, FreeBlockQueue
+from pagedgen.core.sequence import Sequence
 from pagedgen.sampling_params import SamplingParams
 
 _seq_ids = count()

@@ -5,8 +5,8 @@ free queues, prefix caches and CPU pools after every operation."""
 
 import pytest
 
-from pagedgen.engine.block_manager import BlockManager, BlockMapping
-from pagedgen.engine.sequence import Sequence
+from pagedgen.core.block_manager import BlockManager, BlockMapping
+from pagedgen.core.sequence import Sequence
 from tests.test_block_manager_property import NUM_BLOCKS, NUM_CPU_BLOCKS, Driver
 
 NUM_OPERATIONS = 10_000

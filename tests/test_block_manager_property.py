@@ -6,8 +6,8 @@ cached block, a copy-on-write from the wrong source or a swap to the wrong block
 import random
 from itertools import count
 
-from pagedgen.engine.block_manager import BlockManager
-from pagedgen.engine.sequence import Sequence
+from pagedgen.core.block_manager import BlockManager
+from pagedgen.core.sequence import Sequence
 from pagedgen.sampling_params import SamplingParams
 from tests.kv_shadow import KVShadow
 

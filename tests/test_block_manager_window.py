@@ -1,8 +1,8 @@
 """The block manager with a sliding window: blocks wholly before the window go back to the pool
 as a sequence grows, and forks, swaps, prefix hits and frees keep the freed prefix right."""
 
-from pagedgen.engine.block_manager import NULL_BLOCK, BlockManager
-from pagedgen.engine.sliding_window import freeable_window, layer_sliding_windows
+from pagedgen.core.block_manager import NULL_BLOCK, BlockManager
+from pagedgen.model_config import freeable_window, layer_sliding_windows
 from tests.test_block_manager import admit, decode, make_seq
 
 

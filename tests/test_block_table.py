@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
-from pagedgen.engine.block_manager import NULL_BLOCK, BlockManager
-from pagedgen.engine.block_table import BlockTables
-from pagedgen.engine.model_runner import ModelRunner
-from pagedgen.engine.scheduler import Scheduler
-from pagedgen.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedgen.core.block_manager import NULL_BLOCK, BlockManager
+from pagedgen.core.scheduler import Scheduler
+from pagedgen.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedgen.sampling_params import SamplingParams
+from pagedgen.worker.block_table import BlockTables
+from pagedgen.worker.model_runner import ModelRunner
 from tests.test_block_manager_property import Driver
 
 

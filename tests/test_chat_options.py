@@ -8,9 +8,9 @@ import re
 import pytest
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.io.output import RecordFormatter
-from pagedgen.io.reasoning import split_reasoning
-from pagedgen.io.records import InputRecord
+from pagedgen.entrypoints.io.output import RecordFormatter
+from pagedgen.entrypoints.io.reasoning import split_reasoning
+from pagedgen.entrypoints.io.records import InputRecord
 from pagedgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tests.cli_util import run_in_process
 
@@ -191,11 +191,11 @@ def test_the_gate_opens_past_the_first_think_end_of_the_output(tiny_llama_path):
     grammar over the tokens after </think> only, however the prompt ended."""
     from transformers import AutoTokenizer
 
-    from pagedgen.engine.sequence import Sequence
+    from pagedgen.core.sequence import Sequence
+    from pagedgen.engine.structured_output.backend import GuidanceBackend
+    from pagedgen.engine.structured_output.manager import RequestGrammars
+    from pagedgen.engine.structured_output.reasoning_gate import ReasoningGate, reasoning_markers
     from pagedgen.sampling_params import StructuredOutputsParams
-    from pagedgen.structured_output.backend import GuidanceBackend
-    from pagedgen.structured_output.manager import RequestGrammars
-    from pagedgen.structured_output.reasoning_gate import ReasoningGate, reasoning_markers
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
     compiled = GuidanceBackend(tokenizer, 257, {256}).compile(StructuredOutputsParams(regex="ab"))

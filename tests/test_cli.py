@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pagedgen.io.readers import read_jsonl
+from pagedgen.entrypoints.io.readers import read_jsonl
 from tests.cli_util import pagedgen, read_records, run_in_process, tiny
 
 SPEC = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'

@@ -159,10 +159,10 @@ def test_progress_off_a_terminal_logs_a_plain_line_every_few_seconds():
 
     from rich.console import Console
 
-    from pagedgen.batch.job import JobProgress
-    from pagedgen.batch.metrics import RunMetrics
-    from pagedgen.cli.progress import LOG_EVERY_S, RunProgress
-    from pagedgen.engine.stats import EngineStats
+    from pagedgen.core.stats import EngineStats
+    from pagedgen.entrypoints.batch.job import JobProgress
+    from pagedgen.entrypoints.batch.metrics import RunMetrics
+    from pagedgen.entrypoints.cli.progress import LOG_EVERY_S, RunProgress
 
     stream = io.StringIO()
     stats = EngineStats(num_prompt_tokens=1000, num_generation_tokens=300, num_running=3,

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from pagedgen.batch.job import JobProgress
-from pagedgen.batch.metrics import RunMetrics
-from pagedgen.cli import progress as progress_module
-from pagedgen.cli.progress import RunProgress
-from pagedgen.engine.stats import EngineStats
+from pagedgen.core.stats import EngineStats
+from pagedgen.entrypoints.batch.job import JobProgress
+from pagedgen.entrypoints.batch.metrics import RunMetrics
+from pagedgen.entrypoints.cli import progress as progress_module
+from pagedgen.entrypoints.cli.progress import RunProgress
 
 MAX_TOKENS = 256
 

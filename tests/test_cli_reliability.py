@@ -143,7 +143,7 @@ def test_a_start_up_interrupt_is_not_swallowed_by_library_error_handling():
     """The handler raises wherever the main thread is; code that turns any Exception into an
     error (a tokenizer's loading, a prompt's per-line checks) must let it through, as it lets
     KeyboardInterrupt through."""
-    from pagedgen.cli.signals import Interrupted, StopSignals
+    from pagedgen.entrypoints.cli.signals import Interrupted, StopSignals
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # even when run with `&`
     with contextlib.ExitStack() as stack:
@@ -214,7 +214,7 @@ def test_a_start_up_signal_swallowed_by_library_code_still_stops_the_run(
     from typer.testing import CliRunner
 
     import pagedgen
-    from pagedgen.cli.main import app
+    from pagedgen.entrypoints.cli.main import app
 
     real_llm = pagedgen.LLM
 

@@ -168,7 +168,7 @@ def test_a_line_too_long_for_the_model_is_rejected_without_tokenizing(
 def test_help_reads_at_80_columns_and_explains_every_option(capsys, monkeypatch):
     from typer.main import get_command
 
-    from pagedgen.cli.main import app
+    from pagedgen.entrypoints.cli.main import app
 
     monkeypatch.setenv("COLUMNS", "80")
     group = get_command(app)

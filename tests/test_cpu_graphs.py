@@ -8,17 +8,17 @@ import weakref
 import pytest
 import torch
 
-from pagedgen import LLM, SamplingParams, cpu_features
-from pagedgen.engine.cpu_graphs import (
+from pagedgen import LLM, SamplingParams
+from pagedgen.kernels import cpu_features, cpu_gemm, cpu_ops
+from pagedgen.kernels.cpu_build import record_calls
+from pagedgen.layers import linear
+from pagedgen.worker.cpu_graphs import (
     CaptureRefused,
     CpuGraph,
     cpu_graph_batch_sizes,
     cpu_graph_capture,
 )
-from pagedgen.engine.cuda_graphs import DecodeGraphs
-from pagedgen.kernels import cpu_gemm, cpu_ops
-from pagedgen.kernels.cpu_build import record_calls
-from pagedgen.layers import linear
+from pagedgen.worker.cuda_graphs import DecodeGraphs
 from tests.test_async_scheduling import ENGINE, outputs, prompts_of
 
 needs_cpu_ops = pytest.mark.skipif(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from pagedgen.engine.graph_capture import capture_decode_graphs
+from pagedgen.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from pagedgen.worker.graph_capture import capture_decode_graphs
 
 
 def replay_eagerly(run):
@@ -195,7 +195,7 @@ def test_piecewise_cuda_graphs_give_the_eager_outputs_on_a_gpu(
     """Steps with prefill rows from piecewise CUDA graphs (engine/piecewise_graphs.py), the
     cupy kernels launched between the pieces: prompts join running decodes at many token
     counts, greedy and seeded rows with logprobs, all equal to the eager engine's."""
-    from pagedgen.engine.graph_capture import PIECEWISE
+    from pagedgen.worker.graph_capture import PIECEWISE
     from tests.test_async_scheduling import outputs, prompts_of
     from tests.test_piecewise_graphs import count_piecewise_replays, mixed_params
 

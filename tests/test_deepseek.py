@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.kv_geometry import KVGeometry
+from pagedgen.core.kv_geometry import KVGeometry
 from tests.conftest import build_tokenizer
 from tests.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
 

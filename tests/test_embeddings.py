@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel
 
 from pagedgen import LLM, PoolingParams, SamplingParams
-from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.engine.sequence import Sequence
+from pagedgen.core.scheduler_output import SchedulerOutput
+from pagedgen.core.sequence import Sequence
 from pagedgen.pooling.config import PoolerConfig, resolve_pooler_config
-from pagedgen.pooling.pooler import Pooler
+from pagedgen.worker.pooler import Pooler
 from tests.conftest import build_tokenizer
 from tests.test_models import COMMON, CONFIGS
 

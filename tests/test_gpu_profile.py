@@ -7,8 +7,12 @@ import json
 import pytest
 import torch
 
-from pagedgen.bench.decode_bound import decode_bound, decode_bound_line, hbm_peak_bytes_per_s
-from pagedgen.bench.gpu_profile import (
+from pagedgen.entrypoints.bench.decode_bound import (
+    decode_bound,
+    decode_bound_line,
+    hbm_peak_bytes_per_s,
+)
+from pagedgen.entrypoints.bench.gpu_profile import (
     STEP_ANNOTATION,
     GpuProfile,
     ProfiledEvent,
@@ -21,7 +25,7 @@ from pagedgen.bench.gpu_profile import (
     merge,
     summarize,
 )
-from pagedgen.bench.report import gpu_profile_line
+from pagedgen.entrypoints.bench.report import gpu_profile_line
 
 
 def test_merge_unions_overlapping_nested_and_touching_intervals():

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from pagedgen.io.harmony import SPECIAL_TOKENS, harmony_tool_calls, split_harmony
-from pagedgen.io.output import RecordFormatter
-from pagedgen.io.records import InputRecord
-from pagedgen.io.tools import read_answer
+from pagedgen.entrypoints.io.harmony import SPECIAL_TOKENS, harmony_tool_calls, split_harmony
+from pagedgen.entrypoints.io.output import RecordFormatter
+from pagedgen.entrypoints.io.records import InputRecord
+from pagedgen.entrypoints.io.tools import read_answer
 from pagedgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tests.conftest import build_tokenizer
 
@@ -107,9 +107,9 @@ def test_records_read_the_tokens_not_the_text(harmony_tokenizer):
 
 
 def test_structured_output_waits_for_the_final_channel(harmony_tokenizer):
-    from pagedgen.engine.sequence import Sequence
+    from pagedgen.core.sequence import Sequence
+    from pagedgen.engine.structured_output.reasoning_gate import ReasoningGate, reasoning_markers
     from pagedgen.sampling_params import SamplingParams
-    from pagedgen.structured_output.reasoning_gate import ReasoningGate, reasoning_markers
 
     encode = lambda text: harmony_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     gate = ReasoningGate(reasoning_markers(harmony_tokenizer, "openai_gptoss"))

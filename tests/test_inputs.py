@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from pagedgen.io.openai_batch import parse_openai
-from pagedgen.io.readers import open_input, read_jsonl, read_text
-from pagedgen.io.records import parse_native
-from pagedgen.io.spec import InputError, InputSpec
+from pagedgen.entrypoints.io.openai_batch import parse_openai
+from pagedgen.entrypoints.io.readers import open_input, read_jsonl, read_text
+from pagedgen.entrypoints.io.records import parse_native
+from pagedgen.entrypoints.io.spec import InputError, InputSpec
 
 
 def records_of(lines: list[bytes]):

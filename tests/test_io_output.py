@@ -13,11 +13,11 @@ import tracemalloc
 
 import pytest
 
-from pagedgen.io import InputError, InputSpec, OutputFile, OutputWriteError, open_input
-from pagedgen.io.readers import InputSource, read_jsonl
-from pagedgen.io.records import InputRecord, parse_native, request_hash
-from pagedgen.io.resume import resume_source, scan_output
-from pagedgen.io.writer import RecordWriter
+from pagedgen.entrypoints.io import InputError, InputSpec, OutputFile, OutputWriteError, open_input
+from pagedgen.entrypoints.io.readers import InputSource, read_jsonl
+from pagedgen.entrypoints.io.records import InputRecord, parse_native, request_hash
+from pagedgen.entrypoints.io.resume import resume_source, scan_output
+from pagedgen.entrypoints.io.writer import RecordWriter
 from tests.cli_util import write_jsonl
 
 HOLD_LOCK = """
@@ -38,7 +38,9 @@ def test_second_claim_names_the_run_holding_the_output(tmp_path):
             [
                 sys.executable,
                 "-c",
-                "from pagedgen.io import OutputFile; OutputFile(" + repr(str(out)) + ")",
+                "from pagedgen.entrypoints.io import OutputFile; OutputFile("
+                + repr(str(out))
+                + ")",
             ],
             capture_output=True,
             text=True,

@@ -3,8 +3,7 @@ import functools
 import pytest
 import torch
 
-from pagedgen import cpu_features
-from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16
+from pagedgen.kernels import cpu_features, cpu_gemm, cpu_gemm_bf16
 from pagedgen.layers.linear import (
     ONEDNN,
     PAIR_PANELS,

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from pagedgen import LLM, SamplingParams, llm_progress
-from pagedgen.engine.beam_search import BeamSearchParams
+from pagedgen import LLM, SamplingParams
+from pagedgen.core.beam_search import BeamSearchParams
+from pagedgen.entrypoints import llm_progress
 
 ENGINE = dict(device="cpu", dtype="float32", attention_backend="cpu", log=lambda m: None)
 PROMPTS = ["abc", "hello there", "x", "the quick brown fox"]

@@ -124,7 +124,7 @@ def test_half_precision_runs_and_mostly_agrees_with_float32(
     half-precision KV cache)."""
     import torch
 
-    from pagedgen import cpu_features
+    from pagedgen.kernels import cpu_features
 
     if isa_cap is not None:
         monkeypatch.setenv("PAGEDGEN_MAX_CPU_ISA", isa_cap)
@@ -171,9 +171,9 @@ def test_plain_config_reads_as_transformers_does(tmp_path, model_type, complete)
 
     from transformers import AutoConfig
 
-    from pagedgen.engine.kv_geometry import head_dim_of
     from pagedgen.layers.rotary import rope_parameters
     from pagedgen.loader.model_files import read_plain_config
+    from pagedgen.model_config import head_dim_of
 
     data = {"model_type": model_type, "vocab_size": 300, "hidden_size": 64,
             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}  # fmt: skip

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, BeamSearchParams, LoRARequest, SamplingParams
-from pagedgen.io.records import InputRecord, request_hash
+from pagedgen.entrypoints.io.records import InputRecord, request_hash
 from tests.cli_util import pagedgen, read_records, tiny, write_jsonl
 from tests.conftest import build_tokenizer
 from tests.test_models import COMMON, CONFIGS

@@ -6,8 +6,8 @@ import torch
 
 from pagedgen import LLM
 from pagedgen.config import EngineConfig
+from pagedgen.core.kv_geometry import GIB
 from pagedgen.engine import model_setup
-from pagedgen.engine.kv_geometry import GIB
 
 
 def test_the_gpu_pool_is_what_weights_and_the_largest_step_leave(tiny_llama_path, monkeypatch):

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.kv_geometry import KVGeometry
+from pagedgen.core.kv_geometry import KVGeometry
 from tests.conftest import build_tokenizer
 from tests.model_configs import COMMON, CONFIGS
 

@@ -7,9 +7,9 @@ import pytest
 
 from pagedgen import SamplingParams
 from pagedgen.config import EngineConfig
+from pagedgen.core.runner import NullRunner
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.engine.output_processor import OutputProcessor
-from pagedgen.engine.runner import NullRunner
 
 
 def every_sampled_request_that_finished(scheduled, requests) -> list:

@@ -12,17 +12,17 @@ import pytest
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from pagedgen import LLM, SamplingParams
-from pagedgen.engine.cpu_graphs import CaptureRefused, CpuPieces
-from pagedgen.engine.graph_capture import (
+from pagedgen.kernels import cpu_ops
+from pagedgen.layers.linear import gemm_rows
+from pagedgen.worker.cpu_graphs import CaptureRefused, CpuPieces
+from pagedgen.worker.graph_capture import (
     PIECEWISE,
     PIECEWISE_MAX_TOKENS,
     capture_piecewise_graphs,
     piecewise_enabled,
     piecewise_max_tokens,
 )
-from pagedgen.engine.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
-from pagedgen.kernels import cpu_ops
-from pagedgen.layers.linear import gemm_rows
+from pagedgen.worker.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
 from tests.model_configs import CONFIGS
 from tests.test_async_scheduling import ENGINE, outputs, prompts_of
 from tests.test_cpu_graphs import preemption_case

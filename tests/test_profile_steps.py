@@ -9,12 +9,12 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from pagedgen.bench import benchmark
-from pagedgen.bench.benchmark import BenchOptions
-from pagedgen.bench.gpu_profile import GpuProfile
-from pagedgen.bench.profile_steps import profile_decode_steps, profile_mixed_steps
-from pagedgen.bench.report import gpu_profile_line, render
-from pagedgen.cli.main import app
+from pagedgen.entrypoints.bench import benchmark
+from pagedgen.entrypoints.bench.benchmark import BenchOptions
+from pagedgen.entrypoints.bench.gpu_profile import GpuProfile
+from pagedgen.entrypoints.bench.profile_steps import profile_decode_steps, profile_mixed_steps
+from pagedgen.entrypoints.bench.report import gpu_profile_line, render
+from pagedgen.entrypoints.cli.main import app
 
 
 def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_path):
@@ -22,8 +22,8 @@ def test_the_glue_runs_on_the_cpu_and_leaves_the_engine_as_it_was(tiny_llama_pat
     with no device traced the busy share is None (not 0: nothing measured it) and no launch is
     counted."""
     from pagedgen import LLM
-    from pagedgen.bench.engines import run_pagedgen
-    from pagedgen.bench.workloads import random_workload
+    from pagedgen.entrypoints.bench.engines import run_pagedgen
+    from pagedgen.entrypoints.bench.workloads import random_workload
 
     llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01)
     workload = random_workload(llm.tokenizer, 4, 24, 12)
@@ -51,7 +51,7 @@ def test_the_window_is_a_full_batch_decoding_with_nothing_waiting(tiny_llama_pat
     """More requests than max_num_seqs: only the first max_num_seqs run, so every step after
     their prefill decodes the full batch and none is a waiting request's prefill."""
     from pagedgen import LLM
-    from pagedgen.bench.workloads import random_workload
+    from pagedgen.entrypoints.bench.workloads import random_workload
 
     llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01, max_num_seqs=2)
     workload = random_workload(llm.tokenizer, 5, 24, 12)
@@ -67,7 +67,7 @@ def test_mixed_steps_are_those_that_add_prompts_to_a_running_batch(tiny_llama_pa
     """The whole workload runs; once a request finishes, the next ones' prompts join the batch:
     the window holds those steps only, each with its host sections."""
     from pagedgen import LLM
-    from pagedgen.bench.workloads import random_workload
+    from pagedgen.entrypoints.bench.workloads import random_workload
 
     llm = LLM(str(tiny_llama_path), log=lambda message: None, kv_cache_memory=0.01, max_num_seqs=2)
     workload = random_workload(llm.tokenizer, 6, 24, 12)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pagedgen.io import InputSpec, OutputFile, open_input
+from pagedgen.entrypoints.io import InputSpec, OutputFile, open_input
 from pagedgen.sampling_params import SamplingParams
 from tests.cli_util import COMMAND, read_records, run_in_process, tiny
 
@@ -66,7 +66,7 @@ def rows_file(tmp_path_factory):
 def reference(tiny_llama_path, rows_file, tmp_path_factory):
     """A single process's records, without their timings, in input order."""
     from pagedgen import LLM
-    from pagedgen.batch import BatchJob
+    from pagedgen.entrypoints.batch import BatchJob
 
     out = OutputFile(str(tmp_path_factory.mktemp("ref") / "out.jsonl"))
     llm = LLM(str(tiny_llama_path), log=lambda _: None, **engine_kwargs())
@@ -80,7 +80,7 @@ def without_timing(records: list[dict]) -> list[dict]:
 
 
 def config(model, concurrency: int = 2, batch_size: int = 8, lora_modules=None):
-    from pagedgen.ray import ProcessorConfig
+    from pagedgen.entrypoints.ray import ProcessorConfig
 
     lora = {"enable_lora": True} if lora_modules else {}
     return ProcessorConfig(
@@ -136,7 +136,7 @@ def test_replicas_embed_what_one_process_embeds(
     """--runner pooling on Ray: each replica's pooling runner, the same records as BatchJob's
     (error lines in the embedding job's shape, the driver's and the replicas' alike)."""
     from pagedgen import LLM
-    from pagedgen.batch import BatchJob
+    from pagedgen.entrypoints.batch import BatchJob
 
     single = OutputFile(str(tmp_path / "single.jsonl"))
     llm = LLM(str(tiny_llama_path), runner="pooling", log=lambda _: None, **engine_kwargs())
@@ -157,7 +157,7 @@ def test_replicas_embed_what_one_process_embeds(
 
 @needs_ray
 def test_a_killed_replica_loses_and_repeats_nothing(cluster, tiny_llama_path, rows_file, reference):
-    from pagedgen.ray.job import RayJob
+    from pagedgen.entrypoints.ray.job import RayJob
 
     killed: list[str] = []
 
@@ -221,7 +221,7 @@ def test_processor_completes_dataset_rows(cluster, tiny_llama_path, tmp_path):
     import ray
 
     from pagedgen import LLM, LoRARequest
-    from pagedgen.ray import build_processor
+    from pagedgen.entrypoints.ray import build_processor
 
     adapter = make_lora(tiny_llama_path, tmp_path / "adapter")
     processor = build_processor(

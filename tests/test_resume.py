@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pagedgen.io import OutputFile
-from pagedgen.io.resume import scan_output
-from pagedgen.io.spec import InputError
+from pagedgen.entrypoints.io import OutputFile
+from pagedgen.entrypoints.io.resume import scan_output
+from pagedgen.entrypoints.io.spec import InputError
 from tests.cli_util import count_lines, pagedgen, read_records, start, tiny, write_jsonl
 
 NUM_PROMPTS = 300  # about 4 s of generation: long enough to kill in the middle
@@ -146,7 +146,7 @@ def test_resume_refuses_an_output_of_another_input(tiny_llama_path, prompts, tmp
 def test_writer_writes_whole_lines_in_index_order_or_as_they_come():
     import io
 
-    from pagedgen.io.writer import RecordWriter
+    from pagedgen.entrypoints.io.writer import RecordWriter
 
     class Recorder(io.RawIOBase):
         def __init__(self):

@@ -3,15 +3,15 @@ import random
 import pytest
 import torch
 
-from pagedgen.layers import sampler
-from pagedgen.layers.sampler import (
+from pagedgen.sampling_params import SamplingParams
+from pagedgen.worker import sampler
+from pagedgen.worker.sampler import (
     Sampler,
     SamplerOutput,
     apply_top_k_top_p,
     apply_top_k_top_p_sorted,
 )
-from pagedgen.layers.sampling_metadata import SamplingMetadata
-from pagedgen.sampling_params import SamplingParams
+from pagedgen.worker.sampling_metadata import SamplingMetadata
 
 # The CUDA cases carry the gpu mark, so that `pytest -m gpu` on a GPU machine runs them too.
 DEVICES = ["cpu"] + (

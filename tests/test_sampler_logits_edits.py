@@ -4,9 +4,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pagedgen.layers.sampler import apply_penalties_
-from pagedgen.layers.sampling_metadata import SamplingMetadata
 from pagedgen.sampling_params import SamplingParams
+from pagedgen.worker.sampler import apply_penalties_
+from pagedgen.worker.sampling_metadata import SamplingMetadata
 from tests.test_sampler import DEVICES, sample
 
 

@@ -10,10 +10,10 @@ import pytest
 from transformers import AutoConfig
 
 from pagedgen.config import EngineConfig
-from pagedgen.engine.control_plane import resolve_max_model_len
+from pagedgen.core.control_plane import resolve_max_model_len
+from pagedgen.core.preemption import PreemptionMode
+from pagedgen.core.sequence import SequenceGroup, SequenceStatus
 from pagedgen.engine.llm_engine import LLMEngine
-from pagedgen.engine.preemption import PreemptionMode
-from pagedgen.engine.sequence import SequenceGroup, SequenceStatus
 from pagedgen.sampling_params import SamplingParams
 from tests.kv_shadow import ShadowRunner, run_step
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from pagedgen.engine import scheduler
-from pagedgen.engine.block_manager import BlockManager
-from pagedgen.engine.scheduler_output import ScheduledStep, SchedulerOutput
-from pagedgen.engine.sequence import Sequence
+from pagedgen.core import scheduler
+from pagedgen.core.block_manager import BlockManager
+from pagedgen.core.scheduler_output import ScheduledStep, SchedulerOutput
+from pagedgen.core.sequence import Sequence
 from pagedgen.sampling_params import SamplingParams
 from tests.kv_shadow import run_step
 from tests.test_scheduler import make_engine

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from pagedgen.io.records import InputRecord
-from pagedgen.io.shard import Shard, parse_shard
+from pagedgen.entrypoints.io.records import InputRecord
+from pagedgen.entrypoints.io.shard import Shard, parse_shard
 from tests.cli_util import read_records, run_in_process, tiny, write_jsonl
 
 NUM_PROMPTS = 30

@@ -6,11 +6,12 @@ import random
 import pytest
 
 from pagedgen.config import EngineConfig
+from pagedgen.core.ngram_proposer import NgramProposer
+from pagedgen.core.sequence import Sequence
+from pagedgen.core.spec_verify import SpecDecodeStats, num_accepted
 from pagedgen.engine.llm_engine import LLMEngine
-from pagedgen.engine.sequence import Sequence
 from pagedgen.sampling_params import SamplingParams
-from pagedgen.spec_decode import NgramProposer, SpeculativeConfig
-from pagedgen.spec_decode.verify import SpecDecodeStats, num_accepted
+from pagedgen.spec_decode import SpeculativeConfig
 from tests.kv_shadow import ShadowRunner, run_step
 
 EOS = 0

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pagedgen import LLM, BeamSearchParams, SamplingParams
-from pagedgen.engine.step_inputs import StepArrays
 from pagedgen.sampling_params import StructuredOutputsParams
+from pagedgen.worker.step_inputs import StepArrays
 from tests.cli_util import read_records, run_in_process, tiny, write_jsonl
 
 ENGINE = dict(device="cpu", dtype="float32", attention_backend="cpu", log=lambda m: None)

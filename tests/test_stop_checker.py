@@ -5,8 +5,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from pagedgen.engine.sequence import Sequence, SequenceStatus
-from pagedgen.engine.stop_checker import StopChecker
+from pagedgen.core.sequence import Sequence, SequenceStatus
+from pagedgen.core.stop_checker import StopChecker
 from pagedgen.sampling_params import SamplingParams
 
 CORPUS = [

@@ -1,6 +1,6 @@
 from transformers import PreTrainedTokenizerFast
 
-from pagedgen.engine.sequence import SequenceStatus
+from pagedgen.core.sequence import SequenceStatus
 from tests.test_stop_checker import (
     MULTI_BYTE_TEXT,
     generate,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from pagedgen.engine.sequence import Sequence, SequenceStatus
-from pagedgen.engine.stop_checker import StopChecker, rust_backend
+from pagedgen.core.sequence import Sequence, SequenceStatus
+from pagedgen.core.stop_checker import StopChecker, rust_backend
 from pagedgen.sampling_params import SamplingParams
 from tests.test_stop_checker import CountingTokenizer
 

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from pagedgen import SamplingParams, StructuredOutputsParams
-from pagedgen.batch.requests import RequestBuilder, RequestError
-from pagedgen.cli.structured import structured_outputs_option
-from pagedgen.io.openai_batch import parse_openai
-from pagedgen.io.records import parse_native
-from pagedgen.structured_output import INSTALL_HINT
+from pagedgen.engine.structured_output import INSTALL_HINT
+from pagedgen.entrypoints.batch.requests import RequestBuilder, RequestError
+from pagedgen.entrypoints.cli.structured import structured_outputs_option
+from pagedgen.entrypoints.io.openai_batch import parse_openai
+from pagedgen.entrypoints.io.records import parse_native
 from tests.cli_util import read_records, run_in_process, tiny, write_jsonl
 
 
@@ -92,12 +92,12 @@ def test_missing_llguidance_names_the_install(monkeypatch):
     """llguidance absent (simulated: an import of it fails): a request that asks for structured
     output is rejected with the install command; the backend module names it too."""
     from pagedgen.config import EngineConfig
+    from pagedgen.core.runner import NullRunner
     from pagedgen.engine.llm_engine import LLMEngine
-    from pagedgen.engine.runner import NullRunner
 
     code = (
         "import sys; sys.modules['llguidance'] = None\n"
-        "try:\n    import pagedgen.structured_output.backend\n"
+        "try:\n    import pagedgen.engine.structured_output.backend\n"
         "except ImportError as e:\n    print(e)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -121,8 +121,8 @@ def test_the_matcher_replays_rolls_back_and_forks(tiny_llama_path):
     common prefix (a fork that replaced tokens), or rebuilt from the compiled grammar."""
     from transformers import AutoTokenizer
 
-    from pagedgen.structured_output.backend import GuidanceBackend
-    from pagedgen.structured_output.grammar import SequenceGrammar
+    from pagedgen.engine.structured_output.backend import GuidanceBackend
+    from pagedgen.engine.structured_output.grammar import SequenceGrammar
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
     backend = GuidanceBackend(tokenizer, 257, {256})
@@ -183,8 +183,8 @@ def test_a_grammar_at_a_dead_end_ends_its_sequence_with_an_error(tiny_llama_path
     from transformers import AutoTokenizer
 
     from pagedgen.config import EngineConfig
+    from pagedgen.core.runner import NullRunner
     from pagedgen.engine.llm_engine import LLMEngine
-    from pagedgen.engine.runner import NullRunner
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
     (a,) = tokenizer.encode("a")
@@ -209,8 +209,8 @@ def test_a_grammar_at_a_dead_end_ends_its_sequence_with_an_error(tiny_llama_path
 
 
 def test_summary_rows_show_compile_and_mask_time():
-    from pagedgen.cli.summary import grammar_rows
-    from pagedgen.structured_output.manager import StructuredOutputStats
+    from pagedgen.engine.structured_output.manager import StructuredOutputStats
+    from pagedgen.entrypoints.cli.summary import grammar_rows
 
     stats = StructuredOutputStats(num_grammars_compiled=2, compile_time_s=0.004)
     stats.num_masked_steps, stats.bitmask_fill_time_s, stats.num_masked_rows = 10, 0.02, 640

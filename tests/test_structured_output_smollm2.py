@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams, StructuredOutputsParams
-from pagedgen.engine.beam_search import BeamSearchParams
+from pagedgen.core.beam_search import BeamSearchParams
 from tests.structured_workload import EXTRACTION_SCHEMA, validation_error
 
 REQUESTS = [

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from pagedgen import LLM
-from pagedgen.chat_template import ChatTemplate
-from pagedgen.io.tools import check_tools, parse_tool_calls
+from pagedgen.entrypoints.chat_template import ChatTemplate
+from pagedgen.entrypoints.io.tools import check_tools, parse_tool_calls
 from tests.cli_util import run_in_process
 from tests.test_chat_options import HI, QUIET
 

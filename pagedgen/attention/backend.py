@@ -4,7 +4,7 @@ import torch
 
 from pagedgen.attention.kv_cache_dtype import gather, writable
 from pagedgen.attention.metadata import AttentionMetadata
-from pagedgen.engine.transfer import to_device
+from pagedgen.kernels.host_copy import to_device
 from pagedgen.layers.rotary import Rope
 
 
@@ -179,42 +179,4 @@ def split_qkv(
         q.view(num_tokens, num_heads, head_dim),
         k.view(num_tokens, num_kv_heads, head_dim),
         v.view(num_tokens, num_kv_heads, head_dim),
-    )
-
-
-def get_attention_backend(
-    name: str, device: torch.device, head_size: int, block_size: int
-) -> AttentionBackend:
-    """auto: our CUDA kernels on a CUDA device when CuPy works and they cover the shapes; our C
-    decode kernel on the CPU when it compiles here; else the torch backend."""
-    if name == "auto":
-        name = "torch"
-        if device.type == "cpu":
-            from pagedgen.kernels.cpu import cpu_kernel_error
-
-            if cpu_kernel_error() is None:
-                name = "cpu"
-        elif device.type == "cuda":
-            from pagedgen.attention.cupy_backend import CupyAttentionBackend, cupy_available
-
-            if cupy_available() and CupyAttentionBackend.supports(head_size, block_size):
-                name = "cupy"
-    if name == "torch":
-        from pagedgen.attention.torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend()
-    if name == "cpu":
-        from pagedgen.attention.cpu_backend import CpuAttentionBackend
-
-        return CpuAttentionBackend(device)
-    if name == "reference":
-        from pagedgen.attention.reference import ReferenceAttentionBackend
-
-        return ReferenceAttentionBackend()
-    if name == "cupy":
-        from pagedgen.attention.cupy_backend import CupyAttentionBackend
-
-        return CupyAttentionBackend(device, head_size, block_size)
-    raise ValueError(
-        f"unknown attention backend {name!r}; choose auto, torch, cpu, cupy or reference"
     )

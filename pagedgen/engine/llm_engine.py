@@ -4,23 +4,22 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pagedgen.config import EngineConfig
-from pagedgen.engine.beam_search import BeamSearchParams
-from pagedgen.engine.control_plane import build_control_plane
+from pagedgen.core.beam_search import BeamSearchParams
+from pagedgen.core.control_plane import build_control_plane
+from pagedgen.core.request import Request, build_request
+from pagedgen.core.runner import InFlightStep, Runner, SamplerOutput
+from pagedgen.core.scheduler_output import SchedulerOutput
+from pagedgen.core.sequence import SequenceStatus
+from pagedgen.core.stats import EngineStats
+from pagedgen.core.step_timer import StepTimer
+from pagedgen.core.stop_checker import StopChecker, Tokenizer
 from pagedgen.engine.output_processor import OutputProcessor
-from pagedgen.engine.request import Request, build_request
-from pagedgen.engine.runner import InFlightStep, Runner, SamplerOutput
-from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.engine.sequence import SequenceStatus
-from pagedgen.engine.stats import EngineStats
-from pagedgen.engine.step_timer import StepTimer
-from pagedgen.engine.stop_checker import StopChecker, Tokenizer
-from pagedgen.engine.streaming import stream_outputs
+from pagedgen.engine.structured_output.manager import StructuredOutputManager
 from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import PoolingRequestOutput, RequestOutput
 from pagedgen.pooling import PoolerConfig, PoolingParams
 from pagedgen.pooling.params import for_runner
 from pagedgen.sampling_params import SamplingParams
-from pagedgen.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int]
 Params = SamplingParams | BeamSearchParams | PoolingParams
@@ -95,15 +94,6 @@ class LLMEngine:
         self.timer = StepTimer()
         self.in_flight: InFlightStep | None = None
         self.num_sync_requests = 0  # unfinished requests that rule out async steps
-
-    @classmethod
-    def from_config(
-        cls, config: EngineConfig, log: Callable[[str], None] = log_to_stderr
-    ) -> "LLMEngine":
-        """Loads the model named by config and sizes its KV cache; logs what it built."""
-        from pagedgen.engine.model_setup import build_engine  # torch: kept out of this module
-
-        return build_engine(cls, config, log)
 
     @property
     def num_blocks(self) -> int:
@@ -289,4 +279,26 @@ class LLMEngine:
         bounded memory while the batch stays full. on_step(engine) runs after every step, where
         the engine is consistent: it may read the gauges or abort requests."""
         max_pending = max_pending or 2 * self.config.max_num_seqs
-        return stream_outputs(self, requests, max_pending, on_step)
+        return self._stream(iter(requests), max_pending, on_step)
+
+    def _stream(
+        self,
+        requests: Iterator[tuple],
+        max_pending: int,
+        on_step: Callable[["LLMEngine"], None] | None,
+    ) -> Iterator[Output]:
+        exhausted = False
+        while True:
+            while not exhausted and self.num_unfinished_requests < max_pending:
+                request = next(requests, None)
+                if request is None:
+                    exhausted = True
+                else:
+                    self.add_request(*request)
+            if not self.has_unfinished_requests():
+                self.finish_in_flight()  # a step of finished sequences only
+                return
+            finished = self.step()
+            if on_step is not None:
+                on_step(self)
+            yield from finished

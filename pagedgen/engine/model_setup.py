@@ -3,42 +3,41 @@
 import gc
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from pagedgen.allocator import keep_freed_memory
 from pagedgen.attention import get_attention_backend
 from pagedgen.attention.kv_cache_dtype import is_fp8, resolve_kv_cache_dtype
 from pagedgen.config import EngineConfig
-from pagedgen.cpu_features import cpu_compute_dtype, describe_cpu_compute, isa_name
-from pagedgen.engine.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
-from pagedgen.engine.graph_capture import capture_graphs
-from pagedgen.engine.kv_geometry import (
+from pagedgen.core.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
+from pagedgen.core.kv_geometry import (
     DEFAULT_CPU_KV_CACHE_GIB,
     GIB,
     KVGeometry,
     PoolSize,
     size_kv_pool,
 )
-from pagedgen.engine.model_runner import ModelRunner
-from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.engine.sequence import Sequence
-from pagedgen.engine.sliding_window import freeable_window
+from pagedgen.core.scheduler_output import SchedulerOutput
+from pagedgen.core.sequence import Sequence
+from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
 from pagedgen.kernels.cpu import kernel_dtypes
+from pagedgen.kernels.cpu_features import cpu_compute_dtype, isa_name
+from pagedgen.layers.linear import describe_cpu_compute
 from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.generation_config import generation_eos_token_ids
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.loader.quantized import check_quantization
-from pagedgen.lora.manager import LoRAManager
+from pagedgen.model_config import freeable_window
 from pagedgen.models.classifier import classifier_tokens
 from pagedgen.models.registry import get_model_class
 from pagedgen.pooling.config import PoolerConfig, pick_pooler_config
-from pagedgen.pooling.pooler import Pooler
 from pagedgen.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from pagedgen.engine.llm_engine import LLMEngine
+from pagedgen.worker.allocator import keep_freed_memory
+from pagedgen.worker.graph_capture import capture_graphs
+from pagedgen.worker.lora_manager import LoRAManager
+from pagedgen.worker.model_runner import ModelRunner
+from pagedgen.worker.pooler import Pooler
 
 
 class ModelSetup(NamedTuple):
@@ -52,14 +51,12 @@ class ModelSetup(NamedTuple):
     pooler_config: PoolerConfig | None  # a pooling runner's
 
 
-def build_engine(
-    engine_cls: type["LLMEngine"], config: EngineConfig, log: Callable[[str], None]
-) -> "LLMEngine":
-    """LLMEngine.from_config: the engine over the model config names, loaded."""
+def build_engine(config: EngineConfig, log: Callable[[str], None] = log_to_stderr) -> LLMEngine:
+    """The engine over the model config names, loaded, its KV cache sized; logs what it built."""
     model = setup_model(config, log)
     if model.pooler_config is not None and model.pooler_config.reads_every_prompt_token:
         config = replace(config, enable_prefix_caching=False)  # a hit skips rows it pools
-    engine = engine_cls(
+    engine = LLMEngine(
         config,
         model.runner,
         model.tokenizer,

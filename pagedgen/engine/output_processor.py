@@ -1,15 +1,15 @@
 import time
 
-from pagedgen.engine.request import Request
-from pagedgen.engine.runner import SamplerOutput
-from pagedgen.engine.scheduler import Scheduler
-from pagedgen.engine.scheduler_output import SchedulerOutput
-from pagedgen.engine.sequence import Sequence, SequenceStatus
-from pagedgen.engine.stop_checker import StopChecker
+from pagedgen.core.ngram_proposer import NgramProposer
+from pagedgen.core.request import Request
+from pagedgen.core.runner import SamplerOutput
+from pagedgen.core.scheduler import Scheduler
+from pagedgen.core.scheduler_output import SchedulerOutput
+from pagedgen.core.sequence import Sequence, SequenceStatus
+from pagedgen.core.spec_verify import SpecDecodeStats, num_accepted
+from pagedgen.core.stop_checker import StopChecker
+from pagedgen.engine.structured_output.manager import StructuredOutputManager
 from pagedgen.spec_decode.config import SpeculativeConfig
-from pagedgen.spec_decode.ngram_proposer import NgramProposer
-from pagedgen.spec_decode.verify import SpecDecodeStats, num_accepted
-from pagedgen.structured_output.manager import StructuredOutputManager
 
 
 class OutputProcessor:

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import torch
 
-from pagedgen.cpu_features import kernel_march
 from pagedgen.kernels.cpu_build import (
     CpuKernelUnavailable,
     declare,
     load_amx_library,
     load_cpu_library,
 )
+from pagedgen.kernels.cpu_features import kernel_march
 
 SOURCE = "paged_attention_cpu.c"
 PREFILL_SOURCE = "prefill_attention_cpu.c"

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-from pagedgen.cpu_features import cpu_flags, has_amx_bf16, kernel_march
+from pagedgen.kernels.cpu_features import cpu_flags, has_amx_bf16, kernel_march
 from pagedgen.kernels.source import kernel_source
+from pagedgen.paths import cache_dir
 
 # Reassociation lets reductions vectorize; not -ffast-math, whose crtfastmath would turn on
 # flush-to-zero for the whole process.
@@ -48,7 +49,6 @@ def _compiler() -> str:
 
 def compile_source(compiler: str, name: str, source: str, flags: tuple[str, ...]) -> Path:
     """The cached shared library of source (kernels/<name>), compiled now if it is not there."""
-    from pagedgen.loader.resolve import cache_dir  # the loader imports the models, which use us
 
     # -march=native code is only valid where the CPU has the same features.
     cpu_id = " ".join(sorted(cpu_flags())) or sys.platform

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import torch
 
-from pagedgen.cpu_features import kernel_march
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
+from pagedgen.kernels.cpu_features import kernel_march
 
 SOURCE = "cpu_gemm.c"
 DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_GEMM"

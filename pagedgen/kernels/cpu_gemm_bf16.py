@@ -20,14 +20,14 @@ from types import SimpleNamespace
 
 import torch
 
-from pagedgen import cpu_features
-from pagedgen.cpu_features import kernel_march
+from pagedgen.kernels import cpu_features
 from pagedgen.kernels.cpu_build import (
     CpuKernelUnavailable,
     declare,
     load_amx_library,
     load_cpu_library,
 )
+from pagedgen.kernels.cpu_features import kernel_march
 from pagedgen.kernels.cpu_gemm import DISABLE_ENV
 
 SOURCE = "cpu_gemm_bf16.c"

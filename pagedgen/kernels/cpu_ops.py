@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import torch
 
-from pagedgen.cpu_features import kernel_march
 from pagedgen.kernels.cpu import KV_DTYPE_CODES
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
+from pagedgen.kernels.cpu_features import kernel_march
 
 SOURCE = "cpu_ops.c"
 # Products and sums round as torch's ops round them (no fused multiply-adds).

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedgen.cpu_features import onednn_matmul_dtypes
 from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16
+from pagedgen.kernels.cpu_features import cpu_compute_dtype, has_avx512, onednn_matmul_dtypes
 
 # oneDNN's blocked weight layout is chosen for this many rows; any number of rows works.
 PACK_BATCH_SIZE = 64
@@ -71,7 +71,7 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
         self.layout = DENSE
-        # LoRA adapters' sum added to the output (pagedgen/lora/layers.py), set on engines
+        # LoRA adapters' sum added to the output (pagedgen/layers/lora.py), set on engines
         # that enable LoRA.
         self.lora: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
@@ -172,3 +172,20 @@ def load_param(param: nn.Parameter, tensor: torch.Tensor) -> None:
 def pack_linear_weights(model: nn.Module, compute_dtype: torch.dtype | None = None) -> int:
     """Packs every Linear of a loaded model (see Linear.pack); returns how many were packed."""
     return sum(m.pack(compute_dtype) for m in model.modules() if isinstance(m, Linear))
+
+
+def describe_cpu_compute(dtype: torch.dtype) -> str:
+    """One phrase for the startup line: how a model of dtype computes on this CPU."""
+    compute = cpu_compute_dtype(dtype)
+    matmuls = "oneDNN" if compute in onednn_matmul_dtypes() else "torch"
+    if compute == torch.float32 and cpu_gemm.enabled():
+        matmuls = "AVX-512 panel" if has_avx512() else "AVX2 panel"
+    if compute == torch.bfloat16 and cpu_gemm_bf16.enabled():
+        matmuls = "AMX panel" if cpu_gemm_bf16.amx_error() is None else "AVX512_BF16 panel"
+    name = str(compute).removeprefix("torch.")
+    if compute == dtype:
+        return f"{matmuls} {name} matmuls"
+    return (
+        f"{matmuls} {name} matmuls and activations (no native {str(dtype).removeprefix('torch.')}"
+        f" matmul on this CPU), {str(dtype).removeprefix('torch.')} KV cache"
+    )

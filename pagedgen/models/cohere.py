@@ -5,9 +5,9 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.norm import LayerNorm
 from pagedgen.layers.rotary import pairs_to_halves, reorder_heads
+from pagedgen.model_config import head_dim_of
 from pagedgen.models.layernorm_decoder import ParallelDecoderLayer
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 

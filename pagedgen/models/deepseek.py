@@ -4,10 +4,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedgen.layers.mla import MLAAttention
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.layers.rotary import pairs_to_halves, reorder_heads
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP
+from pagedgen.models.mla import MLAAttention
 
 SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")  # their transformers classes ignore scoring_func
 

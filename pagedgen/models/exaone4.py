@@ -1,7 +1,7 @@
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.sliding_window import layer_sliding_windows
+from pagedgen.model_config import layer_sliding_windows
 from pagedgen.models.olmo2 import Olmo2ForCausalLM
 from pagedgen.models.qwen3 import Qwen3Attention
 

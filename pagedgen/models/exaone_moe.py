@@ -5,7 +5,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.sliding_window import layer_sliding_windows
+from pagedgen.model_config import layer_sliding_windows
 from pagedgen.models.deepseek import deepseek_names
 from pagedgen.models.dots1 import sigmoid_routed_moe
 from pagedgen.models.llama import LlamaForCausalLM, LlamaMLP

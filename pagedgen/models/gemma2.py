@@ -3,11 +3,10 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import head_dim_of
-from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import ResidualNorm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
+from pagedgen.model_config import head_dim_of, layer_sliding_windows
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
 

@@ -9,9 +9,9 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import num_kv_heads_of
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
+from pagedgen.model_config import num_kv_heads_of
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 from pagedgen.models.names import renamed

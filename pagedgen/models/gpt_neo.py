@@ -8,8 +8,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.mlp import MLP
+from pagedgen.model_config import layer_sliding_windows
 from pagedgen.models.gpt2 import GPT2_RULES, AbsoluteAttention, GPT2LMHeadModel, attention_shape
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer
 from pagedgen.models.llama import LlamaForCausalLM

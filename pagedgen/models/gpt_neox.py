@@ -5,11 +5,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.kv_geometry import head_dim_of, num_kv_heads_of
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import LayerNorm
 from pagedgen.layers.rotary import RotaryEmbedding, pairs_to_halves, reorder_heads
+from pagedgen.model_config import head_dim_of, num_kv_heads_of
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer, ParallelDecoderLayer, norm_eps
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.names import renamed

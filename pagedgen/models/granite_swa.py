@@ -5,8 +5,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from pagedgen.model_config import head_dim_of
 from pagedgen.models.gpt_oss import GptOssAttention
 from pagedgen.models.granite import GraniteForCausalLM
 

@@ -6,10 +6,10 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, rope_parameters
+from pagedgen.model_config import head_dim_of
 from pagedgen.models.ernie4_5_moe import Float32Router
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 

@@ -5,12 +5,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import head_dim_of, num_kv_heads_of
-from pagedgen.engine.sliding_window import layer_sliding_windows
 from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import RMSNorm, add_norm
 from pagedgen.layers.rotary import Rope, RotaryEmbedding
+from pagedgen.model_config import head_dim_of, layer_sliding_windows, num_kv_heads_of
 from pagedgen.models.checkpoint_weights import load_checkpoint_weights
 
 

@@ -3,9 +3,9 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, layer_type_ropes
+from pagedgen.model_config import head_dim_of
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 
 

@@ -7,8 +7,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.mlp import MLP
+from pagedgen.model_config import head_dim_of
 from pagedgen.models.gpt_neox import check_all_kv_heads, qkv_head_by_head
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer
 from pagedgen.models.llama import LlamaForCausalLM

@@ -4,11 +4,11 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.engine.kv_geometry import head_dim_of
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.layers.norm import LayerNorm
 from pagedgen.layers.rotary import RotaryEmbedding, rope_angles, rope_parameters
+from pagedgen.model_config import head_dim_of
 from pagedgen.models.llama import LlamaDecoderLayer, LlamaMLP
 from pagedgen.models.moe import MixtralForCausalLM
 

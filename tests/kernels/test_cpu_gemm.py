@@ -5,8 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedgen import cpu_features
-from pagedgen.kernels import cpu_gemm
+from pagedgen.kernels import cpu_features, cpu_gemm
 from tests.kernels.test_cpu_kernel import MARCHES
 
 AVX2_MARCHES = [m for m in MARCHES if m != "x86-64"]

@@ -9,8 +9,8 @@ import torch
 
 from pagedgen.attention.kv_cache_dtype import writable
 from pagedgen.attention.reference import paged_attention_reference
-from pagedgen.cpu_features import cpu_flags
 from pagedgen.kernels.cpu import cpu_kernel_error, kernel_dtypes, paged_attention_decode
+from pagedgen.kernels.cpu_features import cpu_flags
 
 pytestmark = pytest.mark.skipif(
     cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"

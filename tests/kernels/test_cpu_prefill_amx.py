@@ -6,8 +6,8 @@ other prefill tests (a read past a context or before a window shows). Skipped wi
 import pytest
 import torch
 
-from pagedgen.cpu_features import has_amx_bf16, kernel_march
 from pagedgen.kernels.cpu import amx_error, amx_supports, paged_attention_prefill
+from pagedgen.kernels.cpu_features import has_amx_bf16, kernel_march
 from tests.kernels.prefill_cases import PrefillCase, make_prefill_case, prefill_reference
 
 # Where the CPU has AMX, a kernel that fails to build fails these tests: it does not skip them.

@@ -1,3 +1,0 @@
-from pagedgen.cli.main import app
-
-app(prog_name="pagedgen")

@@ -1,0 +1,3 @@
+from pagedgen.entrypoints.cli.main import app
+
+app(prog_name="pagedgen")

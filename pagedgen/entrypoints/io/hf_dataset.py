@@ -1,0 +1,144 @@
+"""Hugging Face datasets as input: rows are read one at a time, never loaded whole.
+
+A folder written by save_to_disk and a hub id in the local cache are memory-mapped Arrow files;
+parquet/csv/json files (or a folder of them) are streamed.
+"""
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pagedgen.entrypoints.io.records import InputRecord, parse_native
+from pagedgen.entrypoints.io.spec import InputError, InputSpec
+
+BUILDERS = {
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".arrow": "arrow",
+}
+PROMPT_COLUMNS = ("prompt", "text", "question", "instruction")
+
+
+def read_dataset(spec: InputSpec) -> tuple[Iterator[InputRecord], int | None]:
+    rows, columns, total = _load(spec)
+    prompt_column, messages_column = _pick_columns(spec, columns)
+    for column in (spec.id_column, spec.reference_column):
+        if column is not None and column not in columns:
+            raise InputError(f"column {column!r} is not in the dataset; its columns: {columns}")
+
+    def records() -> Iterator[InputRecord]:
+        for index, row in enumerate(rows):
+            yield _record(row, index, prompt_column, messages_column, spec)
+
+    return records(), total
+
+
+def _record(
+    row: dict[str, Any],
+    index: int,
+    prompt_column: str | None,
+    messages_column: str | None,
+    spec: InputSpec,
+) -> InputRecord:
+    record_id = row.get(spec.id_column) if spec.id_column else None
+    record_id = f"row-{index}" if record_id is None else str(record_id)
+    reference = row.get(spec.reference_column) if spec.reference_column else None
+    column = messages_column or prompt_column
+    assert column is not None
+    value = row.get(column)
+    if value is None:
+        error = f"column {column!r} is null"
+        return InputRecord(index + 1, record_id, error=error, unit="row")
+    obj = {"id": record_id, ("messages" if messages_column else "prompt"): value}
+    return parse_native(obj, index + 1, "row")._replace(reference=reference)
+
+
+def _pick_columns(spec: InputSpec, columns: list[str]) -> tuple[str | None, str | None]:
+    for column in (spec.prompt_column, spec.messages_column):
+        if column is not None and column not in columns:
+            raise InputError(f"column {column!r} is not in the dataset; its columns: {columns}")
+    if spec.messages_column is not None:
+        return None, spec.messages_column
+    if spec.prompt_column is not None:
+        return spec.prompt_column, None
+    if "messages" in columns and "prompt" not in columns:
+        return None, "messages"
+    for column in PROMPT_COLUMNS:
+        if column in columns:
+            return column, None
+    raise InputError(
+        f"no prompt column found among {columns}; name one with --prompt-column or "
+        "--messages-column"
+    )
+
+
+def _load(spec: InputSpec) -> tuple[Iterable[dict[str, Any]], list[str], int | None]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    path = Path(spec.path).expanduser()
+    try:
+        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                if spec.split not in ds:
+                    raise InputError(f"split {spec.split!r} is not in {spec.path}: {list(ds)}")
+                ds = ds[spec.split]
+            return ds, ds.column_names, len(ds)
+        if path.is_file():
+            builder = BUILDERS.get(path.suffix)
+            if builder is None:
+                raise InputError(f"{spec.path} is not a parquet, csv, json or arrow file")
+            stream = datasets.load_dataset(
+                builder, data_files=str(path), split="train", streaming=True
+            )
+            total = _parquet_rows(path) if builder == "parquet" else None
+            return stream, _column_names(stream), total
+        if path.is_dir():
+            stream = datasets.load_dataset(str(path), split=spec.split, streaming=True)
+            return stream, _column_names(stream), None
+        ds = _load_cached(datasets, spec)
+        return ds, ds.column_names, len(ds)
+    except InputError:
+        raise
+    except Exception as e:  # datasets raises many kinds for a dataset it cannot find or read
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"cannot load dataset {spec.path!r}: {message}") from e
+
+
+def _load_cached(datasets: Any, spec: InputSpec) -> Any:
+    """A hub id from the local cache (memory-mapped Arrow), without reaching for the network
+    unless HF_DATASETS_OFFLINE or HF_HUB_OFFLINE says otherwise."""
+    offline = datasets.config.HF_HUB_OFFLINE
+    if "HF_DATASETS_OFFLINE" not in os.environ and "HF_HUB_OFFLINE" not in os.environ:
+        datasets.config.HF_HUB_OFFLINE = True
+    try:
+        return datasets.load_dataset(spec.path, split=spec.split)
+    except ConnectionError as e:
+        raise InputError(
+            f"{spec.path!r} is neither a local file or folder nor a dataset in the local Hugging "
+            f"Face cache ({datasets.config.HF_DATASETS_CACHE})"
+        ) from e
+    finally:
+        datasets.config.HF_HUB_OFFLINE = offline
+
+
+def _column_names(stream: Any) -> list[str]:
+    if stream.column_names is not None:
+        return list(stream.column_names)
+    first = next(iter(stream), None)
+    return list(first) if first is not None else []
+
+
+def _parquet_rows(path: Path) -> int | None:
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (OSError, pyarrow.ArrowException):  # unreadable here: the stream then says why
+        return None
