@@ -1,5 +1,5 @@
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pagedgen.json_args import json_object
@@ -14,6 +14,49 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")  # vLLM's (io/reas
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True, slots=True)
+class CudaAttentionConfig:
+    """Which of our CUDA attention kernels the cupy backend takes (--cuda-attention-config, a
+    JSON object of these fields). None leaves the choice to the kernels' own rules, measured per
+    shape; True takes the kernel for every layer it can run, False for none.
+
+    prefill_kernel: one prefill attention launch per layer (kernels/prefill_attention.cu) rather
+    than PyTorch's SDPA per sequence. grouped_decode: one thread block per kv head for its whole
+    GQA group (kernels/paged_attention_grouped.cu). l2_prefetch: decode warps ask L2 for their
+    next KV block. tensor_core_decode, tensor_core_prefill: the tensor-core kernels
+    (paged_attention_mma.cu, prefill_attention_mma.cu; sm_80 or newer, 16-bit caches).
+    decode_longest_first: the tensor-core decode kernel takes a step's sequences longest first,
+    so that a long one does not finish alone after the rest."""
+
+    prefill_kernel: bool = True
+    grouped_decode: bool | None = None
+    l2_prefetch: bool | None = None
+    tensor_core_decode: bool | None = None
+    tensor_core_prefill: bool | None = None
+    decode_longest_first: bool = False
+
+    @classmethod
+    def parse(
+        cls, value: "CudaAttentionConfig | dict[str, Any] | str | None"
+    ) -> "CudaAttentionConfig":
+        """From a CudaAttentionConfig, a dict of its fields or their JSON; None: the defaults."""
+        if isinstance(value, CudaAttentionConfig):
+            return value
+        options = json_object("cuda_attention_config", value) or {}
+        names = {field.name for field in fields(cls)}
+        if unknown := sorted(set(options) - names):
+            raise ValueError(
+                f"cuda_attention_config has no field {unknown[0]!r}; fields: {sorted(names)}"
+            )
+        for name, option in options.items():
+            optional = name not in ("prefill_kernel", "decode_longest_first")
+            if not isinstance(option, bool) and not (optional and option is None):
+                raise ValueError(
+                    f"cuda_attention_config.{name} must be true or false, got {option!r}"
+                )
+        return cls(**options)
 
 
 @dataclass(slots=True)
@@ -82,6 +125,8 @@ class EngineConfig:
     override_generation_config: dict[str, Any] | str | None = None  # fields over those; JSON ok
     runner: str = "auto"
     pooler_config: dict[str, Any] | str | None = None  # JSON ok
+    # The CUDA attention kernels the cupy backend takes; a dict of its fields or JSON ok
+    cuda_attention_config: CudaAttentionConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         if self.seed is None:
@@ -135,6 +180,7 @@ class EngineConfig:
             json_object("override_generation_config", self.override_generation_config) or {}
         )
         self.hf_overrides = json_object("hf_overrides", self.hf_overrides) or {}
+        self.cuda_attention_config = CudaAttentionConfig.parse(self.cuda_attention_config)
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding")
         if self.runner not in RUNNERS:

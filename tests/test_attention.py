@@ -195,7 +195,7 @@ def test_batched_and_per_sequence_decode_agree(sinks):
 
 
 def test_auto_falls_back_to_torch_without_the_cpu_kernel(monkeypatch):
-    monkeypatch.setattr("pagedgen.kernels.cpu.cpu_kernel_error", lambda: "no C compiler found")
+    monkeypatch.setattr("pagedgen.attention.selector.cpu_kernel_error", lambda: "no C compiler")
     monkeypatch.setattr("pagedgen.attention.cpu_backend.cpu_kernel_error", lambda: "no C compiler")
     cpu = torch.device("cpu")
     assert get_attention_backend("auto", cpu, 64, 16).name == "torch"

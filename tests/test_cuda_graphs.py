@@ -122,20 +122,23 @@ def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(head64_llama_path, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_longest_first_decode_graphs_give_the_eager_tokens_on_a_gpu(head64_llama_path, monkeypatch):
-    """PAGEDGEN_CUDA_DECODE_LONGEST_FIRST sorts the decode rows on the device, inside the decode
-    graphs too: their tokens equal the eager engine's, which takes the rows in order. Every
-    layer decodes on the tensor-core kernel in one pass (the planner sees a GPU of one SM)."""
-    from pagedgen.attention.cupy_backend import CupyAttentionBackend
+    """cuda_attention_config's decode_longest_first sorts the decode rows on the device, inside
+    the decode graphs too: their tokens equal the eager engine's, which takes the rows in order.
+    Every layer decodes on the tensor-core kernel in one pass (the planner sees a GPU of one SM)."""
     from pagedgen.kernels import paged_attention
 
-    monkeypatch.setattr(CupyAttentionBackend, "use_tensor_core_decode", True)
     monkeypatch.setattr(paged_attention, "num_sms", lambda device: 1)
     kwargs = dict(device="cuda", dtype="bfloat16", kv_cache_memory=0.05, max_num_seqs=20,
                   max_num_batched_tokens=128, log=lambda m: None)  # fmt: skip
     prompts, params = workload(0)
-    eager = token_ids(LLM(str(head64_llama_path), **kwargs), prompts, params)
-    monkeypatch.setattr(CupyAttentionBackend, "decode_longest_first", True)
-    llm = LLM(str(head64_llama_path), enforce_eager=False, **kwargs)
+    mma = {"tensor_core_decode": True}
+    eager = token_ids(
+        LLM(str(head64_llama_path), cuda_attention_config=mma, **kwargs), prompts, params
+    )
+    longest_first = {**mma, "decode_longest_first": True}
+    llm = LLM(
+        str(head64_llama_path), enforce_eager=False, cuda_attention_config=longest_first, **kwargs
+    )
     counts = count_replays(llm)
     assert token_ids(llm, prompts, params) == eager
     assert sum(counts.values()) >= 20

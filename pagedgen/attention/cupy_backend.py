@@ -1,10 +1,9 @@
-import os
-
 import torch
 
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.step_plans import StepPlans
 from pagedgen.attention.torch_backend import TorchAttentionBackend
+from pagedgen.config import CudaAttentionConfig
 from pagedgen.kernels import loader, paged_attention_mma
 from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
@@ -19,26 +18,20 @@ def cupy_available() -> bool:
     return loader.cupy_available()
 
 
-def _forced(variable: str) -> bool | None:
-    """A variable's 1 (True) or 0 (False); None, for the kernels' own choice, when unset."""
-    return {"1": True, "0": False}.get(os.environ.get(variable, ""))
-
-
 class CupyAttentionBackend(TorchAttentionBackend):
     """Our CUDA kernels through CuPy: rope_and_cache applies RoPE and writes K/V in one launch,
     paged attention v1/v2 serves decode rows, and one prefill attention launch per layer serves
-    every prefill and chunked-prefill row, cached prefixes included (kernels/prefill_attention.cu,
-    or its tensor-core twin below), or, with PAGEDGEN_CUDA_PREFILL_KERNEL=0, PyTorch's SDPA, one
-    call per sequence. GQA layers with groups of 4 or more and heads of 128 or more decode
-    with the grouped kernel, which reads each kv head's K/V once for its group
-    (PAGEDGEN_CUDA_GROUPED_DECODE=1 for every GQA layer, 0 for none);
-    per-head decode warps prefetch their next KV block into L2, grouped ones do not
-    (PAGEDGEN_CUDA_DECODE_PREFETCH=1 for both, 0 for neither).
-    Layers with a 16-bit cache of the model's dtype and heads of 64, 128 or 256 (every option
-    below included; sm_80 or newer) run their prefill rows, and their decode rows where GQA
-    groups hold 3 or more query heads, on tensor cores (kernels/prefill_attention_mma.cu,
-    paged_attention_mma.cu); PAGEDGEN_CUDA_MMA_DECODE and PAGEDGEN_CUDA_MMA_PREFILL =1 take them
-    for every such layer, =0 for none (the kernels above).
+    every prefill and chunked-prefill row, cached prefixes included
+    (kernels/prefill_attention.cu, or its tensor-core twin below), or, with
+    CudaAttentionConfig.prefill_kernel false, PyTorch's SDPA, one call per sequence. GQA layers
+    with groups of 4 or more and heads of 128 or more decode with the grouped kernel, which
+    reads each kv head's K/V once for its group (grouped_decode true for every GQA layer, false
+    for none); per-head decode warps prefetch their next KV block into L2, grouped ones do not
+    (l2_prefetch true for both, false for neither). Layers with a 16-bit cache of the model's
+    dtype and heads of 64, 128 or 256 (every option below included; sm_80 or newer) run their
+    prefill rows, and their decode rows where GQA groups hold 3 or more query heads, on tensor
+    cores (kernels/prefill_attention_mma.cu, paged_attention_mma.cu); tensor_core_decode and
+    tensor_core_prefill true take them for every such layer, false for none (the kernels above).
     Reads the same cache layout as the torch backend. Supports the head sizes HEAD_SIZES and
     block sizes BLOCK_SIZES, and fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) beside
     caches of the model's dtype: every kernel rounds K/V into them as to_cache_dtype does, and
@@ -48,26 +41,22 @@ class CupyAttentionBackend(TorchAttentionBackend):
     one, which declines such layers."""
 
     name = "cupy"
-    use_prefill_kernel = os.environ.get("PAGEDGEN_CUDA_PREFILL_KERNEL", "1") != "0"
-    # One thread block per kv head for its whole GQA group (kernels/paged_attention_grouped.cu):
-    # None where it measured faster (paged_attention.AUTO_GROUPED_*), True for every GQA layer,
-    # False for none.
-    use_grouped_decode = _forced("PAGEDGEN_CUDA_GROUPED_DECODE")
-    # Each decode warp asks L2 for its next KV block (kernels/kv_prefetch.cuh): None where it
-    # measured faster (the per-head kernel), True for both kernels, False for neither.
-    use_l2_prefetch = _forced("PAGEDGEN_CUDA_DECODE_PREFETCH")
-    # The tensor-core decode kernel (kernels/paged_attention_mma.cu): None where it measured
-    # faster (paged_attention.AUTO_MMA_MIN_GROUP), True for every layer it takes, False for none.
-    use_tensor_core_decode = _forced("PAGEDGEN_CUDA_MMA_DECODE")
-    # The tensor-core prefill kernel (kernels/prefill_attention_mma.cu): None or True for every
-    # layer it takes, False for none.
-    use_tensor_core_prefill = _forced("PAGEDGEN_CUDA_MMA_PREFILL")
-    # PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=1: the tensor-core v1 decode kernel takes the step's
-    # sequences longest first (seq_order), so that a long one does not finish alone after the
-    # rest; off until a GPU has measured it in the engine.
-    decode_longest_first = os.environ.get("PAGEDGEN_CUDA_DECODE_LONGEST_FIRST") == "1"
+    # CudaAttentionConfig's defaults; __init__ sets each from the engine's options (tests set
+    # them on a backend built without __init__, emulated on the CPU).
+    use_prefill_kernel: bool = True
+    use_grouped_decode: bool | None = None
+    use_l2_prefetch: bool | None = None
+    use_tensor_core_decode: bool | None = None
+    use_tensor_core_prefill: bool | None = None
+    decode_longest_first: bool = False
 
-    def __init__(self, device: torch.device, head_size: int, block_size: int) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        head_size: int,
+        block_size: int,
+        options: CudaAttentionConfig = CudaAttentionConfig(),
+    ) -> None:
         if device.type != "cuda":
             raise RuntimeError(
                 f"the cupy attention backend runs on CUDA devices only, got {device}; "
@@ -86,6 +75,12 @@ class CupyAttentionBackend(TorchAttentionBackend):
             )
         super().__init__()
         self.device = device
+        self.use_prefill_kernel = options.prefill_kernel
+        self.use_grouped_decode = options.grouped_decode
+        self.use_l2_prefetch = options.l2_prefetch
+        self.use_tensor_core_decode = options.tensor_core_decode
+        self.use_tensor_core_prefill = options.tensor_core_prefill
+        self.decode_longest_first = options.decode_longest_first
         if self.use_tensor_core_decode is not False:  # its counters, before any graph capture
             paged_attention_mma.counters(device, 1)
 

@@ -8,11 +8,16 @@ from pagedgen.attention.cpu_backend import CpuAttentionBackend
 from pagedgen.attention.cupy_backend import CupyAttentionBackend, cupy_available
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.attention.torch_backend import TorchAttentionBackend
+from pagedgen.config import CudaAttentionConfig
 from pagedgen.kernels.cpu import cpu_kernel_error
 
 
 def get_attention_backend(
-    name: str, device: torch.device, head_size: int, block_size: int
+    name: str,
+    device: torch.device,
+    head_size: int,
+    block_size: int,
+    cuda_options: CudaAttentionConfig = CudaAttentionConfig(),
 ) -> AttentionBackend:
     """auto: our CUDA kernels on a CUDA device when CuPy works and they cover the shapes; our C
     decode kernel on the CPU when it compiles here; else the torch backend."""
@@ -33,7 +38,7 @@ def get_attention_backend(
     if name == "reference":
         return ReferenceAttentionBackend()
     if name == "cupy":
-        return CupyAttentionBackend(device, head_size, block_size)
+        return CupyAttentionBackend(device, head_size, block_size, cuda_options)
     raise ValueError(
         f"unknown attention backend {name!r}; choose auto, torch, cpu, cupy or reference"
     )

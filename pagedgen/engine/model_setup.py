@@ -104,7 +104,11 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     geometry = KVGeometry.of(hf_config, kv_cache_dtype)
     backend = get_attention_backend(
-        config.attention_backend, device, geometry.head_dim, config.block_size
+        config.attention_backend,
+        device,
+        geometry.head_dim,
+        config.block_size,
+        config.cuda_attention_config,
     )
     model = load_model(resolved, hf_config, backend, max_model_len, dtype, device, compute_dtype)
     runner = ModelRunner(

@@ -277,19 +277,20 @@ def make_metadata(
     )
 
 
-def backend_decode_kernels(monkeypatch, attribute: str) -> list[str]:
+def backend_decode_kernels(monkeypatch, option: str) -> list[str]:
     """The kernels that CupyAttentionBackend launches on the GPU for a small float16 GQA decode
-    batch with its class attribute `attribute` set True, as its environment variable sets it."""
+    batch with its CudaAttentionConfig option set True."""
     from pagedgen.attention import cupy_backend
+    from pagedgen.config import CudaAttentionConfig
     from pagedgen.kernels import loader
 
     names = []
     launch = loader.launch
     monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
-    monkeypatch.setattr(cupy_backend.CupyAttentionBackend, attribute, True)
     case = make_decode_case(torch.float16, 8, 2, 128, 16, context_lens=(5, 40), device="cuda")
     out = torch.empty_like(case.query)
-    backend = cupy_backend.CupyAttentionBackend(torch.device("cuda"), 128, 16)
+    options = CudaAttentionConfig(**{option: True})
+    backend = cupy_backend.CupyAttentionBackend(torch.device("cuda"), 128, 16, options)
     metadata = make_metadata([1, 1], [5, 40], 16, case.key_cache.shape[0], "cuda")
     backend.decode(case.query, case.key_cache, case.value_cache, metadata, case.scale, out)
     return names

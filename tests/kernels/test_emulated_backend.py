@@ -50,7 +50,7 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype, prefill
     ref_cache = cache.clone()
     scale = head_size**-0.5
 
-    emulated_backend.use_prefill_kernel = bool(prefill_kernel)  # PAGEDGEN_CUDA_PREFILL_KERNEL
+    emulated_backend.use_prefill_kernel = bool(prefill_kernel)  # prefill_kernel
     emulated_backend.use_tensor_core_prefill = prefill_kernel == "mma"  # float32: the plain one
     emulated_backend.prepare(metadata)
     out = emulated_backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
@@ -63,7 +63,7 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype, prefill
 
 
 def test_grouped_decode_matches_reference(emulated_backend, monkeypatch) -> None:
-    """PAGEDGEN_CUDA_GROUPED_DECODE=1: decode rows go to the grouped kernel."""
+    """grouped_decode=True: decode rows go to the grouped kernel."""
     names = []
     launch = loader.launch
     monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
@@ -84,7 +84,7 @@ def test_grouped_decode_matches_reference(emulated_backend, monkeypatch) -> None
 
 
 def test_tensor_core_decode_matches_reference(emulated_backend, monkeypatch) -> None:
-    """PAGEDGEN_CUDA_MMA_DECODE=1: float16 decode rows go to the tensor-core kernel."""
+    """tensor_core_decode=True: float16 decode rows go to the tensor-core kernel."""
     names = []
     launch = loader.launch
     monkeypatch.setattr(loader, "launch", lambda k: names.append(k.name_expression) or launch(k))
@@ -106,7 +106,7 @@ def test_tensor_core_decode_matches_reference(emulated_backend, monkeypatch) -> 
 
 
 def test_decode_longest_first_matches_reference(emulated_backend, monkeypatch) -> None:
-    """PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=1: the one-pass tensor-core kernel (a GPU of one SM:
+    """decode_longest_first=True: the one-pass tensor-core kernel (a GPU of one SM:
     no partitions) gets the step's decode rows longest first, sorted once for every layer."""
     from pagedgen.kernels import paged_attention
 
@@ -227,7 +227,7 @@ def test_unless_told_16_bit_layers_attend_on_tensor_cores(
 
 
 def test_an_asked_for_grouped_kernel_wins_over_tensor_cores_unless_told() -> None:
-    """PAGEDGEN_CUDA_GROUPED_DECODE=1 alone (grouped=True, tensor_cores=None) keeps the grouped
+    """grouped_decode=True alone (grouped=True, tensor_cores=None) keeps the grouped
     kernel where the tensor-core one would be picked; tensor_cores=True takes it anyway."""
     from pagedgen.kernels.paged_attention import paged_attention_launches
 

@@ -50,7 +50,7 @@ def run_step(
     scale = HEAD_SIZE**-0.5
 
     backend = CupyAttentionBackend.__new__(CupyAttentionBackend)  # __init__ insists on a GPU
-    backend.use_prefill_kernel = True  # PAGEDGEN_CUDA_PREFILL_KERNEL=1
+    backend.use_prefill_kernel = True  # prefill_kernel=True
     # the CUDA-core kernels (test_emulated_backend.py takes 16-bit layers to the tensor-core ones)
     backend.use_tensor_core_decode = backend.use_tensor_core_prefill = False
     backend.prepare(metadata)

@@ -77,7 +77,7 @@ def test_copy_with_2_byte_elements_is_caught(monkeypatch, cache_ops_emulators) -
 
 
 def test_prefill_over_unrounded_fresh_kv_is_caught(monkeypatch) -> None:
-    """The torch path's prefill (the cupy backend's with PAGEDGEN_CUDA_PREFILL_KERNEL=0) taking a
+    """The torch path's prefill (the cupy backend's with prefill_kernel=False) taking a
     whole prompt's K/V from the activations without rounding them through the cache dtype."""
     monkeypatch.setattr(loader, "launch", emulate)
     backend = CupyAttentionBackend.__new__(CupyAttentionBackend)

@@ -127,9 +127,9 @@ def test_copy_and_swap_blocks(cache_dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_backend_matches_reference(monkeypatch, dtype, cache_dtype, prefill_kernel, grouped):
     from pagedgen.attention.cupy_backend import CupyAttentionBackend
+    from pagedgen.config import CudaAttentionConfig
 
-    monkeypatch.setattr(CupyAttentionBackend, "use_prefill_kernel", prefill_kernel)
-    monkeypatch.setattr(CupyAttentionBackend, "use_grouped_decode", grouped)
+    options = CudaAttentionConfig(prefill_kernel=prefill_kernel, grouped_decode=grouped)
     query_lens, context_lens = [1, 1, 1, 1, 20, 7], [1, 17, 100, 257, 20, 40]
     metadata = make_metadata(query_lens, context_lens, 16, 64, "cuda")
     num_tokens, num_heads, num_kv_heads, head_size = sum(query_lens), 8, 2, 128
@@ -139,7 +139,7 @@ def test_backend_matches_reference(monkeypatch, dtype, cache_dtype, prefill_kern
     cache = to_cache_dtype(torch.randn(2, 64, 16, num_kv_heads, head_size), cache_dtype)
     ref_cache, cache = cache.clone(), cache.cuda()
     scale = head_size**-0.5
-    backend = CupyAttentionBackend(torch.device("cuda"), head_size, 16)
+    backend = CupyAttentionBackend(torch.device("cuda"), head_size, 16, options)
     backend.prepare(metadata)
     out = backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
     cpu_metadata = make_metadata(query_lens, context_lens, 16, 64, "cpu")

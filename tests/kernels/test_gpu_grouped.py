@@ -73,6 +73,6 @@ def test_grouped_matches_per_head_kernel(dtype: torch.dtype) -> None:
 
 
 def test_backend_decodes_with_the_grouped_kernel(monkeypatch) -> None:
-    """PAGEDGEN_CUDA_GROUPED_DECODE=1 reaches the launch plan."""
-    names = backend_decode_kernels(monkeypatch, "use_grouped_decode")
+    """grouped_decode=True reaches the launch plan."""
+    names = backend_decode_kernels(monkeypatch, "grouped_decode")
     assert any("grouped" in name for name in names), names

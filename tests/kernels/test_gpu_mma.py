@@ -98,8 +98,8 @@ def test_mma_matches_per_head_kernel(dtype: torch.dtype) -> None:
 
 
 def test_backend_decodes_with_the_mma_kernel(monkeypatch) -> None:
-    """PAGEDGEN_CUDA_MMA_DECODE=1 reaches the launch plan."""
-    names = backend_decode_kernels(monkeypatch, "use_tensor_core_decode")
+    """tensor_core_decode=True reaches the launch plan."""
+    names = backend_decode_kernels(monkeypatch, "tensor_core_decode")
     assert any("mma" in name for name in names), names
 
 
