@@ -5,6 +5,7 @@ hits, a recomputed prompt and both CPU attention backends."""
 import gc
 import itertools
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from pagedgen import LLM, PoolingParams, SamplingParams
 from pagedgen.core.scheduler_output import SchedulerOutput
 from pagedgen.core.sequence import Sequence
 from pagedgen.pooling.config import PoolerConfig, resolve_pooler_config
+from pagedgen.worker.model_runner import ModelRunner
 from pagedgen.worker.pooler import Pooler
 from tests.conftest import build_tokenizer
 from tests.test_models import COMMON, CONFIGS
@@ -119,28 +121,26 @@ def test_last_pooling_reuses_cached_prefixes_and_mean_does_not(llama_base):
     assert_embeds(model, again, prompts, "MEAN")
 
 
-def scheduled_chunks(chunks, sample):
-    """A SchedulerOutput of prompt chunks (seq, start, n); sample: the seqs it completes."""
-    seqs = [seq for seq, _, _ in chunks]
-    rows = [seqs.index(seq) for seq in sample]
-    starts, lengths = [c[1] for c in chunks], [c[2] for c in chunks]
-    return SchedulerOutput(seqs, starts, lengths, 0, sample, rows, [], [], [], [], {})
-
-
 @pytest.mark.parametrize("pooling_type", ["MEAN", "CLS"])
 def test_the_pooler_restarts_a_recomputed_prompt_and_forgets_dropped_ones(pooling_type):
     """A preemption by recompute computes the prompt again from position 0: what the first
-    attempt summed is dropped. A sequence gone unfinished (aborted) leaves nothing behind."""
+    attempt summed is dropped. A sequence gone unfinished (aborted) leaves nothing behind: the
+    runner frees its sum when the sequence dies."""
     pooler = Pooler(PoolerConfig(pooling_type, use_activation=False))
+    runner = SimpleNamespace(pooler=pooler)
     seq, other = (Sequence(i, str(i), list(range(30)), SamplingParams()) for i in range(2))
     hidden = torch.randn(30, 8)
 
     def step(chunks, sample=()):
         rows = [hidden[start : start + n] + 100 * s.seq_id for s, start, n in chunks]
-        last_rows = list(itertools.accumulate(n for _, _, n in chunks))
-        return pooler.pool(
-            torch.cat(rows), scheduled_chunks(chunks, list(sample)), [r - 1 for r in last_rows]
+        last_rows = [r - 1 for r in itertools.accumulate(n for _, _, n in chunks)]
+        seqs = [s for s, _, _ in chunks]
+        starts, lengths = [c[1] for c in chunks], [c[2] for c in chunks]
+        sample_rows = [seqs.index(s) for s in sample]
+        scheduled = SchedulerOutput(
+            seqs, starts, lengths, 0, list(sample), sample_rows, [], [], [], [], {}
         )
+        return ModelRunner.pool(runner, torch.cat(rows), scheduled, last_rows)
 
     step([(seq, 0, 10), (other, 0, 5)])
     step([(seq, 10, 10)])

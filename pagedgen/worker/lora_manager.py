@@ -7,7 +7,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from pagedgen.core.sequence import Sequence
 from pagedgen.kernels.host_copy import to_device
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.lora import TARGETS, LinearLoRA, LoRAState, LoRAWeights
@@ -111,12 +110,11 @@ class LoRAManager:
             _check_shape(part_weights, layer, part, module, request)
             yield name, part, part_weights
 
-    def begin_step(self, seqs: list[Sequence]) -> list[int] | None:
-        """Loads the adapters of a step's sequences into slots; returns their adapter ids (0 for
-        none) if the step runs any, else None. The adapted layers read which
+    def begin_step(self, lora_ids: list[int]) -> list[int] | None:
+        """Loads the adapters of a step's sequences (their lora_int_id, 0 for none) into slots;
+        returns lora_ids if the step runs any adapter, else None. The adapted layers read which
         (LoRAState.active)."""
         self.num_steps += 1
-        lora_ids = [seq.lora_int_id for seq in seqs]
         ids = {i for i in lora_ids if i}
         self.slot_of = self._assign_slots(ids) if ids else {}
         self.state.active = bool(ids)

@@ -1,3 +1,5 @@
+import weakref
+
 import numpy as np
 import torch
 from torch import nn
@@ -16,7 +18,7 @@ from pagedgen.worker.cuda_graphs import DecodeGraphs
 from pagedgen.worker.lora_manager import LoRAManager
 from pagedgen.worker.piecewise_graphs import PiecewiseGraphs
 from pagedgen.worker.placeholders import LastSamples, find_placeholders
-from pagedgen.worker.pooler import Pooler
+from pagedgen.worker.pooler import PooledPrompt, Pooler, PromptChunk
 from pagedgen.worker.prompt_logprobs import compute_prompt_logprobs
 from pagedgen.worker.sampler import Sampler
 from pagedgen.worker.sampling_metadata import SamplingMetadata
@@ -159,7 +161,9 @@ class ModelRunner:
         graph replay for a step of decodes (drafts as decode rows: StepArrays.decode_rows) that
         fits one, by piecewise graphs for another step without adapters that fits theirs, else
         eagerly."""
-        lora_ids = self.lora.begin_step(scheduled.seqs) if self.lora is not None else None
+        lora_ids = None
+        if self.lora is not None:
+            lora_ids = self.lora.begin_step([seq.lora_int_id for seq in scheduled.seqs])
         graphs = self.decode_graphs if lora_ids is None else self.lora_decode_graphs
         num_seqs = len(scheduled.seqs)
         num_tokens = scheduled.num_batched_tokens if scheduled.spec_token_ids else num_seqs
@@ -223,7 +227,7 @@ class ModelRunner:
         hidden, last_rows = self.forward(scheduled)
         if self.pooler is not None:
             with self.timer.section("sampler"):
-                embeddings = self.pooler.pool(hidden, scheduled, last_rows)
+                embeddings = self.pool(hidden, scheduled, last_rows)
             return ReadyOutput(SamplerOutput([], None, pooler_output=embeddings))
         with self.timer.section("sampler"):
             prompt_logprobs = compute_prompt_logprobs(
@@ -231,6 +235,25 @@ class ModelRunner:
             )
         pending = self.sample(scheduled, hidden, last_rows)
         return pending if prompt_logprobs is None else WithPromptLogprobs(pending, prompt_logprobs)
+
+    def pool(
+        self, hidden: torch.Tensor, scheduled: SchedulerOutput, last_rows: list[int]
+    ) -> list[torch.Tensor]:
+        """The pooler's vectors for the prompts the step completes; it sees ids and rows only.
+        A sequence that dies unfinished has its partial sum freed (finalize)."""
+        assert self.pooler is not None
+        chunks = []
+        for seq, start, n in zip(
+            scheduled.seqs, scheduled.num_computed_tokens, scheduled.num_new_tokens
+        ):
+            chunks.append(PromptChunk(seq.seq_id, start, n))
+            if self.pooler.accumulates and start == 0:
+                weakref.finalize(seq, self.pooler.free, seq.seq_id)
+        finished = [
+            PooledPrompt(seq.seq_id, last_rows[row], seq.num_prompt_tokens, seq.pooling_params)
+            for seq, row in zip(scheduled.sample_seqs, scheduled.sample_rows)
+        ]
+        return self.pooler.pool(hidden, chunks, finished)
 
     def sample(
         self, scheduled: SchedulerOutput, hidden: torch.Tensor, last_rows: list[int]
