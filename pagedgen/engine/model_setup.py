@@ -6,8 +6,9 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 
-from pagedgen.attention import get_attention_backend
+from pagedgen.attention import AttentionBackend, get_attention_backend
 from pagedgen.attention.kv_cache_dtype import is_fp8, resolve_kv_cache_dtype
 from pagedgen.config import EngineConfig
 from pagedgen.core.control_plane import resolve_max_model_len, resolve_max_num_batched_tokens
@@ -77,18 +78,77 @@ def build_engine(config: EngineConfig, log: Callable[[str], None] = log_to_stder
     return engine
 
 
+class LoadedModel(NamedTuple):
+    """What the checkpoint gives: the model on its device, with what it was read with."""
+
+    model: nn.Module
+    hf_config: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype  # the weights' values and the KV cache
+    compute_dtype: torch.dtype
+    backend: AttentionBackend
+    geometry: KVGeometry
+    kv_cache_dtype: torch.dtype
+    max_model_len: int
+    pooler_config: PoolerConfig | None
+    eos_token_ids: set[int]
+
+
+class GraphModes(NamedTuple):
+    cuda: bool  # decode steps replay CUDA graphs
+    cpu: bool  # decode steps replay recorded CPU graphs
+
+
 def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
+    """Loads the model, builds its runner and sizes its KV pool; logs what it built."""
+    loaded = load(config)
+    runner = build_runner(config, loaded)
+    kv_cache_bytes = kv_cache_budget(config, runner, loaded.max_model_len)
+    pool = size_kv_pool(loaded.geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
+    graphs = graph_modes(config, loaded, log)
+    runner.allocate_kv_cache(
+        pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs.cuda or graphs.cpu
+    )
+    log(describe_model(config, loaded))
+    log(describe_pool(pool, loaded.geometry, config.block_size, kv_cache_bytes))
+    if loaded.pooler_config is not None:
+        pooler_config = loaded.pooler_config
+        log(
+            f"runner pooling, task {pooler_config.task}: {pooler_config.pooling_type} pooling, "
+            f"use_activation={pooler_config.use_activation}"
+        )
+    if graphs.cuda or graphs.cpu:
+        max_num_tokens = resolve_max_num_batched_tokens(config, loaded.max_model_len)
+        capture_graphs(runner, config.max_num_seqs, max_num_tokens, log)
+    elif not loaded.model.supports_graphs and not eager(config, loaded):
+        log(f"decode steps run eagerly: {type(loaded.model).__name__} routes tokens on the host")
+    return ModelSetup(
+        runner,
+        loaded.tokenizer,
+        loaded.hf_config,
+        loaded.max_model_len,
+        pool.num_blocks,
+        pool.num_cpu_blocks,
+        loaded.eos_token_ids,
+        loaded.pooler_config,
+    )
+
+
+def load(config: EngineConfig) -> LoadedModel:
+    """Device and dtype, then the checkpoint: its config checked before the slow loads (an
+    unsupported architecture or quantization fails first), the tokenizer, the model."""
     if config.num_threads is not None:  # asked for: torch's thread count is process-wide
         torch.set_num_threads(config.num_threads)
     device = pick_device(config.device)
     if device.type == "cpu":
         keep_freed_memory()
-    dtype = pick_dtype(config.dtype, device)  # the weights' values and the KV cache
+    dtype = pick_dtype(config.dtype, device)
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     resolved = resolve_model(config.model)
     hf_config = load_config(resolved, config.trust_remote_code, config.hf_overrides)
-    get_model_class(hf_config)  # an unsupported architecture fails before the slow loads
-    check_quantization(hf_config)  # as does an unsupported quantization
+    get_model_class(hf_config)
+    check_quantization(hf_config)
     architectures = getattr(hf_config, "architectures", None) or []
     pooler_config = pick_pooler_config(
         config.runner, config.pooler_config, resolved.path, architectures
@@ -111,91 +171,111 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         config.cuda_attention_config,
     )
     model = load_model(resolved, hf_config, backend, max_model_len, dtype, device, compute_dtype)
-    runner = ModelRunner(
+    eos = eos_token_ids(hf_config, tokenizer) | generation_eos_token_ids(
+        resolved.path, config.generation_config, config.override_generation_config
+    )
+    return LoadedModel(
         model,
+        hf_config,
+        tokenizer,
+        device,
+        dtype,
+        compute_dtype,
         backend,
         geometry,
-        config.block_size,
-        device,
         kv_cache_dtype,
+        max_model_len,
+        pooler_config,
+        eos,
+    )
+
+
+def build_runner(config: EngineConfig, loaded: LoadedModel) -> ModelRunner:
+    """The runner over the model, with its pooler (a pooling runner) or LoRA slots."""
+    model = loaded.model
+    runner = ModelRunner(
+        model,
+        loaded.backend,
+        loaded.geometry,
+        config.block_size,
+        loaded.device,
+        loaded.kv_cache_dtype,
         config.seed,
-        max_model_len=max_model_len,
+        max_model_len=loaded.max_model_len,
         max_num_seqs=config.max_num_seqs,
     )
-    if pooler_config is not None:
-        runner.pooler = Pooler.for_model(pooler_config, model, hf_config)
+    if loaded.pooler_config is not None:
+        runner.pooler = Pooler.for_model(loaded.pooler_config, model, loaded.hf_config)
         model.lm_head = None  # a pooling runner computes no logits: its memory goes back
     if config.enable_lora:
-        max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
+        max_num_tokens = resolve_max_num_batched_tokens(config, loaded.max_model_len)
         runner.lora = LoRAManager(
             model,
             config.max_loras,
             config.max_lora_rank,
             max_num_tokens,
-            compute_dtype,
-            device,
+            loaded.compute_dtype,
+            loaded.device,
             config.max_cpu_loras,
         )
+    return runner
+
+
+def kv_cache_budget(config: EngineConfig, runner: ModelRunner, max_model_len: int) -> float:
+    """The KV pool's bytes: kv_cache_memory if given, else what a GPU has left (measured), else
+    the CPU default."""
     if config.kv_cache_memory is not None:
-        kv_cache_bytes = config.kv_cache_memory * GIB
-    elif device.type == "cuda":
-        kv_cache_bytes = gpu_kv_cache_bytes(runner, config, max_model_len)
-    else:
-        kv_cache_bytes = DEFAULT_CPU_KV_CACHE_GIB * GIB
-    pool = size_kv_pool(geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
-    # A pooling runner's steps are prompts: it never decodes.
-    eager = config.enforce_eager or pooler_config is not None
-    graphs = device.type == "cuda" and not eager and model.supports_graphs
-    if graphs and backend.name != "cupy":
+        return config.kv_cache_memory * GIB
+    if runner.device.type == "cuda":
+        return gpu_kv_cache_bytes(runner, config, max_model_len)
+    return DEFAULT_CPU_KV_CACHE_GIB * GIB
+
+
+def eager(config: EngineConfig, loaded: LoadedModel) -> bool:
+    """Every step runs eagerly: asked for, or a pooling runner (its steps are prompts: it never
+    decodes)."""
+    return config.enforce_eager or loaded.pooler_config is not None
+
+
+def graph_modes(
+    config: EngineConfig, loaded: LoadedModel, log: Callable[[str], None]
+) -> GraphModes:
+    """Whether decode steps replay CUDA graphs or recorded CPU graphs."""
+    device, backend = loaded.device, loaded.backend
+    replays = not eager(config, loaded) and loaded.model.supports_graphs
+    cuda = device.type == "cuda" and replays
+    if cuda and backend.name != "cupy":
         # A graph fixes max_context_len at max_model_len: torch's decode would then gather
         # every row's whole table, where the cupy kernel reads each row's own context only.
         log("decode CUDA graphs need the cupy decode kernels; running eagerly")
-        graphs = False
-    cpu_graphs = (
+        cuda = False
+    cpu = (
         device.type == "cpu"
         and backend.name == "cpu"
-        and not eager
-        and model.supports_graphs
-        and dtype in kernel_dtypes()
-        and kv_cache_dtype in kernel_dtypes()
+        and replays
+        and loaded.dtype in kernel_dtypes()
+        and loaded.kv_cache_dtype in kernel_dtypes()
     )
-    runner.allocate_kv_cache(pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs or cpu_graphs)
+    return GraphModes(cuda, cpu)
+
+
+def describe_model(config: EngineConfig, loaded: LoadedModel) -> str:
+    """The startup line: the model, its dtype, where and how it computes, its attention."""
+    device, dtype, kv_cache_dtype = loaded.device, loaded.dtype, loaded.kv_cache_dtype
     where = str(device)
     if device.type == "cpu":
         where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"
-    attention = f"{backend.name} attention"
+    attention = f"{loaded.backend.name} attention"
     if kv_cache_dtype != dtype:
         attention += f", {config.kv_cache_dtype} KV cache"
-    scaled = [layer.use_kv_scales(is_fp8(kv_cache_dtype)) for layer in model.attention_layers]
+    scaled = [
+        layer.use_kv_scales(is_fp8(kv_cache_dtype)) for layer in loaded.model.attention_layers
+    ]
     if any(scaled):
         attention += f" scaled by the checkpoint's k_scale and v_scale in {sum(scaled)} layers"
-    log(
-        f"model {config.model} ({type(model).__name__}, {dtype}, {where}, "
-        f"{attention}), max_model_len {max_model_len}"
-    )
-    log(describe_pool(pool, geometry, config.block_size, kv_cache_bytes))
-    if pooler_config is not None:
-        log(
-            f"runner pooling, task {pooler_config.task}: {pooler_config.pooling_type} pooling, "
-            f"use_activation={pooler_config.use_activation}"
-        )
-    if graphs or cpu_graphs:
-        max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
-        capture_graphs(runner, config.max_num_seqs, max_num_tokens, log)
-    elif not model.supports_graphs and not eager:
-        log(f"decode steps run eagerly: {type(model).__name__} routes tokens on the host")
-    return ModelSetup(
-        runner,
-        tokenizer,
-        hf_config,
-        max_model_len,
-        pool.num_blocks,
-        pool.num_cpu_blocks,
-        eos_token_ids(hf_config, tokenizer)
-        | generation_eos_token_ids(
-            resolved.path, config.generation_config, config.override_generation_config
-        ),
-        pooler_config,
+    return (
+        f"model {config.model} ({type(loaded.model).__name__}, {dtype}, {where}, "
+        f"{attention}), max_model_len {loaded.max_model_len}"
     )
 
 
