@@ -72,8 +72,10 @@ def params(language: str) -> list:
 
 
 def run_here(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess:
-    """argv in a fresh folder that holds the checkout's examples/, as the repository root does."""
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    """argv in a fresh folder that holds the checkout's examples/ and benchmarks/, as the
+    repository root does."""
+    for folder in ("examples", "benchmarks"):
+        (tmp_path / folder).symlink_to(ROOT / folder)
     env = {
         **ENV,
         "DOCS_PYTHON": sys.executable,
