@@ -214,7 +214,9 @@ def test_recomputed_siblings_share_their_prompt_again(caching):
 
 def test_the_control_plane_imports_without_torch():
     code = (
-        "import sys, pagedgen.engine.llm_engine\n"
+        "import sys, pkgutil, importlib, pagedgen.core, pagedgen.engine.llm_engine\n"
+        "for m in pkgutil.iter_modules(pagedgen.core.__path__):\n"
+        "    importlib.import_module('pagedgen.core.' + m.name)\n"
         "heavy = {'torch', 'transformers', 'numpy'} & set(sys.modules)\n"
         "assert not heavy, heavy"
     )
