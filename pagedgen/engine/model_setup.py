@@ -181,7 +181,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         )
     if graphs or cpu_graphs:
         max_num_tokens = resolve_max_num_batched_tokens(config, max_model_len)
-        capture_graphs(runner, config.max_num_seqs, max_num_tokens, log)
+        capture_graphs(runner, config.max_num_seqs, max_num_tokens, log, config.compilation_config)
     elif not model.supports_graphs and not eager:
         log(f"decode steps run eagerly: {type(model).__name__} routes tokens on the host")
     return ModelSetup(

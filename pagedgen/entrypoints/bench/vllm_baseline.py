@@ -9,18 +9,18 @@ this checkout is used if there is one.
 """
 
 import json
-import os
 import shlex
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from pagedgen import envs
 from pagedgen.entrypoints.bench.result import RunResult
 from pagedgen.entrypoints.bench.workload_file import save_workload
 from pagedgen.entrypoints.bench.workloads import Workload
 
-ENV_VAR = "PAGEDGEN_VLLM_BASELINE"
+ENV_VAR = envs.PAGEDGEN_VLLM_BASELINE
 
 
 class VllmUnavailable(RuntimeError):
@@ -29,7 +29,7 @@ class VllmUnavailable(RuntimeError):
 
 def baseline_command() -> list[str]:
     """The runner's command line, or VllmUnavailable saying how to provide one."""
-    configured = os.environ.get(ENV_VAR)
+    configured = envs.vllm_baseline()
     if configured:
         command = shlex.split(configured)
         if not command or not shutil.which(command[0]):
