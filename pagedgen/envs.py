@@ -42,7 +42,7 @@ def disable_cpu_gemm() -> bool:
 
 
 def disable_cpu_ops() -> bool:
-    """PAGEDGEN_DISABLE_CPU_OPS=1: norms, RoPE and activations as torch ops, not our C ops."""
+    """PAGEDGEN_DISABLE_CPU_OPS=1: the torch ops, not our fused C ops (kernels/cpu_ops.py)."""
     return os.environ.get(PAGEDGEN_DISABLE_CPU_OPS) == "1"
 
 

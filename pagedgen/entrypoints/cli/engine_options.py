@@ -250,7 +250,12 @@ ENGINE = opt.OptionGroup(
         "prefix_caching": (
             "enable_prefix_caching",
             bool | None,
-            typer.Option(None, "--prefix-caching/--no-prefix-caching", hidden=True),
+            typer.Option(
+                None,
+                "--prefix-caching/--no-prefix-caching",
+                hidden=True,
+                help="the older name of --enable-prefix-caching",
+            ),
         ),
     },
 )
