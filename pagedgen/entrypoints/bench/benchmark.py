@@ -108,7 +108,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
     model = None
     if set(options.baselines) & set(engines.TRANSFORMERS_BASELINES):
         log(f"loading {resolved.path} into transformers for the baselines")
-        model = engines.load_hf_model(resolved, dtype, engine.runner.device.type)
+        model = engines.load_hf_model(resolved, dtype, str(engine.runner.device))
     tokenizer = llm.tokenizer
     pad_token_id = next(
         (i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0
