@@ -74,3 +74,7 @@ def test_a_bad_engine_option_is_a_usage_error_naming_it(capsys):
 
     code, _, stderr = run_in_process(capsys, "bench", "--compilation-config", '{"mode": 3}')
     assert code == 2 and "compilation_config has no field 'mode'" in stderr
+    assert "'--compilation-config'" in stderr
+    bad = '{"cudagraph_mode": "PIECEWISE"}'
+    code, _, stderr = run_in_process(capsys, "run", "-", "-o", "-", "--compilation-config", bad)
+    assert code == 2 and "'--compilation-config'" in stderr and "cudagraph_mode" in stderr

@@ -165,6 +165,7 @@ def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callabl
 
 
 def _option_named(error: ValueError, fields: dict[str, Any]) -> str | None:
-    """The option an error message starts with ("block_size must be ..."), if any."""
-    first = str(error).split(" ", 1)[0]
+    """The option an error message starts with ("block_size must be ...", "compilation_config.
+    cudagraph_mode must be ..."), if any."""
+    first = str(error).split(" ", 1)[0].split(".", 1)[0]
     return f"'--{first.replace('_', '-')}'" if first in fields else None
