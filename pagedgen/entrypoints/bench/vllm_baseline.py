@@ -4,8 +4,7 @@ process (and virtualenv: vLLM pins its own transformers and torch).
 The runner is a command taking `--model DIR --workload W.json --dtype D --out R.json
 --max-num-seqs N`, as the vllm-cpu-baseline tool of our development machines does. W.json is a
 workload file (workload_file.py); R.json vLLM's figures and its output token ids.
-PAGEDGEN_VLLM_BASELINE names the command; without it, a shared/tools/vllm-cpu-baseline beside
-this checkout is used if there is one.
+PAGEDGEN_VLLM_BASELINE names the command.
 """
 
 import json
@@ -35,13 +34,9 @@ def baseline_command() -> list[str]:
         if not command or not shutil.which(command[0]):
             raise VllmUnavailable(f"{ENV_VAR}={configured!r} is not an executable command")
         return command
-    checkout = Path(__file__).resolve().parents[4]
-    tool = checkout / "shared" / "tools" / "vllm-cpu-baseline"
-    if tool.is_file():
-        return ["bash", str(tool)]
     raise VllmUnavailable(
         f"no vLLM baseline: set {ENV_VAR} to a command running a workload file through vLLM "
-        "(see pagedgen/entrypoints/bench/vllm_baseline.py)"
+        "(see docs/configuration.md)"
     )
 
 
