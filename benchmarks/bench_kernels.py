@@ -1,8 +1,8 @@
 """Micro-benchmark of the CUDA kernels: achieved GB/s against the device's peak bandwidth.
 
 Decode attention runs every shape with the per-head kernel and the GQA-grouped one
-(PAGEDGEN_CUDA_GROUPED_DECODE), each without and with L2 prefetch of the next KV block
-(PAGEDGEN_CUDA_DECODE_PREFETCH), and with the tensor-core one ("mma", PAGEDGEN_CUDA_MMA_DECODE;
+(cuda_attention_config's grouped_decode), each without and with L2 prefetch of the next KV block
+(l2_prefetch), and with the tensor-core one ("mma", tensor_core_decode;
 16-bit dtypes only, else its row says which kernel it fell back to), each planned once by
 paged_attention_launches (its own v1/v2 choice) and timed two ways: "GPU ms" replays `iters`
 repetitions captured in one CUDA graph (the kernels alone, no host overhead), "host ms" plans

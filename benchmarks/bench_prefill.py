@@ -1,7 +1,8 @@
 """Micro-benchmark of prefill attention on a GPU: kernels/prefill_attention.cu (CUDA cores)
-against kernels/prefill_attention_mma.cu (tensor cores, PAGEDGEN_CUDA_MMA_PREFILL), each batch
-planned once and timed as `iters` launches captured in one CUDA graph (the kernels alone), in
-TFLOP/s of causal attention (2 FLOPs a multiply-add of Q K^T and of P V, visible keys only).
+against kernels/prefill_attention_mma.cu (tensor cores, cuda_attention_config's
+tensor_core_prefill), each batch planned once and timed as `iters` launches captured in one CUDA
+graph (the kernels alone), in TFLOP/s of causal attention (2 FLOPs a multiply-add of Q K^T and
+of P V, visible keys only).
 
     python benchmarks/bench_prefill.py [--dtype bfloat16] [--iters 20]
 """

@@ -17,6 +17,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/pagedgen-cpu-session}
 NUM_ITERS=${NUM_ITERS:-2}
 mkdir -p "$OUT"
+# pagedgen bench --baselines vllm runs the command PAGEDGEN_VLLM_BASELINE names; by default the
+# runner beside this checkout.
+tool=$(cd "$(dirname "$0")/../.." && pwd)/shared/tools/vllm-cpu-baseline
+[ -z "${PAGEDGEN_VLLM_BASELINE:-}" ] && [ -f "$tool" ] && export PAGEDGEN_VLLM_BASELINE="bash $tool"
 isa=$(grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')
 isa="ISA: ${isa:-AVX2 only (no avx512 flag)}"
 echo "$isa" | tee "$OUT/isa.txt"

@@ -33,26 +33,26 @@
 #   smollm2-graphs   the same with decode CUDA graphs (--no-enforce-eager)
 #   smollm2-async    graphs and async scheduling (--async-scheduling)
 #   smollm2-grouped  graphs, async scheduling and the GQA-grouped decode kernel
-#                    (PAGEDGEN_CUDA_GROUPED_DECODE=1; the other stages set it to 0, the per-head
-#                    kernel, where the default would pick by shape)
+#                    (--cuda-attention-config grouped_decode true; the other stages set it false,
+#                    the per-head kernel, where the default would pick by shape)
 #   smollm2-prefetch graphs and async scheduling, decode warps prefetching their next KV block
-#                    into L2 (PAGEDGEN_CUDA_DECODE_PREFETCH=1)
+#                    into L2 (l2_prefetch true)
 #   smollm2-grouped-prefetch   both
 #   smollm2-mma      graphs, async scheduling and the tensor-core attention kernels on every
-#                    layer (PAGEDGEN_CUDA_MMA_DECODE=1 and PAGEDGEN_CUDA_MMA_PREFILL=1,
+#                    layer (tensor_core_decode and tensor_core_prefill true,
 #                    kernels/paged_attention_mma.cu and prefill_attention_mma.cu; the other stages
-#                    set them to 0, auto leaves them unset: decode on tensor cores for GQA groups
+#                    set them false, auto leaves them null: decode on tensor cores for GQA groups
 #                    of 3 or more, prefill for every 16-bit layer)
 #   smollm2-auto     graphs and async scheduling, each kernel and prefetch as pagedgen picks them
 #                    by shape, and steps with prefill rows from piecewise CUDA graphs (no
-#                    variable set): what a user gets
-#   smollm2-piecewise  auto with PAGEDGEN_PIECEWISE_GRAPHS=1 said (engine/piecewise_graphs.py; the
-#                    stages but auto set it to 0)
+#                    config given): what a user gets
+#   smollm2-piecewise  auto with --compilation-config cudagraph_mode FULL_AND_PIECEWISE said
+#                    (worker/piecewise_graphs.py; the stages but auto and lpt say FULL_DECODE_ONLY)
 #   smollm2-piecewise4k  the same with pieces for steps of up to 4,096 tokens, the whole token
-#                    budget (PAGEDGEN_PIECEWISE_MAX_TOKENS=4096; 512 by default): on an H200 the
+#                    budget (max_cudagraph_capture_size 4096; 512 by default): on an H200 the
 #                    steps past 512 tokens were ~20 % of SmolLM2's mixed steps, each ~30 ms eager
 #   smollm2-lpt      auto with the tensor-core v1 decode kernel taking each step's sequences
-#                    longest first (PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=1; off by default)
+#                    longest first (decode_longest_first true; off by default)
 #   piecewise-smoke  the piecewise graphs' GPU test (outputs equal to eager; ~1 min)
 #   llama8b-eager, llama8b-graphs, llama8b-async, llama8b-grouped, llama8b-prefetch,
 #   llama8b-grouped-prefetch, llama8b-mma, llama8b-auto, llama8b-piecewise,
@@ -125,26 +125,29 @@ bench() {  # bench PRESET MODE TIMEOUT: MODE eager, graphs, async, grouped, pref
     local flags=(--enforce-eager)
     [ "$mode" = graphs ] && flags=(--no-enforce-eager)
     [ "$mode" != eager ] && [ "$mode" != graphs ] && flags=(--no-enforce-eager --async-scheduling)
-    local grouped=0 prefetch=0 mma=0
-    [[ $mode == grouped* ]] && grouped=1
-    [[ $mode == *prefetch ]] && prefetch=1
-    [ "$mode" = mma ] && mma=1
-    [ "$mode" = auto ] || [ "$mode" = lpt ] || [[ $mode == piecewise* ]] && grouped='' \
-        prefetch='' mma=''  # unset: the shape decides
-    local longest_first=0
-    [ "$mode" = lpt ] && longest_first=1
-    local piecewise=0 max_tokens=512
-    [[ $mode == piecewise* ]] && piecewise=1
-    [ "$mode" = auto ] || [ "$mode" = lpt ] && piecewise=''  # unset: on, on a GPU
+    local grouped=false prefetch=false mma=false
+    [[ $mode == grouped* ]] && grouped=true
+    [[ $mode == *prefetch ]] && prefetch=true
+    [ "$mode" = mma ] && mma=true
+    [ "$mode" = auto ] || [ "$mode" = lpt ] || [[ $mode == piecewise* ]] && grouped=null \
+        prefetch=null mma=null  # null: the shape decides
+    local longest_first=false
+    [ "$mode" = lpt ] && longest_first=true
+    local cudagraph_mode='"FULL_DECODE_ONLY"' max_tokens=512
+    [[ $mode == piecewise* ]] && cudagraph_mode='"FULL_AND_PIECEWISE"'
+    [ "$mode" = auto ] || [ "$mode" = lpt ] && cudagraph_mode=null  # null: on, on a GPU
     [ "$mode" = piecewise4k ] && max_tokens=4096
+    local attention="{\"grouped_decode\": $grouped, \"l2_prefetch\": $prefetch,"
+    attention+=" \"tensor_core_decode\": $mma, \"tensor_core_prefill\": $mma,"
+    attention+=" \"decode_longest_first\": $longest_first}"
+    local compilation="{\"cudagraph_mode\": $cudagraph_mode,"
+    compilation+=" \"max_cudagraph_capture_size\": $max_tokens}"
     local baselines=$BASELINES
     [[ " $baselines_ran " == *" $preset "* ]] && [ "${BASELINES_EVERY:-0}" != 1 ] && baselines=''
     baselines_ran+=" $preset"
-    PAGEDGEN_CUDA_GROUPED_DECODE=$grouped PAGEDGEN_CUDA_DECODE_PREFETCH=$prefetch \
-        PAGEDGEN_CUDA_DECODE_LONGEST_FIRST=$longest_first \
-        PAGEDGEN_PIECEWISE_GRAPHS=$piecewise PAGEDGEN_PIECEWISE_MAX_TOKENS=$max_tokens \
-        PAGEDGEN_CUDA_MMA_DECODE=$mma PAGEDGEN_CUDA_MMA_PREFILL=$mma run "$preset-$mode" "$3" python -m pagedgen.entrypoints.cli bench -m "$model" --device cuda \
+    run "$preset-$mode" "$3" python -m pagedgen.entrypoints.cli bench -m "$model" --device cuda \
         --dtype bfloat16 "${workload[@]}" --no-roofline --baselines "$baselines" "${flags[@]}" \
+        --cuda-attention-config "$attention" --compilation-config "$compilation" \
         --kv-cache-memory "${KV_CACHE_GIB:-24}" \
         --output-json "$OUT/$preset-$mode.json"
 }

@@ -14,6 +14,8 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")  # vLLM's (io/reas
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # of vLLM's, those we run
+MAX_CUDAGRAPH_CAPTURE_SIZE = 512  # vLLM's largest capture size
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +46,7 @@ class CudaAttentionConfig:
         """From a CudaAttentionConfig, a dict of its fields or their JSON; None: the defaults."""
         if isinstance(value, CudaAttentionConfig):
             return value
-        options = json_object("cuda_attention_config", value) or {}
-        names = {field.name for field in fields(cls)}
-        if unknown := sorted(set(options) - names):
-            raise ValueError(
-                f"cuda_attention_config has no field {unknown[0]!r}; fields: {sorted(names)}"
-            )
+        options = _config_fields(cls, "cuda_attention_config", value)
         for name, option in options.items():
             optional = name not in ("prefill_kernel", "decode_longest_first")
             if not isinstance(option, bool) and not (optional and option is None):
@@ -57,6 +54,58 @@ class CudaAttentionConfig:
                     f"cuda_attention_config.{name} must be true or false, got {option!r}"
                 )
         return cls(**options)
+
+
+@dataclass(frozen=True, slots=True)
+class CompilationConfig:
+    """Which steps replay graphs rather than run eagerly (--compilation-config, a JSON object of
+    these fields; vLLM's names). With enforce_eager none does.
+
+    cudagraph_mode: "FULL_DECODE_ONLY" replays decode-only steps from whole-step graphs (CUDA
+    graphs on a GPU; recorded CPU graphs of up to 64 rows on a CPU) and runs the other steps
+    eagerly; "FULL_AND_PIECEWISE" also runs the steps with prefill rows from piecewise graphs
+    (worker/piecewise_graphs.py): the pieces between attention calls replay, attention runs
+    eagerly over the step's own metadata. None: FULL_AND_PIECEWISE on a GPU, FULL_DECODE_ONLY
+    on a CPU. max_cudagraph_capture_size: on a GPU, the most tokens of a step the piecewise
+    graphs serve (also capped by max_num_batched_tokens); longer steps run eagerly. On a CPU
+    the pieces serve steps of up to 64 tokens."""
+
+    cudagraph_mode: str | None = None
+    max_cudagraph_capture_size: int = MAX_CUDAGRAPH_CAPTURE_SIZE
+
+    def __post_init__(self) -> None:
+        if self.cudagraph_mode is not None and self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(
+                f"compilation_config.cudagraph_mode must be one of {CUDAGRAPH_MODES}, "
+                f"got {self.cudagraph_mode!r}"
+            )
+        size = self.max_cudagraph_capture_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"compilation_config.max_cudagraph_capture_size must be an integer >= 1, "
+                f"got {size!r}"
+            )
+
+    def piecewise(self, on_gpu: bool) -> bool:
+        """Whether steps with prefill rows run from piecewise graphs on this device."""
+        mode = self.cudagraph_mode or ("FULL_AND_PIECEWISE" if on_gpu else "FULL_DECODE_ONLY")
+        return mode == "FULL_AND_PIECEWISE"
+
+    @classmethod
+    def parse(cls, value: "CompilationConfig | dict[str, Any] | str | None") -> "CompilationConfig":
+        """From a CompilationConfig, a dict of its fields or their JSON; None: the defaults."""
+        if isinstance(value, CompilationConfig):
+            return value
+        return cls(**_config_fields(cls, "compilation_config", value))
+
+
+def _config_fields(cls: type, name: str, value: dict[str, Any] | str | None) -> dict[str, Any]:
+    """value (a dict or its JSON) as the fields of the config class cls; unknown ones fail."""
+    options = json_object(name, value) or {}
+    names = {field.name for field in fields(cls)}
+    if unknown := sorted(set(options) - names):
+        raise ValueError(f"{name} has no field {unknown[0]!r}; fields: {sorted(names)}")
+    return options
 
 
 @dataclass(slots=True)
@@ -69,12 +118,11 @@ class EngineConfig:
     swap_space is the CPU pool (GiB) that preemption by swap moves blocks to; preemption_mode
     "auto" swaps groups of several sequences (parallel samples, beams) and recomputes single
     ones, as vLLM V0. gpu_memory_utilization is vLLM's: the share of GPU memory pagedgen uses.
-    enforce_eager False (the default) replays decode steps on a GPU from CUDA graphs (graph_capture.
-    capture_decode_graphs), and those of up to 64 rows on a CPU from recorded CPU graphs
-    (engine/cpu_graphs.py); True runs every step eagerly. async_scheduling (vLLM's name) schedules
-    and queues step N + 1 before the host has step N's tokens, which the device hands from one
-    step to the next, so the host's work overlaps the device's (LLMEngine.step). enable_lora
-    lets requests run with LoRA adapters (max_loras of them in one step, of rank up to
+    enforce_eager False (the default) replays steps from graphs as compilation_config says
+    (worker/graph_capture.py); True runs every step eagerly. async_scheduling (vLLM's name)
+    schedules and queues step N + 1 before the host has step N's tokens, which the device hands
+    from one step to the next, so the host's work overlaps the device's (LLMEngine.step).
+    enable_lora lets requests run with LoRA adapters (max_loras of them in one step, of rank up to
     max_lora_rank; at most max_cpu_loras of them kept read in host memory: vLLM's names).
     kv_cache_dtype (vLLM's) stores K/V in the model's dtype ("auto") or in 8-bit floats ("fp8",
     "fp8_e4m3", "fp8_e5m2"), which hold 2x (4x in float32) the tokens in the same memory.
@@ -127,6 +175,8 @@ class EngineConfig:
     pooler_config: dict[str, Any] | str | None = None  # JSON ok
     # The CUDA attention kernels the cupy backend takes; a dict of its fields or JSON ok
     cuda_attention_config: CudaAttentionConfig | dict[str, Any] | str | None = None
+    # Which steps replay graphs (vLLM's); a dict of CompilationConfig's fields or JSON ok
+    compilation_config: CompilationConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         if self.seed is None:
@@ -169,8 +219,14 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
@@ -181,6 +237,7 @@ class EngineConfig:
         )
         self.hf_overrides = json_object("hf_overrides", self.hf_overrides) or {}
         self.cuda_attention_config = CudaAttentionConfig.parse(self.cuda_attention_config)
+        self.compilation_config = CompilationConfig.parse(self.compilation_config)
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding")
         if self.runner not in RUNNERS:
@@ -196,9 +253,3 @@ class EngineConfig:
             raise ValueError("the pooling runner does not run speculative decoding")
         if self.async_scheduling:
             raise ValueError("the pooling runner does not run async_scheduling")
-        if self.max_lora_rank < 1:
-            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )

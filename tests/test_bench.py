@@ -3,6 +3,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from pagedgen.config import EngineConfig
 from pagedgen.entrypoints.bench.benchmark import BenchOptions, run_bench
 from pagedgen.entrypoints.bench.overhead import PARTS, StepProfiler
 from pagedgen.entrypoints.cli.main import app
@@ -43,12 +44,11 @@ def test_bench_cli_writes_figures_and_ratios(tiny_llama_path, tmp_path):
 
 def test_bench_latency_reports_decode_latency(tiny_llama_path):
     options = BenchOptions(
-        model=str(tiny_llama_path),
+        EngineConfig(str(tiny_llama_path), kv_cache_memory=0.01),
         workload="latency",
         input_len=16,
         output_len=4,
         baselines=["static32"],
-        kv_cache_memory=0.01,
         roofline=False,
     )
     report = run_bench(options, log=lambda message: None)
@@ -121,7 +121,9 @@ def test_step_timers_time_a_pass_of_their_own_on_a_gpu(
     monkeypatch.setattr(engines, "run_pagedgen", observed)
     monkeypatch.setattr(benchmark, "step_timers_synchronize", lambda engine: device == "cuda")
     options = BenchOptions(
-        model=str(tiny_llama_path), baselines=[], num_iters=len(timed_profiled) - (device == "cuda")
+        EngineConfig(str(tiny_llama_path)),
+        baselines=[],
+        num_iters=len(timed_profiled) - (device == "cuda"),
     )
     figures = benchmark._throughput_runs(options, llm, None, workload, 0, None, None, print)
     assert profiled == timed_profiled

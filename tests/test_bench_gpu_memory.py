@@ -5,6 +5,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from pagedgen.config import EngineConfig
 from pagedgen.entrypoints.bench import benchmark
 from pagedgen.entrypoints.bench.benchmark import BenchOptions
 from pagedgen.entrypoints.bench.gpu_memory import (
@@ -54,12 +55,10 @@ def fake_gpu(monkeypatch):
 def test_only_a_gpu_bench_with_transformers_baselines_lowers_it(
     tiny_llama_path, fake_gpu, device, baselines, kv_cache_memory, lowered, halved
 ):
-    options = BenchOptions(
-        model=str(tiny_llama_path),
-        device=device,
-        baselines=baselines,
-        kv_cache_memory=kv_cache_memory,
+    engine = EngineConfig(
+        str(tiny_llama_path), dtype="float32", device=device, kv_cache_memory=kv_cache_memory
     )
+    options = BenchOptions(engine, baselines=baselines)
     logged: list[str] = []
     got = benchmark._gpu_memory_utilization(options, ResolvedModel(tiny_llama_path), logged.append)
     weights = checkpoint_num_elements(tiny_llama_path) * 4  # float32

@@ -60,6 +60,9 @@ def test_a_stand_in_runner_end_to_end(tmp_path, monkeypatch):
 
 
 def test_without_a_runner_it_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.delenv(vllm_baseline.ENV_VAR, raising=False)
+    with pytest.raises(vllm_baseline.VllmUnavailable, match="set PAGEDGEN_VLLM_BASELINE"):
+        vllm_baseline.baseline_command()
     monkeypatch.setenv(vllm_baseline.ENV_VAR, str(tmp_path / "missing"))
     with pytest.raises(vllm_baseline.VllmUnavailable, match="PAGEDGEN_VLLM_BASELINE"):
         vllm_baseline.baseline_command()

@@ -198,7 +198,6 @@ def test_piecewise_cuda_graphs_give_the_eager_outputs_on_a_gpu(
     """Steps with prefill rows from piecewise CUDA graphs (engine/piecewise_graphs.py), the
     cupy kernels launched between the pieces: prompts join running decodes at many token
     counts, greedy and seeded rows with logprobs, all equal to the eager engine's."""
-    from pagedgen.worker.graph_capture import PIECEWISE
     from tests.test_async_scheduling import outputs, prompts_of
     from tests.test_piecewise_graphs import count_piecewise_replays, mixed_params
 
@@ -208,8 +207,8 @@ def test_piecewise_cuda_graphs_give_the_eager_outputs_on_a_gpu(
                   max_num_batched_tokens=96, async_scheduling=async_scheduling,
                   log=lambda m: None)  # fmt: skip
     eager = outputs(LLM(str(head64_llama_path), enforce_eager=True, **kwargs), prompts, params)
-    monkeypatch.setenv(PIECEWISE, "1")
-    llm = LLM(str(head64_llama_path), **kwargs)
+    piecewise = {"cudagraph_mode": "FULL_AND_PIECEWISE"}
+    llm = LLM(str(head64_llama_path), compilation_config=piecewise, **kwargs)
     assert llm.engine.runner.piecewise_graphs.token_sizes == [32, 64, 96]
     replays = count_piecewise_replays(monkeypatch)
     result = outputs(llm, prompts, params)

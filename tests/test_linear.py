@@ -11,6 +11,7 @@ from pagedgen.layers.linear import (
     TRANSPOSED,
     Linear,
     dense_linear,
+    describe_cpu_compute,
     gemm_rows,
     pack_linear_weights,
 )
@@ -91,7 +92,7 @@ def test_half_precision_computes_in_float32_where_onednn_lacks_it(cpu_env, dtype
     assert dtype not in cpu_features.onednn_matmul_dtypes()
     assert cpu_features.cpu_compute_dtype(dtype) == torch.float32
     assert cpu_features.cpu_compute_dtype(torch.float32) == torch.float32
-    assert "no native" in cpu_features.describe_cpu_compute(dtype)
+    assert "no native" in describe_cpu_compute(dtype)
     layer, _ = make_linear(False, dtype)
     assert not layer.pack() and layer.weight.dtype == dtype
 
@@ -141,7 +142,7 @@ def test_float32_takes_the_panel_kernel_and_onednn_without_it(cpu_env, isa, bias
     for rows in (1, 3, 64):
         assert torch.equal(layer(x[:rows]), panels[:rows])
     isa_name = "AVX-512" if cpu_features.has_avx512() else "AVX2"
-    assert f"{isa_name} panel float32 matmuls" in cpu_features.describe_cpu_compute(torch.float32)
+    assert f"{isa_name} panel float32 matmuls" in describe_cpu_compute(torch.float32)
 
     cpu_env(PAGEDGEN_DISABLE_CPU_GEMM="1")
     layer, _ = make_linear(bias)
@@ -222,7 +223,7 @@ def test_amx_without_our_amx_kernel_leaves_bfloat16_to_onednn(
     ours = not amx or amx_kernel
     assert cpu_gemm_bf16.enabled() is ours
     kernel = ("AMX" if amx else "AVX512_BF16") + " panel" if ours else "oneDNN"
-    assert cpu_features.describe_cpu_compute(torch.bfloat16).startswith(kernel)
+    assert describe_cpu_compute(torch.bfloat16).startswith(kernel)
 
 
 def test_gemm_rows_are_few_shapes_with_little_padding():

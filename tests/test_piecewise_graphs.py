@@ -12,16 +12,11 @@ import pytest
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from pagedgen import LLM, SamplingParams
+from pagedgen.config import CompilationConfig
 from pagedgen.kernels import cpu_ops
 from pagedgen.layers.linear import gemm_rows
 from pagedgen.worker.cpu_graphs import CaptureRefused, CpuPieces
-from pagedgen.worker.graph_capture import (
-    PIECEWISE,
-    PIECEWISE_MAX_TOKENS,
-    capture_piecewise_graphs,
-    piecewise_enabled,
-    piecewise_max_tokens,
-)
+from pagedgen.worker.graph_capture import capture_piecewise_graphs
 from pagedgen.worker.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
 from tests.model_configs import CONFIGS
 from tests.test_async_scheduling import ENGINE, outputs, prompts_of
@@ -46,31 +41,30 @@ def test_token_sizes():
 
 
 @pytest.mark.parametrize(
-    ("value", "on_gpu", "on_cpu"), [(None, True, False), ("", True, False), ("0", False, False),
-                                    ("1", True, True)]
+    ("mode", "on_gpu", "on_cpu"), [(None, True, False), ("FULL_DECODE_ONLY", False, False),
+                                   ("FULL_AND_PIECEWISE", True, True)]
 )  # fmt: skip
-def test_pieces_are_on_by_default_on_a_gpu_only(monkeypatch, value, on_gpu, on_cpu):
-    if value is None:
-        monkeypatch.delenv(PIECEWISE, raising=False)
-    else:
-        monkeypatch.setenv(PIECEWISE, value)
-    assert (piecewise_enabled(on_gpu=True), piecewise_enabled(on_gpu=False)) == (on_gpu, on_cpu)
+def test_pieces_are_on_by_default_on_a_gpu_only(mode, on_gpu, on_cpu):
+    config = CompilationConfig(cudagraph_mode=mode)
+    assert (config.piecewise(on_gpu=True), config.piecewise(on_gpu=False)) == (on_gpu, on_cpu)
 
 
-def test_the_largest_piecewise_step_on_a_gpu_is_told_by_its_variable(monkeypatch):
-    monkeypatch.delenv(PIECEWISE_MAX_TOKENS, raising=False)
-    assert piecewise_max_tokens() == MAX_NUM_TOKENS
-    monkeypatch.setenv(PIECEWISE_MAX_TOKENS, "4096")
-    assert piecewise_max_tokens() == 4096
-    for bad in ("0", "-5", "lots"):
-        monkeypatch.setenv(PIECEWISE_MAX_TOKENS, bad)
-        with pytest.raises(ValueError, match=PIECEWISE_MAX_TOKENS):
-            piecewise_max_tokens()
+def test_the_largest_piecewise_step_on_a_gpu_is_a_compilation_config_field():
+    assert CompilationConfig().max_cudagraph_capture_size == MAX_NUM_TOKENS
+    parsed = CompilationConfig.parse('{"max_cudagraph_capture_size": 4096}')
+    assert parsed.max_cudagraph_capture_size == 4096
+    for bad in (0, -5, "lots", True):
+        with pytest.raises(ValueError, match="max_cudagraph_capture_size"):
+            CompilationConfig.parse({"max_cudagraph_capture_size": bad})
+    with pytest.raises(ValueError, match="cudagraph_mode"):
+        CompilationConfig(cudagraph_mode="PIECEWISE")
 
 
-def piecewise_llm(path, monkeypatch, **kwargs) -> LLM:
-    monkeypatch.setenv(PIECEWISE, "1")
-    llm = LLM(str(path), **ENGINE, **kwargs)
+PIECEWISE = {"compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}
+
+
+def piecewise_llm(path, **kwargs) -> LLM:
+    llm = LLM(str(path), **ENGINE, **PIECEWISE, **kwargs)
     assert isinstance(llm.engine.runner.piecewise_graphs, PiecewiseGraphs)
     return llm
 
@@ -113,7 +107,7 @@ def test_steps_with_prefill_rows_from_pieces_equal_eager_ones(
     eager = outputs(
         LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs), prompts, params
     )
-    llm = piecewise_llm(tiny_llama_path, monkeypatch, **kwargs)
+    llm = piecewise_llm(tiny_llama_path, **kwargs)
     assert llm.engine.runner.piecewise_graphs.token_sizes == [8, 16, 24, 32, 40]
     replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
@@ -130,7 +124,7 @@ def test_pieces_through_preemption(tiny_llama_path, monkeypatch, preemption_mode
     eager = outputs(
         LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **kwargs), prompts, params
     )
-    llm = piecewise_llm(tiny_llama_path, monkeypatch, **kwargs)
+    llm = piecewise_llm(tiny_llama_path, **kwargs)
     replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
     assert replays[1] > 0
@@ -138,9 +132,7 @@ def test_pieces_through_preemption(tiny_llama_path, monkeypatch, preemption_mode
 
 
 def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_path, monkeypatch):
-    llm = piecewise_llm(
-        tiny_llama_path, monkeypatch, max_num_batched_tokens=200, kv_cache_memory=0.01
-    )
+    llm = piecewise_llm(tiny_llama_path, max_num_batched_tokens=200, kv_cache_memory=0.01)
     assert llm.engine.runner.piecewise_graphs.max_num_tokens == 64
     replays = count_piecewise_replays(monkeypatch)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -150,13 +142,10 @@ def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_path, monkeypatch)
     assert replays == [0, 0]  # 149 prompt tokens, then decode graphs
 
 
-@pytest.mark.parametrize("unset", [None, ""])
-def test_unset_variable_captures_no_pieces_on_the_cpu(tiny_llama_path, monkeypatch, unset):
-    if unset is None:
-        monkeypatch.delenv(PIECEWISE, raising=False)
-    else:
-        monkeypatch.setenv(PIECEWISE, unset)
-    llm = LLM(str(tiny_llama_path), **ENGINE, kv_cache_memory=0.01)
+@pytest.mark.parametrize("mode", [None, "FULL_DECODE_ONLY"])
+def test_the_default_captures_no_pieces_on_the_cpu(tiny_llama_path, mode):
+    config = {"cudagraph_mode": mode}
+    llm = LLM(str(tiny_llama_path), **ENGINE, kv_cache_memory=0.01, compilation_config=config)
     assert llm.engine.runner.piecewise_graphs is None
 
 
@@ -167,8 +156,7 @@ def test_architectures_through_pieces(tiny_model, monkeypatch):  # noqa: F811
     sliding windows, partial and no RoPE, separate Q/K/V projections, NoPE layers, whatever
     each layer's attention is called with reaches it from the pieces."""
     folder, _ = tiny_model
-    monkeypatch.setenv(PIECEWISE, "1")
-    llm = LLM(str(folder), **ENGINE, **MIXED)
+    llm = LLM(str(folder), **ENGINE, **PIECEWISE, **MIXED)
     if not llm.engine.runner.model.supports_graphs:
         pytest.skip(f"{type(llm.engine.runner.model).__name__} routes tokens on the host")
     assert isinstance(llm.engine.runner.piecewise_graphs, PiecewiseGraphs)
@@ -210,7 +198,7 @@ def test_planted_bugs_change_outputs(tiny_llama_path, monkeypatch, bug):
     eager = outputs(
         LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **MIXED), prompts, params
     )
-    llm = piecewise_llm(tiny_llama_path, monkeypatch, **MIXED)
+    llm = piecewise_llm(tiny_llama_path, **MIXED)
     getattr(PlantedBug, bug)(monkeypatch, llm.engine.runner.piecewise_graphs)
     assert outputs(llm, prompts, params) != eager
 
@@ -282,7 +270,7 @@ def test_drafts_through_pieces(tiny_llama_path, monkeypatch):
     eager = outputs(
         LLM(str(tiny_llama_path), **ENGINE, enforce_eager=True, **MIXED), prompts, params
     )
-    llm = piecewise_llm(tiny_llama_path, monkeypatch, speculative_config=SPEC, **MIXED)
+    llm = piecewise_llm(tiny_llama_path, speculative_config=SPEC, **MIXED)
     llm.engine.output_processor.proposer = OracleProposer(eager, prompts, params, k=4)
     replays = count_piecewise_replays(monkeypatch)
     assert outputs(llm, prompts, params) == eager
@@ -293,7 +281,7 @@ def test_drafts_through_pieces(tiny_llama_path, monkeypatch):
 def test_a_dropped_engine_frees_its_pieces_without_a_collection(tiny_llama_path, monkeypatch):
     """No reference cycle through the pieces: LLM's start-up ends with gc.freeze(), so an engine
     kept alive by one would hold its model and KV pool for good."""
-    llm = piecewise_llm(tiny_llama_path, monkeypatch, **MIXED)
+    llm = piecewise_llm(tiny_llama_path, **MIXED)
     runner = llm.engine.runner
     refs = [weakref.ref(x) for x in (runner.piecewise_graphs, runner.model, runner.kv_cache)]
     del runner

@@ -9,6 +9,7 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
+from pagedgen.config import EngineConfig
 from pagedgen.entrypoints.bench import benchmark
 from pagedgen.entrypoints.bench.benchmark import BenchOptions
 from pagedgen.entrypoints.bench.gpu_profile import GpuProfile
@@ -115,14 +116,12 @@ def test_bench_options_reject_no_profiled_steps():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_bench_reports_busy_share_and_launches(tiny_llama_path):
     options = BenchOptions(
-        model=str(tiny_llama_path),
+        EngineConfig(str(tiny_llama_path), dtype="float32", device="cuda", kv_cache_memory=0.01),
         workload="fixed",
         num_prompts=8,
         input_len=16,
         output_len=12,
         baselines=[],
-        device="cuda",
-        kv_cache_memory=0.01,
         roofline=False,
         overhead=False,
         gpu_profile_steps=4,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+from pagedgen import envs
 from pagedgen.kernels.cpu_features import cpu_flags, has_amx_bf16, kernel_march
 from pagedgen.kernels.source import kernel_source
 from pagedgen.paths import cache_dir
@@ -41,7 +42,7 @@ class CpuKernelUnavailable(RuntimeError):
 
 
 def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+    for name in (envs.cc(), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
     raise CpuKernelUnavailable("no C compiler found (set CC, or install gcc)")

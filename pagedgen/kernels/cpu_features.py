@@ -8,10 +8,11 @@ models compute in float32. The tests use it to cover both paths on any machine.
 """
 
 import functools
-import os
 import platform
 
 import torch
+
+from pagedgen import envs
 
 # The flags worth naming beside a CPU figure, in the order they are printed.
 NOTABLE_FLAGS = ("avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16", "avx_ne_convert")
@@ -36,7 +37,7 @@ def max_cpu_isa() -> str | None:
     """The cap set by PAGEDGEN_MAX_CPU_ISA, lower-cased ("avx2"), or None. Read once per process,
     since every kernel call asks (through kernel_march): code that changes the variable later
     clears this cache."""
-    value = os.environ.get("PAGEDGEN_MAX_CPU_ISA", "").strip().lower()
+    value = envs.max_cpu_isa()
     if value and value not in ("avx2", "avx512"):
         raise ValueError(f"PAGEDGEN_MAX_CPU_ISA must be avx2 or avx512, got {value!r}")
     return value or None
@@ -74,7 +75,7 @@ def kernel_march() -> str:
 
 
 def onednn_disabled() -> bool:
-    return os.environ.get("PAGEDGEN_DISABLE_ONEDNN", "0") not in ("", "0")
+    return envs.disable_onednn()
 
 
 @functools.cache

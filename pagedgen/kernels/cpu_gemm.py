@@ -11,16 +11,15 @@ off."""
 
 import ctypes
 import functools
-import os
 from types import SimpleNamespace
 
 import torch
 
+from pagedgen import envs
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 from pagedgen.kernels.cpu_features import kernel_march
 
 SOURCE = "cpu_gemm.c"
-DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_GEMM"
 PANEL_WIDTH = 16  # NR in the source
 WEIGHT_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.int16}  # weight -> panels
 
@@ -50,7 +49,7 @@ def cpu_gemm_error(march: str | None = None) -> str | None:
 @functools.cache
 def enabled() -> bool:
     """Read once per process: built here (an AVX2 or AVX-512 target), not disabled."""
-    return os.environ.get(DISABLE_ENV) != "1" and cpu_gemm_error(kernel_march()) is None
+    return not envs.disable_cpu_gemm() and cpu_gemm_error(kernel_march()) is None
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

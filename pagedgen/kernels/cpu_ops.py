@@ -6,12 +6,12 @@ usable() and keep the torch path for everything else (other dtypes, GPUs, no C c
 
 import ctypes
 import functools
-import os
 from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
 
+from pagedgen import envs
 from pagedgen.kernels.cpu import KV_DTYPE_CODES
 from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
 from pagedgen.kernels.cpu_features import kernel_march
@@ -19,7 +19,6 @@ from pagedgen.kernels.cpu_features import kernel_march
 SOURCE = "cpu_ops.c"
 # Products and sums round as torch's ops round them (no fused multiply-adds).
 EXTRA_FLAGS = ("-ffp-contract=off",)
-DISABLE_ENV = "PAGEDGEN_DISABLE_CPU_OPS"
 ACTIVATION_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # dtype -> entry points
 
 
@@ -53,7 +52,7 @@ def cpu_ops_error(march: str | None = None) -> str | None:
 @functools.cache
 def _enabled() -> bool:
     """Read once per process: built here and not switched off."""
-    return os.environ.get(DISABLE_ENV) != "1" and cpu_ops_error() is None
+    return not envs.disable_cpu_ops() and cpu_ops_error() is None
 
 
 def usable(x: torch.Tensor) -> bool:

@@ -1,9 +1,9 @@
 """Which graphs an engine captures at start-up, and what it says of them."""
 
-import os
 import time
 from collections.abc import Callable
 
+from pagedgen.config import CompilationConfig
 from pagedgen.worker.cpu_graphs import (
     CaptureRefused,
     CpuPieces,
@@ -13,31 +13,27 @@ from pagedgen.worker.cpu_graphs import (
 from pagedgen.worker.cuda_graphs import CudaPieces, DecodeGraphs, GraphCapture, cuda_graph_capture
 from pagedgen.worker.model_runner import ModelRunner
 from pagedgen.worker.piecewise_graphs import (
-    MAX_NUM_TOKENS,
     TOKEN_STEP,
     Pieces,
     PiecewiseGraphs,
     piecewise_token_sizes,
 )
 
-# Steps with prefill rows from piecewise graphs (engine/piecewise_graphs.py): on a GPU unless
-# PAGEDGEN_PIECEWISE_GRAPHS=0 (on an H200 they cut the mixed steps of ShareGPT-1000 from 52 to
-# 30 ms on the Llama-3-8B shape, from 29 to 20 ms on SmolLM2's), on the CPU only with =1.
-PIECEWISE = "PAGEDGEN_PIECEWISE_GRAPHS"
-# The largest step they serve on a GPU (within the scheduler's token budget), by default
-# MAX_NUM_TOKENS; longer steps run eagerly.
-PIECEWISE_MAX_TOKENS = "PAGEDGEN_PIECEWISE_MAX_TOKENS"
 CPU_MAX_NUM_TOKENS = 64  # as CPU decode graphs: past it the Python between kernels is a few %
 CPU_TOKEN_STEP = 8
 
 
 def capture_graphs(
-    runner: ModelRunner, max_num_seqs: int, max_num_tokens: int, log: Callable[[str], None]
+    runner: ModelRunner,
+    max_num_seqs: int,
+    max_num_tokens: int,
+    log: Callable[[str], None],
+    compilation_config: CompilationConfig = CompilationConfig(),
 ) -> None:
     """Captures the decode steps' CUDA graphs, or records their CPU graphs, on the runner's
-    device, and the other steps' pieces up to max_num_tokens, the scheduler's token budget (on
-    a GPU unless PAGEDGEN_PIECEWISE_GRAPHS=0, on the CPU with =1); a CPU recording that cannot
-    be replayed leaves those steps eager, saying why."""
+    device, and, where compilation_config says, the other steps' pieces up to max_num_tokens,
+    the scheduler's token budget; a CPU recording that cannot be replayed leaves those steps
+    eager, saying why."""
     on_gpu = runner.device.type == "cuda"
     start = time.perf_counter()
     try:
@@ -52,11 +48,12 @@ def capture_graphs(
         f"decode steps from {runner.decode_graphs.describe()}, captured in "
         f"{time.perf_counter() - start:.1f} s"
     )
-    if not piecewise_enabled(on_gpu):
+    if not compilation_config.piecewise(on_gpu):
         return
     start = time.perf_counter()
     if on_gpu:
-        pieces, top, step = CudaPieces(), piecewise_max_tokens(), TOKEN_STEP
+        pieces, step = CudaPieces(), TOKEN_STEP
+        top = compilation_config.max_cudagraph_capture_size
     else:
         pieces, top, step = CpuPieces(), CPU_MAX_NUM_TOKENS, CPU_TOKEN_STEP
     try:
@@ -70,18 +67,6 @@ def capture_graphs(
         f"steps with prefill rows from {runner.piecewise_graphs.describe()}, captured in "
         f"{time.perf_counter() - start:.1f} s"
     )
-
-
-def piecewise_enabled(on_gpu: bool) -> bool:
-    """PAGEDGEN_PIECEWISE_GRAPHS=1 or, on a GPU, unset (or empty); not =0."""
-    return (os.environ.get(PIECEWISE) or ("1" if on_gpu else "0")) == "1"
-
-
-def piecewise_max_tokens() -> int:
-    value = os.environ.get(PIECEWISE_MAX_TOKENS) or str(MAX_NUM_TOKENS)
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{PIECEWISE_MAX_TOKENS} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def capture_decode_graphs(

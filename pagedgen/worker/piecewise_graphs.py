@@ -19,10 +19,11 @@ import torch
 from torch import nn
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
+from pagedgen.config import MAX_CUDAGRAPH_CAPTURE_SIZE
 from pagedgen.worker.cpu_graphs import CaptureRefused
 from pagedgen.worker.cuda_graphs import InputBuffer
 
-MAX_NUM_TOKENS = 512  # vLLM's largest capture size
+MAX_NUM_TOKENS = MAX_CUDAGRAPH_CAPTURE_SIZE
 # The rows an eager GEMM pads to on a GPU (layers/linear.gemm_rows): a step runs the GEMMs it
 # would run eagerly. Past COARSE_FROM tokens, buckets are 4 steps apart, as gemm_rows' are.
 TOKEN_STEP = 32

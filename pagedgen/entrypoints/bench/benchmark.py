@@ -6,7 +6,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from pagedgen.config import EngineConfig
 from pagedgen.engine.llm_engine import log_to_stderr
+from pagedgen.engine.model_setup import pick_device, pick_dtype
 from pagedgen.entrypoints.batch.requests import vocab_size_of
 from pagedgen.entrypoints.bench import engines, latency, vllm_baseline
 from pagedgen.entrypoints.bench.decode_bound import llm_decode_bound
@@ -24,7 +26,7 @@ from pagedgen.entrypoints.bench.workload_file import (
 )
 from pagedgen.entrypoints.bench.workloads import Workload, random_workload, sharegpt_workload
 from pagedgen.entrypoints.llm import LLM
-from pagedgen.loader.resolve import DEFAULT_MODEL, ResolvedModel, resolve_model
+from pagedgen.loader.resolve import ResolvedModel, resolve_model
 
 WORKLOADS = ("sharegpt", "fixed", "latency")
 LATENCY_OUTPUT_LEN = 64
@@ -32,29 +34,20 @@ LATENCY_OUTPUT_LEN = 64
 
 @dataclass(slots=True)
 class BenchOptions:
-    """One `pagedgen bench` run: a workload, the engines to compare and pagedgen's settings.
+    """One `pagedgen bench` run: a workload, the engines to compare and pagedgen's engine.
 
     workload is sharegpt, fixed, latency or a workload file (see workload_file.py);
-    save_workload names a file to write the workload to, whichever it is.
+    save_workload names a file to write the workload to, whichever it is. The baselines run
+    the engine's model, dtype and device; seed seeds the random prompts and the engine.
     """
 
-    model: str = DEFAULT_MODEL
+    engine: EngineConfig = field(default_factory=EngineConfig)
     workload: str = "sharegpt"
     num_prompts: int = 64
     input_len: int = 128
     output_len: int | None = None  # fixed: 128, latency: 64
     baselines: list[str] = field(default_factory=lambda: ["static32", "static64"])
-    dtype: str = "float32"
-    device: str = "cpu"
-    num_threads: int = 2
     num_iters: int = 1  # timed passes per engine, round robin; the fastest is kept
-    kv_cache_memory: float | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    block_size: int = 16
-    kv_cache_dtype: str = "auto"  # pagedgen's (vLLM's names); the baselines keep the model's
-    enforce_eager: bool = False  # False: pagedgen replays decode steps from CUDA graphs (cuda)
-    async_scheduling: bool = False
     roofline: bool = True
     overhead: bool = True
     gpu_profile: bool = True  # on cuda only: profile_decode_steps after the timed passes
@@ -72,9 +65,7 @@ class BenchOptions:
         unknown = sorted(set(self.baselines) - set(engines.BASELINES))
         if unknown:
             raise ValueError(f"unknown baselines {unknown}; known: {list(engines.BASELINES)}")
-        if self.dtype == "auto":
-            raise ValueError("give the dtype explicitly, so that both engines run the same one")
-        for name in ("num_prompts", "input_len", "num_threads", "num_iters", "gpu_profile_steps"):
+        for name in ("num_prompts", "input_len", "num_iters", "gpu_profile_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.output_len is not None and self.output_len < 1:
@@ -83,30 +74,28 @@ class BenchOptions:
             raise ValueError(f"cannot save the workload to {self.save_workload}: no such folder")
 
 
+def bench_dtype(engine: EngineConfig) -> torch.dtype:
+    """The dtype both pagedgen and the baselines run: the engine's, "auto" resolved."""
+    device = pick_device("auto") if engine.device == "auto" else torch.device(engine.device)
+    return pick_dtype(engine.dtype, device)
+
+
 def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr) -> dict:
     """Runs pagedgen and the baselines on one workload in this process; returns every figure."""
-    torch.set_num_threads(options.num_threads)
+    if options.engine.num_threads is not None:
+        torch.set_num_threads(options.engine.num_threads)
     start_state, start = machine_state(), sample_cpu()
     from_file = read_workload(options.workload) if options.workload not in WORKLOADS else None
-    resolved = resolve_model(options.model)
+    resolved = resolve_model(options.engine.model)
+    dtype = bench_dtype(options.engine)
     gpu_memory_utilization = _gpu_memory_utilization(options, resolved, log)
-    llm = LLM(
-        options.model,
-        log=log,
-        dtype=options.dtype,
-        device=options.device,
-        kv_cache_memory=options.kv_cache_memory,
+    engine_args = asdict(options.engine) | dict(
+        dtype=str(dtype).removeprefix("torch."),
         gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=options.max_num_seqs,
-        max_num_batched_tokens=options.max_num_batched_tokens,
-        block_size=options.block_size,
-        kv_cache_dtype=options.kv_cache_dtype,
-        enforce_eager=options.enforce_eager,
-        async_scheduling=options.async_scheduling,
         seed=options.seed,
     )
+    llm = LLM(log=log, **engine_args)
     engine = llm.engine
-    dtype = getattr(torch, options.dtype)
     if from_file is not None:
         check_workload(from_file, vocab_size_of(engine), engine.max_model_len)
         workload = from_file
@@ -119,7 +108,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
     model = None
     if set(options.baselines) & set(engines.TRANSFORMERS_BASELINES):
         log(f"loading {resolved.path} into transformers for the baselines")
-        model = engines.load_hf_model(resolved, dtype, options.device)
+        model = engines.load_hf_model(resolved, dtype, str(engine.runner.device))
     tokenizer = llm.tokenizer
     pad_token_id = next(
         (i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0
@@ -137,9 +126,9 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         )
     engines.warm_up(llm, model, pad_token_id)
     report: dict = {
-        "model": options.model,
+        "model": options.engine.model,
         "options": asdict(options),
-        "machine": machine_info(options.num_threads),
+        "machine": machine_info(torch.get_num_threads()),
         "machine_start": start_state,
         "workload": workload.describe(),
         "engine": {
@@ -179,9 +168,8 @@ def _gpu_memory_utilization(
     options: BenchOptions, resolved: ResolvedModel, log: Callable[[str], None]
 ) -> float:
     """Room beside pagedgen for the baselines' weights (see gpu_memory)."""
-    dtype = getattr(torch, options.dtype)
     utilization, why = bench_gpu_memory_utilization(
-        resolved.path, dtype, options.device, options.baselines, options.kv_cache_memory
+        resolved.path, bench_dtype(options.engine), options.engine, options.baselines
     )
     if why is not None:
         log(why)
@@ -228,7 +216,10 @@ def _throughput_runs(
                 try:
                     runs.append(
                         vllm_baseline.run_vllm(
-                            resolved.path, workload, options.dtype, options.max_num_seqs
+                            resolved.path,
+                            workload,
+                            str(bench_dtype(options.engine)).removeprefix("torch."),
+                            options.engine.max_num_seqs,
                         )
                     )
                 except vllm_baseline.VllmUnavailable as e:
@@ -240,7 +231,7 @@ def _throughput_runs(
                         model,
                         workload,
                         max_batch_tokens,
-                        options.max_num_seqs,
+                        options.engine.max_num_seqs,
                         timeout=options.generate_batch_timeout,
                     )
                 )

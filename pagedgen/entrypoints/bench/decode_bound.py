@@ -11,7 +11,7 @@ from pagedgen.entrypoints.bench.gpu_profile import GpuProfile
 from pagedgen.entrypoints.bench.roofline import measure_matmul, model_costs
 from pagedgen.entrypoints.llm import LLM
 
-# The square bfloat16/float16 product that gives a GPU's matmul peak (as KINDS.md measured it).
+# The square bfloat16/float16 product large enough to reach a GPU's matmul peak.
 PEAK_MATMUL_SIZE = 8192
 
 

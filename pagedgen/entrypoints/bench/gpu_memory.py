@@ -14,7 +14,6 @@ pagedgen takes half of the utilization, and the two engines' caches come out abo
 """
 
 import math
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -58,25 +57,26 @@ def kv_gpu_memory_utilization(
 
 
 def bench_gpu_memory_utilization(
-    model_dir: Path,
-    dtype: torch.dtype,
-    device: str,
-    baselines: list[str],
-    kv_cache_memory: float | None,
+    model_dir: Path, dtype: torch.dtype, engine: EngineConfig, baselines: list[str]
 ) -> tuple[float, str | None]:
-    """pagedgen's gpu_memory_utilization in a bench against these baselines: the engine's
-    default, less the share that the transformers baselines' copy of model_dir in dtype will
-    take, and halved where generate_batch sizes its own KV cache from what is free. The default
-    where no transformers baseline runs on this GPU, or the pool is given in GiB
-    (kv_cache_memory). With a line saying why, where lowered."""
-    default = next(f.default for f in fields(EngineConfig) if f.name == "gpu_memory_utilization")
+    """pagedgen's gpu_memory_utilization in a bench against these baselines: the engine's,
+    less the share that the transformers baselines' copy of model_dir in dtype will take, and
+    halved where generate_batch sizes its own KV cache from what is free. The engine's where no
+    transformers baseline runs on this GPU, or the pool is given in GiB (kv_cache_memory). With
+    a line saying why, where lowered."""
+    default, device, kv_cache_memory = (
+        engine.gpu_memory_utilization,
+        engine.device,
+        engine.kv_cache_memory,
+    )
     transformers = set(baselines) & set(TRANSFORMERS_BASELINES)
-    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+    on_gpu = device in ("auto", "cuda") or device.startswith("cuda:")
+    on_gpu = on_gpu and torch.cuda.is_available()
     if not on_gpu or not transformers or kv_cache_memory is not None:
         return default, None
     shares_kv_memory = "generate_batch" in transformers
     weights_bytes = checkpoint_num_elements(model_dir) * dtype.itemsize
-    total_bytes = torch.cuda.mem_get_info(torch.device(device))[1]
+    total_bytes = torch.cuda.mem_get_info(torch.device("cuda" if device == "auto" else device))[1]
     utilization = kv_gpu_memory_utilization(default, weights_bytes, total_bytes, shares_kv_memory)
     shared = ", and generate_batch's KV cache half of the rest" if shares_kv_memory else ""
     return utilization, (

@@ -4,23 +4,22 @@ process (and virtualenv: vLLM pins its own transformers and torch).
 The runner is a command taking `--model DIR --workload W.json --dtype D --out R.json
 --max-num-seqs N`, as the vllm-cpu-baseline tool of our development machines does. W.json is a
 workload file (workload_file.py); R.json vLLM's figures and its output token ids.
-PAGEDGEN_VLLM_BASELINE names the command; without it, a shared/tools/vllm-cpu-baseline beside
-this checkout is used if there is one.
+PAGEDGEN_VLLM_BASELINE names the command.
 """
 
 import json
-import os
 import shlex
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from pagedgen import envs
 from pagedgen.entrypoints.bench.result import RunResult
 from pagedgen.entrypoints.bench.workload_file import save_workload
 from pagedgen.entrypoints.bench.workloads import Workload
 
-ENV_VAR = "PAGEDGEN_VLLM_BASELINE"
+ENV_VAR = envs.PAGEDGEN_VLLM_BASELINE
 
 
 class VllmUnavailable(RuntimeError):
@@ -29,19 +28,15 @@ class VllmUnavailable(RuntimeError):
 
 def baseline_command() -> list[str]:
     """The runner's command line, or VllmUnavailable saying how to provide one."""
-    configured = os.environ.get(ENV_VAR)
+    configured = envs.vllm_baseline()
     if configured:
         command = shlex.split(configured)
         if not command or not shutil.which(command[0]):
             raise VllmUnavailable(f"{ENV_VAR}={configured!r} is not an executable command")
         return command
-    checkout = Path(__file__).resolve().parents[4]
-    tool = checkout / "shared" / "tools" / "vllm-cpu-baseline"
-    if tool.is_file():
-        return ["bash", str(tool)]
     raise VllmUnavailable(
         f"no vLLM baseline: set {ENV_VAR} to a command running a workload file through vLLM "
-        "(see pagedgen/entrypoints/bench/vllm_baseline.py)"
+        "(see docs/configuration.md)"
     )
 
 

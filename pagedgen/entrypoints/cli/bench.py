@@ -3,62 +3,90 @@ import sys
 
 import typer
 
-from pagedgen.loader.resolve import DEFAULT_MODEL
+from pagedgen.config import EngineConfig
+from pagedgen.entrypoints.cli import options as opt
+from pagedgen.entrypoints.cli.engine_options import ENGINE
+
+WORKLOAD_PANEL = "Workload"
+BASELINES_PANEL = "Baselines"
+REPORT_PANEL = "Report"
 
 
+@opt.with_options(ENGINE)
 def bench(
-    workload: str = typer.Option(
-        "sharegpt", help="sharegpt, fixed, latency (batch 1) or a workload FILE.json"
+    engine: EngineConfig,
+    workload: str = opt.option(
+        WORKLOAD_PANEL,
+        "sharegpt",
+        help="sharegpt, fixed, latency (batch 1) or a workload FILE.json",
+        metavar="W",
     ),
-    save_workload: str | None = typer.Option(
-        None, "--save-workload", help="write the workload run to this FILE.json, to run elsewhere"
+    save_workload: str | None = opt.option(
+        WORKLOAD_PANEL,
+        None,
+        "--save-workload",
+        help="write the workload run to this FILE.json, to run elsewhere",
+        metavar="FILE",
     ),
-    num_prompts: int = typer.Option(64, help="requests (sharegpt, fixed)"),
-    input_len: int = typer.Option(128, help="prompt tokens (fixed, latency)"),
-    output_len: int | None = typer.Option(
-        None, help="output tokens (fixed: default 128, latency: default 64)"
+    num_prompts: int = opt.option(
+        WORKLOAD_PANEL, 64, help="requests (sharegpt, fixed)", metavar="N"
     ),
-    baselines: str = typer.Option(
+    input_len: int = opt.option(
+        WORKLOAD_PANEL, 128, help="prompt tokens (fixed, latency)", metavar="N"
+    ),
+    output_len: int | None = opt.option(
+        WORKLOAD_PANEL,
+        None,
+        help="output tokens [default: 128 fixed, 64 latency]",
+        metavar="N",
+    ),
+    seed: int = opt.option(
+        WORKLOAD_PANEL, 0, help="seed of the random prompts and of the engine", metavar="S"
+    ),
+    baselines: str = opt.option(
+        BASELINES_PANEL,
         "static32,static64",
-        help="comma-separated: static32, static64, generate_batch; '' for none",
+        help="comma-separated: static32, static64, generate_batch, vllm; '' for none",
+        metavar="LIST",
     ),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="HF folder, hub id or .gguf"),
-    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16 (both engines)"),
-    device: str = typer.Option("cpu", help="cpu or cuda (both engines)"),
-    threads: int = typer.Option(2, help="torch intra-op threads"),
-    num_iters: int = typer.Option(1, help="timed passes per engine, round robin; best is kept"),
-    kv_cache_memory: float | None = typer.Option(None, help="pagedgen's KV pool in GiB"),
-    max_num_seqs: int = typer.Option(256, help="pagedgen's most sequences running at once"),
-    max_num_batched_tokens: int | None = typer.Option(
-        None, help="pagedgen's most tokens per step [default: the engine's]"
+    generate_batch_timeout: float = opt.option(
+        BASELINES_PANEL,
+        600.0,
+        help="stop generate_batch after this many seconds; figures then cover the done",
+        metavar="S",
     ),
-    block_size: int = typer.Option(16, help="pagedgen's tokens per KV-cache block"),
-    kv_cache_dtype: str = typer.Option(
-        "auto", help="pagedgen's KV-cache element type: auto (the model's), fp8 or fp8_e5m2"
+    num_iters: int = opt.option(
+        REPORT_PANEL,
+        1,
+        help="timed passes per engine, round robin; the fastest is kept",
+        metavar="N",
     ),
-    enforce_eager: bool = typer.Option(
-        False, help="--enforce-eager runs pagedgen's decode steps without CUDA or CPU graphs"
-    ),
-    async_scheduling: bool = typer.Option(
-        False, help="pagedgen schedules the next step while the device runs this one"
-    ),
-    roofline: bool = typer.Option(True, help="measure matmul and copy speeds"),
-    overhead: bool = typer.Option(
+    roofline: bool = opt.option(
+        REPORT_PANEL,
         True,
+        "--roofline/--no-roofline",
+        help="measure matmul and copy speeds [default: on]",
+    ),
+    overhead: bool = opt.option(
+        REPORT_PANEL,
+        True,
+        "--overhead/--no-overhead",
         help="time pagedgen's step parts: in the first timed pass on a CPU, in an extra untimed "
-        "pass on a GPU (the timers synchronize it)",
+        "pass on a GPU (the timers synchronize it) [default: on]",
     ),
-    gpu_profile: bool = typer.Option(
-        True, help="on cuda: GPU busy % and kernel launches per decode step, under torch.profiler"
+    gpu_profile: bool = opt.option(
+        REPORT_PANEL,
+        True,
+        "--gpu-profile/--no-gpu-profile",
+        help="on cuda: GPU busy % and kernel launches per decode step, under torch.profiler "
+        "[default: on]",
     ),
-    gpu_profile_steps: int = typer.Option(
-        32, help="steps each GPU profile (decode, mixed) covers, at most"
+    gpu_profile_steps: int = opt.option(
+        REPORT_PANEL, 32, help="steps each GPU profile (decode, mixed) covers, at most", metavar="N"
     ),
-    generate_batch_timeout: float = typer.Option(
-        600.0, help="stop generate_batch after this many seconds; figures then cover the done"
+    output_json: str | None = opt.option(
+        REPORT_PANEL, None, "--output-json", help="write the figures here", metavar="FILE"
     ),
-    seed: int = typer.Option(0, help="seed of the random prompts and of sampling"),
-    output_json: str | None = typer.Option(None, "--output-json", help="write the figures here"),
 ) -> None:
     """Benchmark pagedgen against transformers' generate on the same prompts, in one process.
 
@@ -66,6 +94,7 @@ def bench(
     each baseline, how many requests produced identical greedy tokens, a roofline of this
     machine, the share of pagedgen's step time per engine part, and the machine's load. On cuda,
     a short extra pass profiles pagedgen's decode steps: GPU busy % and kernel launches per step.
+    The baselines run pagedgen's model, dtype and device.
 
     A workload file is JSON: "prompts", a list of token-id lists, and "max_tokens", one int per
     prompt (run greedy, ignoring eos). --save-workload writes one from any workload, so that a
@@ -82,23 +111,13 @@ def bench(
     errors = Console(stderr=True)
     try:
         options = BenchOptions(
-            model=model,
+            engine=engine,
             workload=workload,
             num_prompts=num_prompts,
             input_len=input_len,
             output_len=output_len,
             baselines=[name.strip() for name in baselines.split(",") if name.strip()],
-            dtype=dtype,
-            device=device,
-            num_threads=threads,
             num_iters=num_iters,
-            kv_cache_memory=kv_cache_memory,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            kv_cache_dtype=kv_cache_dtype,
-            enforce_eager=enforce_eager,
-            async_scheduling=async_scheduling,
             roofline=roofline,
             overhead=overhead,
             gpu_profile=gpu_profile,

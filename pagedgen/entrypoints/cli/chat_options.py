@@ -4,11 +4,10 @@
 from pathlib import Path
 
 from pagedgen.entrypoints.chat_template import ChatTemplate
-from pagedgen.entrypoints.cli.options import option
+from pagedgen.entrypoints.cli.options import CHAT_PANEL, option
 from pagedgen.entrypoints.io.tools import TOOL_CALL_PARSERS
 from pagedgen.json_args import json_object
 
-CHAT_PANEL = "Chat template (how input messages become prompts; vLLM's names)"
 CHAT_TEMPLATE = option(
     CHAT_PANEL,
     None,

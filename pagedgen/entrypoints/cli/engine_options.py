@@ -1,21 +1,31 @@
-"""The model and engine options of `run` and `profile`, built into an EngineConfig (vLLM's
-engine arguments, as flags)."""
+"""The engine options of `run`, `profile` and `bench`, each defined once and built into an
+EngineConfig (vLLM's engine arguments, as flags), in the help's panels as vLLM groups them."""
 
 import functools
 
+import typer
+
 from pagedgen.config import EngineConfig
-from pagedgen.entrypoints.cli.options import ENGINE_PANEL, OptionGroup, option
+from pagedgen.entrypoints.cli import options as opt
 from pagedgen.loader.resolve import DEFAULT_MODEL
 
-_engine = functools.partial(option, ENGINE_PANEL)
+_model = functools.partial(opt.option, opt.MODEL_PANEL)
+_kv_cache = functools.partial(opt.option, opt.KV_CACHE_PANEL)
+_scheduler = functools.partial(opt.option, opt.SCHEDULER_PANEL)
+_execution = functools.partial(opt.option, opt.EXECUTION_PANEL)
+_speculative = functools.partial(opt.option, opt.SPECULATIVE_PANEL)
+_pooling = functools.partial(opt.option, opt.POOLING_PANEL)
+_structured = opt.structured_option
+_sampling = opt.sampling_option
 
-ENGINE = OptionGroup(
+ENGINE = opt.OptionGroup(
     "engine",
     EngineConfig,
     {
+        # Model
         "model": (
             str,
-            _engine(
+            _model(
                 DEFAULT_MODEL,
                 "--model",
                 "-m",
@@ -25,88 +35,20 @@ ENGINE = OptionGroup(
         ),
         "dtype": (
             str,
-            _engine(
-                "auto", help="weights and KV cache: auto, float32, bfloat16, float16", metavar="T"
-            ),
-        ),
-        "device": (str, _engine("auto", help="auto, cpu or cuda", metavar="DEVICE")),
-        "block_size": (
-            int,
-            _engine(16, help="tokens per KV-cache block: a power of two up to 128", metavar="N"),
-        ),
-        "kv_cache_dtype": (
-            str,
-            _engine(
+            _model(
                 "auto",
-                help="KV-cache element type: auto (the model's dtype), fp8 (= fp8_e4m3) or "
-                "fp8_e5m2, 8-bit floats that hold 2x the tokens of 16-bit ones",
+                help="weights and activations: auto (bfloat16 on a GPU, float32 on a CPU), "
+                "float32, bfloat16 or float16",
                 metavar="T",
-            ),
-        ),
-        "kv_cache_memory": (
-            float | None,
-            _engine(
-                None,
-                help="KV-cache pool in GiB [default: 4 on a CPU; on a GPU, see "
-                "--gpu-memory-utilization]",
-                metavar="GIB",
-            ),
-        ),
-        "max_num_seqs": (int, _engine(256, help="most sequences running at once", metavar="N")),
-        "max_num_batched_tokens": (
-            int | None,
-            _engine(
-                None, help="most tokens one step computes [default: the engine's]", metavar="N"
             ),
         ),
         "max_model_len": (
             int | None,
-            _engine(None, help="longest prompt + completion [default: the model's]", metavar="N"),
-        ),
-        "attention_backend": (
-            str,
-            _engine("auto", help="auto, torch, cpu, cupy (CUDA) or reference", metavar="NAME"),
-        ),
-        "enable_prefix_caching": (
-            bool,
-            _engine(
-                True,
-                "--prefix-caching/--no-prefix-caching",
-                help="share the KV blocks of prompts' common prefixes [default: on]",
-            ),
-        ),
-        "enable_chunked_prefill": (
-            bool,
-            _engine(
-                True,
-                "--enable-chunked-prefill/--no-enable-chunked-prefill",
-                help="split long prompts over steps, beside the running decodes [default: on]",
-            ),
-        ),
-        "preemption_mode": (
-            str,
-            _engine("auto", help="when the KV cache is full: auto, recompute or swap", metavar="M"),
-        ),
-        "gpu_memory_utilization": (
-            float,
-            _engine(
-                0.9,
-                help="GPU: share of its memory to use; the KV cache gets what the weights and "
-                "the largest step leave of it",
-                metavar="F",
-            ),
-        ),
-        "swap_space": (
-            float,
-            _engine(1.0, help="CPU pool for swapped-out KV blocks, in GiB", metavar="GIB"),
-        ),
-        "num_threads": (
-            int | None,
-            _engine(None, help="CPU threads [default: torch's choice]", metavar="N"),
+            _model(None, help="longest prompt + completion [default: the model's]", metavar="N"),
         ),
         "trust_remote_code": (
             bool,
-            _engine(
+            _model(
                 False,
                 "--trust-remote-code/--no-trust-remote-code",
                 help="run the model folder's own Python for its config or tokenizer (auto_map), "
@@ -115,7 +57,7 @@ ENGINE = OptionGroup(
         ),
         "hf_overrides": (
             str | None,
-            _engine(
+            _model(
                 None,
                 help="config fields over the checkpoint's, JSON (vLLM's): {\"architectures\": "
                 '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"]} '
@@ -123,63 +65,139 @@ ENGINE = OptionGroup(
                 metavar="JSON",
             ),
         ),
-        "enforce_eager": (
+        # KV cache
+        "block_size": (
+            int,
+            _kv_cache(16, help="tokens per KV-cache block: a power of two up to 128", metavar="N"),
+        ),
+        "kv_cache_dtype": (
+            str,
+            _kv_cache(
+                "auto",
+                help="KV-cache element type: auto (the model's dtype), fp8 (= fp8_e4m3) or "
+                "fp8_e5m2, 8-bit floats that hold 2x the tokens of 16-bit ones",
+                metavar="T",
+            ),
+        ),
+        "kv_cache_memory": (
+            float | None,
+            _kv_cache(
+                None,
+                help="KV-cache pool in GiB [default: 4 on a CPU; on a GPU, see "
+                "--gpu-memory-utilization]",
+                metavar="GIB",
+            ),
+        ),
+        "gpu_memory_utilization": (
+            float,
+            _kv_cache(
+                0.9,
+                help="GPU: share of its memory to use; the KV cache gets what the weights and "
+                "the largest step leave of it",
+                metavar="F",
+            ),
+        ),
+        "swap_space": (
+            float,
+            _kv_cache(1.0, help="CPU pool for swapped-out KV blocks, in GiB", metavar="GIB"),
+        ),
+        "enable_prefix_caching": (
             bool,
-            _engine(
-                False,
-                "--enforce-eager/--no-enforce-eager",
-                help="run every step eagerly, without the decode steps' CUDA graphs (GPU) "
-                "or CPU graphs (up to 64 rows) [default: graphs]",
+            _kv_cache(
+                True,
+                "--enable-prefix-caching/--no-enable-prefix-caching",
+                help="share the KV blocks of prompts' common prefixes [default: on]",
+            ),
+        ),
+        # Scheduler
+        "max_num_seqs": (
+            int,
+            _scheduler(256, help="most sequences running at once", metavar="N"),
+        ),
+        "max_num_batched_tokens": (
+            int | None,
+            _scheduler(
+                None, help="most tokens one step computes [default: the engine's]", metavar="N"
+            ),
+        ),
+        "enable_chunked_prefill": (
+            bool,
+            _scheduler(
+                True,
+                "--enable-chunked-prefill/--no-enable-chunked-prefill",
+                help="split long prompts over steps, beside the running decodes [default: on]",
+            ),
+        ),
+        "preemption_mode": (
+            str,
+            _scheduler(
+                "auto", help="when the KV cache is full: auto, recompute or swap", metavar="M"
             ),
         ),
         "async_scheduling": (
             bool,
-            _engine(
+            _scheduler(
                 False,
                 "--async-scheduling/--no-async-scheduling",
                 help="GPU: schedule the next step while the device runs this one [default: off]",
             ),
         ),
-        "reasoning_parser": (
-            str | None,
-            _engine(
-                None,
-                help="the model reasons first: deepseek_r1, qwen3 or openai_gptoss (vLLM's); chat "
-                "answers are split at </think> (gpt-oss: by harmony channel) into reasoning and "
-                "content, structured output holds the part after it",
-                metavar="NAME",
-            ),
+        # Execution
+        "device": (str, _execution("auto", help="auto, cpu or cuda", metavar="DEVICE")),
+        "num_threads": (
+            int | None,
+            _execution(None, help="CPU threads [default: torch's choice]", metavar="N"),
         ),
-        "generation_config": (
+        "attention_backend": (
             str,
-            _engine(
-                "auto",
-                help="sampling defaults: auto (the model's generation_config.json, as vLLM), "
-                "vllm (SamplingParams' own) or a folder holding a generation_config.json; a "
-                "sampling option given here or on an input line wins over them",
-                metavar="SRC",
+            _execution("auto", help="auto, torch, cpu, cupy (CUDA) or reference", metavar="NAME"),
+        ),
+        "enforce_eager": (
+            bool,
+            _execution(
+                False,
+                "--enforce-eager/--no-enforce-eager",
+                help="run every step eagerly, without graphs [default: graphs, as "
+                "--compilation-config says]",
             ),
         ),
-        "override_generation_config": (
+        "compilation_config": (
             str | None,
-            _engine(
+            _execution(
                 None,
-                help='fields over the generation config, JSON: {"temperature": 0.5}',
+                help='which steps replay graphs, JSON (vLLM\'s names): {"cudagraph_mode": '
+                '"FULL_DECODE_ONLY" | "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 512}; '
+                "decode steps from whole-step graphs (CUDA graphs, or CPU graphs of up to 64 "
+                "rows), and with FULL_AND_PIECEWISE steps with prefill rows from piecewise "
+                "graphs [default: FULL_AND_PIECEWISE on a GPU, FULL_DECODE_ONLY on a CPU]",
                 metavar="JSON",
             ),
         ),
+        "cuda_attention_config": (
+            str | None,
+            _execution(
+                None,
+                help='which CUDA attention kernels the cupy backend takes, JSON: {"prefill_kernel"'
+                ': true, "grouped_decode", "l2_prefetch", "tensor_core_decode", '
+                '"tensor_core_prefill": true | false | null (null: by shape), '
+                '"decode_longest_first": false}',
+                metavar="JSON",
+            ),
+        ),
+        # Speculative decoding
         "speculative_config": (
             str | None,
-            _engine(
+            _speculative(
                 None,
                 help='speculative decoding by n-gram prompt lookup, vLLM\'s JSON: {"method": '
                 '"ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
                 metavar="JSON",
             ),
         ),
+        # Pooling
         "runner": (
             str,
-            _engine(
+            _pooling(
                 "auto",
                 help="generate (completions) or pooling (an embedding, or a classifier's scores, "
                 "per prompt); auto: pooling for a checkpoint without an LM head (LlamaModel, "
@@ -189,12 +207,54 @@ ENGINE = OptionGroup(
         ),
         "pooler_config": (
             str | None,
-            _engine(
+            _pooling(
                 None,
                 help='how --runner pooling pools, JSON: {"pooling_type": "LAST" | "MEAN" | '
                 '"CLS", "use_activation": true (L2-normalize)} [default: the model\'s '
                 "sentence-transformers files, else LAST, normalized]",
                 metavar="JSON",
+            ),
+        ),
+        # Structured output and reasoning
+        "reasoning_parser": (
+            str | None,
+            _structured(
+                None,
+                help="the model reasons first: deepseek_r1, qwen3 or openai_gptoss (vLLM's); chat "
+                "answers are split at </think> (gpt-oss: by harmony channel) into reasoning and "
+                "content, structured output holds the part after it",
+                metavar="NAME",
+            ),
+        ),
+        # Sampling defaults
+        "generation_config": (
+            str,
+            _sampling(
+                "auto",
+                help="sampling defaults: auto (the model's generation_config.json, as vLLM), "
+                "vllm (SamplingParams' own) or a folder holding a generation_config.json; a "
+                "sampling option given here or on an input line wins over them",
+                metavar="SRC",
+            ),
+        ),
+        "override_generation_config": (
+            str | None,
+            _sampling(
+                None,
+                help='fields over the generation config, JSON: {"temperature": 0.5}',
+                metavar="JSON",
+            ),
+        ),
+    },
+    aliases={
+        "prefix_caching": (
+            "enable_prefix_caching",
+            bool | None,
+            typer.Option(
+                None,
+                "--prefix-caching/--no-prefix-caching",
+                hidden=True,
+                help="the older name of --enable-prefix-caching",
             ),
         ),
     },

@@ -5,10 +5,13 @@ try:  # recent typer vendors click
 except ImportError:
     from click import Context, HelpFormatter
 
+from pagedgen.entrypoints.cli.options import PANELS
+
 
 class SectionedCommand(TyperCommand):
     """Plain-text help that reads at 80 columns: options in sections (their rich_help_panel),
-    never cut, each with its help; the arguments' section first, the plain options last."""
+    never cut, each with its help; the arguments' section first, then the shared panels in
+    their order (options.PANELS), the command's own, and the plain options last."""
 
     def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
         sections: dict[str, list[tuple[bool, tuple[str, str]]]] = {}
@@ -18,8 +21,17 @@ class SectionedCommand(TyperCommand):
                 argument = param.param_type_name == "argument"
                 name = getattr(param, "rich_help_panel", None) or ("Arguments" if argument else "")
                 sections.setdefault(name, []).append((argument, row))
-        order = sorted(sections, key=lambda name: (not any(a for a, _ in sections[name]), not name))
+        order = sorted(
+            sections, key=lambda name: (not any(a for a, _ in sections[name]), _rank(name))
+        )
         for name in order:
             rows = sorted(sections[name], key=lambda entry: not entry[0])  # arguments first
             with formatter.section(name or "Options"):
                 formatter.write_dl([row for _, row in rows])
+
+
+def _rank(name: str) -> int:
+    """Where a panel goes: the shared ones in PANELS' order, then the others, then no panel."""
+    if not name:
+        return len(PANELS) + 1
+    return PANELS.index(name) if name in PANELS else len(PANELS)

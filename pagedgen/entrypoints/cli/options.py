@@ -1,5 +1,5 @@
-"""The options `run` and `profile` share, each defined once: the input (built into an InputSpec),
-the model and engine (an EngineConfig: engine_options.py), and the common sampling options."""
+"""The options commands share, each defined once: the input (built into an InputSpec), the
+engine (an EngineConfig: engine_options.py), the common sampling options, and the help's panels."""
 
 import functools
 import inspect
@@ -12,10 +12,33 @@ from pagedgen.entrypoints.io.spec import DEFAULT_SPLIT, InputSpec
 
 INPUT_PANEL = "Input"
 OUTPUT_PANEL = "Output"
-SAMPLING_PANEL = "Sampling (vLLM's names and defaults; an input line may set its own)"
-ENGINE_PANEL = "Model and engine"
-STRUCTURED_PANEL = "Structured output (a line's structured_outputs or response_format overrides)"
+MODEL_PANEL = "Model"
+KV_CACHE_PANEL = "KV cache"
+SCHEDULER_PANEL = "Scheduler"
+EXECUTION_PANEL = "Execution (device, threads, graphs, attention kernels)"
 LORA_PANEL = 'LoRA adapters (a line\'s "lora" names one)'
+SPECULATIVE_PANEL = "Speculative decoding"
+POOLING_PANEL = "Pooling (embeddings and classifier scores)"
+STRUCTURED_PANEL = "Structured output and reasoning (an input line's own overrides these)"
+CHAT_PANEL = "Chat template (how input messages become prompts; vLLM's names)"
+SAMPLING_PANEL = "Sampling (vLLM's names and defaults; an input line may set its own)"
+RAY_PANEL = "Scale out (Ray Data: pip install 'pagedgen[ray]')"
+# The help's order of the panels, as vLLM's EngineArgs; a command's own panels come after.
+PANELS = (
+    INPUT_PANEL,
+    OUTPUT_PANEL,
+    MODEL_PANEL,
+    KV_CACHE_PANEL,
+    SCHEDULER_PANEL,
+    EXECUTION_PANEL,
+    LORA_PANEL,
+    SPECULATIVE_PANEL,
+    POOLING_PANEL,
+    STRUCTURED_PANEL,
+    CHAT_PANEL,
+    SAMPLING_PANEL,
+    RAY_PANEL,
+)
 
 
 class OptionGroup(NamedTuple):
@@ -24,6 +47,9 @@ class OptionGroup(NamedTuple):
     param: str  # the command's parameter that receives the object
     build: Callable[..., Any]  # called with the options as keywords
     options: dict[str, tuple[Any, Any]]  # option parameter: (its type, typer.Option/Argument)
+    # Hidden older names: alias parameter: (the option it sets, its type, a hidden typer.Option
+    # defaulting to None); given, it wins over the option's default
+    aliases: dict[str, tuple[str, Any, Any]] = {}
 
 
 def option(panel: str, default: Any, *names: str, help: str, metavar: str | None = None) -> Any:
@@ -111,11 +137,19 @@ def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callabl
             for group in groups
             for name, (kind, info) in group.options.items()
         ]
+        added += [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
+            for group in groups
+            for name, (_, kind, info) in group.aliases.items()
+        ]
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
             for group in groups:
                 fields = {name: kwargs.pop(name) for name in group.options}
+                for alias, (name, _, _) in group.aliases.items():
+                    if (value := kwargs.pop(alias)) is not None:
+                        fields[name] = value
                 try:
                     kwargs[group.param] = group.build(**fields)
                 except ValueError as e:
@@ -131,6 +165,7 @@ def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callabl
 
 
 def _option_named(error: ValueError, fields: dict[str, Any]) -> str | None:
-    """The option an error message starts with ("block_size must be ..."), if any."""
-    first = str(error).split(" ", 1)[0]
+    """The option an error message starts with ("block_size must be ...", "compilation_config.
+    cudagraph_mode must be ..."), if any."""
+    first = str(error).split(" ", 1)[0].split(".", 1)[0]
     return f"'--{first.replace('_', '-')}'" if first in fields else None

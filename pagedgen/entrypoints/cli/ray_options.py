@@ -3,9 +3,8 @@
 import functools
 from dataclasses import dataclass
 
-from pagedgen.entrypoints.cli.options import OptionGroup, option
+from pagedgen.entrypoints.cli.options import RAY_PANEL, OptionGroup, option
 
-RAY_PANEL = "Scale out (Ray Data: pip install 'pagedgen[ray]')"
 OUTPUT_FORMATS = ("jsonl", "parts")
 FLAGS = {
     "address": "--ray-address",

@@ -4,11 +4,11 @@ A folder written by save_to_disk and a hub id in the local cache are memory-mapp
 parquet/csv/json files (or a folder of them) are streamed.
 """
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pagedgen import envs
 from pagedgen.entrypoints.io.records import InputRecord, parse_native
 from pagedgen.entrypoints.io.spec import InputError, InputSpec
 
@@ -114,7 +114,7 @@ def _load_cached(datasets: Any, spec: InputSpec) -> Any:
     """A hub id from the local cache (memory-mapped Arrow), without reaching for the network
     unless HF_DATASETS_OFFLINE or HF_HUB_OFFLINE says otherwise."""
     offline = datasets.config.HF_HUB_OFFLINE
-    if "HF_DATASETS_OFFLINE" not in os.environ and "HF_HUB_OFFLINE" not in os.environ:
+    if not envs.hf_offline_set():
         datasets.config.HF_HUB_OFFLINE = True
     try:
         return datasets.load_dataset(spec.path, split=spec.split)
