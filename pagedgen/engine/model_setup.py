@@ -120,9 +120,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         )
     if graphs.cuda or graphs.cpu:
         max_num_tokens = resolve_max_num_batched_tokens(config, loaded.max_model_len)
-        capture_graphs(
-            runner, config.max_num_seqs, max_num_tokens, log, config.compilation_config
-        )
+        capture_graphs(runner, config.max_num_seqs, max_num_tokens, log, config.compilation_config)
     elif not loaded.model.supports_graphs and not eager(config, loaded):
         log(f"decode steps run eagerly: {type(loaded.model).__name__} routes tokens on the host")
     return ModelSetup(
