@@ -115,13 +115,11 @@ class CpuAttentionBackend(TorchAttentionBackend):
         out: torch.Tensor,
     ) -> None:
         """The step's prompt rows in one call of the tiled kernel (kernels/prefill_attention_cpu.c;
-        this step's K/V are in the cache already): against one SDPA call per sequence (AVX-512,
-        SmolLM2's heads), 2.2-2.9x faster from 1,024 to 4,096 tokens, float32 or bfloat16. On a
-        CPU with AMX, bfloat16 rows go to the AMX kernel instead (prefill_attention_amx.c;
-        SmolLM2's heads, 2 x 2,048 tokens: 4.6x the tiled kernel, 1.7x SDPA). Rows past a prompt
-        (drafts to verify, a recomputed output) go through the decode kernel, each a decode row
-        over its causal context, as the decode steps that made them did: outputs stay those of
-        plain decoding, bit for bit."""
+        this step's K/V are in the cache already), in place of one SDPA call per sequence. On a
+        CPU with AMX, bfloat16 rows go to the AMX kernel instead (prefill_attention_amx.c). Rows
+        past a prompt (drafts to verify, a recomputed output) go through the decode kernel, each
+        a decode row over its causal context, as the decode steps that made them did: outputs
+        stay those of plain decoding, bit for bit."""
         if key_cache.dtype not in kernel_dtypes():
             super().prefill(spec, query, key, value, key_cache, value_cache, metadata, out)
             return
