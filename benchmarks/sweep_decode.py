@@ -1,13 +1,12 @@
-"""Sweeps the decode kernels' compile-time knobs (pagedgen.kernels.decode_tuning.SWEEP: threads a
-block, register budget, the grouped kernel's loads in flight) over the attention shapes of
-bench_kernels.py, each with and without L2 prefetch of the next KV block, and the tensor-core
-kernel's ("mma") v1/v2 plans: the planner's own, forced v1, and forced v2 at each of
-paged_attention_mma.PARTITION_SIZES, then its stages and register budgets (SWEEP["mma"]), and
-on the uneven shape v1 taking the longest sequences first (seq_order) with each. Each is timed
-as bench_kernels times them (one CUDA graph of `iters` repetitions over K/V twice the L2 in all;
-bytes counted once). Prints every variant's GPU ms and share of the peak bandwidth against its
-kernel's default (the default tuning without prefetch; for mma the planner's choice), then the
-best variant per shape; --output-json keeps them all.
+"""Sweeps the decode kernels' compile-time knobs (decode_tunings.SWEEP: threads a block, register
+budget, the grouped kernel's loads in flight) over the attention shapes of bench_kernels.py, each
+with and without L2 prefetch of the next KV block, and the tensor-core kernel's ("mma") v1/v2
+plans: the planner's own, forced v1, and forced v2 at each of paged_attention_mma.PARTITION_SIZES,
+then its stages and register budgets (SWEEP["mma"]), and on the uneven shape v1 taking the longest
+sequences first (seq_order) with each. Each is timed as bench_kernels times them (one CUDA graph of
+`iters` repetitions over K/V twice the L2 in all; bytes counted once). Prints every variant's GPU ms
+and share of the peak bandwidth against its kernel's default (the default tuning without prefetch;
+for mma the planner's choice), then the best variant per shape; --output-json keeps them all.
 
     python benchmarks/sweep_decode.py [--dtype bfloat16] [--iters 30] [--kinds per-head,grouped,mma]
         [--shapes 0,6]   (indices into attention_shapes.ATTENTION_SHAPES; all by default)
@@ -20,11 +19,12 @@ from pathlib import Path
 import torch
 from attention_shapes import ATTENTION_SHAPES, Shape, is_uneven, shape_label
 from bench_kernels import AttentionTiming, attention_batch, time_attention
+from decode_tunings import SWEEP
 from rich.console import Console
 from rich.table import Table
 
 from pagedgen.kernels import loader
-from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, SWEEP
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING
 from pagedgen.kernels.paged_attention_mma import PARTITION_SIZES
 
 # The mma kernel's variants, its default (the planner's own plan) first: (label, version,

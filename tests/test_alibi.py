@@ -64,7 +64,7 @@ def test_slopes_stay_float32_in_a_bfloat16_model(tmp_path, name):
     model = llm.engine.runner.model
     for attention in model.attention_layers:
         assert not attention.use_rope
-        assert attention.alibi_slopes.dtype == torch.float32
+        assert attention.attn.spec.alibi_slopes.dtype == torch.float32
         assert "alibi_slopes" not in model.state_dict()  # not persistent: no checkpoint name
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     assert len(llm.generate([PROMPTS[0]], params)[0].outputs[0].token_ids) == 4

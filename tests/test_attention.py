@@ -7,6 +7,7 @@ from pagedgen.attention import get_attention_backend
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels.cpu import cpu_kernel_error
+from tests.attention_calls import forward
 
 
 def make_batch(query_lens, context_lens, block_size, num_blocks, seed):
@@ -55,9 +56,9 @@ def forward_against_reference(
     ref_cache = cache.clone()
     scale = head_dim**-0.5
     backend.prepare(md)
-    out = backend.forward(query, key, value, cache[0], cache[1], md, scale)
-    ref = ReferenceAttentionBackend().forward(
-        query, key, value, ref_cache[0], ref_cache[1], md, scale
+    out = forward(backend, query, key, value, cache[0], cache[1], md, scale)
+    ref = forward(
+        ReferenceAttentionBackend(), query, key, value, ref_cache[0], ref_cache[1], md, scale
     )
     return out, ref, cache, ref_cache
 
@@ -104,9 +105,16 @@ def test_half_precision_backends_match_reference(backend_name, dtype):
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     ref_cache = cache.float()
     backend.prepare(md)
-    out = backend.forward(query, key, value, cache[0], cache[1], md, head_dim**-0.5)
-    ref = ReferenceAttentionBackend().forward(
-        query.float(), key.float(), value.float(), ref_cache[0], ref_cache[1], md, head_dim**-0.5
+    out = forward(backend, query, key, value, cache[0], cache[1], md, head_dim**-0.5)
+    ref = forward(
+        ReferenceAttentionBackend(),
+        query.float(),
+        key.float(),
+        value.float(),
+        ref_cache[0],
+        ref_cache[1],
+        md,
+        head_dim**-0.5,
     )
     assert out.dtype == dtype
     assert torch.equal(cache.float(), ref_cache)
@@ -136,9 +144,9 @@ def test_fp8_caches_match_the_reference_over_the_rounded_kv(backend_name, kv_cac
     cache = (torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim) * 4).to(kv_cache_dtype)
     ref_cache = cache.clone()
     backend.prepare(md)
-    out = backend.forward(query, key, value, cache[0], cache[1], md, head_dim**-0.5)
+    out = forward(backend, query, key, value, cache[0], cache[1], md, head_dim**-0.5)
     reference = ReferenceAttentionBackend()
-    ref = reference.forward(query, key, value, ref_cache[0], ref_cache[1], md, head_dim**-0.5)
+    ref = forward(reference, query, key, value, ref_cache[0], ref_cache[1], md, head_dim**-0.5)
     assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
     assert cache[0].float().isfinite().all()
     assert out.dtype == dtype
@@ -164,8 +172,15 @@ def test_reference_attends_only_to_visible_positions():
     key_cache = torch.zeros(4, 4, 1, 8)
     value_cache = torch.zeros(4, 4, 1, 8)
     value = torch.arange(8.0).view(1, 1, 8)
-    out = ReferenceAttentionBackend().forward(
-        torch.randn(1, 1, 8), torch.randn(1, 1, 8), value, key_cache, value_cache, md, 1.0
+    out = forward(
+        ReferenceAttentionBackend(),
+        torch.randn(1, 1, 8),
+        torch.randn(1, 1, 8),
+        value,
+        key_cache,
+        value_cache,
+        md,
+        1.0,
     )
     assert torch.equal(out, value)
 
@@ -236,9 +251,9 @@ def test_cpu_backend_attends_rows_past_a_prompt_as_decode_rows():
     cache = torch.randn(2, 40, 16, 2, 32)
     ref_cache = cache.clone()
     backend.prepare(md)
-    out = backend.forward(query, key, value, cache[0], cache[1], md, 0.2)
-    ref = ReferenceAttentionBackend().forward(
-        query, key, value, ref_cache[0], ref_cache[1], md, 0.2
+    out = forward(backend, query, key, value, cache[0], cache[1], md, 0.2)
+    ref = forward(
+        ReferenceAttentionBackend(), query, key, value, ref_cache[0], ref_cache[1], md, 0.2
     )
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     sampled = 1 + rows  # after the decode row

@@ -1,5 +1,13 @@
 from pagedgen.attention.backend import AttentionBackend
+from pagedgen.attention.layer import Attention
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.selector import get_attention_backend
+from pagedgen.attention.spec import AttentionSpec
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "get_attention_backend"]
+__all__ = [
+    "Attention",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "AttentionSpec",
+    "get_attention_backend",
+]

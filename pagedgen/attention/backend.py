@@ -4,6 +4,7 @@ import torch
 
 from pagedgen.attention.kv_cache_dtype import gather, writable
 from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.attention.spec import AttentionSpec
 from pagedgen.kernels.host_copy import to_device
 from pagedgen.layers.rotary import Rope
 
@@ -14,7 +15,9 @@ class AttentionBackend(ABC):
     Cache layout, shared by every backend so they can read the same pool:
         key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 
-    The runner calls prepare(metadata) once per step; then every layer calls forward(), which
+    One backend serves every layer of a model; each layer passes its AttentionSpec (its
+    constants: heads, scale, sliding window, soft cap, sinks, ALiBi slopes), built once. The
+    runner calls prepare(metadata) once per step; then every layer calls forward(), which
     writes the step's K/V and serves the decode rows (the first num_decode_seqs sequences, one
     query row each) and the prefill rows (the rest). Backends implement those three parts.
     """
@@ -26,71 +29,52 @@ class AttentionBackend(ABC):
 
     def forward(
         self,
+        spec: AttentionSpec,
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
-        scale: float,
-        window: int | None = None,  # sliding window: a query sees its last `window` tokens
-        softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
-        sinks: torch.Tensor | None = None,  # [num_heads] float32: a logit in each softmax
-        # [num_heads] float32: ALiBi, slope * (key position - query position) added to each score
-        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        options = (window, softcap, sinks, alibi_slopes)
-        return self.attend(query, key, value, key_cache, value_cache, metadata, scale, *options)
+        return self.attend(spec, query, key, value, key_cache, value_cache, metadata)
 
     def forward_qkv(
         self,
+        spec: AttentionSpec,
         qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
-        num_heads: int,
-        num_kv_heads: int,
         rope: Rope | None,  # None: no positional rotation (GPT-2, NoPE layers)
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """forward() from a fused QKV projection, RoPE (of all of each head or its first
         rope.rotary_dim features) applied to q and k first. Backends may fuse RoPE with the
         cache write (the cpu backend does)."""
-        q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
+        q, k, v = split_qkv(qkv, spec.num_heads, spec.num_kv_heads)
         if rope is not None:
             q, k = rope.apply(q), rope.apply(k)
-        options = (window, softcap, sinks, alibi_slopes)
-        return self.forward(q, k, v, key_cache, value_cache, metadata, scale, *options)
+        return self.forward(spec, q, k, v, key_cache, value_cache, metadata)
 
     def attend(
         self,
+        spec: AttentionSpec,
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         value: torch.Tensor,
         key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], written
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
         out: torch.Tensor | None = None,  # contiguous, query's shape; None: a new tensor
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Decode and prefill rows of a step whose K/V are in the cache already."""
         if out is None:
             out = torch.empty_like(query, memory_format=torch.contiguous_format)
-        options = (window, softcap, sinks, alibi_slopes)
-        cache = (key_cache, value_cache, metadata, scale, out)
         if metadata.num_decode_seqs:
-            self.decode(query, *cache, *options)
+            self.decode(spec, query, key_cache, value_cache, metadata, out)
         if metadata.num_decode_seqs < metadata.num_seqs:
-            self.prefill(query, key, value, *cache, *options)
+            self.prefill(spec, query, key, value, key_cache, value_cache, metadata, out)
         return out
 
     @abstractmethod
@@ -107,35 +91,28 @@ class AttentionBackend(ABC):
     @abstractmethod
     def decode(
         self,
+        spec: AttentionSpec,
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets rows :num_decode_seqs
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         """Attention of the decode rows over their contexts in the cache (K/V written). With a
-        window, blocks before it may be freed: their block table entries (-1) are never read."""
+        sliding window, blocks before it may be freed: their block table entries (-1) are never
+        read."""
 
     @abstractmethod
     def prefill(
         self,
+        spec: AttentionSpec,
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         value: torch.Tensor,
         key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: sets the prefill rows
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         """Causal attention of the prefill rows: this step's K/V and any cached context."""
 
@@ -148,9 +125,7 @@ class AttentionBackend(ABC):
     def swap_blocks(
         self,
         src_caches: list[torch.Tensor],  # per layer [2, num_src_blocks, ...]
-        dst_caches: list[
-            torch.Tensor
-        ],  # per layer [2, num_dst_blocks, ...], maybe on another device
+        dst_caches: list[torch.Tensor],  # per layer [2, num_dst_blocks, ...], maybe elsewhere
         src_to_dst: list[tuple[int, int]],
     ) -> None:
         """Copies blocks between the device pool and the CPU pool, in either direction."""

@@ -5,6 +5,7 @@ import torch
 
 from pagedgen.attention.backend import split_qkv
 from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.attention.spec import AttentionSpec, spec_options
 from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.kernels import cpu_ops
 from pagedgen.kernels.cpu import (
@@ -40,38 +41,30 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def forward_qkv(
         self,
+        spec: AttentionSpec,
         qkv: torch.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
         rope: Rope | None,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """RoPE (whole heads, partial, or none) and the cache write in one C pass over the QKV
         rows, then attention on q, k and v as views of those rows."""
-        options = (window, softcap, sinks, alibi_slopes)
         if not (cpu_ops.usable(qkv) and qkv.stride(1) == 1):
-            args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
-            return super().forward_qkv(qkv, *args, *options)
+            return super().forward_qkv(spec, qkv, rope, key_cache, value_cache, metadata)
         num_tokens = qkv.shape[0]
         cpu_ops.rotary_embedding_and_cache(
             qkv,
             None if rope is None else rope.cos.view(num_tokens, -1),
             None if rope is None else rope.sin.view(num_tokens, -1),
-            num_heads,
-            num_kv_heads,
+            spec.num_heads,
+            spec.num_kv_heads,
             key_cache,
             value_cache,
             metadata.slot_mapping,
         )
-        q, k, v = split_qkv(qkv, num_heads, num_kv_heads)
-        return self.attend(q, k, v, key_cache, value_cache, metadata, scale, *options)
+        q, k, v = split_qkv(qkv, spec.num_heads, spec.num_kv_heads)
+        return self.attend(spec, q, k, v, key_cache, value_cache, metadata)
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         super().prepare(metadata)
@@ -96,57 +89,46 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def decode(
         self,
-        query,
-        key_cache,
-        value_cache,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale,
-        out,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-    ):
+        out: torch.Tensor,
+    ) -> None:
         if key_cache.dtype not in kernel_dtypes():
-            args = (query, key_cache, value_cache, metadata, scale, out)
-            return super().decode(*args, window, softcap, sinks, alibi_slopes)
+            super().decode(spec, query, key_cache, value_cache, metadata, out)
+            return
         n = metadata.num_decode_seqs
-        cache = (key_cache, value_cache, metadata.block_tables, metadata.context_lens, scale)
-        options = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
-        self._run(paged_attention_decode, query[:n], out[:n], *cache, **options)
+        cache = (key_cache, value_cache, metadata.block_tables, metadata.context_lens, spec.scale)
+        self._run(paged_attention_decode, query[:n], out[:n], *cache, **spec_options(spec))
 
     def prefill(
         self,
-        query,
-        key,
-        value,
-        key_cache,
-        value_cache,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale,
-        out,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
+        out: torch.Tensor,
     ) -> None:
         """The step's prompt rows in one call of the tiled kernel (kernels/prefill_attention_cpu.c;
-        this step's K/V are in the cache already): against one SDPA call per sequence (AVX-512,
-        SmolLM2's heads), 2.2-2.9x faster from 1,024 to 4,096 tokens, float32 or bfloat16. On a
-        CPU with AMX, bfloat16 rows go to the AMX kernel instead (prefill_attention_amx.c;
-        SmolLM2's heads, 2 x 2,048 tokens: 4.6x the tiled kernel, 1.7x SDPA). Rows past a prompt
-        (drafts to verify, a recomputed output) go through the decode kernel, each a decode row
-        over its causal context, as the decode steps that made them did: outputs stay those of
-        plain decoding, bit for bit."""
+        this step's K/V are in the cache already), in place of one SDPA call per sequence. On a
+        CPU with AMX, bfloat16 rows go to the AMX kernel instead (prefill_attention_amx.c). Rows
+        past a prompt (drafts to verify, a recomputed output) go through the decode kernel, each
+        a decode row over its causal context, as the decode steps that made them did: outputs
+        stay those of plain decoding, bit for bit."""
         if key_cache.dtype not in kernel_dtypes():
-            args = (query, key, value, key_cache, value_cache, metadata, scale, out)
-            return super().prefill(*args, window, softcap, sinks, alibi_slopes)
+            super().prefill(spec, query, key, value, key_cache, value_cache, metadata, out)
+            return
         n = metadata.num_decode_seqs  # decode rows: one each, before the prefill rows
         query, out = query[n:], out[n:]
         if self._plan is None:
             self._plan = prefill_plan(metadata)
         plan = self._plan
-        options = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
+        options, scale = spec_options(spec), spec.scale
         if plan.prompt is not None:
             cache = (key_cache, value_cache, *plan.prompt, scale)
             amx = self.amx and amx_supports(query, key_cache)

@@ -1,6 +1,7 @@
 import torch
 
 from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.attention.spec import AttentionSpec, spec_options
 from pagedgen.attention.step_plans import StepPlans
 from pagedgen.attention.torch_backend import TorchAttentionBackend
 from pagedgen.config import CudaAttentionConfig
@@ -11,6 +12,7 @@ from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.layer_ops import rope_and_cache
 from pagedgen.kernels.paged_attention import paged_attention_launches
 from pagedgen.kernels.prefill_attention import prefill_attention_launch
+from pagedgen.layers.rotary import Rope
 
 
 def cupy_available() -> bool:
@@ -100,53 +102,54 @@ class CupyAttentionBackend(TorchAttentionBackend):
 
     def forward_qkv(
         self,
-        qkv,
-        num_heads,
-        num_kv_heads,
-        rope,
-        key_cache,
-        value_cache,
+        spec: AttentionSpec,
+        qkv: torch.Tensor,
+        rope: Rope | None,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-    ):
+    ) -> torch.Tensor:
         """RoPE and the cache write in one launch (kernels/rope_and_cache.cu), then attention;
         partial rotary or none by torch's ops and a reshape_and_cache launch."""
-        head_dim = key_cache.shape[-1]
-        options = (window, softcap, sinks, alibi_slopes)
-        if rope is None or rope.rotary_dim != head_dim:
-            args = (num_heads, num_kv_heads, rope, key_cache, value_cache, metadata, scale)
-            return super().forward_qkv(qkv, *args, *options)
+        if rope is None or rope.rotary_dim != key_cache.shape[-1]:
+            return super().forward_qkv(spec, qkv, rope, key_cache, value_cache, metadata)
         cos, sin = rope.cos.flatten(1), rope.sin.flatten(1)  # [num_tokens, head_size // 2]
         query, key, value = rope_and_cache(
-            qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache, metadata.slot_mapping
+            qkv,
+            spec.num_heads,
+            spec.num_kv_heads,
+            cos,
+            sin,
+            key_cache,
+            value_cache,
+            metadata.slot_mapping,
         )
-        return self.attend(query, key, value, key_cache, value_cache, metadata, scale, *options)
+        return self.attend(spec, query, key, value, key_cache, value_cache, metadata)
 
-    def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+    def write_cache(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
     def decode(
         self,
-        query,
-        key_cache,
-        value_cache,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale,
-        out,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-    ):
+        out: torch.Tensor,
+    ) -> None:
         num_decode = metadata.num_decode_seqs
         views = self.step_plans.step_views(metadata)
         out, query = out[:num_decode], query[:num_decode]
         flags = (self.use_grouped_decode, self.use_l2_prefetch, self.use_tensor_core_decode)
-        tensors = (out, query, key_cache, value_cache, sinks, alibi_slopes)
+        tensors = (out, query, key_cache, value_cache, spec.sinks, spec.alibi_slopes)
         plans = self.step_plans
         seq_order = plans.longest_first(metadata) if self.decode_longest_first else None
 
@@ -159,42 +162,33 @@ class CupyAttentionBackend(TorchAttentionBackend):
                 views.decode_block_tables,
                 views.decode_context_lens,
                 views.max_decode_context_len,
-                scale,
+                spec.scale,
                 grouped=flags[0],
                 l2_prefetch=flags[1],
                 tensor_cores=flags[2],
-                window=window,
-                softcap=softcap,
-                sinks=sinks,
-                alibi_slopes=alibi_slopes,
+                **spec_options(spec),
                 seq_order=seq_order,
             )
 
-        scalars = (scale, window, softcap, *flags)
-        self._launch(plans.launches(metadata, "decode", tensors, scalars, plan))
+        self._launch(plans.launches(metadata, "decode", tensors, (spec, *flags), plan))
 
     def prefill(
         self,
-        query,
-        key,
-        value,
-        key_cache,
-        value_cache,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale,
-        out,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
+        out: torch.Tensor,
     ) -> None:
         if not self.use_prefill_kernel:
-            cache = (key_cache, value_cache, metadata, scale, out)
-            super().prefill(query, key, value, *cache, window, softcap, sinks, alibi_slopes)
+            super().prefill(spec, query, key, value, key_cache, value_cache, metadata, out)
             return
         views = self.step_plans.step_views(metadata)
         tensor_cores = self.use_tensor_core_prefill
-        tensors = (out, query, key_cache, value_cache, sinks, alibi_slopes)
+        tensors = (out, query, key_cache, value_cache, spec.sinks, spec.alibi_slopes)
 
         def plan() -> list[KernelLaunch]:
             launch = prefill_attention_launch(
@@ -206,16 +200,16 @@ class CupyAttentionBackend(TorchAttentionBackend):
                 views.prefill_cu_seqlens_q,
                 views.prefill_context_lens,
                 views.max_prefill_query_len,
-                scale,
-                window,
-                softcap,
-                sinks,
-                alibi_slopes,
+                spec.scale,
+                spec.sliding_window,
+                spec.logits_soft_cap,
+                spec.sinks,
+                spec.alibi_slopes,
                 tensor_cores=tensor_cores,
             )
             return [] if launch is None else [launch]
 
-        scalars = (scale, window, softcap, tensor_cores)
+        scalars = (spec, tensor_cores)
         self._launch(self.step_plans.launches(metadata, "prefill", tensors, scalars, plan))
 
     @staticmethod

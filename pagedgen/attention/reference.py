@@ -3,6 +3,7 @@ import torch
 from pagedgen.attention.backend import AttentionBackend
 from pagedgen.attention.kv_cache_dtype import to_cache_dtype
 from pagedgen.attention.metadata import AttentionMetadata
+from pagedgen.attention.spec import AttentionSpec, spec_options
 
 
 def write_kv_reference(
@@ -77,86 +78,57 @@ class ReferenceAttentionBackend(AttentionBackend):
 
     name = "reference"
 
-    def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+    def write_cache(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         write_kv_reference(key, value, key_cache, value_cache, slot_mapping)
 
     def decode(
         self,
-        query,
-        key_cache,
-        value_cache,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale,
-        out,
-        window=None,
-        softcap=None,
-        sinks=None,
-        alibi_slopes=None,
-    ):
-        self._attend(
-            query,
-            key_cache,
-            value_cache,
-            metadata,
-            scale,
-            out,
-            0,
-            metadata.num_decode_seqs,
-            window=window,
-            softcap=softcap,
-            sinks=sinks,
-            alibi_slopes=alibi_slopes,
-        )
+        out: torch.Tensor,
+    ) -> None:
+        seqs = (0, metadata.num_decode_seqs)
+        self._attend(spec, query, key_cache, value_cache, metadata, out, *seqs)
 
     def prefill(
         self,
-        query,
-        key,
-        value,
-        key_cache,
-        value_cache,
-        metadata,
-        scale,
-        out,
-        window=None,
-        softcap=None,
-        sinks=None,
-        alibi_slopes=None,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        out: torch.Tensor,
     ) -> None:
-        self._attend(
-            query,
-            key_cache,
-            value_cache,
-            metadata,
-            scale,
-            out,
-            metadata.num_decode_seqs,
-            None,
-            window=window,
-            softcap=softcap,
-            sinks=sinks,
-            alibi_slopes=alibi_slopes,
-        )
+        seqs = (metadata.num_decode_seqs, metadata.num_seqs)
+        self._attend(spec, query, key_cache, value_cache, metadata, out, *seqs)
 
     @staticmethod
     def _attend(
-        query,
-        key_cache,
-        value_cache,
-        metadata,
-        scale,
-        out,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        out: torch.Tensor,
         first: int,
-        last: int | None,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-    ):
+        last: int,
+    ) -> None:
         """Sequences first..last of the batch, over the cache (their K/V are written)."""
         seqs = slice(first, last)
         rows = metadata.cu_seqlens_q.tolist()
-        start, end = rows[first], rows[metadata.num_seqs if last is None else last]
+        start, end = rows[first], rows[last]
         out[start:end] = paged_attention_reference(
             query[start:end],
             key_cache,
@@ -164,9 +136,6 @@ class ReferenceAttentionBackend(AttentionBackend):
             metadata.block_tables[seqs].tolist(),
             metadata.context_lens_cpu[seqs],
             metadata.query_lens_cpu[seqs],
-            scale,
-            window,
-            softcap,
-            sinks,
-            alibi_slopes,
+            spec.scale,
+            **spec_options(spec),
         )

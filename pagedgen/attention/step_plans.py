@@ -48,9 +48,9 @@ class StepViews(NamedTuple):
 
 class StepPlans:
     """Every layer of a step attends over the same metadata, and layers alike in geometry (query
-    rows, output, caches, sinks and slopes; scale, window, soft cap and kernel choices) take the
-    same launches but for the tensors they pass. So the first such layer of a step plans them in
-    full (arguments checked, modules picked, grid and scratch sized: ~25 us of host a kernel), and
+    rows, output, caches, sinks and slopes; the rest of their AttentionSpec and kernel choices)
+    take the same launches but for the tensors they pass. So the first such layer of a step plans
+    them in full (arguments checked, kernel chosen, modules picked, grid and scratch sized), and
     the others swap their own tensors in, as vLLM builds its attention metadata once a step.
 
     A planner puts the tensors it is given into its launches as they are, never a view of one;

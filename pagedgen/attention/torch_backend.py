@@ -9,6 +9,7 @@ from pagedgen.attention.kv_cache_dtype import (
 )
 from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.sdpa import alibi_bias, attention, sdpa_dtype
+from pagedgen.attention.spec import AttentionSpec, spec_options
 
 
 def write_kv(
@@ -220,50 +221,48 @@ class TorchAttentionBackend(AttentionBackend):
             )
         return self._seq_blocks
 
-    def write_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+    def write_cache(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         write_kv(key, value, key_cache, value_cache, slot_mapping)
 
     def decode(
         self,
-        query,
-        key_cache,
-        value_cache,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        scale,
-        out,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-    ):
+        out: torch.Tensor,
+    ) -> None:
         n = metadata.num_decode_seqs
-        options = (scale, window, softcap, sinks, alibi_slopes)
+        options = spec_options(spec)
         if query.device.type == "cpu":
             blocks, lens = self._decode_seq_blocks(metadata), metadata.context_lens_cpu[:n]
             out[:n] = decode_attention_per_seq(
-                query[:n], key_cache, value_cache, blocks, lens, *options
+                query[:n], key_cache, value_cache, blocks, lens, spec.scale, **options
             )
         else:
             tables, lens = metadata.block_tables[:n], metadata.context_lens[:n]
             max_len = max(metadata.context_lens_cpu[:n])
-            args = (query[:n], key_cache, value_cache, tables, lens, max_len)
-            out[:n] = decode_attention(*args, *options)
+            args = (query[:n], key_cache, value_cache, tables, lens, max_len, spec.scale)
+            out[:n] = decode_attention(*args, **options)
 
     def prefill(
         self,
-        query,
-        key,
-        value,
-        key_cache,
-        value_cache,
-        metadata,
-        scale,
-        out,
-        window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        out: torch.Tensor,
     ) -> None:
-        options = (window, softcap, sinks, alibi_slopes)
-        cache = (key_cache, value_cache, metadata, scale, out)
-        prefill_attention(query, key, value, *cache, *options)
+        cache = (key_cache, value_cache, metadata, spec.scale, out)
+        prefill_attention(query, key, value, *cache, **spec_options(spec))

@@ -7,6 +7,13 @@ from pagedgen.kernels.attention_args import (
     check_attention_options,
     per_head_arg,
 )
+from pagedgen.kernels.decode_plan import (
+    PARTITION_SIZE,
+    DecodeKernel,
+    DecodePlan,
+    DecodeShape,
+    plan_decode,
+)
 from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import (
     C_TYPES,
@@ -17,34 +24,10 @@ from pagedgen.kernels.launch import (
     check_tensor,
     prefetch_defines,
 )
-from pagedgen.kernels.paged_attention_grouped import (
-    group_tile,
-    grouped_module,
-    grouped_partition_size,
-    num_sms,
-)
+from pagedgen.kernels.paged_attention_grouped import grouped_module, num_sms
 
-# Instantiated with these in kernels/paged_attention.cu.
+# Instantiated with these in kernels/paged_attention.cu (and PARTITION_SIZE, decode_plan.py).
 NUM_THREADS = 128
-PARTITION_SIZE = 512
-# When not told (grouped=None), decode takes the grouped kernel for groups of at least this many
-# query heads a kv head, with heads of at least AUTO_GROUPED_MIN_HEAD_SIZE: on an H100
-# (benchmarks/bench_kernels.py, bfloat16) it ran 1.4-2.0x the per-head kernel at 4:1 with heads
-# of 128, from 1 x 4,096 to 256 x 512 tokens, and 0.63x at SmolLM2's 3:1 with heads of 64.
-AUTO_GROUPED_MIN_GROUP = 4
-AUTO_GROUPED_MIN_HEAD_SIZE = 128
-# When not told (tensor_cores=None), decode runs on tensor cores wherever mma.supports the layer,
-# for groups of at least AUTO_MMA_MIN_GROUP query heads a kv head (a tile holds 16): on an H200
-# (bench_kernels.py, bfloat16) the mma kernel ran 1.7-4.4x the per-head kernel on all six shapes
-# at 3:1 and 4:1, 1.8-2.8x the grouped one on five, 0.83x it for one 4,096-token sequence.
-AUTO_MMA_MIN_GROUP = 3
-
-
-def use_v1(max_context_len: int, num_seqs: int, num_heads: int, partition_size: int) -> bool:
-    """vLLM's rule: one pass when a single partition covers the context or the batch alone fills
-    the GPU with (head, sequence) blocks; split the context otherwise."""
-    max_num_partitions = -(-max_context_len // partition_size)
-    return max_context_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_heads > 512)
 
 
 def paged_attention_module(
@@ -111,22 +94,61 @@ def paged_attention_launches(
 
     grouped picks kernels/paged_attention_grouped.cu, one thread block per kv head for a tile of
     its GQA group (layers without GQA, or with a window, soft cap, sinks or ALiBi, which it lacks,
-    keep the per-head kernel); None picks it where it was measured faster (AUTO_GROUPED_*).
-    l2_prefetch has each warp ask L2 for its next KV block while it attends one
-    (kernels/kv_prefetch.cuh), a hint that changes no result; None prefetches where it was
-    measured faster: the per-head kernel (on an H100, bfloat16, prefetch ran it 1.02-1.25x as
-    fast on all six shapes of bench_kernels.py, the grouped one 0.88-1.03x).
-    tensor_cores picks kernels/paged_attention_mma.cu, tiles of 16 query heads of a kv head on
-    mma.sync with K/V streamed through shared memory, for 16-bit caches of the activations'
-    dtype on sm_80 or newer, every option included (other layers keep the kernels above); None
-    picks it for groups of AUTO_MMA_MIN_GROUP or more, where it was measured faster, unless
-    grouped is True.
-    version forces 1 or 2 and partition_size the v2 partitions; None applies use_v1 and
-    PARTITION_SIZE, or for grouped kernels grouped_partition_size."""
+    keep the per-head kernel). l2_prefetch has each warp ask L2 for its next KV block while it
+    attends one (kernels/kv_prefetch.cuh), a hint that changes no result. tensor_cores picks
+    kernels/paged_attention_mma.cu, tiles of 16 query heads of a kv head on mma.sync with K/V
+    streamed through shared memory, for 16-bit caches of the activations' dtype on sm_80 or
+    newer, every option included (other layers keep the kernels above). None for any of the
+    three applies decode_plan.py's rule; version forces 1 or 2 and partition_size the v2
+    partitions."""
+    shape = check_decode_args(
+        out, query, key_cache, value_cache, block_tables, context_lens, max_context_len,
+        window, softcap, sinks, alibi_slopes, seq_order,
+    )  # fmt: skip
+    if shape.num_seqs == 0:
+        return []
+    check(max_context_len >= 1, lambda: f"max_context_len must be >= 1, got {max_context_len}")
+    dtype, cache_dtype, device = query.dtype, key_cache.dtype, query.device
+    shared_mem = mma.shared_bytes(shape.head_size, tuning)
+    mma_supported = tensor_cores is not False and mma.supports(
+        dtype, cache_dtype, shape.head_size, device, shared_mem
+    )
+    plan = plan_decode(
+        shape,
+        num_sms(device),
+        mma_supported,
+        version,
+        partition_size,
+        grouped,
+        l2_prefetch,
+        tensor_cores,
+        tuning,
+    )
+    tensors = (out, query, key_cache, value_cache, block_tables, context_lens)
+    options = (window, softcap, sinks, alibi_slopes)
+    return decode_launches(plan, *tensors, max_context_len, scale, *options, seq_order, tuning)
+
+
+def check_decode_args(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_context_len: int,
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    seq_order: torch.Tensor | None,
+) -> DecodeShape:
+    """The step's DecodeShape, once every argument of paged_attention_launches passes its
+    checks (shapes, dtypes, strides, one device)."""
     num_heads, head_size, block_size, num_kv_heads = check_attention_args(
         query, out, key_cache, value_cache
     )
-    num_seqs, dtype = query.shape[0], query.dtype
+    num_seqs = query.shape[0]
     check_tensor("block_tables", block_tables, torch.int32, 2)
     check_tensor("context_lens", context_lens, torch.int32, 1)
     check(
@@ -154,60 +176,54 @@ def paged_attention_launches(
         tensors += (seq_order,)
     devices = {t.device for t in tensors}
     check(len(devices) == 1, lambda: f"all tensors must be on one device, got {devices}")
-    if num_seqs == 0:
-        return []
-    check(max_context_len >= 1, lambda: f"max_context_len must be >= 1, got {max_context_len}")
-
-    group_size = num_heads // num_kv_heads
     plain = window is None and softcap is None and sinks is None and alibi_slopes is None
-    cache_dtype = key_cache.dtype
-    if tensor_cores is None:  # a grouped kernel asked for wins
-        tensor_cores = not grouped and group_size >= AUTO_MMA_MIN_GROUP
-    use_mma = tensor_cores and mma.supports(
-        dtype, cache_dtype, head_size, query.device, mma.shared_bytes(head_size, tuning)
+    return DecodeShape(
+        num_seqs, num_heads, num_kv_heads, head_size, block_size, max_context_len, plain
     )
-    if grouped is None:
-        grouped = group_size >= AUTO_GROUPED_MIN_GROUP and head_size >= AUTO_GROUPED_MIN_HEAD_SIZE
-    grouped = grouped and group_size > 1 and plain and not use_mma
-    if l2_prefetch is None:
-        l2_prefetch = not grouped
-    tile = group_tile(group_size, head_size)
-    # The planner's partition size, None for one pass (v1), and the kernel's grid.x.
-    if use_mma:
-        grid_x = num_kv_heads * mma.num_tiles(group_size)
-        work_blocks, size = grid_x * num_seqs, head_size
-        sms = num_sms(query.device)
-        planned = mma.mma_partition_size(max_context_len, work_blocks, size, sms, tuning)
-    elif grouped:
-        grid_x = num_kv_heads * -(-group_size // tile)
-        work_blocks, size = grid_x * num_seqs, block_size
-        planned = grouped_partition_size(max_context_len, work_blocks, size, num_sms(query.device))
-    else:
-        grid_x, size = num_heads, partition_size or PARTITION_SIZE
-        planned = None if use_v1(max_context_len, num_seqs, num_heads, size) else size
-    if version is None:
-        version = 1 if planned is None else 2
-        partition_size = partition_size or planned
-    partition_size = partition_size or PARTITION_SIZE
+
+
+def decode_launches(
+    plan: DecodePlan,
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_context_len: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    seq_order: torch.Tensor | None,
+    tuning: DecodeTuning,
+) -> list[KernelLaunch]:
+    """plan's launches over checked arguments: its kernel's module and arguments, and for v2 the
+    partitions' float32 scratch."""
+    num_seqs, num_heads, head_size = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    partition_size, grid_x = plan.partition_size, plan.grid_x
     check(
         partition_size % block_size == 0, lambda: f"partition_size {partition_size} % {block_size}"
     )
+    dtype, cache_dtype = query.dtype, key_cache.dtype
+    per_head, use_mma = plan.kernel is DecodeKernel.PER_HEAD, plan.kernel is DecodeKernel.MMA
     # Grouped or on tensor cores, this module serves the v2 reduce only, which prefetches nothing.
-    per_head = not (grouped or use_mma)
     module = paged_attention_module(
         dtype,
         head_size,
         block_size,
         partition_size,
         cache_dtype,
-        l2_prefetch and per_head,
+        plan.l2_prefetch and per_head,
         tuning if per_head else DEFAULT_TUNING,
     )
     # The grouped and mma kernels' partial results have the per-head layout of the v2 reduce's.
     main_module, main_block, shared_mem = module, (tuning.num_threads, 1, 1), 0
-    if grouped:
+    if plan.kernel is DecodeKernel.GROUPED:
         main_module = grouped_module(
-            dtype, head_size, block_size, tile, cache_dtype, l2_prefetch, tuning
+            dtype, head_size, block_size, plan.tile, cache_dtype, plan.l2_prefetch, tuning
         )
     elif use_mma:
         main_module = mma.mma_module(dtype, head_size, block_size, tuning)
@@ -226,7 +242,7 @@ def paged_attention_launches(
         np.float32(scale),
     )
     options = (np.int32(window or 0), np.float32(softcap or 0.0))
-    if version == 1:
+    if plan.version == 1:
         if per_head:
             tail = (*options, per_head_arg(sinks), per_head_arg(alibi_slopes))
         else:
@@ -238,7 +254,7 @@ def paged_attention_launches(
         grid = (grid_x, num_seqs, 1)
         return [KernelLaunch(main_module, v1_name, grid, main_block, args, shared_mem)]
 
-    check(version == 2, lambda: f"version must be 1, 2 or None, got {version}")
+    check(plan.version == 2, lambda: f"version must be 1, 2 or None, got {plan.version}")
     max_num_partitions = -(-max_context_len // partition_size)
     stats_shape = (num_seqs, num_heads, max_num_partitions)
     exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=query.device)

@@ -7,7 +7,6 @@ bit."""
 import math
 
 import torch
-from torch import nn
 
 
 def bloom_alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -47,12 +46,3 @@ def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8) -> torch.Tensor:
     if n != num_heads:
         slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
     return slopes
-
-
-def use_alibi(attention: nn.Module, slopes: torch.Tensor) -> None:
-    """Turns a LlamaAttention into an ALiBi one: no rotary embedding, and the slopes as its
-    alibi_slopes buffer, made float32 on the device the model is built on (under torch.device),
-    so that model.to(device) moves it; the loader's only cast, to a float32 compute dtype,
-    leaves it as it is."""
-    attention.use_rope = False
-    attention.alibi_slopes = torch.empty(slopes.shape, dtype=torch.float32).copy_(slopes)

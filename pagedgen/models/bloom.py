@@ -8,7 +8,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
-from pagedgen.layers.alibi import bloom_alibi_slopes, use_alibi
+from pagedgen.layers.alibi import bloom_alibi_slopes
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import LayerNorm, add_norm
@@ -16,7 +16,7 @@ from pagedgen.layers.rotary import Rope
 from pagedgen.models.gpt2 import attention_shape, empty_embedding
 from pagedgen.models.gpt_neox import qkv_head_by_head
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer, norm_eps
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM
 from pagedgen.models.names import renamed
 
 # BLOOM's checkpoint names -> ours (Llama's), with or without "transformer."
@@ -80,9 +80,6 @@ class BloomForCausalLM(LlamaForCausalLM):
         )
         self.norm = LayerNorm(config.hidden_size, norm_eps(config), bias=self.norm_bias)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
-        slopes = self.alibi_slopes(config)
-        for attention in self.attention_layers:
-            use_alibi(attention, slopes)
 
     def check_config(self, config: PretrainedConfig) -> None:
         attention_shape(config, config.num_attention_heads)
@@ -96,7 +93,8 @@ class BloomForCausalLM(LlamaForCausalLM):
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
-        attention = LlamaAttention(config, backend, qkv_bias=True, o_bias=True)
+        layer = LayerOptions(alibi_slopes=self.alibi_slopes(config))
+        attention = LlamaAttention(config, backend, qkv_bias=True, o_bias=True, layer=layer)
         hidden = config.hidden_size
         mlp = MLP(hidden, 4 * hidden, "gelu_pytorch_tanh", bias=True)  # bloom_gelu: tanh GELU
         if config.apply_residual_connection_post_layernorm:

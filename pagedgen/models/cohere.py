@@ -9,7 +9,7 @@ from pagedgen.layers.norm import LayerNorm
 from pagedgen.layers.rotary import pairs_to_halves, reorder_heads
 from pagedgen.model_config import head_dim_of
 from pagedgen.models.layernorm_decoder import ParallelDecoderLayer
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 
 def cohere_norm(shape: int | tuple[int, int], config: PretrainedConfig) -> LayerNorm:
@@ -22,9 +22,14 @@ class CohereAttention(LlamaAttention):
     k, a weight per head, before the rotary embedding."""
 
     def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
     ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.has_qk_norm = bool(getattr(config, "use_qk_norm", False))
         if self.has_qk_norm:
             self.q_norm = cohere_norm((self.num_heads, self.head_dim), config)
@@ -48,7 +53,8 @@ class CohereForCausalLM(LlamaForCausalLM):
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
-        attention = self.attention_cls(config, backend, *self.attention_biases(config))
+        biases, layer = self.attention_biases(config), self.layer_options(config, index)
+        attention = self.attention_cls(config, backend, *biases, layer)
         norm = cohere_norm(config.hidden_size, config)
         return ParallelDecoderLayer(attention, LlamaMLP(config), norm)
 

@@ -1,16 +1,17 @@
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.layers.alibi import falcon_alibi_slopes, use_alibi
+from pagedgen.layers.alibi import falcon_alibi_slopes
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import LayerNorm
 from pagedgen.model_config import head_dim_of, num_kv_heads_of
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer, ParallelDecoderLayer, norm_eps
-from pagedgen.models.llama import LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaForCausalLM
 from pagedgen.models.names import renamed
 
 # checkpoint names -> ours
@@ -60,16 +61,21 @@ class FalconForCausalLM(LlamaForCausalLM):
         if heads % kv_heads:
             raise ValueError(f"Falcon's {heads} heads are no multiple of its {kv_heads} K/V heads")
         super().__init__(config, backend, max_position)
-        if config.alibi:
-            slopes = falcon_alibi_slopes(heads, head_dim_of(config))
-            for attention in self.attention_layers:
-                use_alibi(attention, slopes)
+
+    def layer_options(self, config: PretrainedConfig, index: int) -> LayerOptions:
+        options = super().layer_options(config, index)
+        if not config.alibi:
+            return options
+        slopes = falcon_alibi_slopes(config.num_attention_heads, head_dim_of(config))
+        return replace(options, alibi_slopes=slopes)
 
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
         bias = bool(config.bias)
-        attention = self.attention_cls(config, backend, bias, bias)
+        attention = self.attention_cls(
+            config, backend, bias, bias, self.layer_options(config, index)
+        )
         mlp = MLP(config.hidden_size, config.ffn_hidden_size, config.activation, bias)
         if not config.parallel_attn:
             return LayerNormDecoderLayer(config, attention, mlp)

@@ -27,10 +27,11 @@ class GemmaRMSNorm(ResidualNorm):
 class Gemma2Attention(LlamaAttention):
     """Scores scaled by query_pre_attn_scalar ** -0.5 (not head_dim's) and soft-capped."""
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *biases: bool) -> None:
-        super().__init__(config, backend, *biases)
-        self.scale = config.query_pre_attn_scalar**-0.5
-        self.softcap = getattr(config, "attn_logit_softcapping", None)
+    def softmax_scale(self, config: PretrainedConfig) -> float:
+        return config.query_pre_attn_scalar**-0.5
+
+    def logits_soft_cap(self, config: PretrainedConfig) -> float | None:
+        return getattr(config, "attn_logit_softcapping", None)
 
 
 class GemmaMLP(nn.Module):
@@ -93,13 +94,14 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         self.embed_tokens.weight.requires_grad_(False)
         bias = bool(getattr(config, "attention_bias", False))
         self.layers = nn.ModuleList(
-            GemmaDecoderLayer(config, self.attention_cls(config, backend, bias, bias))
-            for _ in range(config.num_hidden_layers)
+            GemmaDecoderLayer(
+                config,
+                self.attention_cls(config, backend, bias, bias, self.layer_options(config, i)),
+            )
+            for i in range(config.num_hidden_layers)
         )
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
-        for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
-            attention.sliding_window = window
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
 
     @staticmethod

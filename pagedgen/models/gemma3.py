@@ -5,6 +5,7 @@ from transformers import PretrainedConfig
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.rotary import layer_type_ropes
 from pagedgen.models.gemma2 import Gemma2Attention, Gemma2ForCausalLM, GemmaRMSNorm
+from pagedgen.models.llama import LayerOptions
 
 
 class Gemma3Attention(Gemma2Attention):
@@ -12,8 +13,15 @@ class Gemma3Attention(Gemma2Attention):
 
     has_qk_norm = True
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *biases: bool) -> None:
-        super().__init__(config, backend, *biases)
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
+    ) -> None:
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
 

@@ -4,17 +4,25 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from pagedgen.attention import AttentionBackend
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.models.deepseek import deepseek_mlp, deepseek_names
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM
 
 
 class Glm4MoeAttention(LlamaAttention):
     """Llama attention (q/k/v biased where attention_bias, o never) whose q and k are normed
     per head before RoPE where use_qk_norm, as Qwen3's are."""
 
-    def __init__(self, config: PretrainedConfig, backend, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
+    ) -> None:
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.has_qk_norm = bool(config.use_qk_norm)
         if self.has_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

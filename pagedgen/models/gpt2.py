@@ -3,6 +3,7 @@ the token embeddings, on a pre-norm LayerNorm decoder."""
 
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -111,8 +112,10 @@ class GPT2LMHeadModel(LlamaForCausalLM):
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
         shape = attention_shape(config, self.num_kv_heads(config))
-        attention = AbsoluteAttention(shape, backend, qkv_bias=True, o_bias=True)
-        attention.scale = self.attention_scale(config, index)
+        layer = replace(
+            self.layer_options(config, index), scale=self.attention_scale(config, index)
+        )
+        attention = AbsoluteAttention(shape, backend, qkv_bias=True, o_bias=True, layer=layer)
         inner = config.n_inner if config.n_inner is not None else 4 * config.hidden_size
         mlp = MLP(config.hidden_size, inner, config.activation_function, bias=True)
         return LayerNormDecoderLayer(config, attention, mlp)

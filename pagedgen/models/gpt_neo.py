@@ -2,6 +2,7 @@
 local (sliding-window) attention layers."""
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -36,13 +37,6 @@ class GPTNeoForCausalLM(GPT2LMHeadModel):
 
     conv1d = False
 
-    def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, max_position: int
-    ) -> None:
-        super().__init__(config, backend, max_position)
-        for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
-            attention.sliding_window = window
-
     @staticmethod
     def check_config(config: PretrainedConfig) -> None:
         layer_sliding_windows(config)  # refuses attention types other than global and local
@@ -55,8 +49,10 @@ class GPTNeoForCausalLM(GPT2LMHeadModel):
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
         shape = attention_shape(config, self.num_kv_heads(config))
-        attention = AbsoluteAttention(shape, backend, qkv_bias=False, o_bias=True)
-        attention.scale = self.attention_scale(config, index)
+        layer = replace(
+            self.layer_options(config, index), scale=self.attention_scale(config, index)
+        )
+        attention = AbsoluteAttention(shape, backend, qkv_bias=False, o_bias=True, layer=layer)
         inner = config.intermediate_size or 4 * config.hidden_size
         mlp = MLP(config.hidden_size, inner, config.activation_function, bias=True)
         return LayerNormDecoderLayer(config, attention, mlp)

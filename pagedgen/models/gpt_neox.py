@@ -86,7 +86,9 @@ class GPTNeoXForCausalLM(LlamaForCausalLM):
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
         bias = bool(getattr(config, "attention_bias", True))
-        attention = self.attention_cls(config, backend, bias, bias)
+        attention = self.attention_cls(
+            config, backend, bias, bias, self.layer_options(config, index)
+        )
         mlp = MLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=True)
         if not config.use_parallel_residual:
             return LayerNormDecoderLayer(config, attention, mlp)
@@ -121,7 +123,8 @@ class GPTJForCausalLM(LlamaForCausalLM):
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
-        attention = self.attention_cls(config, backend, False, False)
+        layer = self.layer_options(config, index)
+        attention = self.attention_cls(config, backend, False, False, layer)
         inner = config.n_inner or 4 * config.hidden_size
         mlp = MLP(config.hidden_size, inner, config.activation_function, bias=True)
         norm = LayerNorm(config.hidden_size, norm_eps(config))

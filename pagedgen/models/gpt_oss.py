@@ -4,7 +4,6 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.moe import SparseMoE
 from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
@@ -17,10 +16,9 @@ class GptOssAttention(LlamaAttention):
     """Llama attention (biased projections) whose heads each have a learned sink: a logit that
     joins the head's softmax as a key of zero value, so a head may attend to nothing."""
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *biases: bool) -> None:
-        super().__init__(config, backend, *biases)
+    def make_sinks(self) -> nn.Parameter:
         sinks = torch.empty(self.num_heads, dtype=torch.float32)  # float32 whatever the model's
-        self.sinks = nn.Parameter(sinks, requires_grad=False)
+        return nn.Parameter(sinks, requires_grad=False)
 
 
 class GptOssExpert(nn.Module):

@@ -8,11 +8,8 @@ from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
 class GraniteAttention(LlamaAttention):
     """Scores scaled by attention_multiplier, not head_dim ** -0.5."""
 
-    def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
-    ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
-        self.scale = config.attention_multiplier
+    def softmax_scale(self, config: PretrainedConfig) -> float:
+        return config.attention_multiplier
 
 
 class GraniteForCausalLM(LlamaForCausalLM):

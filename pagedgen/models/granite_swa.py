@@ -16,9 +16,8 @@ class GraniteSWAAttention(GptOssAttention):
     The reference scales each head's output by sigmoid(logsumexp(scores) - sink), which is
     Z / (Z + exp(sink)): gpt-oss's sink, a logit joining the softmax with a value of zero."""
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *biases: bool) -> None:
-        super().__init__(config, backend, *biases)
-        self.scale = config.attention_multiplier
+    def softmax_scale(self, config: PretrainedConfig) -> float:
+        return config.attention_multiplier
 
 
 class GraniteSWAForCausalLM(GraniteForCausalLM):

@@ -11,7 +11,7 @@ from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, rope_parameters
 from pagedgen.model_config import head_dim_of
 from pagedgen.models.ernie4_5_moe import Float32Router
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 
 def ntk_alpha_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -37,9 +37,14 @@ class HunYuanAttention(LlamaAttention):
     has_qk_norm = True
 
     def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
     ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.query_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -54,18 +59,7 @@ class HunYuanAttention(LlamaAttention):
         q, k = self.query_layernorm(q), self.key_layernorm(k)
         if self.qkv_scale is not None:  # after the norms, which would undo it
             q, k, v = q * self.k_scale, k / self.k_scale, v / self.v_scale
-        out = self.backend.forward(
-            q,
-            k,
-            v,
-            self.key_cache,
-            self.value_cache,
-            metadata,
-            self.scale,
-            window=self.sliding_window,
-            softcap=self.softcap,
-            sinks=self.sinks,
-        )
+        out = self.attn(q, k, v, self.key_cache, self.value_cache, metadata)
         return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
 
 

@@ -1,10 +1,13 @@
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
+from pagedgen.attention.layer import Attention
+from pagedgen.attention.spec import AttentionSpec
 from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import RMSNorm, add_norm
@@ -13,9 +16,28 @@ from pagedgen.model_config import head_dim_of, layer_sliding_windows, num_kv_hea
 from pagedgen.models.checkpoint_weights import load_checkpoint_weights
 
 
+@dataclass(frozen=True, slots=True)
+class LayerOptions:
+    """What a model sets per layer of its attention, by the layer's index."""
+
+    sliding_window: int | None = None
+    scale: float | None = None  # None: the attention class's softmax_scale
+    alibi_slopes: torch.Tensor | None = None  # [num_heads]: ALiBi in place of RoPE
+
+
 class LlamaAttention(nn.Module):
+    """Fused QKV projection, RoPE, paged attention and the output projection. The layer's
+    attention constants are its AttentionSpec, made here once: the scale (softmax_scale, or the
+    model's per layer), the model's sliding window and ALiBi slopes for this layer, the soft cap
+    (logits_soft_cap) and the sinks parameter (make_sinks) of the subclasses that have them."""
+
     def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -24,18 +46,39 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(config.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias)
         self.o_proj = Linear(q_size, config.hidden_size, bias=o_bias)
-        self.backend = backend
-        self.scale = self.head_dim**-0.5
-        self.sliding_window: int | None = None  # set per layer by the model
-        self.softcap: float | None = None
-        self.sinks: torch.Tensor | None = None  # [num_heads] float32 (gpt-oss)
-        # [num_heads] float32 (BLOOM, MPT): a buffer, moved with the model, in no checkpoint
-        self.register_buffer("alibi_slopes", None, persistent=False)
+        self.sinks = self.make_sinks()
+        alibi_slopes = None
+        if layer.alibi_slopes is not None:  # float32 on the device the model is built on
+            self.use_rope = False
+            slopes = layer.alibi_slopes
+            alibi_slopes = torch.empty(slopes.shape, dtype=torch.float32).copy_(slopes)
+        scale = self.softmax_scale(config) if layer.scale is None else layer.scale
+        spec = AttentionSpec(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            scale,
+            layer.sliding_window,
+            self.logits_soft_cap(config),
+            self.sinks,
+            alibi_slopes,
+        )
+        self.attn = Attention(spec, backend)
         # Bound by the model runner to its pool: [num_blocks, block_size, num_kv_heads, head_dim].
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
         self.k_scale = self.v_scale = 1.0  # the checkpoint's KV scales (models/kv_scales.py)
         self.qkv_scale: torch.Tensor | None = None  # set by use_kv_scales
+
+    def softmax_scale(self, config: PretrainedConfig) -> float:
+        return self.head_dim**-0.5
+
+    def logits_soft_cap(self, config: PretrainedConfig) -> float | None:
+        return None
+
+    def make_sinks(self) -> nn.Parameter | None:
+        """Per head, a learned logit in its softmax (gpt-oss): loaded from the checkpoint."""
+        return None
 
     def forward(
         self, rope: Rope, hidden: torch.Tensor, metadata: AttentionMetadata
@@ -46,20 +89,8 @@ class LlamaAttention(nn.Module):
         if scaled and not self.has_qk_norm:  # RoPE is linear: scaled before it or after, alike
             qkv = qkv.mul_(self.qkv_scale)  # in qkv's dtype
         if not self.has_qk_norm:  # RoPE (if any) and the cache write may be one fused op
-            out = self.backend.forward_qkv(
-                qkv,
-                self.num_heads,
-                self.num_kv_heads,
-                rope if self.use_rope else None,
-                self.key_cache,
-                self.value_cache,
-                metadata,
-                self.scale,
-                self.sliding_window,
-                self.softcap,
-                self.sinks,
-                self.alibi_slopes,
-            )
+            rotary = rope if self.use_rope else None
+            out = self.attn.forward_qkv(qkv, rotary, self.key_cache, self.value_cache, metadata)
             return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
         q, k, v = qkv.split(self.qkv_proj.output_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -70,19 +101,7 @@ class LlamaAttention(nn.Module):
             q, k, v = q * self.k_scale, k / self.k_scale, v / self.v_scale
         if self.use_rope:
             q, k = rope.apply(q), rope.apply(k)
-        out = self.backend.forward(
-            q,
-            k,
-            v,
-            self.key_cache,
-            self.value_cache,
-            metadata,
-            self.scale,
-            window=self.sliding_window,
-            softcap=self.softcap,
-            sinks=self.sinks,
-            alibi_slopes=self.alibi_slopes,
-        )
+        out = self.attn(q, k, v, self.key_cache, self.value_cache, metadata)
         return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
 
     def use_kv_scales(self, enabled: bool) -> bool:
@@ -196,14 +215,17 @@ class LlamaForCausalLM(nn.Module):
         maker = layer_cls if issubclass(layer_cls, LlamaDecoderLayer) else LlamaDecoderLayer
         self.norm = maker.make_norm(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
-        for attention, window in zip(self.attention_layers, layer_sliding_windows(config)):
-            attention.sliding_window = window
 
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
-        attention = self.attention_cls(config, backend, *self.attention_biases(config))
+        biases, layer = self.attention_biases(config), self.layer_options(config, index)
+        attention = self.attention_cls(config, backend, *biases, layer=layer)
         return self.decoder_layer_cls(config, attention, self.make_mlp(config, index))
+
+    def layer_options(self, config: PretrainedConfig, index: int) -> LayerOptions:
+        """Layer index's sliding window (layer_sliding_windows), scale and ALiBi slopes."""
+        return LayerOptions(sliding_window=layer_sliding_windows(config)[index])
 
     def make_mlp(self, config: PretrainedConfig, index: int) -> nn.Module:
         """Layer index's MLP: dense here; a mixture of experts where a model has them."""

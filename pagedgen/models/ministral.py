@@ -5,7 +5,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.layers.rotary import Rope, rope_parameters
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM
 
 
 class MinistralForCausalLM(LlamaForCausalLM):
@@ -28,8 +28,15 @@ class Ministral3Attention(LlamaAttention):
     has_qk_norm = True  # normalize_qk applies the rotary embeddings, use_rope turns off theirs
     use_rope = False
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *biases: bool) -> None:
-        super().__init__(config, backend, *biases)
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
+    ) -> None:
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.ropes: QueryScaledRope | None = None  # the step's, set by forward
 
     def forward(

@@ -20,9 +20,12 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend, AttentionMetadata
+from pagedgen.attention.layer import Attention
+from pagedgen.attention.spec import AttentionSpec
 from pagedgen.layers.linear import Linear
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, rope_parameters
+from pagedgen.models.llama import LayerOptions
 
 LATENT_NORM_EPS = 1e-6  # the reference's q_a_layernorm and kv_a_layernorm take no config eps
 
@@ -44,9 +47,16 @@ class MLAAttention(nn.Module):
     (or one q_proj where q_lora_rank is None), keys and values from the cached latent. The
     loader calls absorb() once kv_b_proj is loaded; its weights then live in w_uk and w_uv."""
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *_: bool) -> None:
-        """Takes the Llama layers' (config, backend, qkv_bias, o_bias); its biases are the
-        config's attention_bias (the low-rank inputs' and the output's)."""
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
+    ) -> None:
+        """Takes the Llama layers' arguments; its biases are the config's attention_bias (the
+        low-rank inputs' and the output's), not qkv_bias and o_bias."""
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = 1
@@ -73,9 +83,9 @@ class MLAAttention(nn.Module):
         self.o_proj = Linear(heads * self.v_head_dim, hidden, bias=bias)
         self.w_uk: nn.Parameter | None = None  # [heads, qk_nope_head_dim, kv_lora_rank]
         self.w_uv: nn.Parameter | None = None  # [heads, kv_lora_rank, v_head_dim]
-        self.backend = backend
-        self.scale = mla_softmax_scale(config)
-        self.sliding_window: int | None = None  # no DeepSeek layer has one
+        scale = mla_softmax_scale(config) if layer.scale is None else layer.scale
+        spec = AttentionSpec(heads, 1, self.head_dim, scale, layer.sliding_window)
+        self.attn = Attention(spec, backend)
         # Bound by the model runner to its pool: [num_blocks, block_size, 1, head_dim], the
         # same tensor as both.
         self.key_cache = torch.empty(0)
@@ -113,9 +123,7 @@ class MLAAttention(nn.Module):
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
         query = torch.cat([q_latent, rope.apply(q_pe)], dim=-1)
         latent = torch.cat([c_kv.unsqueeze(1), k_pe], dim=-1)  # [tokens, 1, head_dim]
-        out = self.backend.forward(
-            query, latent, latent, self.key_cache, self.value_cache, metadata, self.scale
-        )
+        out = self.attn(query, latent, latent, self.key_cache, self.value_cache, metadata)
         # [heads, tokens, rank] x [heads, rank, v]: the weighted latents up to each head's value
         out = torch.bmm(out[..., :rank].transpose(0, 1), self.w_uv)
         return self.o_proj(out.transpose(0, 1).reshape(num_tokens, heads * self.v_head_dim))

@@ -14,7 +14,7 @@ from pagedgen.layers.mlp import MLP
 from pagedgen.models.bloom import BloomForCausalLM
 from pagedgen.models.gpt2 import attention_shape
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer
-from pagedgen.models.llama import LlamaAttention
+from pagedgen.models.llama import LayerOptions, LlamaAttention
 
 # MPT's checkpoint names -> ours (Llama's), with or without "transformer."
 MPT_RULES = (
@@ -84,12 +84,12 @@ class MptForCausalLM(BloomForCausalLM):
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
-        attention = LlamaAttention(config, backend, qkv_bias=False, o_bias=False)
         attn_config, hidden = config.attn_config, config.hidden_size
         scale = attn_config.softmax_scale
-        attention.scale = (
-            1 / math.sqrt(hidden / config.num_attention_heads) if scale is None else scale
-        )
+        if scale is None:
+            scale = 1 / math.sqrt(hidden / config.num_attention_heads)
+        layer = LayerOptions(scale=scale, alibi_slopes=self.alibi_slopes(config))
+        attention = LlamaAttention(config, backend, qkv_bias=False, o_bias=False, layer=layer)
         if attn_config.clip_qkv:
             attention.qkv_proj = ClippedLinear.of(attention.qkv_proj, attn_config.clip_qkv)
         mlp = MLP(hidden, int(config.expansion_ratio * hidden), "gelu", bias=False)

@@ -8,7 +8,7 @@ from pagedgen.attention import AttentionBackend
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope
-from pagedgen.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 from pagedgen.models.names import renamed
 
 
@@ -27,8 +27,15 @@ class NanoChatAttention(LlamaAttention):
 
     has_qk_norm = True
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, *biases: bool) -> None:
-        super().__init__(config, backend, *biases)
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
+    ) -> None:
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.q_norm = L2Norm(self.head_dim, config.rms_norm_eps)
         self.k_norm = L2Norm(self.head_dim, config.rms_norm_eps)
 

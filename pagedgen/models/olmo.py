@@ -6,7 +6,7 @@ from transformers import PretrainedConfig
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import ClippedLinear
 from pagedgen.layers.norm import ResidualNorm
-from pagedgen.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 OLMO_LAYER_NORM_EPS = 1e-5  # fixed in the reference; the config names none
 
@@ -28,9 +28,14 @@ class OlmoAttention(LlamaAttention):
     sets it, before the rotary embedding."""
 
     def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
     ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         if (clip := getattr(config, "clip_qkv", None)) is not None:
             self.qkv_proj = ClippedLinear.of(self.qkv_proj, clip)
 

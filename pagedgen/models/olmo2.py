@@ -6,7 +6,7 @@ from pagedgen.attention import AttentionBackend, AttentionMetadata
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope, layer_type_ropes
 from pagedgen.model_config import head_dim_of
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM
 
 
 class Olmo2Attention(LlamaAttention):
@@ -16,9 +16,14 @@ class Olmo2Attention(LlamaAttention):
     has_qk_norm = True
 
     def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
     ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.q_norm = RMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.num_kv_heads * self.head_dim, config.rms_norm_eps)
 

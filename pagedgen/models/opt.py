@@ -98,7 +98,8 @@ class OPTForCausalLM(LlamaForCausalLM):
     ) -> nn.Module:
         bias = config.enable_bias
         shape = attention_shape(config, config.num_attention_heads)
-        attention = AbsoluteAttention(shape, backend, qkv_bias=bias, o_bias=bias)
+        layer = self.layer_options(config, index)
+        attention = AbsoluteAttention(shape, backend, qkv_bias=bias, o_bias=bias, layer=layer)
         mlp = MLP(config.hidden_size, config.ffn_dim, config.activation_function, bias=bias)
         layer_cls = OPTDecoderLayer if config.do_layer_norm_before else OPTPostNormDecoderLayer
         return layer_cls(config, attention, mlp)

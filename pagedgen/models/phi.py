@@ -9,7 +9,7 @@ from pagedgen.layers.linear import Linear
 from pagedgen.layers.mlp import MLP
 from pagedgen.layers.norm import LayerNorm
 from pagedgen.models.layernorm_decoder import LayerNormDecoderLayer, ParallelDecoderLayer, norm_eps
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM
 from pagedgen.models.names import renamed
 
 # checkpoint names -> ours (the "model." prefix is dropped later)
@@ -27,9 +27,14 @@ class PhiAttention(LlamaAttention):
     embedding."""
 
     def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
     ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.has_qk_norm = bool(config.qk_layernorm)
         if self.has_qk_norm:
             self.q_layernorm, self.k_layernorm = self.qk_layernorms(config.layer_norm_eps)
@@ -63,7 +68,9 @@ class PhiForCausalLM(LlamaForCausalLM):
     def make_layer(
         self, config: PretrainedConfig, backend: AttentionBackend, index: int
     ) -> nn.Module:
-        attention = self.attention_cls(config, backend, True, True)
+        attention = self.attention_cls(
+            config, backend, True, True, self.layer_options(config, index)
+        )
         mlp = MLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=True)
         norm = LayerNorm(config.hidden_size, norm_eps(config))
         return ParallelDecoderLayer(attention, mlp, norm)

@@ -3,7 +3,7 @@ from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.norm import RMSNorm
-from pagedgen.models.llama import LlamaAttention, LlamaForCausalLM
+from pagedgen.models.llama import LayerOptions, LlamaAttention, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):
@@ -12,9 +12,14 @@ class Qwen3Attention(LlamaAttention):
     has_qk_norm = True
 
     def __init__(
-        self, config: PretrainedConfig, backend: AttentionBackend, qkv_bias: bool, o_bias: bool
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        o_bias: bool,
+        layer: LayerOptions = LayerOptions(),
     ) -> None:
-        super().__init__(config, backend, qkv_bias, o_bias)
+        super().__init__(config, backend, qkv_bias, o_bias, layer)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 

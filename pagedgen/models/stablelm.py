@@ -53,7 +53,8 @@ class StableLmForCausalLM(LlamaForCausalLM):
     ) -> nn.Module:
         if not config.use_parallel_residual:
             return super().make_layer(config, backend, index)
-        attention = self.attention_cls(config, backend, *self.attention_biases(config))
+        biases, layer = self.attention_biases(config), self.layer_options(config, index)
+        attention = self.attention_cls(config, backend, *biases, layer)
         norm = LayerNorm(config.hidden_size, norm_eps(config))
         return ParallelDecoderLayer(attention, self.make_mlp(config, index), norm)
 

@@ -156,14 +156,14 @@ class PiecewiseGraphs:
         state.metadata, state.num_tokens = metadata, b
         attend = self.backend.attend
 
-        def warm_up(query, key, value, *args, **kwargs):
+        def warm_up(spec, query, key, value, *args, **kwargs):
             for role, x in (("q", query), ("k", key), ("v", value), ("out", query)):
                 self._attention_buffer(x, role)  # allocated here, outside any piece
-            return attend(query, key, value, *args, **kwargs)
+            return attend(spec, query, key, value, *args, **kwargs)
 
         steps: list[Callable[[], None]] = []
 
-        def split(query, key, value, key_cache, value_cache, metadata, scale, *options):
+        def split(spec, query, key, value, key_cache, value_cache, metadata):
             inputs = (query, key, value)
             buffers = [self._attention_buffer(x, role)[:b] for x, role in zip(inputs, "qkv")]
             for buffer, x in zip(buffers, inputs):
@@ -174,9 +174,7 @@ class PiecewiseGraphs:
             def attention() -> None:
                 n = state.num_tokens
                 q, k, v = (buffer[:n] for buffer in buffers)
-                attend(
-                    q, k, v, key_cache, value_cache, state.metadata, scale, *options, out=out[:n]
-                )
+                attend(spec, q, k, v, key_cache, value_cache, state.metadata, out=out[:n])
 
             steps.append(attention)
             attention()

@@ -281,6 +281,7 @@ def backend_decode_kernels(monkeypatch, option: str) -> list[str]:
     """The kernels that CupyAttentionBackend launches on the GPU for a small float16 GQA decode
     batch with its CudaAttentionConfig option set True."""
     from pagedgen.attention import cupy_backend
+    from pagedgen.attention.spec import AttentionSpec
     from pagedgen.config import CudaAttentionConfig
     from pagedgen.kernels import loader
 
@@ -292,5 +293,6 @@ def backend_decode_kernels(monkeypatch, option: str) -> list[str]:
     options = CudaAttentionConfig(**{option: True})
     backend = cupy_backend.CupyAttentionBackend(torch.device("cuda"), 128, 16, options)
     metadata = make_metadata([1, 1], [5, 40], 16, case.key_cache.shape[0], "cuda")
-    backend.decode(case.query, case.key_cache, case.value_cache, metadata, case.scale, out)
+    spec = AttentionSpec(8, 2, 128, case.scale)
+    backend.decode(spec, case.query, case.key_cache, case.value_cache, metadata, out)
     return names

@@ -11,6 +11,7 @@ from pagedgen.attention import get_attention_backend
 from pagedgen.attention.cpu_backend import prefill_plan
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels.cpu import cpu_kernel_error
+from tests.attention_calls import forward
 from tests.test_attention import make_batch
 
 pytestmark = pytest.mark.skipif(
@@ -38,9 +39,9 @@ def run(options: dict, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tenso
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     ref_cache = cache.clone()
     backend.prepare(md)
-    out = backend.forward(query, key, value, cache[0], cache[1], md, 0.125, **options)
+    out = forward(backend, query, key, value, cache[0], cache[1], md, 0.125, **options)
     reference = ReferenceAttentionBackend()
-    ref = reference.forward(query, key, value, ref_cache[0], ref_cache[1], md, 0.125, **options)
+    ref = forward(reference, query, key, value, ref_cache[0], ref_cache[1], md, 0.125, **options)
     return out, ref
 
 

@@ -8,6 +8,7 @@ import torch
 from pagedgen.attention import get_attention_backend
 from pagedgen.attention.reference import ReferenceAttentionBackend, paged_attention_reference
 from pagedgen.kernels.cpu import cpu_kernel_error, paged_attention_decode, paged_attention_prefill
+from tests.attention_calls import forward
 from tests.kernels.test_cpu_kernel import MARCHES
 from tests.kernels.test_cpu_kernel_window import windowed_case
 from tests.kernels.test_cpu_prefill_kernel import CONTEXT_LENS, QUERY_LENS, prefill_case
@@ -113,13 +114,13 @@ def test_backends_with_alibi_match_reference(backend_name, dtype):
     slopes = slopes_of(num_heads, 3)
     backend.prepare(md)
     args = (md, head_dim**-0.5, None, None, None, slopes)
-    out = backend.forward(query, key, value, cache[0], cache[1], *args)
+    out = forward(backend, query, key, value, cache[0], cache[1], *args)
     reference = ReferenceAttentionBackend()
-    ref = reference.forward(query, key, value, ref_cache[0], ref_cache[1], *args)
+    ref = forward(reference, query, key, value, ref_cache[0], ref_cache[1], *args)
     tolerance = 1e-5 if dtype == torch.float32 else 1.6e-2
     torch.testing.assert_close(out, ref, atol=tolerance, rtol=tolerance)
     ref_cache = cache.clone()
-    plain = reference.forward(query, key, value, ref_cache[0], ref_cache[1], *args[:-1])
+    plain = forward(reference, query, key, value, ref_cache[0], ref_cache[1], *args[:-1])
     assert (plain.float() - ref.float()).abs().max() > 0.1
 
 

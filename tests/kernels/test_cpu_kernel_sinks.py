@@ -8,6 +8,7 @@ import torch
 from pagedgen.attention import get_attention_backend
 from pagedgen.attention.reference import ReferenceAttentionBackend, paged_attention_reference
 from pagedgen.kernels.cpu import cpu_kernel_error, paged_attention_decode
+from tests.attention_calls import forward
 from tests.kernels.test_cpu_kernel import MARCHES
 from tests.kernels.test_cpu_kernel_window import windowed_case
 from tests.test_attention import make_batch
@@ -103,10 +104,10 @@ def test_backends_with_sinks_match_reference(backend_name, window):
     sinks = sinks_of(num_heads, 1)
     backend.prepare(md)
     args = (md, head_dim**-0.5, window, None, sinks)
-    out = backend.forward(query, key, value, cache[0], cache[1], *args)
+    out = forward(backend, query, key, value, cache[0], cache[1], *args)
     reference = ReferenceAttentionBackend()
-    ref = reference.forward(query, key, value, ref_cache[0], ref_cache[1], *args)
+    ref = forward(reference, query, key, value, ref_cache[0], ref_cache[1], *args)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     ref_cache = cache.clone()
-    plain = reference.forward(query, key, value, ref_cache[0], ref_cache[1], *args[:-1])
+    plain = forward(reference, query, key, value, ref_cache[0], ref_cache[1], *args[:-1])
     assert (plain - ref).abs().max() > 0.1

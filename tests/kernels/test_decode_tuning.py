@@ -6,8 +6,9 @@ reference, on the CPU through cuda_emu.h."""
 import pytest
 import torch
 
+from benchmarks.decode_tunings import SWEEP
 from pagedgen.kernels import paged_attention_mma as mma
-from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, SWEEP, DecodeTuning
+from pagedgen.kernels.decode_tuning import DEFAULT_TUNING, DecodeTuning
 from pagedgen.kernels.launch import KernelLaunch, KernelModule
 from pagedgen.kernels.paged_attention import paged_attention_module
 from pagedgen.kernels.paged_attention_grouped import grouped_module

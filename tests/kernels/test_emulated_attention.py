@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pagedgen.kernels.attention_args import HEAD_SIZES
-from pagedgen.kernels.paged_attention import PARTITION_SIZE, paged_attention_launches, use_v1
+from pagedgen.kernels.decode_plan import PARTITION_SIZE, use_v1
+from pagedgen.kernels.paged_attention import paged_attention_launches
 from tests.kernels.paged_cases import (
     DTYPES,
     SMALL_PARTITION_SIZE,

@@ -12,6 +12,7 @@ from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.paged_attention_grouped import grouped_module
 from pagedgen.kernels.source import kernel_source
 from pagedgen.layers.rotary import Rope
+from tests.attention_calls import forward, forward_qkv
 from tests.kernels.emulator import Emulator, emulate
 from tests.kernels.paged_cases import TOLERANCES, bloom_alibi_slopes, make_metadata
 
@@ -53,9 +54,9 @@ def test_backend_matches_reference(emulated_backend, dtype: torch.dtype, prefill
     emulated_backend.use_prefill_kernel = bool(prefill_kernel)  # prefill_kernel
     emulated_backend.use_tensor_core_prefill = prefill_kernel == "mma"  # float32: the plain one
     emulated_backend.prepare(metadata)
-    out = emulated_backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
-    expected = ReferenceAttentionBackend().forward(
-        query, key, value, ref_cache[0], ref_cache[1], metadata, scale
+    out = forward(emulated_backend, query, key, value, cache[0], cache[1], metadata, scale)
+    expected = forward(
+        ReferenceAttentionBackend(), query, key, value, ref_cache[0], ref_cache[1], metadata, scale
     )
     tolerance = TOLERANCES[dtype] * (1 if prefill_kernel else 10)  # SDPA's own rounding
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
@@ -75,9 +76,9 @@ def test_grouped_decode_matches_reference(emulated_backend, monkeypatch) -> None
 
     emulated_backend.use_grouped_decode = True
     emulated_backend.prepare(metadata)
-    out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
-    expected = ReferenceAttentionBackend().forward(
-        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+    out = forward(emulated_backend, query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = forward(
+        ReferenceAttentionBackend(), query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
     )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert any("grouped_v2_kernel" in name for name in names), names  # 64-token partitions
@@ -96,9 +97,9 @@ def test_tensor_core_decode_matches_reference(emulated_backend, monkeypatch) -> 
 
     emulated_backend.use_tensor_core_decode = True
     emulated_backend.prepare(metadata)
-    out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
-    expected = ReferenceAttentionBackend().forward(
-        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+    out = forward(emulated_backend, query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = forward(
+        ReferenceAttentionBackend(), query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
     )
     tolerance = TOLERANCES[torch.float16]
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
@@ -124,9 +125,9 @@ def test_decode_longest_first_matches_reference(emulated_backend, monkeypatch) -
     emulated_backend.decode_longest_first = True
     emulated_backend.prepare(metadata)
     for _ in range(2):  # two layers of one step
-        out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
-    expected = ReferenceAttentionBackend().forward(
-        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+        out = forward(emulated_backend, query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = forward(
+        ReferenceAttentionBackend(), query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
     )
     tolerance = TOLERANCES[torch.float16]
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
@@ -151,9 +152,9 @@ def test_forward_qkv_ropes_and_caches_in_one_launch(emulated_backend, dtype) -> 
 
     emulated_backend.use_prefill_kernel = True
     emulated_backend.prepare(metadata)
-    out = emulated_backend.forward_qkv(qkv.clone(), *args, *cache, metadata, head_size**-0.5)
-    expected = ReferenceAttentionBackend().forward_qkv(
-        qkv.clone(), *args, *ref_cache, metadata, head_size**-0.5
+    out = forward_qkv(emulated_backend, qkv.clone(), *args, *cache, metadata, head_size**-0.5)
+    expected = forward_qkv(
+        ReferenceAttentionBackend(), qkv.clone(), *args, *ref_cache, metadata, head_size**-0.5
     )
     assert torch.equal(cache, ref_cache)
     torch.testing.assert_close(out, expected, atol=TOLERANCES[dtype], rtol=TOLERANCES[dtype])
@@ -179,9 +180,9 @@ def test_alibi_layer_matches_reference(emulated_backend, monkeypatch, prefill_ke
     emulated_backend.use_prefill_kernel = prefill_kernel
     emulated_backend.use_grouped_decode = True
     emulated_backend.prepare(metadata)
-    out = emulated_backend.forward_qkv(qkv.clone(), *args, *cache, metadata, *options)
-    expected = ReferenceAttentionBackend().forward_qkv(
-        qkv.clone(), *args, *ref_cache, metadata, *options
+    out = forward_qkv(emulated_backend, qkv.clone(), *args, *cache, metadata, *options)
+    expected = forward_qkv(
+        ReferenceAttentionBackend(), qkv.clone(), *args, *ref_cache, metadata, *options
     )
     assert torch.equal(cache, ref_cache)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -216,9 +217,9 @@ def test_unless_told_16_bit_layers_attend_on_tensor_cores(
     ref_cache = cache.clone()
 
     emulated_backend.prepare(metadata)
-    out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, 0.125)
-    expected = ReferenceAttentionBackend().forward(
-        query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
+    out = forward(emulated_backend, query, key, key, cache[0], cache[1], metadata, 0.125)
+    expected = forward(
+        ReferenceAttentionBackend(), query, key, key, ref_cache[0], ref_cache[1], metadata, 0.125
     )
     torch.testing.assert_close(out, expected, atol=TOLERANCES[dtype], rtol=TOLERANCES[dtype])
     decode_name, prefill_name = names[-2:]  # after the cache write
@@ -282,9 +283,16 @@ def test_each_layer_of_a_step_attends_its_own_tensors(emulated_backend, monkeypa
         key = torch.randn(num_tokens, num_kv_heads, head_size).to(dtype)
         cache = torch.randn(2, 48, 16, num_kv_heads, head_size).to(dtype)
         ref_cache = cache.clone()
-        out = emulated_backend.forward(query, key, key, cache[0], cache[1], metadata, scale)
-        expected = ReferenceAttentionBackend().forward(
-            query, key, key, ref_cache[0], ref_cache[1], metadata, scale
+        out = forward(emulated_backend, query, key, key, cache[0], cache[1], metadata, scale)
+        expected = forward(
+            ReferenceAttentionBackend(),
+            query,
+            key,
+            key,
+            ref_cache[0],
+            ref_cache[1],
+            metadata,
+            scale,
         )
         tolerance = TOLERANCES[dtype]
         torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)

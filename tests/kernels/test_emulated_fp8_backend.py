@@ -12,6 +12,7 @@ from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.layers.rotary import Rope
+from tests.attention_calls import forward, forward_qkv
 from tests.kernels.emulator import emulate, have_gxx
 from tests.kernels.paged_cases import FP8_DTYPES, TOLERANCES, make_metadata
 
@@ -54,8 +55,8 @@ def step(
     ref_cache = cache.clone()
     args = (metadata, HEAD_SIZE**-0.5)
     backend.prepare(metadata)
-    out = backend.forward(query, key, value, *cache, *args, **kwargs)
-    expected = ReferenceAttentionBackend().forward(query, key, value, *ref_cache, *args, **kwargs)
+    out = forward(backend, query, key, value, *cache, *args, **kwargs)
+    expected = forward(ReferenceAttentionBackend(), query, key, value, *ref_cache, *args, **kwargs)
     assert_same_bytes(cache, ref_cache)
     # SDPA and the torch decode path round as their own kernels do.
     tolerance = TOLERANCES[dtype] * (1 if backend.use_prefill_kernel and not kwargs else 10)
@@ -100,9 +101,9 @@ def test_forward_qkv(backend, dtype: torch.dtype, cache_dtype: torch.dtype) -> N
     ref_cache = cache.clone()
     args = (NUM_HEADS, NUM_KV_HEADS, rope)
     backend.prepare(metadata)
-    out = backend.forward_qkv(qkv.clone(), *args, *cache, metadata, HEAD_SIZE**-0.5)
-    expected = ReferenceAttentionBackend().forward_qkv(
-        qkv.clone(), *args, *ref_cache, metadata, HEAD_SIZE**-0.5
+    out = forward_qkv(backend, qkv.clone(), *args, *cache, metadata, HEAD_SIZE**-0.5)
+    expected = forward_qkv(
+        ReferenceAttentionBackend(), qkv.clone(), *args, *ref_cache, metadata, HEAD_SIZE**-0.5
     )
     assert_same_bytes(cache, ref_cache)
     torch.testing.assert_close(out, expected, atol=TOLERANCES[dtype], rtol=TOLERANCES[dtype])
@@ -124,7 +125,7 @@ def check_chunking(backend: CupyAttentionBackend) -> None:
                 metadata = make_metadata([end - start], [end], BLOCK_SIZE, NUM_BLOCKS, "cpu")
                 backend.prepare(metadata)
                 rows = slice(start, end)
-                out = backend.forward(query[rows], key[rows], value[rows], *cache, metadata, scale)
+                out = forward(backend, query[rows], key[rows], value[rows], *cache, metadata, scale)
             outs.append(out[-(prompt_len - first_chunk) :])
         assert_same_bytes(chunked, whole)
     fp8_whole, fp8_chunked, float_whole, _ = outs

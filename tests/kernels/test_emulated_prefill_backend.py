@@ -11,6 +11,7 @@ from pagedgen.attention.metadata import AttentionMetadata
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.launch import KernelLaunch
+from tests.attention_calls import forward
 from tests.kernels.emulator import emulate
 from tests.kernels.paged_cases import TOLERANCES, bloom_alibi_slopes, make_metadata
 
@@ -55,9 +56,9 @@ def run_step(
     backend.use_tensor_core_decode = backend.use_tensor_core_prefill = False
     backend.prepare(metadata)
     args = (metadata, scale, window, softcap, sinks, alibi_slopes)
-    out = backend.forward(query, key, value, cache[0], cache[1], *args)
-    expected = ReferenceAttentionBackend().forward(
-        query, key, value, ref_cache[0], ref_cache[1], *args
+    out = forward(backend, query, key, value, cache[0], cache[1], *args)
+    expected = forward(
+        ReferenceAttentionBackend(), query, key, value, ref_cache[0], ref_cache[1], *args
     )
     tolerance = TOLERANCES[dtype]
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)

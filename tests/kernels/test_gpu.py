@@ -8,6 +8,7 @@ import torch
 from pagedgen.attention.reference import ReferenceAttentionBackend, write_kv_reference
 from pagedgen.kernels import loader
 from pagedgen.kernels.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
+from tests.attention_calls import forward
 from tests.kernels.paged_cases import (
     DTYPES,
     bloom_alibi_slopes,
@@ -151,12 +152,12 @@ def test_backend_matches_reference(dtype: torch.dtype, alibi: bool) -> None:
     alibi_slopes = bloom_alibi_slopes(num_heads) if alibi else None
     backend = CupyAttentionBackend(torch.device("cuda"), head_size, 16)
     backend.prepare(metadata)
-    out = backend.forward(
+    out = forward(backend, 
         query, key, value, cache[0], cache[1], metadata, scale,
         alibi_slopes=None if alibi_slopes is None else alibi_slopes.cuda(),
     )  # fmt: skip
     cpu_metadata = make_metadata(query_lens, context_lens, 16, 64, "cpu")
-    expected = ReferenceAttentionBackend().forward(
+    expected = forward(ReferenceAttentionBackend(), 
         query.cpu(), key.cpu(), value.cpu(), ref_cache[0], ref_cache[1], cpu_metadata, scale,
         alibi_slopes=alibi_slopes,
     )  # fmt: skip

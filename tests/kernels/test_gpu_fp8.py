@@ -11,6 +11,7 @@ from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels import loader
 from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import copy_blocks, swap_blocks
+from tests.attention_calls import forward
 from tests.kernels.fp8_cases import READ_KERNELS, check_reads, check_writes
 from tests.kernels.paged_cases import (
     DTYPES,
@@ -141,10 +142,17 @@ def test_backend_matches_reference(monkeypatch, dtype, cache_dtype, prefill_kern
     scale = head_size**-0.5
     backend = CupyAttentionBackend(torch.device("cuda"), head_size, 16, options)
     backend.prepare(metadata)
-    out = backend.forward(query, key, value, cache[0], cache[1], metadata, scale)
+    out = forward(backend, query, key, value, cache[0], cache[1], metadata, scale)
     cpu_metadata = make_metadata(query_lens, context_lens, 16, 64, "cpu")
-    expected = ReferenceAttentionBackend().forward(
-        query.cpu(), key.cpu(), value.cpu(), ref_cache[0], ref_cache[1], cpu_metadata, scale
+    expected = forward(
+        ReferenceAttentionBackend(),
+        query.cpu(),
+        key.cpu(),
+        value.cpu(),
+        ref_cache[0],
+        ref_cache[1],
+        cpu_metadata,
+        scale,
     )
     assert torch.equal(cache.cpu().view(torch.uint8), ref_cache.view(torch.uint8))
     tolerance = TOLERANCES[dtype] * (1 if prefill_kernel else 10)
