@@ -196,7 +196,7 @@ def test_the_readme_demo_runs_twice(tiny_llama_path, tmp_path, monkeypatch, caps
     for _ in range(2):
         code, _, stderr = run_in_process(capsys, *command[1:], *tiny(tiny_llama_path, 2))
         assert code == 0, stderr
-    api = readme[readme.index("## The Python API") :]
+    api = readme[readme.index("## Python") :]
     example = api[api.index("```python") :].split("\n```", 1)[0]
     assert example.splitlines()[-1].startswith("print(")  # the chat result too
 
