@@ -13,7 +13,7 @@ from pagedgen.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedgen.sampling_params import SamplingParams
 from pagedgen.worker.block_table import BlockTables
 from pagedgen.worker.model_runner import ModelRunner
-from tests.test_block_manager_property import Driver
+from tests.core.block_manager.test_random_operations import Driver
 
 
 def expected_row(seq: Sequence, width: int) -> list[int]:

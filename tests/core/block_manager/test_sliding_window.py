@@ -3,7 +3,7 @@ as a sequence grows, and forks, swaps, prefix hits and frees keep the freed pref
 
 from pagedgen.core.block_manager import NULL_BLOCK, BlockManager
 from pagedgen.model_config import freeable_window, layer_sliding_windows
-from tests.test_block_manager import admit, decode, make_seq
+from tests.core.block_manager.test_block_manager import admit, decode, make_seq
 
 
 def test_blocks_before_the_window_are_freed_as_the_sequence_grows():

@@ -12,7 +12,7 @@ from pagedgen.core.spec_verify import SpecDecodeStats, num_accepted
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.sampling_params import SamplingParams
 from pagedgen.spec_decode import SpeculativeConfig
-from tests.kv_shadow import ShadowRunner, run_step
+from tests.core.kv_shadow import ShadowRunner, run_step
 
 EOS = 0
 

@@ -15,7 +15,7 @@ from pagedgen.core.preemption import PreemptionMode
 from pagedgen.core.sequence import SequenceGroup, SequenceStatus
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.sampling_params import SamplingParams
-from tests.kv_shadow import ShadowRunner, run_step
+from tests.core.kv_shadow import ShadowRunner, run_step
 
 _prompt_tokens = count(1000)
 _request_ids = count()

@@ -12,8 +12,8 @@ from pagedgen.core.block_manager import BlockManager
 from pagedgen.core.scheduler_output import ScheduledStep, SchedulerOutput
 from pagedgen.core.sequence import Sequence
 from pagedgen.sampling_params import SamplingParams
-from tests.kv_shadow import run_step
-from tests.test_scheduler import make_engine
+from tests.core.kv_shadow import run_step
+from tests.core.scheduler.test_scheduler import make_engine
 
 NUM_STEPS = 600
 

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from pagedgen.core.sequence import Sequence, SequenceStatus
 from pagedgen.core.stop_checker import StopChecker, rust_backend
 from pagedgen.sampling_params import SamplingParams
-from tests.test_stop_checker import CountingTokenizer
+from tests.core.stop_checker.test_incremental_text import CountingTokenizer
 
 # Byte-level BPE splits the multi-byte characters into several tokens (U+FFFD until complete);
 # the <|...|> pieces encode as special tokens.

@@ -9,7 +9,7 @@ from itertools import count
 from pagedgen.core.block_manager import BlockManager
 from pagedgen.core.sequence import Sequence
 from pagedgen.sampling_params import SamplingParams
-from tests.kv_shadow import KVShadow
+from tests.core.kv_shadow import KVShadow
 
 NUM_OPERATIONS = 100_000
 NUM_BLOCKS, NUM_CPU_BLOCKS = 48, 24

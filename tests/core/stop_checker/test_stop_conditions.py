@@ -1,7 +1,7 @@
 from transformers import PreTrainedTokenizerFast
 
 from pagedgen.core.sequence import SequenceStatus
-from tests.test_stop_checker import (
+from tests.core.stop_checker.test_incremental_text import (
     MULTI_BYTE_TEXT,
     generate,
     reference_text,

@@ -12,7 +12,7 @@ from pagedgen.config import EngineConfig
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.lora import LoRARequest
 from pagedgen.sampling_params import SamplingParams
-from tests.kv_shadow import ShadowRunner, run_step
+from tests.core.kv_shadow import ShadowRunner, run_step
 
 ADAPTERS = [LoRARequest(f"adapter-{i}", i, f"/adapters/{i}") for i in (1, 2, 3)]
 

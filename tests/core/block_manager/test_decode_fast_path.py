@@ -7,7 +7,7 @@ import pytest
 
 from pagedgen.core.block_manager import BlockManager, BlockMapping
 from pagedgen.core.sequence import Sequence
-from tests.test_block_manager_property import NUM_BLOCKS, NUM_CPU_BLOCKS, Driver
+from tests.core.block_manager.test_random_operations import NUM_BLOCKS, NUM_CPU_BLOCKS, Driver
 
 NUM_OPERATIONS = 10_000
 
