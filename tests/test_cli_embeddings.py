@@ -8,7 +8,7 @@ import torch
 
 from pagedgen import LLM, PoolingParams
 from tests.cli_util import read_records, run_in_process, write_jsonl
-from tests.test_embeddings import save_base_model
+from tests.worker.pooler.test_embed import save_base_model
 
 QUIET = ["--kv-cache-memory", "0.01", "--no-progress"]
 

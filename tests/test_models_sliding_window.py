@@ -11,7 +11,7 @@ from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
 from tests.test_models import COMMON as TINY
 from tests.test_models import reference_greedy
-from tests.test_spec_decode_models import OracleProposer
+from tests.worker.test_spec_decode import OracleProposer
 
 WINDOW = 16
 COMMON = dict(TINY, pad_token_id=0, sliding_window=WINDOW)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from pagedgen import LLM
-from tests.test_classification import logits, save_classifier
-from tests.test_embeddings import quiet, reference, save_base_model
+from tests.worker.pooler.test_classify import logits, save_classifier
+from tests.worker.pooler.test_embed import quiet, reference, save_base_model
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 from pagedgen.sampling_params import SamplingParams
 from pagedgen.worker.sampler import apply_penalties_
 from pagedgen.worker.sampling_metadata import SamplingMetadata
-from tests.test_sampler import DEVICES, sample
+from tests.worker.sampler.test_sampler import DEVICES, sample
 
 
 def test_penalties_match_hand_computation() -> None:

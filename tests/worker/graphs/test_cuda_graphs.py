@@ -150,7 +150,7 @@ def test_longest_first_decode_graphs_give_the_eager_tokens_on_a_gpu(head64_llama
 def test_async_scheduling_on_a_gpu_equals_one_step_at_a_time(head64_llama_path, preemption_mode):
     """The overlap for real: step N + 1 runs on the GPU while the host applies step N. Greedy and
     seeded top-k/top-p rows with logprobs, in a pool small enough to preempt."""
-    from tests.test_async_scheduling import outputs, prompts_of
+    from tests.worker.test_async_scheduling import outputs, prompts_of
 
     prompts = prompts_of(4, 24, shared_prefix=16)
     params = [
@@ -199,8 +199,8 @@ def test_piecewise_cuda_graphs_give_the_eager_outputs_on_a_gpu(
     cupy kernels launched between the pieces: prompts join running decodes at many token
     counts, greedy and seeded rows with logprobs, all equal to the eager engine's."""
     from pagedgen.worker.graph_capture import PIECEWISE
-    from tests.test_async_scheduling import outputs, prompts_of
-    from tests.test_piecewise_graphs import count_piecewise_replays, mixed_params
+    from tests.worker.graphs.test_piecewise_graphs import count_piecewise_replays, mixed_params
+    from tests.worker.test_async_scheduling import outputs, prompts_of
 
     prompts = prompts_of(6, 40, shared_prefix=24)
     params = mixed_params(len(prompts))

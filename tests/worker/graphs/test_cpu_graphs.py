@@ -19,7 +19,7 @@ from pagedgen.worker.cpu_graphs import (
     cpu_graph_capture,
 )
 from pagedgen.worker.cuda_graphs import DecodeGraphs
-from tests.test_async_scheduling import ENGINE, outputs, prompts_of
+from tests.worker.test_async_scheduling import ENGINE, outputs, prompts_of
 
 needs_cpu_ops = pytest.mark.skipif(
     cpu_ops.cpu_ops_error() is not None, reason=f"no C kernels here: {cpu_ops.cpu_ops_error()}"

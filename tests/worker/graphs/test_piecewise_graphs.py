@@ -24,9 +24,9 @@ from pagedgen.worker.graph_capture import (
 )
 from pagedgen.worker.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
 from tests.model_configs import CONFIGS
-from tests.test_async_scheduling import ENGINE, outputs, prompts_of
-from tests.test_cpu_graphs import preemption_case
 from tests.test_models import tiny_model  # noqa: F401 (the fixture, parametrized below)
+from tests.worker.graphs.test_cpu_graphs import preemption_case
+from tests.worker.test_async_scheduling import ENGINE, outputs, prompts_of
 
 needs_cpu_ops = pytest.mark.skipif(
     cpu_ops.cpu_ops_error() is not None, reason=f"no C kernels here: {cpu_ops.cpu_ops_error()}"
@@ -275,7 +275,7 @@ def test_a_capture_that_computes_nothing_is_checked_against_the_eager_forward(
 def test_drafts_through_pieces(tiny_llama_path, monkeypatch):
     """Speculative decoding's verify steps (drafts as rows after each decode's token, most
     accepted, some rejected) beside prompts joining, from the pieces."""
-    from tests.test_spec_decode_models import SPEC, OracleProposer, repetitive_prompts
+    from tests.worker.test_spec_decode import SPEC, OracleProposer, repetitive_prompts
 
     prompts = repetitive_prompts(4, 16)
     params = mixed_params(len(prompts))

@@ -233,7 +233,7 @@ def test_abort_while_a_step_is_in_flight(tiny_llama_path):
 
 def test_decode_graph_buffers_take_the_placeholders(tiny_llama_path):
     """Replayed decode steps read their placeholders' tokens from the graph's input buffer."""
-    from tests.test_cuda_graphs import replay_eagerly
+    from tests.worker.graphs.test_cuda_graphs import replay_eagerly
 
     prompts = prompts_of(7, 20)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
