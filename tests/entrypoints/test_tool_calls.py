@@ -10,7 +10,7 @@ from pagedgen import LLM
 from pagedgen.entrypoints.chat_template import ChatTemplate
 from pagedgen.entrypoints.io.tools import check_tools, parse_tool_calls
 from tests.cli_util import run_in_process
-from tests.test_chat_options import HI, QUIET
+from tests.entrypoints.test_chat_options import HI, QUIET
 
 WEATHER = {
     "type": "function",
