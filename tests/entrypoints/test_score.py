@@ -63,7 +63,7 @@ def causal_lm(request, tmp_path_factory):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tests.conftest import build_tokenizer
-    from tests.test_models import COMMON, CONFIGS
+    from tests.models.test_models import COMMON, CONFIGS
 
     folder = tmp_path_factory.mktemp("reranker")
     tied = {"tie_word_embeddings": request.param}
@@ -156,7 +156,7 @@ def test_token_scores_read_the_lm_head_whatever_the_checkpoint_names_it(tmp_path
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tests.conftest import build_tokenizer
-    from tests.test_models import COMMON, CONFIGS
+    from tests.models.test_models import COMMON, CONFIGS
 
     config = AutoConfig.for_model(**(COMMON | CONFIGS[name]))
     torch.manual_seed(0)

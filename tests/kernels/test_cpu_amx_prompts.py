@@ -11,7 +11,7 @@ from pagedgen.attention import get_attention_backend
 from pagedgen.attention.cpu_backend import prefill_plan
 from pagedgen.attention.reference import ReferenceAttentionBackend
 from pagedgen.kernels.cpu import cpu_kernel_error
-from tests.test_attention import make_batch
+from tests.attention.test_backends import make_batch
 
 pytestmark = pytest.mark.skipif(
     cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"

@@ -8,7 +8,13 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy, untie_initial_values
+from tests.models.test_models import (
+    COMMON,
+    CONFIGS,
+    PROMPTS,
+    reference_greedy,
+    untie_initial_values,
+)
 
 pytestmark = [
     pytest.mark.gpu,

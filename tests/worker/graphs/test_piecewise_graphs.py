@@ -23,8 +23,8 @@ from pagedgen.worker.graph_capture import (
     piecewise_max_tokens,
 )
 from pagedgen.worker.piecewise_graphs import MAX_NUM_TOKENS, PiecewiseGraphs, piecewise_token_sizes
-from tests.model_configs import CONFIGS
-from tests.test_models import tiny_model  # noqa: F401 (the fixture, parametrized below)
+from tests.models.model_configs import CONFIGS
+from tests.models.test_models import tiny_model  # noqa: F401 (the fixture, parametrized below)
 from tests.worker.graphs.test_cpu_graphs import preemption_case
 from tests.worker.test_async_scheduling import ENGINE, outputs, prompts_of
 

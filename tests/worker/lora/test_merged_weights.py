@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, LoRARequest, SamplingParams
 from tests.conftest import HEAD64, build_tokenizer
-from tests.test_models import COMMON, CONFIGS, reference_greedy
+from tests.models.test_models import COMMON, CONFIGS, reference_greedy
 
 RANK, ALPHA = 4, 8.0
 TARGETS = {"self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"}

@@ -9,7 +9,7 @@ from pagedgen import LLM, BeamSearchParams, LoRARequest, SamplingParams
 from pagedgen.entrypoints.io.records import InputRecord, request_hash
 from tests.cli_util import pagedgen, read_records, tiny, write_jsonl
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON, CONFIGS
+from tests.models.test_models import COMMON, CONFIGS
 
 peft = pytest.importorskip("peft")
 

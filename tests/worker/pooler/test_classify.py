@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from pagedgen import LLM, PoolingParams
 from tests.cli_util import read_records, run_in_process, write_jsonl
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON, CONFIGS
+from tests.models.test_models import COMMON, CONFIGS
 from tests.worker.pooler.test_embed import PROMPTS, quiet
 
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt_neox", "stablelm"]

@@ -17,7 +17,7 @@ from pagedgen.core.sequence import Sequence
 from pagedgen.pooling.config import PoolerConfig, resolve_pooler_config
 from pagedgen.worker.pooler import Pooler
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON, CONFIGS
+from tests.models.test_models import COMMON, CONFIGS
 
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"]
 PROMPTS = [list(range(1, 40)), [5, 6, 7], list(range(100, 200)), [9], [3, 1, 4, 1, 5, 9, 2, 6]]
@@ -272,8 +272,8 @@ def test_pooling_on_a_gpu(llama_base, pooling_type):
 def test_windowed_base_models_embed_prompts_longer_than_their_window(tmp_path, name):
     """Gemma2Model, Gemma3TextModel and a sliding-window MistralModel: every layer's window
     (16 tokens) and soft cap, over prompts of up to 50 tokens, in chunks of 16."""
-    from tests.test_models_sliding_window import COMMON as WINDOWED
-    from tests.test_models_sliding_window import CONFIGS as WINDOWED_CONFIGS
+    from tests.models.test_sliding_window import COMMON as WINDOWED
+    from tests.models.test_sliding_window import CONFIGS as WINDOWED_CONFIGS
 
     config = AutoConfig.for_model(**dict(WINDOWED, **WINDOWED_CONFIGS[name]))
     torch.manual_seed(0)

@@ -12,9 +12,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from pagedgen import LLM
 from pagedgen.attention.kv_cache_dtype import FP8_DTYPES, round_through_cache
+from tests.attention.test_kv_cache_dtype import QUIET, greedy
 from tests.conftest import build_tokenizer
-from tests.test_kv_cache_dtype import QUIET, greedy
-from tests.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
+from tests.models.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
 
 SCALES = {"k_scale": 8.0, "v_scale": 3.0}  # v's not a power of two: the division rounds
 

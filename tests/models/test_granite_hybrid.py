@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from pagedgen import LLM
 from pagedgen.models.granite_moe_hybrid import check_supported
 from tests.conftest import build_tokenizer
-from tests.model_configs import COMMON
+from tests.models.model_configs import COMMON
 
 
 def test_hybrid_mamba_model_is_refused(tmp_path):

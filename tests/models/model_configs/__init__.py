@@ -1,7 +1,7 @@
 """Tiny random-weight configurations of every architecture, by name: tests/test_models.py
 checks each one's greedy tokens and logprobs against transformers."""
 
-from tests.model_configs import (
+from tests.models.model_configs import (
     alibi,
     dense,
     early_decoders,

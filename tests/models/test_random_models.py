@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
-from tests.test_models import reference_greedy
+from tests.models.test_models import reference_greedy
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "random_models.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "random_models.py"
 spec = importlib.util.spec_from_file_location("random_models", SCRIPT)
 random_models = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(random_models)

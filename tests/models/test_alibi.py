@@ -12,10 +12,10 @@ from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 from pagedgen import LLM, SamplingParams
 from pagedgen.core.kv_geometry import KVGeometry
 from pagedgen.layers.alibi import bloom_alibi_slopes, falcon_alibi_slopes, mpt_alibi_slopes
-from tests.model_configs import COMMON
-from tests.model_configs.alibi import CONFIGS
-from tests.test_learned_positions import tiny_checkpoint
-from tests.test_models import PROMPTS, reference_greedy
+from tests.models.model_configs import COMMON
+from tests.models.model_configs.alibi import CONFIGS
+from tests.models.test_learned_positions import tiny_checkpoint
+from tests.models.test_models import PROMPTS, reference_greedy
 
 HEAD_COUNTS = [1, 2, 5, 12, 16, 32, 40, 71, 112]
 

@@ -9,8 +9,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON as TINY
-from tests.test_models import reference_greedy
+from tests.models.test_models import COMMON as TINY
+from tests.models.test_models import reference_greedy
 from tests.worker.test_spec_decode import OracleProposer
 
 WINDOW = 16

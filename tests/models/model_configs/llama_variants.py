@@ -1,6 +1,6 @@
 """Tiny configurations of the Llama, Gemma and Granite variants (tests/test_models.py)."""
 
-from tests.model_configs.dense import GRANITE
+from tests.models.model_configs.dense import GRANITE
 
 CONFIGS: dict[str, dict] = {
     "olmo1": dict(model_type="olmo", pad_token_id=0),

@@ -1,6 +1,6 @@
 """Tiny configurations of the mixtures of experts and MLA models (tests/test_models.py)."""
 
-from tests.model_configs.dense import GRANITE
+from tests.models.model_configs.dense import GRANITE
 
 CONFIGS = {
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),

@@ -8,8 +8,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
-from tests.model_configs import COMMON, CONFIGS
-from tests.test_models import PROMPTS, reference_greedy
+from tests.models.model_configs import COMMON, CONFIGS
+from tests.models.test_models import PROMPTS, reference_greedy
 
 
 def gpt2_hub_names(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:

@@ -13,11 +13,11 @@ from pagedgen.attention.kv_cache_dtype import FP8_DTYPES, round_through_cache
 from pagedgen.config import EngineConfig
 from pagedgen.kernels.cpu import cpu_kernel_error
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
-from tests.test_models_sliding_window import COMMON as WINDOWED_COMMON
-from tests.test_models_sliding_window import CONFIGS as WINDOWED_CONFIGS
-from tests.test_models_sliding_window import MAX_TOKENS as WINDOWED_MAX_TOKENS
-from tests.test_models_sliding_window import PROMPTS as WINDOWED_PROMPTS
+from tests.models.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
+from tests.models.test_sliding_window import COMMON as WINDOWED_COMMON
+from tests.models.test_sliding_window import CONFIGS as WINDOWED_CONFIGS
+from tests.models.test_sliding_window import MAX_TOKENS as WINDOWED_MAX_TOKENS
+from tests.models.test_sliding_window import PROMPTS as WINDOWED_PROMPTS
 
 FP8 = ["fp8", "fp8_e5m2"]
 QUIET = dict(log=lambda message: None)

@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from pagedgen import LLM, SamplingParams
 from pagedgen.core.kv_geometry import KVGeometry
 from tests.conftest import build_tokenizer
-from tests.model_configs import COMMON, CONFIGS
+from tests.models.model_configs import COMMON, CONFIGS
 
 PROMPTS = [[5, 9, 200, 31], [7] * 23, list(range(40, 90)), [100], [3, 1, 4, 1, 5, 9, 2, 6]]
 

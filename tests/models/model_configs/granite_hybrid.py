@@ -1,7 +1,7 @@
 """Tiny configurations of Granite 4.0's architecture (granitemoehybrid), attention layers only
 (tests/test_models.py)."""
 
-from tests.model_configs.dense import GRANITE
+from tests.models.model_configs.dense import GRANITE
 
 ATTENTION_ONLY = dict(model_type="granitemoehybrid", layer_types=["attention"] * 2)
 

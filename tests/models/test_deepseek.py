@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from pagedgen import LLM, SamplingParams
 from pagedgen.core.kv_geometry import KVGeometry
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
+from tests.models.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
 from tests.conftest import build_tokenizer
-from tests.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
+from tests.models.test_models import COMMON, CONFIGS, PROMPTS, reference_greedy
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # the 4-bit float's magnitudes, by code & 7
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
