@@ -10,11 +10,11 @@ from pagedgen.attention import torch_backend
 from pagedgen.attention.cupy_backend import CupyAttentionBackend
 from pagedgen.kernels import cache_ops, loader
 from pagedgen.kernels.source import kernel_source
+from tests.kernels.emulated.test_fp8 import check_copy_blocks
+from tests.kernels.emulated.test_fp8_backend import check_chunking
 from tests.kernels.emulator import EmulationError, emulate, have_gxx
 from tests.kernels.fp8_cases import check_conversions
-from tests.kernels.test_emulated_fp8 import check_copy_blocks
-from tests.kernels.test_emulated_fp8_backend import check_chunking
-from tests.kernels.test_mutations import mutate
+from tests.kernels.mutations.test_paged_attention import mutate
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 

@@ -9,8 +9,8 @@ from pagedgen.attention import get_attention_backend
 from pagedgen.attention.reference import ReferenceAttentionBackend, paged_attention_reference
 from pagedgen.kernels.cpu import cpu_kernel_error, paged_attention_decode
 from tests.attention.test_backends import make_batch
-from tests.kernels.test_cpu_kernel import MARCHES
-from tests.kernels.test_cpu_kernel_window import windowed_case
+from tests.kernels.cpu.test_paged_attention import MARCHES
+from tests.kernels.cpu.test_sliding_window import windowed_case
 
 needs_kernel = pytest.mark.skipif(
     cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedgen.kernels import cpu_gemm_bf16
-from tests.kernels.test_cpu_kernel import MARCHES
+from tests.kernels.cpu.test_paged_attention import MARCHES
 
 needs_kernel = pytest.mark.skipif(
     cpu_gemm_bf16.cpu_gemm_bf16_error() is not None,

@@ -8,8 +8,8 @@ import torch
 from pagedgen.kernels.prefill_attention import prefill_attention_module
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import EmulationError, Emulator, have_gxx
+from tests.kernels.mutations.test_paged_attention import mutate
 from tests.kernels.prefill_cases import check_prefill, make_prefill_case
-from tests.kernels.test_mutations import mutate
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 

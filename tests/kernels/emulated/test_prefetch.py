@@ -15,6 +15,7 @@ from pagedgen.kernels.launch import KernelLaunch
 from pagedgen.kernels.paged_attention import NUM_THREADS, paged_attention_launches
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import Emulator, have_gxx
+from tests.kernels.mutations.test_paged_attention import mutate
 from tests.kernels.paged_cases import (
     DecodeCase,
     check_decode,
@@ -22,7 +23,6 @@ from tests.kernels.paged_cases import (
     make_decode_case,
     run_decode,
 )
-from tests.kernels.test_mutations import mutate
 
 NUM_WARPS = NUM_THREADS // 32  # both kernels: a warp takes every NUM_WARPS-th block
 LINE = 128

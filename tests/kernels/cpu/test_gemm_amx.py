@@ -12,7 +12,7 @@ import torch
 from pagedgen.kernels import cpu_gemm_bf16
 from pagedgen.kernels.cpu_build import record_calls
 from pagedgen.kernels.cpu_features import has_amx_bf16, kernel_march
-from tests.kernels.test_cpu_gemm_bf16 import assert_rounded_once
+from tests.kernels.cpu.test_gemm_bf16 import assert_rounded_once
 
 # Where the CPU has AMX, a kernel that fails to build fails these tests: it does not skip them.
 pytestmark = pytest.mark.skipif(

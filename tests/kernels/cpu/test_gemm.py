@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedgen.kernels import cpu_features, cpu_gemm
-from tests.kernels.test_cpu_kernel import MARCHES
+from tests.kernels.cpu.test_paged_attention import MARCHES
 
 AVX2_MARCHES = [m for m in MARCHES if m != "x86-64"]
 pytestmark = pytest.mark.skipif(

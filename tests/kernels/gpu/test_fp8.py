@@ -12,6 +12,7 @@ from pagedgen.kernels import loader
 from pagedgen.kernels.attention_args import BLOCK_SIZES, HEAD_SIZES
 from pagedgen.kernels.cache_ops import copy_blocks, swap_blocks
 from tests.kernels.fp8_cases import READ_KERNELS, check_reads, check_writes
+from tests.kernels.gpu.test_cupy_backend import greedy_token_ids, prompts
 from tests.kernels.paged_cases import (
     DTYPES,
     FP8_DTYPES,
@@ -21,7 +22,6 @@ from tests.kernels.paged_cases import (
     make_metadata,
 )
 from tests.kernels.prefill_cases import check_prefill, make_prefill_case
-from tests.kernels.test_gpu import greedy_token_ids, prompts
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,8 +8,8 @@ import torch
 from pagedgen.kernels import layer_ops, loader
 from pagedgen.layers.activation import SiluAndMul
 from pagedgen.layers.norm import RMSNorm
+from tests.kernels.emulated.test_layer_ops import CHECKS, ULP, check_rope_and_cache
 from tests.kernels.paged_cases import DTYPES, FP8_DTYPES
-from tests.kernels.test_emulated_layer_ops import CHECKS, ULP, check_rope_and_cache
 
 pytestmark = [
     pytest.mark.gpu,

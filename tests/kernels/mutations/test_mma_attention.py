@@ -12,8 +12,8 @@ from pagedgen.kernels import paged_attention_mma as mma
 from pagedgen.kernels.paged_attention_mma import mma_module
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import EmulationError, Emulator, have_gxx, module_emulator
+from tests.kernels.mutations.test_paged_attention import mutate
 from tests.kernels.paged_cases import check_decode, make_decode_case
-from tests.kernels.test_mutations import mutate
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 

@@ -6,7 +6,7 @@ import torch
 
 from pagedgen.attention.reference import paged_attention_reference
 from pagedgen.kernels.cpu import cpu_kernel_error, paged_attention_decode
-from tests.kernels.test_cpu_kernel import MARCHES, scattered_tables
+from tests.kernels.cpu.test_paged_attention import MARCHES, scattered_tables
 
 pytestmark = pytest.mark.skipif(
     cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"

@@ -9,9 +9,9 @@ from pagedgen.attention import get_attention_backend
 from pagedgen.attention.reference import ReferenceAttentionBackend, paged_attention_reference
 from pagedgen.kernels.cpu import cpu_kernel_error, paged_attention_decode, paged_attention_prefill
 from tests.attention.test_backends import make_batch
-from tests.kernels.test_cpu_kernel import MARCHES
-from tests.kernels.test_cpu_kernel_window import windowed_case
-from tests.kernels.test_cpu_prefill_kernel import CONTEXT_LENS, QUERY_LENS, prefill_case
+from tests.kernels.cpu.test_paged_attention import MARCHES
+from tests.kernels.cpu.test_prefill_attention import CONTEXT_LENS, QUERY_LENS, prefill_case
+from tests.kernels.cpu.test_sliding_window import windowed_case
 
 needs_kernel = pytest.mark.skipif(
     cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"

@@ -9,7 +9,7 @@ from pagedgen.attention.torch_backend import write_kv
 from pagedgen.kernels import cpu_ops
 from pagedgen.layers.norm import RMSNorm
 from pagedgen.layers.rotary import Rope
-from tests.kernels.test_cpu_kernel import MARCHES
+from tests.kernels.cpu.test_paged_attention import MARCHES
 
 pytestmark = pytest.mark.skipif(
     cpu_ops.cpu_ops_error() is not None, reason=f"no CPU ops: {cpu_ops.cpu_ops_error()}"

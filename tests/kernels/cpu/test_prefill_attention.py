@@ -9,7 +9,7 @@ import torch
 from pagedgen.attention.kv_cache_dtype import writable
 from pagedgen.attention.reference import paged_attention_reference
 from pagedgen.kernels.cpu import cpu_kernel_error, kernel_dtypes, paged_attention_prefill
-from tests.kernels.test_cpu_kernel import FP8, MARCHES, scattered_tables
+from tests.kernels.cpu.test_paged_attention import FP8, MARCHES, scattered_tables
 
 pytestmark = pytest.mark.skipif(
     cpu_kernel_error() is not None, reason=f"no CPU kernel: {cpu_kernel_error()}"

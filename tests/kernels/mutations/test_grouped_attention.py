@@ -9,8 +9,8 @@ import torch
 from pagedgen.kernels.paged_attention_grouped import grouped_module
 from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import EmulationError, Emulator, have_gxx
+from tests.kernels.mutations.test_paged_attention import mutate
 from tests.kernels.paged_cases import SMALL_PARTITION_SIZE, check_decode, make_decode_case
-from tests.kernels.test_mutations import mutate
 
 pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
 
