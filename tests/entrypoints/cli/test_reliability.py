@@ -25,6 +25,8 @@ from tests.cli_util import (
     write_jsonl,
 )
 
+pytestmark = pytest.mark.slow  # drills: pagedgen runs in processes that the tests signal
+
 NUM_PROMPTS = 200
 
 

@@ -56,6 +56,7 @@ def wait_for_lines(out, count: int, process, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # runs pagedgen in processes
 def test_sigkill_at_random_record_counts_then_resume(tiny_llama_path, prompts, reference, tmp_path):
     rng = random.Random(4)
     out = tmp_path / "out.jsonl"
@@ -78,6 +79,7 @@ def test_sigkill_at_random_record_counts_then_resume(tiny_llama_path, prompts, r
     assert_complete(out, reference)
 
 
+@pytest.mark.slow  # runs pagedgen in processes
 def test_ctrl_c_finishes_started_requests_then_resume(
     tiny_llama_path, prompts, reference, tmp_path
 ):
@@ -98,6 +100,7 @@ def test_ctrl_c_finishes_started_requests_then_resume(
     assert [r["line"] for r in read_records(out)] == list(range(1, NUM_PROMPTS + 1))
 
 
+@pytest.mark.slow  # runs pagedgen in processes
 def test_resume_fills_gaps_of_a_completion_order_output(
     tiny_llama_path, prompts, reference, tmp_path
 ):

@@ -21,6 +21,7 @@ TIMING = ("time_to_first_token", "latency")
 DUPLICATE_ID_LINE = 31
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed: pip install '.[ray]'")
+pytestmark = pytest.mark.slow  # a local Ray cluster and its worker processes
 
 
 def engine_kwargs() -> dict:

@@ -16,7 +16,10 @@ from tests.kernels.emulator import EmulationError, emulate, have_gxx
 from tests.kernels.fp8_cases import check_conversions
 from tests.kernels.mutations.test_paged_attention import mutate
 
-pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
+pytestmark = [
+    pytest.mark.slow,  # each mutation builds its own copy of a kernel
+    pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation"),
+]
 
 # name: (original text, planted bug, how often the text occurs)
 CONVERSION_MUTATIONS = {

@@ -11,7 +11,10 @@ from pagedgen.kernels.source import kernel_source
 from tests.kernels.emulator import EmulationError, Emulator, have_gxx
 from tests.kernels.paged_cases import SMALL_PARTITION_SIZE, check_decode, make_decode_case
 
-pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
+pytestmark = [
+    pytest.mark.slow,  # each mutation builds its own copy of a kernel
+    pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation"),
+]
 
 # name: (original text, planted bug, how often the text occurs)
 ATTENTION_MUTATIONS = {

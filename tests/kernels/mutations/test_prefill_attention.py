@@ -11,7 +11,10 @@ from tests.kernels.emulator import EmulationError, Emulator, have_gxx
 from tests.kernels.mutations.test_paged_attention import mutate
 from tests.kernels.prefill_cases import check_prefill, make_prefill_case
 
-pytestmark = pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation")
+pytestmark = [
+    pytest.mark.slow,  # each mutation builds its own copy of a kernel
+    pytest.mark.skipif(not have_gxx(), reason="g++ not found: no CPU emulation"),
+]
 
 # name: (original text, planted bug, how often the text occurs). Every bug keeps its reads inside
 # the tensors of prefill_checks_pass: a wild read could crash the test process instead of failing.
