@@ -63,6 +63,7 @@ def test_greedy_matches_transformers_over_rounded_kv(tmp_path, name, kv_cache_dt
         assert tokens == reference_greedy(hf_model, prompt, 24)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_sliding_windows_over_rounded_kv(tmp_path, name, backend):

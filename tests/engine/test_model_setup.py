@@ -48,6 +48,7 @@ def test_warm_up_runs_the_largest_step_through_the_real_runner(tiny_llama_path):
     assert runner.kv_cache.abs().sum() > 0  # every layer wrote its K/V
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("preemption_mode", ["swap", "recompute"])
 def test_unwritten_cache_memory_never_changes_a_result(tiny_llama_path, backend, preemption_mode):

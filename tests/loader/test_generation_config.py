@@ -61,6 +61,7 @@ def test_generate_without_params_runs_the_models_defaults(model_with_defaults):
     assert len(plain.generate(prompts[0], use_tqdm=False)[0].outputs[0].token_ids) == 16
 
 
+@pytest.mark.slow
 def test_defaults_sample_as_the_same_fields_given(model_with_defaults):
     """Two engines of one seed: one run on the model's defaults, one given the same fields,
     sample the same tokens (the defaults reach the sampler, not only max_tokens)."""
@@ -116,6 +117,7 @@ def test_cli_takes_the_models_defaults_where_nothing_else_is_set(model_with_defa
     assert code == 2 and "override_generation_config is not valid JSON" in stderr and stdout == ""
 
 
+@pytest.mark.slow
 def test_profile_takes_them_too(model_with_defaults, capsys):
     model = ("-m", str(model_with_defaults), "--simulate", "--json")
     for flags, expected in (((), 7.0), (("--max-tokens", "9"), 9.0)):
@@ -126,6 +128,7 @@ def test_profile_takes_them_too(model_with_defaults, capsys):
         assert json.loads(stdout)["workload"]["mean_output_tokens"] == expected
 
 
+@pytest.mark.slow
 def test_generation_configs_eos_ids_stop_generation(tiny_llama_path, tmp_path):
     """An end-of-sequence id the generation config lists beyond config.json's (a chat model's end
     of turn) stops a completion as EOS does, finish_reason "stop"; "vllm" reads none of it, and

@@ -45,6 +45,7 @@ def quantized_experts(dense_shape: torch.Size, generator: torch.Generator):
     return blocks.to(torch.uint8), scales.to(torch.uint8)
 
 
+@pytest.mark.slow
 def test_an_mxfp4_checkpoint_runs_as_its_dequantized_weights(tmp_path):
     """OpenAI's layout: each stacked expert tensor as <name>_blocks and <name>_scales, its bias
     unquantized, quantization_config {"quant_method": "mxfp4"}. pagedgen's greedy tokens equal
@@ -93,6 +94,7 @@ def test_a_truncated_mxfp4_checkpoint_is_refused(tmp_path):
         list(dequantized(iter(weights), {"quant_method": "mxfp4"}))
 
 
+@pytest.mark.slow
 def test_sinks_stay_float32_in_a_bfloat16_model(tmp_path):
     config = AutoConfig.for_model(**dict(COMMON, **CONFIGS["gpt-oss"]))
     torch.manual_seed(0)

@@ -64,6 +64,7 @@ def both(path, prompts, params, **kwargs) -> tuple[list, list, LLM]:
     return sync, result, llm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_greedy_outputs_equal_one_step_at_a_time(tiny_llama_path, block_size):
     prompts = prompts_of(block_size, 24)
@@ -164,6 +165,7 @@ def test_preemption_prefix_hits_and_chunked_prefill_equal(
     assert llm.engine.block_manager.num_prefix_cache_hits > 0
 
 
+@pytest.mark.slow
 def test_generated_blocks_reach_the_prefix_cache_as_one_step_at_a_time(tiny_llama_path):
     """A block that ends in a placeholder is hashed once its token is known: prompts that
     continue earlier outputs hit the cache exactly as often, and get the same tokens."""

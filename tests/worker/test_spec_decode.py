@@ -91,6 +91,7 @@ def assert_drafts_checked(llm: LLM, num_accepted: int) -> None:
     assert stats.num_accepted_tokens < stats.num_draft_tokens, stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("oracle", [False, True])
 @pytest.mark.parametrize(("block_size", "enforce_eager"), [(4, False), (16, False), (16, True)])
 def test_greedy_outputs_equal(tiny_llama_path, block_size, enforce_eager, oracle):

@@ -10,6 +10,7 @@ from pagedgen.entrypoints.cli.main import app
 FIGURES = ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s")
 
 
+@pytest.mark.slow
 def test_bench_cli_writes_figures_and_ratios(tiny_llama_path, tmp_path):
     out = tmp_path / "bench.json"
     args = ["bench", "--model", str(tiny_llama_path), "--workload", "fixed", "--num-prompts", "4"]

@@ -32,6 +32,7 @@ def test_save_and_read_round_trip(tmp_path):
     check_workload(loaded, vocab_size=6, max_model_len=6)
 
 
+@pytest.mark.slow
 def test_a_saved_workload_runs_the_same_requests(tiny_llama_path, tmp_path, capsys):
     saved, first, second = tmp_path / "fixed.json", tmp_path / "a.json", tmp_path / "b.json"
     args = ["--workload", "fixed", "--num-prompts", "3", "--input-len", "8", "--output-len", "3"]

@@ -3,9 +3,12 @@
 import json
 import subprocess
 
+import pytest
+
 from tests.cli_util import COMMAND, ENV, read_records, run_in_process, tiny, write_jsonl
 
 
+@pytest.mark.slow
 def test_stdin_to_stdout_pipeline(tiny_llama_path, tmp_path):
     src = write_jsonl(
         tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"say {i}"} for i in range(6)]

@@ -37,6 +37,7 @@ def test_run_writes_one_record_per_line_in_order(tiny_llama_path, tmp_path):
     assert "3 failed" in result.stderr and "2, 4, 6" in result.stderr
 
 
+@pytest.mark.slow
 def test_stdin_to_stdout_and_greedy_is_deterministic(tiny_llama_path):
     """Run twice, the second time with steps overlapped (--async-scheduling): same texts."""
     stdin = "".join(json.dumps(r) + "\n" for r in GOOD)

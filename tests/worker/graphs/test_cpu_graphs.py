@@ -184,6 +184,7 @@ def test_enforce_eager_records_no_graphs(tiny_llama_path):
     assert isinstance(LLM(str(tiny_llama_path), **ENGINE).engine.runner.decode_graphs, DecodeGraphs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env", "dtype", "layout"),
     [

@@ -192,6 +192,7 @@ def sampled_ids(record: dict) -> list[int]:
     return [int(next(iter(step))) for step in record["logprobs"][0]]
 
 
+@pytest.mark.slow
 def test_run_takes_adapters_by_name(llama_adapters, tmp_path):
     folder, base, models, requests = llama_adapters
     prompt = PROMPTS[1]
