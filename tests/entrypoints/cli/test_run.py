@@ -14,6 +14,7 @@ GOOD = [
 ]
 
 
+@pytest.mark.slow
 def test_run_writes_one_record_per_line_in_order(tiny_llama_path, tmp_path):
     lines = [json.dumps(GOOD[0]), "{not json", json.dumps(GOOD[1]), '{"prompt": ""}']
     lines += [json.dumps(GOOD[2]), '{"id": "x", "prompt": "a", "messages": []}']
@@ -90,6 +91,7 @@ def test_usage_errors_exit_2_with_one_line(args, message, capsys):
     assert len(stderr.strip().splitlines()) == 1, stderr
 
 
+@pytest.mark.slow
 def test_usage_error_in_a_subprocess_has_no_trace():
     result = pagedgen("run", "-", "-o", "-", "--bogus", stdin="")
     assert result.returncode == 2

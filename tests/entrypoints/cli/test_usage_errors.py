@@ -55,6 +55,7 @@ def test_mistakes_fail_before_the_model_loads_and_leave_no_output(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_mistake_found_after_the_claim_leaves_the_old_output(tiny_llama_path, src, tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": "a", "line": 1, "error": null}\n')
@@ -71,6 +72,7 @@ def test_a_mistake_found_after_the_claim_leaves_the_old_output(tiny_llama_path, 
     assert out.read_text() == '{"id": "a", "line": 1, "error": null}\n'
 
 
+@pytest.mark.slow
 def test_the_input_as_output_is_refused_whatever_the_flags(tiny_llama_path, src, tmp_path, capsys):
     before = src.read_bytes()
     (tmp_path / "link.jsonl").symlink_to(src)

@@ -235,6 +235,7 @@ def test_run_takes_adapters_by_name(llama_adapters, tmp_path):
     assert texts["a"] != texts["base"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "modules, message",
     [
