@@ -39,6 +39,7 @@ def tiny_checkpoint(tmp_path, name: str, **overrides) -> AutoModelForCausalLM:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, rewrite", [("gpt2", gpt2_hub_names), ("opt-350m", opt_hub_names)])
 def test_hub_checkpoint_names(tmp_path, name, rewrite):
     model = tiny_checkpoint(tmp_path, name)

@@ -69,6 +69,7 @@ def test_greedy_matches_transformers(tiny_model):
         assert output.outputs[0].token_ids == reference_greedy(hf_model, prompt, n)
 
 
+@pytest.mark.slow
 def test_greedy_matches_transformers_under_preemption(tiny_model):
     folder, hf_model = tiny_model
     # 10 blocks of 8 tokens, while the 4 sequences grow to 4 blocks each

@@ -47,6 +47,7 @@ def assert_rounded_once(out, x, weight, bias):
     assert (err <= ref.abs() * 2**-8 + scale * 1e-6 + 1e-30).all(), err.max()
 
 
+@pytest.mark.slow
 @needs_kernel
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
