@@ -103,7 +103,7 @@ if [ -n "${1:-}" ]; then workload=(--workload "$1"); else
 fi
 tokenizer=(); [ -n "${2:-}" ] && tokenizer=(--tokenizer "$2")
 gpu_tests=(-q -m gpu -p no:cacheprovider --continue-on-collection-errors --durations=15)
-tests_a=(tests/kernels/test_gpu.py tests/kernels/test_gpu_fp8.py)
+tests_a=(tests/kernels/gpu/test_cupy_backend.py tests/kernels/gpu/test_fp8.py)
 baselines_ran=''
 run() {  # run NAME TIMEOUT CMD...: the whole log under $OUT, its end on stdout
     local name=$1 limit=$2; shift 2
@@ -158,15 +158,15 @@ for stage in $STAGES; do case $stage in
     tests-b) TAIL=40 run gpu-tests-b 560 python -m pytest "${gpu_tests[@]}" tests \
         "${tests_a[@]/#/--ignore=}" ;;
     tests-xdist) TAIL=40 run gpu-tests-xdist 300 python -m pytest "${gpu_tests[@]}" -n 8 \
-        --timeout=180 tests/kernels/test_gpu_mma.py tests/kernels/test_gpu_prefill_mma.py \
-        tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_grouped.py \
-        tests/test_cuda_graphs.py tests/kernels/test_gpu_prefill.py tests/kernels/test_gpu.py \
-        tests/test_spec_decode_models.py tests/test_prompt_logprobs.py tests/test_embeddings.py \
-        tests/test_profile_steps.py tests/test_lora_merged.py tests/kernels/test_gpu_layer_ops.py ;;
+        --timeout=180 tests/kernels/gpu/test_mma_attention.py tests/kernels/gpu/test_prefill_mma.py \
+        tests/kernels/test_mma_primitives.py tests/kernels/gpu/test_grouped_attention.py \
+        tests/worker/graphs/test_cuda_graphs.py tests/kernels/gpu/test_prefill_attention.py tests/kernels/gpu/test_cupy_backend.py \
+        tests/worker/test_spec_decode.py tests/worker/test_prompt_logprobs.py tests/worker/pooler/test_embed.py \
+        tests/entrypoints/bench/test_profile_steps.py tests/worker/lora/test_merged_weights.py tests/kernels/gpu/test_layer_ops.py ;;
     mma-smoke) TAIL=15 run mma-smoke 300 python -m pytest "${gpu_tests[@]}" \
-        tests/kernels/test_mma_primitives.py tests/kernels/test_gpu_prefill_mma.py::test_prefill_mma_gqa \
-        tests/kernels/test_gpu_mma.py::test_mma_long_contexts \
-        tests/kernels/test_gpu_mma.py::test_backend_decodes_with_the_mma_kernel ;;
+        tests/kernels/test_mma_primitives.py tests/kernels/gpu/test_prefill_mma.py::test_prefill_mma_gqa \
+        tests/kernels/gpu/test_mma_attention.py::test_mma_long_contexts \
+        tests/kernels/gpu/test_mma_attention.py::test_backend_decodes_with_the_mma_kernel ;;
     ncu) TAIL=80 run ncu 300 ncu --nvtx --kernel-name "regex:${NCU_KERNELS:-attention}" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section LaunchStats \
@@ -201,7 +201,7 @@ for stage in $STAGES; do case $stage in
     llama8b-piecewise4k) bench llama-8b piecewise4k 300 ;;
     llama8b-lpt) bench llama-8b lpt 300 ;;
     piecewise-smoke) TAIL=15 run piecewise-smoke 200 python -m pytest "${gpu_tests[@]}" \
-        tests/test_cuda_graphs.py -k piecewise ;;
+        tests/worker/graphs/test_cuda_graphs.py -k piecewise ;;
     deepseek-eager) bench deepseek-v2-lite eager 400 ;;
     host-profile) TAIL=120 run host-profile 200 python benchmarks/host_profile.py \
         "$(random_model smollm2-135m)" "${1:?host-profile needs a workload file}" ;;

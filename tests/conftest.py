@@ -12,11 +12,16 @@ else:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
-    """The files that load the real model go first: their module fixtures (the GGUF conversion
-    on a fresh machine, transformers' references) are the longest, and pytest-xdist hands out
-    files in this order, so they no longer run alone at the end of the run."""
-    real = {item.path for item in items if "smollm2_path" in item.fixturenames}
+    """Every test of the real model is slow. The files that load it go first: their module
+    fixtures (the GGUF conversion on a fresh machine, transformers' references) are the longest,
+    and pytest-xdist hands out files in this order, so they no longer run alone at the end."""
+    real = set()
+    for item in items:
+        if "smollm2_path" in item.fixturenames:
+            item.add_marker(pytest.mark.slow)
+            real.add(item.path)
     items.sort(key=lambda item: item.path not in real)  # stable: the rest keep their order
 
 

@@ -13,7 +13,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase, PreTrainedTo
 from pagedgen.loader.resolve import ResolvedModel
 
 # transformers' defaults, per model type, for the config fields our decoders read and a
-# config.json may leave out (tests/test_loader.py checks them against the config classes).
+# config.json may leave out (tests/loader/test_loader.py checks them against the config classes).
 CONFIG_DEFAULTS: dict[str, dict] = {
     "llama": {
         "hidden_act": "silu",

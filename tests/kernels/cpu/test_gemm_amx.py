@@ -1,0 +1,68 @@
+"""Which bfloat16 layers the AMX matmul (kernels/cpu_gemm_amx.c) takes (K a multiple of 32, the
+dot-product kernel the others), and that its tiles never read past x's last row. Its other cases
+(accuracy, tails of 16-row tiles, rows independent of the batch) are the dot-product kernel's,
+which run on both kernels here (tests/kernels/cpu/test_gemm_bf16.py). Skipped without AMX."""
+
+import ctypes
+import mmap
+
+import pytest
+import torch
+
+from pagedgen.kernels import cpu_gemm_bf16
+from pagedgen.kernels.cpu_build import record_calls
+from pagedgen.kernels.cpu_features import has_amx_bf16, kernel_march
+from tests.kernels.cpu.test_gemm_bf16 import assert_rounded_once
+
+# Where the CPU has AMX, a kernel that fails to build fails these tests: it does not skip them.
+pytestmark = pytest.mark.skipif(
+    not has_amx_bf16() or kernel_march() != "native", reason="no AMX bfloat16 tiles here"
+)
+
+
+def kernels_called(x, packed, bias, n) -> tuple[torch.Tensor, list[str]]:
+    names: list[str] = []
+    with record_calls(lambda fn, args, status: names.append(fn.__name__)):
+        out = cpu_gemm_bf16.linear(x, packed, bias, n)
+    return out, names
+
+
+def test_it_builds_and_takes_the_bfloat16_layers():
+    assert cpu_gemm_bf16.amx_error() is None
+    assert cpu_gemm_bf16.enabled()
+
+
+@pytest.mark.parametrize(
+    "k, kernel",
+    [(576, "linear_bf16_amx"), (64, "linear_bf16_amx")]
+    + [(48, "linear_bf16"), (37, "linear_bf16"), (2500, "linear_bf16")],
+)
+def test_layers_whose_k_is_a_multiple_of_32_take_it(k, kernel):
+    torch.manual_seed(k)
+    weight, x = torch.randn(40, k).bfloat16(), torch.randn(20, k).bfloat16()
+    out, names = kernels_called(x, cpu_gemm_bf16.pack(weight), None, 40)
+    assert names == [kernel]
+    assert_rounded_once(out, x, weight, None)
+
+
+@pytest.mark.parametrize("rows", [1, 15, 17, 31, 33, 54])
+def test_no_tile_reads_past_the_last_row_of_x(rows):
+    """x ends where a page that cannot be read begins: a tile configured with more rows than x
+    has left would fault."""
+    k, page = 64, mmap.PAGESIZE
+    nbytes = rows * k * 2
+    readable = -(-nbytes // page) * page
+    region = mmap.mmap(-1, readable + page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None, use_errno=True)
+    guard = ctypes.c_void_p(start + readable)
+    assert libc.mprotect(guard, page, 0) == 0  # PROT_NONE
+    try:
+        x = torch.frombuffer(region, dtype=torch.bfloat16, count=rows * k, offset=readable - nbytes)
+        x.copy_(torch.randn(rows, k).bfloat16().flatten())
+        weight = torch.randn(48, k).bfloat16()
+        out, names = kernels_called(x.view(rows, k), cpu_gemm_bf16.pack(weight), None, 48)
+        assert names == ["linear_bf16_amx"]
+        assert_rounded_once(out, x.view(rows, k), weight, None)
+    finally:
+        libc.mprotect(guard, page, mmap.PROT_READ | mmap.PROT_WRITE)
