@@ -3,6 +3,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from pagedgen.entrypoints.io import (
     open_input,
     resume_source,
 )
+from pagedgen.entrypoints.io.generation_options import GenerationOptions
 from pagedgen.entrypoints.lora_modules import max_rank_of, parse_lora_modules
 from pagedgen.loader import ModelNotFoundError, resolve_model
 from pagedgen.loader.generation_config import model_sampling_defaults
@@ -55,6 +57,52 @@ class RunOptions:
     chat_template: ChatTemplate = ChatTemplate()  # --chat-template, --default-chat-template-kwargs
     tool_call_parser: str | None = None  # --tool-call-parser
     model_sampling: dict[str, Any] = field(default_factory=dict)  # taken from the model
+
+
+# The engine options that change what is generated: the model, its weights' and KV cache's
+# precision, the longest sequence, and how records are read from answers. The rest (device,
+# threads, attention backend, graphs, batch and cache sizes, prefix caching, chunked prefill,
+# speculative decoding, LoRA slots) change how the same requests are computed, not the requests.
+_GENERATION_ENGINE_OPTIONS = (
+    "model",
+    "trust_remote_code",
+    "hf_overrides",
+    "dtype",
+    "kv_cache_dtype",
+    "max_model_len",
+    "runner",
+    "pooler_config",
+    "reasoning_parser",
+    "generation_config",
+    "override_generation_config",
+)
+_STRUCTURED_OPTIONS = "--json-schema/--regex/--choice"
+
+
+def generation_options(options: RunOptions, input_format: str) -> GenerationOptions:
+    """The options of the run that change what it generates, as --resume checks them: those
+    above, the command line's sampling and structured output, the LoRA adapters, the chat
+    template and its variables, the tool call parser, and how the input's records are read.
+    Taken before the model's own sampling defaults are merged in (its generation config is
+    among them)."""
+    values: dict[str, object] = {}
+    for name in _GENERATION_ENGINE_OPTIONS:
+        values[_flag(name)] = getattr(options.engine, name)
+    for name, value in options.sampling.items():
+        values[_STRUCTURED_OPTIONS if name == "structured_outputs" else _flag(name)] = value
+    values["--lora-modules"] = {name: lora.lora_path for name, lora in options.loras.items()}
+    values["--chat-template"] = options.chat_template.chat_template
+    values["--default-chat-template-kwargs"] = options.chat_template.chat_template_kwargs
+    values["--tool-call-parser"] = options.tool_call_parser
+    spec = options.input
+    values["--input-format"] = input_format
+    for name in ("split", "prompt_column", "messages_column", "id_column", "shard"):
+        values[_flag(name)] = getattr(spec, name)
+    return GenerationOptions(values)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def pools_prompts(options: RunOptions, model_dir: Path) -> bool:
@@ -147,6 +195,10 @@ def run_job(options: RunOptions) -> int:
         except Interrupted as e:
             console.print(f"interrupted ({e}) before the run started")
             return signals.exit_code
+        if output.note is not None:
+            console.print(escape(output.note))
+        if source is None:
+            return _no_records(console, options, output)
         print_model_sampling(console, options)
         code = EXIT_USAGE
         try:
@@ -164,15 +216,46 @@ def run_job(options: RunOptions) -> int:
         return code
 
 
-def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
+def _claim(options: RunOptions) -> tuple[InputSource | None, OutputFile]:
+    """The input and the claimed output; the input is None where it holds no record and the
+    output none to check it against, so that the run ends without loading the model."""
     check_options(options)
     check_engine_fits(options.engine)
     model_dir = resolve_model(options.engine.model).path
+    source = open_input(options.input)
+    generation = generation_options(options, source.format)
     if not pools_prompts(options, model_dir):
         take_model_sampling_defaults(options, model_dir)
-    source = open_input(options.input)
-    output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)
-    return source, output
+    output = OutputFile(
+        options.output, options.resume, options.overwrite, options.input.path, generation
+    )
+    try:
+        peeked = peek_records(source)
+    except BaseException:
+        output.close(keep=False)
+        raise
+    return (None if peeked is None and not output.state.done else peeked or source), output
+
+
+def peek_records(source: InputSource) -> InputSource | None:
+    """The input with its first record read (stdin: waited for), None if it holds none."""
+    first = next(source.records, None)
+    if first is None:
+        return None
+    return source._replace(records=chain([first], source.records))
+
+
+def _no_records(console: Console, options: RunOptions, output: OutputFile) -> int:
+    """An input without records: an output without records, and no model loaded."""
+    try:
+        output.stream  # noqa: B018  cut (with --overwrite) and its options kept, as a run's
+        output.close()
+    except OutputWriteError as e:
+        console.print(f"[red]error:[/] cannot write {escape(_where(options))}: {e}")
+        output.close(keep=False)
+        return EXIT_IO_ERROR
+    console.print(f"the input {escape(options.input.path)!r} holds no records; nothing to do")
+    return EXIT_OK
 
 
 def check_options(options: RunOptions) -> None:
@@ -212,6 +295,9 @@ def _run(
             options.chat_template,
             options.tool_call_parser,
         )
+    except OutputWriteError as e:  # the output's options could not be kept
+        console.print(f"[red]error:[/] cannot write {escape(where)}: {e}")
+        return EXIT_IO_ERROR
     except (*USAGE_ERRORS, OSError, RuntimeError, MemoryError) as e:  # no model, no memory
         return _usage_error(console, e)
     except Interrupted as e:

@@ -22,6 +22,7 @@ from pagedgen.entrypoints.cli.run_job import (
     _report,
     _usage_error,
     check_options,
+    generation_options,
     pools_prompts,
     print_model_sampling,
     take_model_sampling_defaults,
@@ -56,6 +57,8 @@ def run_ray_job(options: RunOptions, scale: RayOptions) -> int:
         except Interrupted as e:
             console.print(f"interrupted ({e}) before the run started")
             return signals.exit_code
+        if output.note is not None:
+            console.print(escape(output.note))
         print_model_sampling(console, options)
         code, started = EXIT_USAGE, False
         try:
@@ -131,14 +134,20 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
 def _claim(options: RunOptions, scale: RayOptions) -> tuple[InputSource, OutputFile | PartsOutput]:
     check_options(options)
     model_dir = resolve_model(options.engine.model).path
+    source = open_input(options.input)
+    generation = generation_options(options, source.format)
     if not pools_prompts(options, model_dir):
         take_model_sampling_defaults(options, model_dir)
-    source = open_input(options.input)
     if scale.output_format == "parts":
         if options.output == "-":
             raise ValueError("--output-format parts needs a folder, not stdout")
-        return source, PartsOutput(options.output, options.resume, options.overwrite)
-    output = OutputFile(options.output, options.resume, options.overwrite, options.input.path)
+        output: OutputFile | PartsOutput = PartsOutput(
+            options.output, options.resume, options.overwrite, generation
+        )
+    else:
+        output = OutputFile(
+            options.output, options.resume, options.overwrite, options.input.path, generation
+        )
     return source, output
 
 

@@ -4,6 +4,13 @@ import stat
 import sys
 from typing import BinaryIO
 
+from pagedgen.entrypoints.io.generation_options import (
+    GenerationOptions,
+    check_options_writable,
+    check_resumed_options,
+    options_path,
+    write_options,
+)
 from pagedgen.entrypoints.io.output_lock import lock_output
 from pagedgen.entrypoints.io.resume import ResumeState, scan_output
 from pagedgen.entrypoints.io.spec import InputError
@@ -19,6 +26,10 @@ class OutputFile:
     the output is cut (to nothing, or with resume to its last whole record) when the run first
     takes `stream`, ready to write, and close(keep=False) removes an output this run created and
     left empty. '-' is stdout: never locked, never resumed.
+
+    With options, a regular file's options are kept beside it (see generation_options), written
+    with `stream`; resume refuses an output whose kept options differ, and notes (in `note`) one
+    that has none.
     """
 
     def __init__(
@@ -27,12 +38,18 @@ class OutputFile:
         resume: bool = False,
         overwrite: bool = False,
         input_path: str | None = None,
+        options: GenerationOptions | None = None,
+        options_file: str | None = None,
     ) -> None:
         self.path = path
         self.resume = resume
         self.overwrite = overwrite
         self.state = ResumeState()
         self.created = False
+        self.note: str | None = None
+        self.options = options
+        self.options_file = options_file
+        self._wrote_options = False
         self._fd: int | None = None
         self._stream: BinaryIO | None = None
         if path == "-":
@@ -45,8 +62,17 @@ class OutputFile:
         refuse_input_as_output(input_path, path)
         self._fd, self.created = _claim(path)
         try:
+            _check_writable(self._fd, path)
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):  # a pipe, a device: nothing kept
+                self.options = None
+            elif self.options is not None:
+                self.options_file = self.options_file or options_path(path)
+                check_options_writable(self.options_file, path)
             if resume:
                 self.state = scan_output(path)
+                if self.state.done and self.options is not None:
+                    assert self.options_file is not None
+                    self.note = check_resumed_options(self.options_file, path, self.options)
             elif not overwrite and os.fstat(self._fd).st_size > 0:
                 raise InputError(
                     f"output {path!r} already holds records; pass --resume to continue it or "
@@ -63,6 +89,13 @@ class OutputFile:
             if self._fd is None:
                 self._stream = sys.stdout.buffer
             else:
+                if self.options is not None:  # before the first record
+                    assert self.options_file is not None
+                    try:
+                        write_options(self.options_file, self.options)
+                    except OSError as e:
+                        raise OutputWriteError(e) from e
+                    self._wrote_options = True
                 st = os.fstat(self._fd)
                 if stat.S_ISREG(st.st_mode):  # not a pipe or a device given as the output
                     os.ftruncate(
@@ -83,6 +116,8 @@ class OutputFile:
                 self._stream.close()
             st = os.fstat(fd)
             if not keep and self.created and st.st_size == 0:
+                if self._wrote_options and self.options_file is not None:
+                    os.unlink(self.options_file)
                 os.unlink(self.path)  # under the lock: see _claim
             elif stat.S_ISREG(st.st_mode):
                 os.fsync(fd)
@@ -105,7 +140,9 @@ def _claim(path: str) -> tuple[int, bool]:
         except FileNotFoundError as e:
             if os.path.lexists(path):  # removed between the two opens: try again
                 continue
-            raise InputError(f"cannot write output {path!r}: {e.strerror}") from e
+            folder = os.path.dirname(path) or "."
+            reason = f"folder {folder!r} does not exist"
+            raise InputError(f"cannot write output {path!r}: {reason}") from e
         except OSError as e:
             raise InputError(f"cannot write output {path!r}: {e.strerror}") from e
         try:
@@ -120,6 +157,15 @@ def _claim(path: str) -> tuple[int, bool]:
                 return fd, created
         os.close(fd)
     raise InputError(f"cannot claim output {path!r}: it keeps being replaced")
+
+
+def _check_writable(fd: int, path: str) -> None:
+    """Raises InputError for an output that opened for writing but takes no write (a /proc
+    file): a write of no bytes fails there as a record's would, and changes nothing elsewhere."""
+    try:
+        os.write(fd, b"")
+    except OSError as e:
+        raise InputError(f"cannot write output {path!r}: {e.strerror}") from e
 
 
 def refuse_input_as_output(input_path: str | None, output: str, role: str = "input") -> None:
