@@ -71,7 +71,7 @@ def check_resumed_options(path: str, output: str, options: GenerationOptions) ->
         return None
     name, old, new = difference
     raise InputError(
-        f"{output!r} was generated with {name} {json.dumps(old)}, this run has {json.dumps(new)}; "
+        f"{output!r} was generated with {name} {_shown(old)}, this run has {_shown(new)}; "
         "resume with the options that made it, or --overwrite"
     )
 
@@ -102,6 +102,12 @@ def check_options_writable(path: str, output: str) -> None:
             f"cannot write output {output!r}: its options file {path!r} cannot be written "
             f"(folder {folder!r} is not writable)"
         )
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value in a one-line message: its JSON, elided past limit characters (a template)."""
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _plain(value: Any) -> Any:

@@ -82,3 +82,13 @@ def test_a_parts_folder_is_resumed_only_under_its_options(tmp_path):
     resumed = PartsOutput(str(folder), resume=True, options=GREEDY)
     assert list(resumed.state.done) == [1]
     resumed.close(keep=False)
+
+
+def test_a_long_value_is_elided_in_the_message(tmp_path):
+    out = tmp_path / "out.jsonl"
+    write_output(out, GenerationOptions({"--chat-template": "{{ messages }}" * 20}))
+    with pytest.raises(
+        InputError, match=r"--chat-template \"\{\{ messages \}\}.*\.\.\., this run has null"
+    ) as e:
+        OutputFile(str(out), resume=True, options=GenerationOptions({"--chat-template": None}))
+    assert len(str(e.value)) < 250
