@@ -39,7 +39,6 @@ class OutputFile:
         overwrite: bool = False,
         input_path: str | None = None,
         options: GenerationOptions | None = None,
-        options_file: str | None = None,
     ) -> None:
         self.path = path
         self.resume = resume
@@ -48,7 +47,7 @@ class OutputFile:
         self.created = False
         self.note: str | None = None
         self.options = options
-        self.options_file = options_file
+        self.options_file: str | None = None
         self._wrote_options = False
         self._fd: int | None = None
         self._stream: BinaryIO | None = None
@@ -66,7 +65,7 @@ class OutputFile:
             if not stat.S_ISREG(os.fstat(self._fd).st_mode):  # a pipe, a device: nothing kept
                 self.options = None
             elif self.options is not None:
-                self.options_file = self.options_file or options_path(path)
+                self.options_file = options_path(path)
                 check_options_writable(self.options_file, path)
             if resume:
                 self.state = scan_output(path)
