@@ -50,7 +50,7 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         # As vLLM's: what a request without SamplingParams runs with (generation_config)
         self.default_sampling_fields = model_sampling_defaults(
-            resolve_model(config.model).path,
+            resolve_model(config.model, config.download_dir, config.revision).path,
             config.generation_config,
             config.override_generation_config,
         )

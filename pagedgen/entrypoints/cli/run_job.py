@@ -167,7 +167,9 @@ def run_job(options: RunOptions) -> int:
 def _claim(options: RunOptions) -> tuple[InputSource, OutputFile]:
     check_options(options)
     check_engine_fits(options.engine)
-    model_dir = resolve_model(options.engine.model).path
+    model_dir = resolve_model(
+        options.engine.model, options.engine.download_dir, options.engine.revision
+    ).path
     if not pools_prompts(options, model_dir):
         take_model_sampling_defaults(options, model_dir)
     source = open_input(options.input)

@@ -130,7 +130,9 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
 
 def _claim(options: RunOptions, scale: RayOptions) -> tuple[InputSource, OutputFile | PartsOutput]:
     check_options(options)
-    model_dir = resolve_model(options.engine.model).path
+    model_dir = resolve_model(
+        options.engine.model, options.engine.download_dir, options.engine.revision
+    ).path
     if not pools_prompts(options, model_dir):
         take_model_sampling_defaults(options, model_dir)
     source = open_input(options.input)
