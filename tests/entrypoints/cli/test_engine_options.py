@@ -130,3 +130,27 @@ def test_gpu_memory_utilization_is_ignored_on_a_cpu_as_vllm_does(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     check_engine_fits(_built("--gpu-memory-utilization", "0.5", "--async-scheduling"))
+
+
+def test_a_vllm_command_line_runs_unchanged(tiny_llama_path, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from tests.cli_util import read_records, run_in_process, tiny, write_jsonl
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty"))
+    repo = tmp_path / "hub" / "models--tiny--llama"
+    shutil.copytree(tiny_llama_path, repo / "snapshots" / ("b" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "v2").write_text("b" * 40)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
+    vllm = [
+        "--model", "tiny/llama", "--download-dir", str(tmp_path / "hub"), "--revision", "v2",
+        "--tokenizer", str(tiny_llama_path), "--tensor-parallel-size", "1", "--dtype", "float",
+        "--gpu-memory-utilization", "0.5", "--async-scheduling",
+    ]  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    code, _, stderr = run_in_process(
+        capsys, "run", str(src), "-o", str(out), *tiny(tiny_llama_path), *vllm
+    )
+    assert code == 0, stderr
+    assert [r["finish_reason"] for r in read_records(out)] == ["length"]
