@@ -70,7 +70,11 @@ def _print_version(given: bool) -> None:
 @app.callback()
 def main(
     version: bool = typer.Option(
-        False, "--version", is_eager=True, callback=_print_version, help="print the version"
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Show the version and exit.",
     ),
 ) -> None:
     """pagedgen: generate completions for a whole file of prompts, as fast as the machine allows."""
