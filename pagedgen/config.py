@@ -9,6 +9,7 @@ from pagedgen.spec_decode.config import SpeculativeConfig
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's (attention/kv_cache_dtype.py)
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")  # vLLM's (io/reasoning.py)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
@@ -134,13 +135,20 @@ class EngineConfig:
     sentence-transformers files); "auto" pools with a checkpoint that has no LM head (an
     architecture named *Model, as LlamaModel) or is a classifier (*ForSequenceClassification),
     else generates.
+    download_dir (vLLM's) is the Hugging Face cache a hub id is looked up in (offline), revision
+    the hub snapshot of it to load; tokenizer a tokenizer folder or hub id apart from the model's.
+    tensor_parallel_size and pipeline_parallel_size are vLLM's and must be 1: one engine runs on
+    one device.
     """
 
     model: str = DEFAULT_MODEL
     trust_remote_code: bool = False  # vLLM's: run the model folder's own config/tokenizer code
     # vLLM's: config fields set over the checkpoint's ({"architectures": [...], ...}); JSON ok
     hf_overrides: dict[str, Any] | str | None = None
-    dtype: str = "auto"
+    download_dir: str | None = None  # vLLM's: the Hugging Face cache; None: the default one
+    revision: str | None = None  # vLLM's: the hub snapshot (branch, tag or commit) in the cache
+    tokenizer: str | None = None  # vLLM's: a tokenizer folder or hub id; None: the model's
+    dtype: str = "auto"  # or vLLM's aliases "half" (float16), "float" (float32)
     device: str = "auto"
     block_size: int = 16
     kv_cache_dtype: str = "auto"
@@ -154,6 +162,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     preemption_mode: str = "auto"
     swap_space: float = 1.0
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     seed: int | None = 0  # None: a fresh random seed each engine, as vLLM's
     num_threads: int | None = None  # torch's intra-op threads; None keeps torch's default
     enforce_eager: bool = False
@@ -181,8 +191,17 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.seed is None:
             self.seed = secrets.randbits(63)
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+            names = (*DTYPES, *DTYPE_ALIASES)
+            raise ValueError(f"dtype must be one of {names}, got {self.dtype!r}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) != 1:
+                raise ValueError(
+                    f"{name} must be 1, got {getattr(self, name)}: one pagedgen process runs on "
+                    "one device; --ray (Ray Data replicas) or --shard I/N (one process per "
+                    "shard) spread a batch over processes"
+                )
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "

@@ -47,3 +47,23 @@ def test_typed_configs_from_dicts_json_or_themselves():
 def test_bad_typed_configs_name_the_field(name, value, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**{name: value})
+
+
+@pytest.mark.parametrize(
+    ("given", "dtype"),
+    [("half", "float16"), ("float", "float32"), ("float16", "float16"), ("auto", "auto")],
+)
+def test_dtype_takes_vllm_aliases(given, dtype):
+    assert EngineConfig(dtype=given).dtype == dtype
+
+
+def test_a_bad_dtype_lists_the_aliases_too():
+    with pytest.raises(ValueError, match="'half', 'float'\\), got 'double'"):
+        EngineConfig(dtype="double")
+
+
+@pytest.mark.parametrize("name", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_parallel_sizes_are_one_device(name):
+    assert getattr(EngineConfig(**{name: 1}), name) == 1
+    with pytest.raises(ValueError, match=f"{name} must be 1, got 2: one pagedgen process.*--ray"):
+        EngineConfig(**{name: 2})

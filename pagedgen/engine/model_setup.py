@@ -29,6 +29,7 @@ from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.generation_config import generation_eos_token_ids
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.loader.quantized import check_quantization
+from pagedgen.loader.resolve import resolve_tokenizer
 from pagedgen.model_config import freeable_window
 from pagedgen.models.classifier import classifier_tokens
 from pagedgen.models.registry import get_model_class
@@ -145,7 +146,7 @@ def load(config: EngineConfig) -> LoadedModel:
         keep_freed_memory()
     dtype = pick_dtype(config.dtype, device)
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
-    resolved = resolve_model(config.model)
+    resolved = resolve_model(config.model, config.download_dir, config.revision)
     hf_config = load_config(resolved, config.trust_remote_code, config.hf_overrides)
     get_model_class(hf_config)
     check_quantization(hf_config)
@@ -157,7 +158,10 @@ def load(config: EngineConfig) -> LoadedModel:
         config.check_pooling()
         if getattr(hf_config, "is_causal", True) is False:  # gte-Qwen2's bidirectional encoder
             raise ValueError("the model attends bidirectionally (is_causal false): not supported")
-    tokenizer = load_tokenizer(resolved, config.trust_remote_code)
+    tokenizer = load_tokenizer(
+        resolve_tokenizer(config.tokenizer, resolved, config.download_dir),
+        config.trust_remote_code,
+    )
     if pooler_config is not None and pooler_config.task == "classify":
         classifier_tokens(hf_config, tokenizer)
     max_model_len = resolve_max_model_len(hf_config, config.max_model_len)

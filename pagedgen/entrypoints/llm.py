@@ -1,3 +1,4 @@
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, replace
 from functools import partial
@@ -22,6 +23,23 @@ from pagedgen.outputs import (
 from pagedgen.pooling import PoolingParams
 from pagedgen.sampling_params import SamplingParams
 
+logger = logging.getLogger("pagedgen")
+
+# vLLM's engine arguments that change nothing in pagedgen: LLM() takes them, so that a vLLM
+# script runs unchanged, and ignores them. Any other unknown keyword is a TypeError.
+IGNORED_VLLM_ARGS = frozenset(
+    {
+        "disable_log_stats",  # pagedgen logs no periodic stats
+        "disable_log_requests",
+        "max_seq_len_to_capture",  # graphs follow compilation_config
+        "disable_custom_all_reduce",  # one device: no all-reduce
+        "distributed_executor_backend",
+        "max_parallel_loading_workers",
+        "disable_async_output_proc",
+        "use_v2_block_manager",
+    }
+)
+
 # What generate() and the other entry points take: text, token ids, or vLLM's TextPrompt and
 # TokensPrompt dicts.
 PromptInput = Prompt | Mapping[str, Any]
@@ -35,22 +53,28 @@ class LLM:
     enable_lora, max_loras, max_lora_rank, max_cpu_loras, speculative_config, kv_cache_dtype,
     reasoning_parser, generation_config, override_generation_config, runner, pooler_config).
     With runner="pooling" (or a checkpoint without an LM head, or a classifier) it pools
-    prompts: embed(), classify(), score().
+    prompts: embed(), classify(), score(). vLLM's arguments that change nothing here
+    (IGNORED_VLLM_ARGS: disable_log_stats, max_seq_len_to_capture, ...) are taken and ignored.
+
+    A request that cannot run (an empty prompt, one longer than max_model_len) does not stop
+    the others: its output holds the error (finish_reason "error"), and each generate() or
+    chat() call that had any logs one warning on the "pagedgen" logger.
     """
 
     def __init__(
         self, model: str = DEFAULT_MODEL, log: Callable[[str], None] = log_to_stderr, **kwargs: Any
     ) -> None:
         names = {f.name for f in fields(EngineConfig)}
-        unknown = sorted(set(kwargs) - names)
+        unknown = sorted(set(kwargs) - names - IGNORED_VLLM_ARGS)
         if unknown:
             raise TypeError(f"unknown engine arguments {unknown}; known: {sorted(names)}")
+        kwargs = {name: value for name, value in kwargs.items() if name in names}
         config = EngineConfig(model=model, **kwargs)
         self.engine = build_engine(config, log=log)
         self.tokenizer = self.engine.tokenizer
         # As vLLM's: what a request without SamplingParams runs with (generation_config)
         self.default_sampling_fields = model_sampling_defaults(
-            resolve_model(config.model).path,
+            resolve_model(config.model, config.download_dir, config.revision).path,
             config.generation_config,
             config.override_generation_config,
         )
@@ -93,7 +117,9 @@ class LLM:
                     f"{self.default_sampling_fields} (generation_config='vllm' ignores it)"
                 )
                 self._said_defaults = True
-        return self._run(prompts, sampling_params, lora_request, use_tqdm)
+        outputs = self._run(prompts, sampling_params, lora_request, use_tqdm)
+        warn_failed(outputs)
+        return outputs
 
     def embed(
         self,
@@ -260,6 +286,21 @@ class LLM:
         engine is consistent: it may read the gauges or abort requests.
         """
         yield from self.engine.stream(requests, max_pending, on_step)
+
+
+def warn_failed(outputs: list[Any]) -> None:
+    """One warning for the requests of a call that could not run, so that a script that never
+    reads output.error is still told."""
+    failed = [out for out in outputs if out.error is not None]
+    if failed:
+        logger.warning(
+            "%d of %d requests failed (their outputs' error; finish_reason 'error'); "
+            "the first, request %s: %s",
+            len(failed),
+            len(outputs),
+            failed[0].request_id,
+            failed[0].error,
+        )
 
 
 def _per_prompt(value: Any, prompts: list[Prompt], what: str) -> list[Any]:

@@ -25,8 +25,11 @@ class ResolvedModel(NamedTuple):
     gguf_file: str | None = None
 
 
-def resolve_model(model: str) -> ResolvedModel:
-    """Finds a model given as a .gguf path, a local HF folder, or a hub id in the local cache.
+def resolve_model(
+    model: str, download_dir: str | None = None, revision: str | None = None
+) -> ResolvedModel:
+    """Finds a model given as a .gguf path, a local HF folder, or a hub id in the local cache
+    (download_dir, else the default Hugging Face cache; at revision, else the main snapshot).
 
     A GGUF file is converted once into an HF folder under cache_dir() (named by its content, so
     copies of one file in several virtualenvs share it) and loaded from there afterwards. The
@@ -42,18 +45,54 @@ def resolve_model(model: str) -> ResolvedModel:
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{model!r} is a folder without config.json")
         return ResolvedModel(path)
-    snapshot = _hub_snapshot(model)
-    if snapshot is not None:
+    snapshot = _hub_snapshot(model, download_dir, revision)
+    if snapshot is not None and (snapshot / "config.json").is_file():
         return ResolvedModel(snapshot)
-    if model == DEFAULT_MODEL:
+    if model == DEFAULT_MODEL and download_dir is None and revision is None:
         return ResolvedModel(_converted_smollm2())
     if path.exists() or _looks_like_a_path(model):
         missing = "is not a model folder or a .gguf file" if path.exists() else "does not exist"
         raise ModelNotFoundError(f"model path {model!r} {missing}")
     raise ModelNotFoundError(
-        f"model {model!r} is neither a local folder, a .gguf file, nor in the Hugging Face cache; "
-        f"download it first with `huggingface-cli download {model}`"
+        f"model {model!r} is neither a local folder, a .gguf file, nor in the Hugging Face cache"
+        f"{_where(download_dir, revision)}; download it first with "
+        f"`huggingface-cli download {model}{_download_options(download_dir, revision)}`"
     )
+
+
+def resolve_tokenizer(
+    tokenizer: str | None, model: ResolvedModel, download_dir: str | None = None
+) -> ResolvedModel:
+    """Where the tokenizer is: the model's files, or those of tokenizer where it is given apart
+    (vLLM's tokenizer): a local folder, a .gguf file or a hub id in the local cache
+    (download_dir), as resolve_model finds a model, but with no config.json needed."""
+    if tokenizer is None:
+        return model
+    path = Path(tokenizer).expanduser()
+    if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").is_file()):
+        return resolve_model(tokenizer, download_dir)
+    if path.is_dir():
+        return ResolvedModel(path)
+    snapshot = _hub_snapshot(tokenizer, download_dir, None)
+    if snapshot is not None:
+        return ResolvedModel(snapshot)
+    if path.exists() or _looks_like_a_path(tokenizer):
+        raise ModelNotFoundError(f"tokenizer path {tokenizer!r} is not a folder or a .gguf file")
+    raise ModelNotFoundError(
+        f"tokenizer {tokenizer!r} is neither a local folder nor in the Hugging Face cache"
+        f"{_where(download_dir, None)}; download it first with "
+        f"`huggingface-cli download {tokenizer}{_download_options(download_dir, None)}`"
+    )
+
+
+def _where(download_dir: str | None, revision: str | None) -> str:
+    at = f" at revision {revision!r}" if revision else ""
+    return f" ({download_dir}){at}" if download_dir else at
+
+
+def _download_options(download_dir: str | None, revision: str | None) -> str:
+    cache = f" --cache-dir {download_dir}" if download_dir else ""
+    return cache + (f" --revision {revision}" if revision else "")
 
 
 def _looks_like_a_path(model: str) -> bool:
@@ -64,7 +103,8 @@ def _looks_like_a_path(model: str) -> bool:
     return "/" in model and Path(model).parent.is_dir()
 
 
-def _hub_snapshot(repo_id: str) -> Path | None:
+def _hub_snapshot(repo_id: str, cache_dir: str | None, revision: str | None) -> Path | None:
+    """The folder of repo_id's snapshot in the local cache, if it holds one."""
     if repo_id.count("/") != 1 or repo_id.startswith(("/", ".")):
         return None
     from huggingface_hub import snapshot_download
@@ -74,12 +114,13 @@ def _hub_snapshot(repo_id: str) -> Path | None:
         folder = snapshot_download(
             repo_id,
             local_files_only=True,
+            cache_dir=cache_dir,
+            revision=revision,
             allow_patterns=["*.json", "*.safetensors", "*.bin", "*.jinja", "*.model", "*.txt"],
         )
     except (LocalEntryNotFoundError, HFValidationError, OSError):
         return None
-    folder = Path(folder)
-    return folder if (folder / "config.json").is_file() else None
+    return Path(folder)
 
 
 def _converted_smollm2() -> Path:

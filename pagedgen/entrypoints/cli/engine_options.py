@@ -33,12 +33,36 @@ ENGINE = opt.OptionGroup(
                 metavar="MODEL",
             ),
         ),
+        "download_dir": (
+            str | None,
+            _model(
+                None,
+                help="the Hugging Face cache a hub id is looked up in [default: the usual one]",
+                metavar="DIR",
+            ),
+        ),
+        "revision": (
+            str | None,
+            _model(
+                None,
+                help="the hub snapshot (branch, tag or commit) to load from the local cache",
+                metavar="REV",
+            ),
+        ),
+        "tokenizer": (
+            str | None,
+            _model(
+                None,
+                help="a tokenizer folder or hub id apart from the model's [default: the model's]",
+                metavar="NAME",
+            ),
+        ),
         "dtype": (
             str,
             _model(
                 "auto",
                 help="weights and activations: auto (bfloat16 on a GPU, float32 on a CPU), "
-                "float32, bfloat16 or float16",
+                "float32 (= float), bfloat16 or float16 (= half)",
                 metavar="T",
             ),
         ),
@@ -93,7 +117,7 @@ ENGINE = opt.OptionGroup(
             _kv_cache(
                 0.9,
                 help="GPU: share of its memory to use; the KV cache gets what the weights and "
-                "the largest step leave of it",
+                "the largest step leave of it (on a CPU, ignored, as vLLM's CPU backend does)",
                 metavar="F",
             ),
         ),
@@ -139,11 +163,33 @@ ENGINE = opt.OptionGroup(
             _scheduler(
                 False,
                 "--async-scheduling/--no-async-scheduling",
-                help="GPU: schedule the next step while the device runs this one [default: off]",
+                help="schedule the next step while the device runs this one (GPU or CPU) "
+                "[default: off]",
             ),
         ),
         # Execution
         "device": (str, _execution("auto", help="auto, cpu or cuda", metavar="DEVICE")),
+        "tensor_parallel_size": (
+            int,
+            _execution(
+                1,
+                "--tensor-parallel-size",
+                "-tp",
+                help="vLLM's; 1 only: one process runs on one device (--ray or --shard spread "
+                "a batch over processes)",
+                metavar="N",
+            ),
+        ),
+        "pipeline_parallel_size": (
+            int,
+            _execution(
+                1,
+                "--pipeline-parallel-size",
+                "-pp",
+                help="vLLM's; 1 only, as --tensor-parallel-size",
+                metavar="N",
+            ),
+        ),
         "num_threads": (
             int | None,
             _execution(None, help="CPU threads [default: torch's choice]", metavar="N"),

@@ -4,15 +4,20 @@ from typing import Any
 import typer
 
 try:  # recent typer vendors click
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 except ImportError:
-    from click.exceptions import NoArgsIsHelpError, UsageError
+    from click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 
+import pagedgen
 from pagedgen.entrypoints.cli.help import SectionedCommand
 from pagedgen.entrypoints.cli.profile import profile
 from pagedgen.entrypoints.cli.run import run
 
 EXIT_USAGE = 2
+# vLLM's options that pagedgen does not take, and why: said instead of a near name's suggestion
+UNSUPPORTED_OPTIONS = {
+    "--best-of": "is not supported (vLLM V1 dropped best_of too): --n N returns N completions",
+}
 
 
 class App(typer.Typer):
@@ -31,7 +36,10 @@ class App(typer.Typer):
             code = EXIT_USAGE
         except UsageError as e:
             command = e.ctx.command_path if e.ctx else "pagedgen"
-            _print_error(f"error: {e.format_message()} (see '{command} --help')")
+            message = e.format_message()
+            if isinstance(e, NoSuchOption) and e.option_name in UNSUPPORTED_OPTIONS:
+                message = f"{e.option_name} {UNSUPPORTED_OPTIONS[e.option_name]}"
+            _print_error(f"error: {message} (see '{command} --help')")
             code = EXIT_USAGE
         except typer.Abort:
             code = 130
@@ -49,11 +57,26 @@ app = App(
     help="Offline batch generation with a paged KV cache and continuous batching.",
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: it reads at 80 columns and never cuts an option
+    context_settings={"help_option_names": ["-h", "--help"]},  # commands' contexts inherit it
 )
 
 
+def _print_version(given: bool) -> None:
+    if given:
+        print(f"pagedgen {pagedgen.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Show the version and exit.",
+    ),
+) -> None:
     """pagedgen: generate completions for a whole file of prompts, as fast as the machine allows."""
 
 

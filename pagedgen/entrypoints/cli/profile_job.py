@@ -52,7 +52,7 @@ def profile_job(options: ProfileOptions) -> int:
         errors.print(f"[red]error:[/] {e}", highlight=False)
         return EXIT_USAGE
     try:
-        model_dir = resolve_model(config.model).path
+        model_dir = resolve_model(config.model, config.download_dir, config.revision).path
         if job_task(config.runner, model_dir, config.hf_overrides) is not None:
             raise ValueError("profile measures generation; this model pools (--runner generate?)")
         llm, tokenizer, hf_config, max_model_len = _load(config, options.simulate, log)
@@ -101,13 +101,17 @@ def _load(config: Any, simulate: bool, log: Any) -> tuple[Any, Any, Any, int]:
         return llm, llm.tokenizer, engine.hf_config, engine.max_model_len
     from pagedgen.core.control_plane import resolve_max_model_len
     from pagedgen.loader import resolve_model
+    from pagedgen.loader.resolve import resolve_tokenizer
     from pagedgen.loader.weights import load_config, load_tokenizer
 
-    resolved = resolve_model(config.model)
+    resolved = resolve_model(config.model, config.download_dir, config.revision)
     hf_config = load_config(resolved, config.trust_remote_code, config.hf_overrides)
     return (
         None,
-        load_tokenizer(resolved, config.trust_remote_code),
+        load_tokenizer(
+            resolve_tokenizer(config.tokenizer, resolved, config.download_dir),
+            config.trust_remote_code,
+        ),
         hf_config,
         resolve_max_model_len(hf_config, config.max_model_len),
     )

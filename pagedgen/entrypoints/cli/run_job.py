@@ -221,7 +221,9 @@ def _claim(options: RunOptions) -> tuple[InputSource | None, OutputFile]:
     output none to check it against, so that the run ends without loading the model."""
     check_options(options)
     check_engine_fits(options.engine)
-    model_dir = resolve_model(options.engine.model).path
+    model_dir = resolve_model(
+        options.engine.model, options.engine.download_dir, options.engine.revision
+    ).path
     source = open_input(options.input)
     generation = generation_options(options, source.format)
     if not pools_prompts(options, model_dir):

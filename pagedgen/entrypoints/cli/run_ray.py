@@ -133,7 +133,9 @@ def processor_config(options: RunOptions, scale: RayOptions, openai: bool) -> Pr
 
 def _claim(options: RunOptions, scale: RayOptions) -> tuple[InputSource, OutputFile | PartsOutput]:
     check_options(options)
-    model_dir = resolve_model(options.engine.model).path
+    model_dir = resolve_model(
+        options.engine.model, options.engine.download_dir, options.engine.revision
+    ).path
     source = open_input(options.input)
     generation = generation_options(options, source.format)
     if not pools_prompts(options, model_dir):

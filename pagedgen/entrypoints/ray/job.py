@@ -187,6 +187,10 @@ def _pooling_task(config: ProcessorConfig) -> str | None:
     replicas can find: theirs say)."""
     try:
         engine = config.engine_config
-        return job_task(engine.runner, resolve_model(config.model).path, engine.hf_overrides)
+        return job_task(
+            engine.runner,
+            resolve_model(config.model, engine.download_dir, engine.revision).path,
+            engine.hf_overrides,
+        )
     except ModelNotFoundError:
         return None

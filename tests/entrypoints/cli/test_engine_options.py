@@ -78,3 +78,79 @@ def test_a_bad_engine_option_is_a_usage_error_naming_it(capsys):
     bad = '{"cudagraph_mode": "PIECEWISE"}'
     code, _, stderr = run_in_process(capsys, "run", "-", "-o", "-", "--compilation-config", bad)
     assert code == 2 and "'--compilation-config'" in stderr and "cudagraph_mode" in stderr
+
+
+def test_vllm_model_options_build_the_config():
+    engine = _built(
+        "--dtype", "half", "-tp", "1", "--pipeline-parallel-size", "1",
+        "--download-dir", "/hub", "--revision", "v2", "--tokenizer", "org/tok",
+    )  # fmt: skip
+    assert engine.dtype == "float16"
+    assert (engine.tensor_parallel_size, engine.pipeline_parallel_size) == (1, 1)
+    assert (engine.download_dir, engine.revision, engine.tokenizer) == ("/hub", "v2", "org/tok")
+    assert _built("--dtype", "float").dtype == "float32"
+
+
+@pytest.mark.parametrize("option", ["--tensor-parallel-size", "-tp", "--pipeline-parallel-size"])
+def test_more_than_one_device_is_a_usage_error(capsys, option):
+    from tests.cli_util import run_in_process
+
+    code, _, stderr = run_in_process(capsys, "run", "-", "-o", "-", option, "2")
+    assert code == 2 and "one pagedgen process runs on one device" in stderr
+    assert "--ray" in stderr and "--shard" in stderr
+
+
+def test_best_of_is_said_unsupported_not_a_near_name(capsys):
+    from tests.cli_util import run_in_process
+
+    code, _, stderr = run_in_process(capsys, "run", "-", "-o", "-", "--best-of", "2")
+    assert code == 2 and "--best-of is not supported" in stderr and "--stop" not in stderr
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["profile"], ["bench"], ["merge"]])
+def test_h_is_help_for_every_command(capsys, command):
+    from tests.cli_util import run_in_process
+
+    code, stdout, _ = run_in_process(capsys, *command, "-h")
+    _, long_help, _ = run_in_process(capsys, *command, "--help")
+    assert code == 0 and stdout.startswith("Usage: pagedgen") and stdout == long_help
+
+
+def test_version(capsys):
+    import pagedgen
+    from tests.cli_util import run_in_process
+
+    assert run_in_process(capsys, "--version")[:2] == (0, f"pagedgen {pagedgen.__version__}\n")
+
+
+def test_gpu_memory_utilization_is_ignored_on_a_cpu_as_vllm_does(monkeypatch):
+    import torch
+
+    from pagedgen.entrypoints.cli.checks import check_engine_fits
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_engine_fits(_built("--gpu-memory-utilization", "0.5", "--async-scheduling"))
+
+
+def test_a_vllm_command_line_runs_unchanged(tiny_llama_path, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from tests.cli_util import read_records, run_in_process, tiny, write_jsonl
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty"))
+    repo = tmp_path / "hub" / "models--tiny--llama"
+    shutil.copytree(tiny_llama_path, repo / "snapshots" / ("b" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "v2").write_text("b" * 40)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
+    vllm = [
+        "--model", "tiny/llama", "--download-dir", str(tmp_path / "hub"), "--revision", "v2",
+        "--tokenizer", str(tiny_llama_path), "--tensor-parallel-size", "1", "--dtype", "float",
+        "--gpu-memory-utilization", "0.5", "--async-scheduling",
+    ]  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    code, _, stderr = run_in_process(
+        capsys, "run", str(src), "-o", str(out), *tiny(tiny_llama_path), *vllm
+    )
+    assert code == 0, stderr
+    assert [r["finish_reason"] for r in read_records(out)] == ["length"]
