@@ -188,8 +188,8 @@ def test_adapters_pagedgen_cannot_run_are_refused(adapters, tmp_path):
 
 
 def sampled_ids(record: dict) -> list[int]:
-    """The tokens a record's completion sampled: the first key of each logprobs entry."""
-    return [int(next(iter(step))) for step in record["logprobs"][0]]
+    """The tokens a record's completion sampled, as its logprobs name them."""
+    return [step["token_id"] for step in record["outputs"][0]["logprobs"]]
 
 
 @pytest.mark.slow
