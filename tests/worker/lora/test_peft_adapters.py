@@ -214,7 +214,7 @@ def test_run_takes_adapters_by_name(llama_adapters, tmp_path):
     assert sampled_ids(records["base"]) == reference(base, prompt, 6)
     assert sampled_ids(records["a"]) == reference(models[1], prompt, 6)
     assert sampled_ids(records["b"]) == reference(models[2], prompt, 9)
-    assert records["a"]["lora"] == "a" and "lora" not in records["base"]
+    assert records["a"]["lora"] == "a" and records["base"]["lora"] is None
     assert "unknown LoRA adapter 'c' (--lora-modules names: a, b)" in records["unknown"]["error"]
     assert "'lora' must be the name of a LoRA adapter" in records["typed"]["error"]
 
