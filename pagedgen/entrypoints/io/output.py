@@ -92,7 +92,7 @@ def logprob_positions(
     steps: list[dict[int, float] | None],
     k: int,
     token_text: TokenText = lambda token_id: None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any] | None]:
     """The engine's logprobs as vLLM gives them, one entry per position: the chosen token's
     token_id, token (its text), logprob and rank, and top_logprobs, the k likeliest tokens
     (each with the same fields), highest first.
