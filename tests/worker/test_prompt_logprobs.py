@@ -137,7 +137,12 @@ def test_run_records_prompt_logprobs(tiny_llama_path, capsys):
     assert code == 0, stderr
     first, second, third = (json.loads(line) for line in stdout.splitlines())
     assert first["prompt_logprobs"][0] is None and len(first["prompt_logprobs"]) == 4
-    assert all(str(t) in step for t, step in zip([9, 200, 31], first["prompt_logprobs"][1:]))
-    assert all(2 <= len(step) <= 3 for step in first["prompt_logprobs"][1:])
-    assert [list(step) for step in second["prompt_logprobs"][1:]] == [["7"], ["7"]]
-    assert "prompt_logprobs" not in third
+    steps = first["prompt_logprobs"][1:]
+    assert [step["token_id"] for step in steps] == [9, 200, 31]
+    assert all(isinstance(step["token"], str) for step in steps)
+    assert all([top["rank"] for top in step["top_logprobs"]] == [1, 2] for step in steps)
+    assert [(s["token_id"], s["top_logprobs"]) for s in second["prompt_logprobs"][1:]] == [
+        (7, []),
+        (7, []),
+    ]
+    assert third["prompt_logprobs"] is None

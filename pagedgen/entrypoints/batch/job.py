@@ -125,7 +125,8 @@ class BatchJob:
                 record, params = self._pending.pop(int(result.request_id))
                 self.metrics.observe_output(result)
                 num_logprobs = getattr(params, "logprobs", None) or 0  # PoolingParams: none
-                line = self.formatter.output(record, result, num_logprobs)
+                num_prompt_logprobs = getattr(params, "prompt_logprobs", None) or 0
+                line = self.formatter.output(record, result, num_logprobs, num_prompt_logprobs)
                 self.writer.put(int(result.request_id), line, record.line, result.error is not None)
         except OutputWriteError as e:
             write_error = e

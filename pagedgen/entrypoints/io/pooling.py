@@ -2,8 +2,9 @@
 requests (vLLM's run_batch takes them in the chat endpoints' format).
 
 A native result line is {"id", "line", "embedding" | "probs": [floats], "prompt_tokens",
-"latency", "error": null}; an OpenAI response body is {"object": "list", "data": [{"object":
-"embedding", "index": 0, "embedding"}], "model", "usage"}.
+"latency", "error": null}, with the same keys on a line that failed (null where unknown); an
+OpenAI response body is {"object": "list", "data": [{"object": "embedding", "index": 0,
+"embedding"}], "model", "usage"}.
 """
 
 import time
@@ -61,6 +62,7 @@ def pooling_error_record(
         "line": record.line,
         RESULT_KEYS[task]: None,
         "prompt_tokens": num_prompt_tokens,
+        "latency": None,
         "error": f"{record.where}: {reason}",
     }
 

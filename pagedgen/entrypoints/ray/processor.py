@@ -15,7 +15,7 @@ OUTPUT_FIELDS = (
     "completion_tokens",
     "time_to_first_token",
     "latency",
-    "logprobs",
+    "outputs",
     "prompt_logprobs",
     "error",
 )
@@ -44,9 +44,8 @@ def map_replicas(ds: Any, config: ProcessorConfig, replica: type[LLMReplica]) ->
 
 class RowReplica(LLMReplica):
     """A replica for rows of any dataset: each row keeps its columns and gains the output fields
-    of a `pagedgen run` record (text, finish_reason, token counts, timings, error; logprobs and
-    prompt_logprobs when asked for, each token's {token id: logprob} as a list of {"token_id",
-    "logprob"} entries: Arrow would make a column of every token id any row names)."""
+    of a `pagedgen run` record (text, finish_reason, token counts, timings, error, outputs with
+    each completion's logprobs, prompt_logprobs)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:  # type: ignore[override]
         rows = batch.to_pylist()
@@ -55,20 +54,10 @@ class RowReplica(LLMReplica):
         out = []
         for row, record, line in zip(rows, records, lines):
             fields = {name: line[name] for name in OUTPUT_FIELDS if name in line}
-            if "logprobs" in fields:
-                fields["logprobs"] = [[_entries(s) for s in steps] for steps in fields["logprobs"]]
-            if "prompt_logprobs" in fields:
-                fields["prompt_logprobs"] = [_entries(s) for s in fields["prompt_logprobs"]]
             if fields["error"] is not None:  # no position: a dataset's rows have none here
                 fields["error"] = fields["error"].removeprefix(f"{record.where}: ")
             out.append({**row, **fields})
         return pa.Table.from_pylist(out)
-
-
-def _entries(step: dict[str, float] | None) -> list[dict[str, Any]] | None:
-    if step is None:
-        return None
-    return [{"token_id": int(t), "logprob": logprob} for t, logprob in step.items()]
 
 
 class Processor:
@@ -103,9 +92,9 @@ def build_processor(
     preprocess turns a dataset row into a request row as a `pagedgen run` line: "prompt" or
     "messages", optionally "id" and sampling fields (top-level, or in a "sampling_params" dict as
     ray.data.llm's rows have them). The completed row keeps its columns and gains "text",
-    "finish_reason", "prompt_tokens", "completion_tokens", "time_to_first_token", "latency" and
-    "error" (None, or why the row could not run: a bad row never fails the job); postprocess
-    then maps it. Nothing runs until the returned dataset is consumed.
+    "finish_reason", "prompt_tokens", "completion_tokens", "time_to_first_token", "latency",
+    "outputs", "prompt_logprobs" and "error" (None, or why the row could not run: a bad row never
+    fails the job); postprocess then maps it. Nothing runs until the returned dataset is consumed.
     """
     require_ray()
     return Processor(config, preprocess, postprocess)

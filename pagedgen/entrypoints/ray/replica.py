@@ -85,7 +85,7 @@ class LLMReplica:
         """The output line of each record, in order."""
         lines: list[dict[str, Any] | None] = [None] * len(records)
         requests = []
-        logprobs: dict[int, int] = {}
+        logprobs: dict[int, tuple[int, int]] = {}  # logprobs, prompt_logprobs
         for i, record in enumerate(records):
             try:
                 prompt, params = self.builder.prepare(record)
@@ -93,12 +93,15 @@ class LLMReplica:
             except RequestError as e:
                 lines[i] = self.formatter.error(record, str(e))
                 continue
-            logprobs[i] = getattr(params, "logprobs", None) or 0  # PoolingParams: none
+            logprobs[i] = (  # PoolingParams: none
+                getattr(params, "logprobs", None) or 0,
+                getattr(params, "prompt_logprobs", None) or 0,
+            )
             requests.append((str(i), prompt, params, lora))
         try:
             for output in self.llm.stream(requests):
                 i = int(output.request_id)
-                lines[i] = self.formatter.output(records[i], output, logprobs[i])
+                lines[i] = self.formatter.output(records[i], output, *logprobs[i])
         except Exception as e:  # an engine failure fails its unfinished rows, not the job
             for request_id in list(self.llm.engine.requests):
                 self.llm.engine.abort_request(request_id)

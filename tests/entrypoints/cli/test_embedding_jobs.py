@@ -64,7 +64,10 @@ def test_a_run_writes_one_embedding_per_line(base_model, tmp_path, capsys):
     assert (
         records[4]["error"] == "line 5: 'temperature' is a sampling field; this job pools (embed)"
     )
-    assert records[4]["embedding"] is None
+    assert records[4]["embedding"] is None and records[4]["latency"] is None
+    # the same keys on every line, success or error
+    keys = {"id", "line", "embedding", "prompt_tokens", "latency", "error", "request_hash"}
+    assert all(set(r) == keys for r in records)
     assert "does not support Matryoshka" in records[5]["error"]
     summary = json.loads(stats.read_text())
     assert summary["runner"] == "pooling" and summary["num_failed"] == 3

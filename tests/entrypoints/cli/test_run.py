@@ -1,4 +1,7 @@
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +169,92 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(tiny_llama_path, capsys):
     [alone], [truncated] = llm.generate([long_ids[-20:]], greedy), llm.generate([long_ids], cut)
     assert truncated.prompt_token_ids == long_ids[-20:]
     assert truncated.outputs[0].text == alone.outputs[0].text == ids["text"]
+
+
+# The docs' one-liners (docs/cli.md): each prints one line per request.
+JQ_ONE_LINERS = [
+    "jq -c .text out.jsonl",
+    "jq -c '[.outputs[].text]' out.jsonl",
+    "jq -c '[.outputs[0].logprobs[]? | [.token, .logprob]]' out.jsonl",
+    "jq -c '[.line, .finish_reason, .error]' out.jsonl",
+]
+RECORD_TYPES = {  # every key of a generation record, and the JSON types it may take
+    "id": (str,),
+    "line": (int,),
+    "text": (str, type(None)),
+    "finish_reason": (str,),
+    "reasoning": (str, type(None)),
+    "tool_calls": (list, type(None)),
+    "outputs": (list,),
+    "prompt_tokens": (int,),
+    "completion_tokens": (int,),
+    "prompt_logprobs": (list, type(None)),
+    "time_to_first_token": (float, int, type(None)),
+    "latency": (float, int, type(None)),
+    "lora": (str, type(None)),
+    "error": (str, type(None)),
+    "request_hash": (str,),
+}
+COMPLETION_KEYS = {"index", "text", "finish_reason", "reasoning", "tool_calls", "logprobs"}
+POSITION_KEYS = {"token_id", "token", "logprob", "rank", "top_logprobs"}
+
+
+def test_every_record_has_one_shape_whatever_n_logprobs_or_error(tiny_llama_path, tmp_path, capsys):
+    lines = [
+        {"id": "one", "prompt": "hello there"},
+        {"id": "two", "prompt": "hello there", "n": 2, "temperature": 1.0, "seed": 1},
+        {"id": "bad", "prompt": ""},
+        {"id": "lp", "prompt": [5, 6, 7], "logprobs": 2, "prompt_logprobs": 1},
+        {"id": "lp2", "prompt": [5, 6, 7], "n": 2, "logprobs": 0, "temperature": 1.0, "seed": 2},
+    ]
+    stdin = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    args = ["run", "-", "-o", "-", *tiny(tiny_llama_path)]
+    code, stdout, stderr = run_in_process(capsys, *args, stdin=stdin)
+    assert code == 1, stderr  # the empty prompt failed
+    records = {r["id"]: r for r in map(json.loads, stdout.splitlines())}
+    assert list(records) == ["one", "two", "bad", "lp", "lp2"]
+    for r in records.values():
+        assert set(r) == set(RECORD_TYPES), r["id"]
+        for key, types in RECORD_TYPES.items():
+            assert isinstance(r[key], types), (r["id"], key)
+        for i, completion in enumerate(r["outputs"]):
+            assert set(completion) == COMPLETION_KEYS and completion["index"] == i
+            assert isinstance(completion["text"], str)
+        for completion in r["outputs"][:1]:  # the top-level fields are the first completion's
+            assert (r["text"], r["finish_reason"]) == (
+                completion["text"],
+                completion["finish_reason"],
+            )
+    assert [len(r["outputs"]) for r in records.values()] == [1, 2, 0, 1, 2]
+    bad = records["bad"]
+    assert (bad["text"], bad["finish_reason"], bad["latency"]) == (None, "error", None)
+    assert bad["error"] == "line 3: the prompt is empty"
+
+    # logprobs: the sampled token and the K likeliest, each with id, text, logprob and rank
+    steps = records["lp"]["outputs"][0]["logprobs"]
+    assert len(steps) == 5
+    for step in steps:
+        assert set(step) == POSITION_KEYS and isinstance(step["token"], str)
+        tops = step["top_logprobs"]
+        assert [t["rank"] for t in tops] == [1, 2]
+        assert all(set(t) == POSITION_KEYS - {"top_logprobs"} for t in tops)
+        assert tops[0]["logprob"] >= tops[1]["logprob"]
+        assert step["rank"] == 1 and step["token_id"] == tops[0]["token_id"]  # greedy
+    prompt_steps = records["lp"]["prompt_logprobs"]
+    assert prompt_steps[0] is None and [s["token_id"] for s in prompt_steps[1:]] == [6, 7]
+    for completion in records["lp2"]["outputs"]:  # K = 0: the sampled token alone
+        assert all(s["top_logprobs"] == [] for s in completion["logprobs"])
+        assert len(completion["logprobs"]) == 5
+    for r in (records["one"], records["two"]):
+        assert all(c["logprobs"] is None for c in r["outputs"])
+
+    # the docs' jq one-liners print one line per request
+    docs = (Path(__file__).parents[3] / "docs" / "cli.md").read_text()
+    assert all(command in docs for command in JQ_ONE_LINERS)
+    if shutil.which("jq") is None:
+        return
+    (tmp_path / "out.jsonl").write_text(stdout)
+    for command in JQ_ONE_LINERS:
+        printed = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True)
+        assert printed.returncode == 0, (command, printed.stderr)
+        assert len(printed.stdout.splitlines()) == len(lines), command

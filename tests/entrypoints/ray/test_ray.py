@@ -237,7 +237,7 @@ def test_processor_completes_dataset_rows(cluster, tiny_llama_path, tmp_path):
             "q": row["q"],
             "answer": row["text"],
             "error": row["error"],
-            "logprobs": row.get("logprobs"),
+            "logprobs": row["outputs"][0]["logprobs"] if row["outputs"] else None,
             "prompt_logprobs": row.get("prompt_logprobs"),
             "prompt_tokens": row["prompt_tokens"],
         },
@@ -256,11 +256,12 @@ def test_processor_completes_dataset_rows(cluster, tiny_llama_path, tmp_path):
     assert by_question["tuned: and two"]["answer"] != by_question["and two"]["answer"]
     two = by_question["and two"]
     assert isinstance(two["answer"], str) and two["error"] is None
-    # {token id: logprob} per token as entries, not an Arrow column per token id
+    # entries of fixed keys, not an Arrow column per token id
     prompt_steps = two["prompt_logprobs"]
     assert prompt_steps[0] is None and len(prompt_steps) == two["prompt_tokens"]
-    for step in [*prompt_steps[1:], *two["logprobs"][0]]:
-        assert 1 <= len(step) <= 2 and all(set(e) == {"token_id", "logprob"} for e in step)
+    for step in [*prompt_steps[1:], *two["logprobs"]]:
+        assert set(step) == {"token_id", "token", "logprob", "rank", "top_logprobs"}
+        assert len(step["top_logprobs"]) == 1 and step["top_logprobs"][0]["rank"] == 1
 
 
 def test_ray_missing_is_a_one_line_usage_error(capsys, tiny_llama_path, rows_file, tmp_path):
