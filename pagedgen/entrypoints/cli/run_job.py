@@ -59,12 +59,15 @@ class RunOptions:
     model_sampling: dict[str, Any] = field(default_factory=dict)  # taken from the model
 
 
-# The engine options that change what is generated: the model, its weights' and KV cache's
-# precision, the longest sequence, and how records are read from answers. The rest (device,
+# The engine options that change what is generated: the model (its revision and tokenizer), its
+# weights' and KV cache's precision, the longest sequence, and how records are read from
+# answers. The rest (device,
 # threads, attention backend, graphs, batch and cache sizes, prefix caching, chunked prefill,
 # speculative decoding, LoRA slots) change how the same requests are computed, not the requests.
 _GENERATION_ENGINE_OPTIONS = (
     "model",
+    "revision",
+    "tokenizer",
     "trust_remote_code",
     "hf_overrides",
     "dtype",

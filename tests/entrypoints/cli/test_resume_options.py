@@ -132,3 +132,18 @@ def test_an_output_that_cannot_be_written_exits_2_before_the_model_loads(
         [line] = stderr.strip().splitlines()
         assert line.startswith(f"error: cannot write output {path!r}: ") and reason in line
         assert "Errno" not in line
+
+
+def test_the_model_revision_and_tokenizer_are_generation_options():
+    """A snapshot or tokenizer of another revision generates other tokens: --resume checks them."""
+    from pagedgen.config import EngineConfig
+    from pagedgen.entrypoints.cli.run_job import RunOptions, generation_options
+    from pagedgen.entrypoints.io import InputSpec
+
+    def values(**engine):
+        options = RunOptions(InputSpec("in.jsonl"), "out.jsonl", EngineConfig(**engine), {})
+        return generation_options(options, "jsonl").options
+
+    assert values()["--revision"] is None and values()["--tokenizer"] is None
+    assert values(revision="v2")["--revision"] == "v2"
+    assert values(tokenizer="./tok")["--tokenizer"] == "./tok"
