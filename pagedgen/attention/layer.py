@@ -9,7 +9,9 @@ from pagedgen.layers.rotary import Rope
 
 class Attention(nn.Module):
     """A layer's paged attention: its constants (spec) and the model's shared backend, built
-    once; each step's call carries the layer's tensors and the step's metadata only."""
+    once; each step's call carries the layer's tensors and the step's metadata only. Models
+    call forward and forward_qkv directly: nn.Module's __call__ would add its hook dispatch to
+    every layer of every step."""
 
     def __init__(self, spec: AttentionSpec, backend: AttentionBackend) -> None:
         super().__init__()

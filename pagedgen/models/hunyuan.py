@@ -59,7 +59,7 @@ class HunYuanAttention(LlamaAttention):
         q, k = self.query_layernorm(q), self.key_layernorm(k)
         if self.qkv_scale is not None:  # after the norms, which would undo it
             q, k, v = q * self.k_scale, k / self.k_scale, v / self.v_scale
-        out = self.attn(q, k, v, self.key_cache, self.value_cache, metadata)
+        out = self.attn.forward(q, k, v, self.key_cache, self.value_cache, metadata)
         return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
 
 

@@ -101,7 +101,7 @@ class LlamaAttention(nn.Module):
             q, k, v = q * self.k_scale, k / self.k_scale, v / self.v_scale
         if self.use_rope:
             q, k = rope.apply(q), rope.apply(k)
-        out = self.attn(q, k, v, self.key_cache, self.value_cache, metadata)
+        out = self.attn.forward(q, k, v, self.key_cache, self.value_cache, metadata)
         return self.o_proj(self._unscaled(out).reshape(num_tokens, -1))
 
     def use_kv_scales(self, enabled: bool) -> bool:

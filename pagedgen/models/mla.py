@@ -123,7 +123,7 @@ class MLAAttention(nn.Module):
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
         query = torch.cat([q_latent, rope.apply(q_pe)], dim=-1)
         latent = torch.cat([c_kv.unsqueeze(1), k_pe], dim=-1)  # [tokens, 1, head_dim]
-        out = self.attn(query, latent, latent, self.key_cache, self.value_cache, metadata)
+        out = self.attn.forward(query, latent, latent, self.key_cache, self.value_cache, metadata)
         # [heads, tokens, rank] x [heads, rank, v]: the weighted latents up to each head's value
         out = torch.bmm(out[..., :rank].transpose(0, 1), self.w_uv)
         return self.o_proj(out.transpose(0, 1).reshape(num_tokens, heads * self.v_head_dim))
