@@ -1,0 +1,83 @@
+"""A linear layer's weight kept at its stored size: integers in groups along the input, with a
+float scale and (optionally) a float minimum per group.
+
+    weight[n, k] = q[n, k] * scales[n, k // group_size] + mins[n, k // group_size]
+
+(mins absent: 0). Every format pagedgen computes natively is one of these, losslessly:
+GGUF's Q4_0 (4 bits, groups of 32, min = -8 * scale), Q4_1, Q5_0 / Q5_1 (int8 holding 5 bits),
+Q8_0, Q4_K / Q5_K (a sub-block's scale and min as the group's: groups of 32), Q6_K (int8 holding
+q - 32, groups of 16); GPTQ / AWQ (min = -zero * scale); online int8 (one group per row) and
+int4 (groups of 128)."""
+
+from dataclasses import dataclass
+
+import torch
+
+BITS = (4, 8)
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """bits 8: qweight int8 [N, K], values -128..127. bits 4: qweight uint8 [N, K // 2], value
+    k in the low nibble of byte k // 2 when k is even, in the high nibble when odd; values
+    0..15. scales and mins float32 [N, K // group_size]; group_size divides K."""
+
+    bits: int
+    group_size: int
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        if self.bits not in BITS:
+            raise ValueError(f"{self.bits}-bit weights: pagedgen computes on {BITS} bits")
+        dtype = torch.int8 if self.bits == 8 else torch.uint8
+        if self.qweight.dtype != dtype or self.qweight.dim() != 2:
+            raise ValueError(f"{self.bits}-bit weights are a 2-D {dtype} tensor")
+        if self.group_size <= 0 or k % self.group_size:
+            raise ValueError(f"a group of {self.group_size} does not divide {k} inputs")
+        groups = (n, k // self.group_size)
+        for name, part in (("scales", self.scales), ("mins", self.mins)):
+            if part is not None and (part.dtype != torch.float32 or tuple(part.shape) != groups):
+                raise ValueError(f"{name} must be float32 {groups}, not {part.dtype} {part.shape}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        n, width = self.qweight.shape
+        return n, width * 2 if self.bits == 4 else width
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.qweight, self.scales, self.mins)
+        return sum(p.numel() * p.element_size() for p in parts if p is not None)
+
+    def values(self) -> torch.Tensor:
+        """q as int16 [N, K]."""
+        if self.bits == 8:
+            return self.qweight.to(torch.int16)
+        q = self.qweight.to(torch.int16)
+        return torch.stack((q & 0xF, q >> 4), dim=-1).reshape(self.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense float32 weight [N, K] (the reference the kernels are tested against)."""
+        g = self.group_size
+        scales = self.scales.repeat_interleave(g, dim=1)
+        weight = self.values().float() * scales
+        if self.mins is not None:
+            weight = weight + self.mins.repeat_interleave(g, dim=1)
+        return weight
+
+    def rows(self, start: int, stop: int) -> "QuantizedWeight":
+        """Output rows [start, stop)."""
+        mins = None if self.mins is None else self.mins[start:stop]
+        return QuantizedWeight(
+            self.bits, self.group_size, self.qweight[start:stop], self.scales[start:stop], mins
+        )
+
+
+def pack_int4(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] integers 0..15 -> uint8 [N, K // 2], as QuantizedWeight holds them."""
+    v = values.to(torch.uint8).reshape(values.shape[0], -1, 2)
+    return v[..., 0] | (v[..., 1] << 4)
