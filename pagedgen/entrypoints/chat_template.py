@@ -1,6 +1,7 @@
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from pagedgen.entrypoints.io.tools import template_messages
 
@@ -17,7 +18,7 @@ class ChatTemplate(NamedTuple):
 
 
 def apply_chat_template(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: "PreTrainedTokenizerBase",
     messages: Messages,
     template: ChatTemplate = ChatTemplate(),
     add_generation_prompt: bool = True,

@@ -1,7 +1,9 @@
 import fcntl
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -56,7 +58,7 @@ def resolve_model(
     raise ModelNotFoundError(
         f"model {model!r} is neither a local folder, a .gguf file, nor in the Hugging Face cache"
         f"{_where(download_dir, revision)}; download it first with "
-        f"`huggingface-cli download {model}{_download_options(download_dir, revision)}`"
+        f"`{download_command()} {model}{_download_options(download_dir, revision)}`"
     )
 
 
@@ -81,8 +83,19 @@ def resolve_tokenizer(
     raise ModelNotFoundError(
         f"tokenizer {tokenizer!r} is neither a local folder nor in the Hugging Face cache"
         f"{_where(download_dir, None)}; download it first with "
-        f"`huggingface-cli download {tokenizer}{_download_options(download_dir, None)}`"
+        f"`{download_command()} {tokenizer}{_download_options(download_dir, None)}`"
     )
+
+
+def download_command() -> str:
+    """The download command of the installed huggingface_hub: `hf download` since 0.34, whose
+    1.x releases no longer ship `huggingface-cli`."""
+    try:
+        version = importlib.metadata.version("huggingface_hub")
+    except importlib.metadata.PackageNotFoundError:
+        return "hf download"
+    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+    return "hf download" if (major, minor) >= (0, 34) else "huggingface-cli download"
 
 
 def _where(download_dir: str | None, revision: str | None) -> str:

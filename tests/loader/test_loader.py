@@ -50,7 +50,7 @@ def test_download_dir_and_revision_pick_the_cache_and_its_snapshot(
     assert resolve_model("tiny/llama", hub, v2).path == snapshots / v2
     with pytest.raises(ModelNotFoundError, match=f"--cache-dir {hub} --revision v3"):
         resolve_model("tiny/llama", hub, "v3")
-    with pytest.raises(ModelNotFoundError, match="huggingface-cli download tiny/llama`"):
+    with pytest.raises(ModelNotFoundError, match="hf download tiny/llama`"):
         resolve_model("tiny/llama")
 
 
@@ -78,7 +78,7 @@ def test_a_tokenizer_apart_from_the_model_is_loaded(tiny_llama_path, tmp_path, m
 
 def test_missing_models_name_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ModelNotFoundError, match="huggingface-cli download no/such-model"):
+    with pytest.raises(ModelNotFoundError, match="hf download no/such-model"):
         resolve_model("no/such-model")
     with pytest.raises(ModelNotFoundError, match="not found"):
         resolve_model(str(tmp_path / "missing.gguf"))

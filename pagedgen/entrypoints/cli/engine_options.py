@@ -5,9 +5,8 @@ import functools
 
 import typer
 
-from pagedgen.config import EngineConfig
+from pagedgen.config import DEFAULT_MODEL, EngineConfig
 from pagedgen.entrypoints.cli import options as opt
-from pagedgen.loader.resolve import DEFAULT_MODEL
 
 _model = functools.partial(opt.option, opt.MODEL_PANEL)
 _kv_cache = functools.partial(opt.option, opt.KV_CACHE_PANEL)

@@ -82,7 +82,7 @@ def profile_job(options: ProfileOptions) -> int:
     else:
         from pagedgen.entrypoints.cli.profile_view import render_report
 
-        render_report(Console(width=None if sys.stdout.isatty() else 150), report)
+        render_report(Console(width=None if sys.stdout.isatty() else 80), report)
     if options.plot is not None:
         from pagedgen.entrypoints.profile.plot import plot_report
 

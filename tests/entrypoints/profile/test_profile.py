@@ -129,6 +129,18 @@ def test_profile_simulate_json(tiny_llama_path, tmp_path, capsys):
     assert fp8["num_blocks"] == 0.001 * 2**30 // (16 * 128) == 4 * kv["num_blocks"]
 
 
+def test_profile_tables_fit_80_columns(tiny_llama_path, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"hello {i}"} for i in range(8)])
+    code, stdout, stderr = run_in_process(
+        capsys, "profile", str(src), "--simulate", "--model", str(tiny_llama_path),
+        "--kv-cache-memory", "4",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "…" not in stdout
+    assert max(len(line) for line in stdout.splitlines()) <= 80
+    assert "block sizes at the same memory" in stdout and "sequences" in stdout
+
+
 def test_profile_real_run_tables_and_plot(tiny_llama_path, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"hello {i}"} for i in range(8)])
