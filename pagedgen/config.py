@@ -165,7 +165,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     seed: int | None = 0  # None: a fresh random seed each engine, as vLLM's
-    num_threads: int | None = None  # torch's intra-op threads; None keeps torch's default
+    num_threads: int | None = None  # torch's intra-op threads; None: one a core others leave free
     enforce_eager: bool = False
     async_scheduling: bool = False
     enable_lora: bool = False

@@ -36,6 +36,7 @@ from pagedgen.models.registry import get_model_class
 from pagedgen.pooling.config import PoolerConfig, pick_pooler_config
 from pagedgen.sampling_params import SamplingParams
 from pagedgen.worker.allocator import keep_freed_memory
+from pagedgen.worker.cpu_threads import fit_num_threads
 from pagedgen.worker.graph_capture import capture_graphs
 from pagedgen.worker.lora_manager import LoRAManager
 from pagedgen.worker.model_runner import ModelRunner
@@ -53,9 +54,14 @@ class ModelSetup(NamedTuple):
     pooler_config: PoolerConfig | None  # a pooling runner's
 
 
-def build_engine(config: EngineConfig, log: Callable[[str], None] = log_to_stderr) -> LLMEngine:
-    """The engine over the model config names, loaded, its KV cache sized; logs what it built."""
-    model = setup_model(config, log)
+def build_engine(
+    config: EngineConfig,
+    log: Callable[[str], None] = log_to_stderr,
+    status: Callable[[str], None] = lambda phase: None,
+) -> LLMEngine:
+    """The engine over the model config names, loaded, its KV cache sized; logs what it built
+    and tells status each phase as it starts (a progress line's text)."""
+    model = setup_model(config, log, status)
     if model.pooler_config is not None and model.pooler_config.reads_every_prompt_token:
         config = replace(config, enable_prefix_caching=False)  # a hit skips rows it pools
     engine = LLMEngine(
@@ -101,9 +107,15 @@ class GraphModes(NamedTuple):
     cpu: bool  # decode steps replay recorded CPU graphs
 
 
-def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
+def setup_model(
+    config: EngineConfig,
+    log: Callable[[str], None],
+    status: Callable[[str], None] = lambda phase: None,
+) -> ModelSetup:
     """Loads the model, builds its runner and sizes its KV pool; logs what it built."""
-    loaded = load(config)
+    status("loading the model")
+    loaded = load(config, log)
+    status("allocating the KV cache")
     runner = build_runner(config, loaded)
     kv_cache_bytes = kv_cache_budget(config, runner, loaded.max_model_len)
     pool = size_kv_pool(loaded.geometry, config.block_size, kv_cache_bytes, config.swap_space * GIB)
@@ -121,6 +133,7 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
         )
     if graphs.cuda or graphs.cpu:
         max_num_tokens = resolve_max_num_batched_tokens(config, loaded.max_model_len)
+        status(f"capturing {'CUDA' if graphs.cuda else 'CPU'} graphs")
         capture_graphs(runner, config.max_num_seqs, max_num_tokens, log, config.compilation_config)
     elif not loaded.model.supports_graphs and not eager(config, loaded):
         log(f"decode steps run eagerly: {type(loaded.model).__name__} routes tokens on the host")
@@ -136,14 +149,15 @@ def setup_model(config: EngineConfig, log: Callable[[str], None]) -> ModelSetup:
     )
 
 
-def load(config: EngineConfig) -> LoadedModel:
+def load(config: EngineConfig, log: Callable[[str], None] = log_to_stderr) -> LoadedModel:
     """Device and dtype, then the checkpoint: its config checked before the slow loads (an
     unsupported architecture or quantization fails first), the tokenizer, the model."""
-    if config.num_threads is not None:  # asked for: torch's thread count is process-wide
-        torch.set_num_threads(config.num_threads)
     device = pick_device(config.device)
     if device.type == "cpu":
+        fit_num_threads(config.num_threads, log)
         keep_freed_memory()
+    elif config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
     dtype = pick_dtype(config.dtype, device)
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     resolved = resolve_model(config.model, config.download_dir, config.revision)
@@ -268,7 +282,9 @@ def describe_model(config: EngineConfig, loaded: LoadedModel) -> str:
     device, dtype, kv_cache_dtype = loaded.device, loaded.dtype, loaded.kv_cache_dtype
     where = str(device)
     if device.type == "cpu":
-        where = f"cpu {isa_name()}, {describe_cpu_compute(dtype)}"
+        threads = torch.get_num_threads()
+        where = f"cpu {isa_name()} x {threads} thread{'s' if threads > 1 else ''}, "
+        where += describe_cpu_compute(dtype)
     attention = f"{loaded.backend.name} attention"
     if kv_cache_dtype != dtype:
         attention += f", {config.kv_cache_dtype} KV cache"

@@ -11,10 +11,12 @@ Messages = list[dict[str, str]]
 class ChatTemplate(NamedTuple):
     """How conversations become prompts (vLLM's names): chat_template replaces the tokenizer's
     (Jinja text); chat_template_kwargs are the template's variables every conversation gets
-    (enable_thinking for Qwen3, ...), a request's own over them."""
+    (enable_thinking for Qwen3, ...), a request's own over them. With apply_to_prompts, a
+    plain text prompt is a conversation too: one user message."""
 
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] = {}
+    apply_to_prompts: bool = False
 
 
 def apply_chat_template(

@@ -62,7 +62,11 @@ class LLM:
     """
 
     def __init__(
-        self, model: str = DEFAULT_MODEL, log: Callable[[str], None] = log_to_stderr, **kwargs: Any
+        self,
+        model: str = DEFAULT_MODEL,
+        log: Callable[[str], None] = log_to_stderr,
+        status: Callable[[str], None] = lambda phase: None,
+        **kwargs: Any,
     ) -> None:
         names = {f.name for f in fields(EngineConfig)}
         unknown = sorted(set(kwargs) - names - IGNORED_VLLM_ARGS)
@@ -70,7 +74,7 @@ class LLM:
             raise TypeError(f"unknown engine arguments {unknown}; known: {sorted(names)}")
         kwargs = {name: value for name, value in kwargs.items() if name in names}
         config = EngineConfig(model=model, **kwargs)
-        self.engine = build_engine(config, log=log)
+        self.engine = build_engine(config, log=log, status=status)
         self.tokenizer = self.engine.tokenizer
         # As vLLM's: what a request without SamplingParams runs with (generation_config)
         self.default_sampling_fields = model_sampling_defaults(

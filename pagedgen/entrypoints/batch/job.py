@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, NamedTuple
 
+from pagedgen.cpu_load import allowed_cpus, others_busy, sample_cpu
 from pagedgen.engine.llm_engine import LLMEngine
 from pagedgen.entrypoints.batch.metrics import RunMetrics
 from pagedgen.entrypoints.batch.requests import (
@@ -120,6 +121,8 @@ class BatchJob:
         self.metrics = RunMetrics()
         self._on_progress = on_progress
         write_error = None
+        cpus = allowed_cpus()
+        cpu_start = sample_cpu(cpus)
         try:
             for result in self.llm.stream(self._requests(), on_step=self._on_step):
                 record, params = self._pending.pop(int(result.request_id))
@@ -145,6 +148,8 @@ class BatchJob:
             "num_failed": state.num_failed + self.writer.num_failed,
             "num_resumed": len(state.done),
             **self.metrics.summary(self.engine),
+            "others_busy_cpus": round(others_busy(cpu_start, sample_cpu(cpus)), 2),
+            "num_cpus": len(cpus),
         }
         return JobResult(
             num_records=self.num_done,

@@ -72,6 +72,10 @@ class RequestBuilder:
         """The request for record; raises RequestError if it cannot run."""
         if record.error is not None:
             raise RequestError(record.error)
+        if self.chat_template.apply_to_prompts and isinstance(record.prompt, str):
+            record = record._replace(
+                prompt=None, messages=[{"role": "user", "content": record.prompt}]
+            )
         if self.pooling is not None:
             params = self._pooling_params(record, self.pooling)
         else:

@@ -7,6 +7,7 @@ import torch
 from transformers import PreTrainedModel
 
 from pagedgen.config import EngineConfig
+from pagedgen.cpu_load import sample_cpu
 from pagedgen.engine.llm_engine import log_to_stderr
 from pagedgen.engine.model_setup import pick_device, pick_dtype
 from pagedgen.entrypoints.batch.requests import vocab_size_of
@@ -17,7 +18,7 @@ from pagedgen.entrypoints.bench.overhead import profile_engine, step_timers_sync
 from pagedgen.entrypoints.bench.profile_steps import profile_decode_steps, profile_mixed_steps
 from pagedgen.entrypoints.bench.result import RunResult, agreement, ratios
 from pagedgen.entrypoints.bench.roofline import Roofline, measure_roofline
-from pagedgen.entrypoints.bench.system import machine_info, machine_state, sample_cpu
+from pagedgen.entrypoints.bench.system import machine_info, machine_state
 from pagedgen.entrypoints.bench.workload_file import (
     check_workload,
     is_workload_file,

@@ -1,6 +1,6 @@
 from dataclasses import dataclass, field
 
-from pagedgen.entrypoints.bench.system import cpu_shares, sample_cpu
+from pagedgen.cpu_load import cpu_shares, sample_cpu
 
 
 @dataclass(slots=True)

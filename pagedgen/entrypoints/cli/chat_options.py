@@ -23,6 +23,13 @@ DEFAULT_CHAT_TEMPLATE_KWARGS = option(
     'a line\'s own "chat_template_kwargs" go over them',
     metavar="JSON",
 )
+APPLY_CHAT_TEMPLATE = option(
+    CHAT_PANEL,
+    False,
+    "--apply-chat-template",
+    help="send each plain text prompt through the chat template, as one user message (an "
+    "instruct model's answer), as lm-eval's and SGLang's option of this name do",
+)
 
 
 TOOL_CALL_PARSER = option(
@@ -43,9 +50,11 @@ def check_tool_call_parser(tool_call_parser: str | None) -> None:
         )
 
 
-def chat_template(template: str | None, kwargs_json: str | None) -> ChatTemplate:
-    """The ChatTemplate of --chat-template (a file's text, or the template itself) and
-    --default-chat-template-kwargs; raises ValueError for a bad one."""
+def chat_template(
+    template: str | None, kwargs_json: str | None, apply_to_prompts: bool = False
+) -> ChatTemplate:
+    """The ChatTemplate of --chat-template (a file's text, or the template itself),
+    --default-chat-template-kwargs and --apply-chat-template; raises ValueError for a bad one."""
     source = "--chat-template"
     if template is not None and "{" not in template:
         path = Path(template)
@@ -55,7 +64,7 @@ def chat_template(template: str | None, kwargs_json: str | None) -> ChatTemplate
     if template is not None:
         check_jinja(template, source)
     kwargs = json_object("--default-chat-template-kwargs", kwargs_json) or {}
-    return ChatTemplate(template, kwargs)
+    return ChatTemplate(template, kwargs, apply_to_prompts)
 
 
 def check_jinja(template: str, source: str) -> None:

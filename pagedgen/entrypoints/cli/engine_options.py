@@ -191,7 +191,11 @@ ENGINE = opt.OptionGroup(
         ),
         "num_threads": (
             int | None,
-            _execution(None, help="CPU threads [default: torch's choice]", metavar="N"),
+            _execution(
+                None,
+                help="CPU threads [default: one a core, less those other processes keep busy]",
+                metavar="N",
+            ),
         ),
         "attention_backend": (
             str,

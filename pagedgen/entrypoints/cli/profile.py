@@ -47,6 +47,7 @@ def profile(
     ignore_eos: bool = opt.sampling_option(False, help="real run: generate max_tokens every time"),
     chat_template: str | None = chat_opt.CHAT_TEMPLATE,
     default_chat_template_kwargs: str | None = chat_opt.DEFAULT_CHAT_TEMPLATE_KWARGS,
+    apply_chat_template: bool = chat_opt.APPLY_CHAT_TEMPLATE,
 ) -> None:
     """Report how well the paged KV cache is used for INPUT and a model.
 
@@ -62,7 +63,9 @@ def profile(
         n=n, max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
     )
     try:
-        template = chat_opt.chat_template(chat_template, default_chat_template_kwargs)
+        template = chat_opt.chat_template(
+            chat_template, default_chat_template_kwargs, apply_chat_template
+        )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     options = ProfileOptions(

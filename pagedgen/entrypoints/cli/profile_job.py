@@ -51,6 +51,8 @@ def profile_job(options: ProfileOptions) -> int:
     except (ValueError, InputError) as e:
         errors.print(f"[red]error:[/] {e}", highlight=False)
         return EXIT_USAGE
+    if source.note:
+        log(source.note)
     try:
         model_dir = resolve_model(config.model, config.download_dir, config.revision).path
         if job_task(config.runner, model_dir, config.hf_overrides) is not None:

@@ -3,7 +3,14 @@ from collections import deque
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.text import Text
 
 from pagedgen.entrypoints.batch.job import JobProgress
@@ -44,6 +51,34 @@ class LiveProgress:
         if self.live_display:
             self.live.refresh()
             self.live.stop()
+
+
+class StartupStatus:
+    """A spinner line on a terminal while the engine starts: what it does now (loading the
+    model, capturing CPU graphs) and for how long; the startup lines print above it."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.live_display = enabled and console.is_terminal
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self.task = self.progress.add_task("starting", total=None)
+
+    def __enter__(self) -> "StartupStatus":
+        if self.live_display:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live_display:
+            self.progress.stop()
+
+    def update(self, phase: str) -> None:
+        self.progress.update(self.task, description=phase)
 
 
 class RunProgress(LiveProgress):

@@ -87,6 +87,7 @@ def run(
     ),
     chat_template: str | None = chat_opt.CHAT_TEMPLATE,
     default_chat_template_kwargs: str | None = chat_opt.DEFAULT_CHAT_TEMPLATE_KWARGS,
+    apply_chat_template: bool = chat_opt.APPLY_CHAT_TEMPLATE,
     tool_call_parser: str | None = chat_opt.TOOL_CALL_PARSER,
 ) -> None:
     """Generate a completion for every request of INPUT and write one JSON line each to OUTPUT.
@@ -103,7 +104,9 @@ def run(
 
     try:
         structured_outputs = structured_outputs_option(json_schema, regex, choice)
-        template = chat_opt.chat_template(chat_template, default_chat_template_kwargs)
+        template = chat_opt.chat_template(
+            chat_template, default_chat_template_kwargs, apply_chat_template
+        )
         chat_opt.check_tool_call_parser(tool_call_parser)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

@@ -15,7 +15,7 @@ from pagedgen.entrypoints.batch.job import ORDERS, BatchJob, JobResult
 from pagedgen.entrypoints.batch.requests import sampling_defaults
 from pagedgen.entrypoints.chat_template import ChatTemplate
 from pagedgen.entrypoints.cli.checks import check_engine_fits, check_stats_json, fill_closed_std_fds
-from pagedgen.entrypoints.cli.progress import RunProgress
+from pagedgen.entrypoints.cli.progress import RunProgress, StartupStatus
 from pagedgen.entrypoints.cli.signals import Interrupted, StopSignals, stdout_reader_gone
 from pagedgen.entrypoints.cli.summary import print_summary
 from pagedgen.entrypoints.io import (
@@ -96,6 +96,8 @@ def generation_options(options: RunOptions, input_format: str) -> GenerationOpti
     values["--lora-modules"] = {name: lora.lora_path for name, lora in options.loras.items()}
     values["--chat-template"] = options.chat_template.chat_template
     values["--default-chat-template-kwargs"] = options.chat_template.chat_template_kwargs
+    if options.chat_template.apply_to_prompts:  # (absent from outputs made before it was)
+        values["--apply-chat-template"] = True
     values["--tool-call-parser"] = options.tool_call_parser
     spec = options.input
     values["--input-format"] = input_format
@@ -198,8 +200,9 @@ def run_job(options: RunOptions) -> int:
         except Interrupted as e:
             console.print(f"interrupted ({e}) before the run started")
             return signals.exit_code
-        if output.note is not None:
-            console.print(escape(output.note))
+        for note in (output.note, source and source.note):
+            if note:
+                console.print(escape(note))
         if source is None:
             return _no_records(console, options, output)
         print_model_sampling(console, options)
@@ -287,7 +290,8 @@ def _run(
     try:
         reopen = None if options.input.path == "-" else lambda: open_input(options.input)
         source = resume_source(source, output.state, output.path, reopen)
-        llm = LLM(log=console.print, **asdict(options.engine))
+        with StartupStatus(console, options.progress) as startup:
+            llm = LLM(log=console.print, status=startup.update, **asdict(options.engine))
         if signals.signum is not None:  # library code the signal struck swallowed Interrupted
             raise Interrupted(signals.signum)
         job = BatchJob(

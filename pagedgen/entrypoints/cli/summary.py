@@ -3,6 +3,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pagedgen.cpu_load import BUSY_CPUS
 from pagedgen.entrypoints.batch.job import JobResult
 
 
@@ -42,6 +43,12 @@ def print_summary(console: Console, result: JobResult, output: str) -> None:
             "tokens per verifying step",
         )
     console.print(table)
+    if s.get("others_busy_cpus", 0.0) >= BUSY_CPUS:
+        console.print(
+            f"[yellow]note:[/] other processes kept {s['others_busy_cpus']:.1f} of the "
+            f"{s['num_cpus']} CPUs busy during the run: these figures are below what this machine "
+            "gives when quiet"
+        )
     if result.num_failed:
         lines = ", ".join(str(line) for line in result.failed_lines)
         more = ", ..." if result.num_failed > len(result.failed_lines) else ""

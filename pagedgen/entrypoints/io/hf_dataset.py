@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedgen import envs
-from pagedgen.entrypoints.io.records import InputRecord, parse_native
+from pagedgen.entrypoints.io.records import NATIVE_FIELDS, InputRecord, parse_native
 from pagedgen.entrypoints.io.spec import InputError, InputSpec
 
 BUILDERS = {
@@ -22,38 +22,54 @@ BUILDERS = {
 PROMPT_COLUMNS = ("prompt", "text", "question", "instruction")
 
 
-def read_dataset(spec: InputSpec) -> tuple[Iterator[InputRecord], int | None]:
+def read_dataset(spec: InputSpec) -> tuple[Iterator[InputRecord], int | None, str | None]:
+    """The rows as records, their count where cheap, and a note naming the column read as the
+    prompt where no option named it and it is not a "prompt" or "messages" column."""
     rows, columns, total = _load(spec)
     prompt_column, messages_column = _pick_columns(spec, columns)
     for column in (spec.id_column, spec.reference_column):
         if column is not None and column not in columns:
             raise InputError(f"column {column!r} is not in the dataset; its columns: {columns}")
+    id_column = spec.id_column or ("id" if "id" in columns else None)
+    note = None
+    if spec.prompt_column is None and prompt_column not in (None, "prompt"):
+        note = (
+            f"reading the dataset's column {prompt_column!r} as the prompt (its columns: "
+            f"{', '.join(columns)}); --prompt-column or --messages-column names another"
+        )
 
     def records() -> Iterator[InputRecord]:
-        for index, row in enumerate(rows):
-            yield _record(row, index, prompt_column, messages_column, spec)
+        for line, row in enumerate(rows, start=1):
+            yield _record(row, line, prompt_column, messages_column, id_column, spec)
 
-    return records(), total
+    return records(), total, note
 
 
 def _record(
     row: dict[str, Any],
-    index: int,
+    line: int,
     prompt_column: str | None,
     messages_column: str | None,
+    id_column: str | None,
     spec: InputSpec,
 ) -> InputRecord:
-    record_id = row.get(spec.id_column) if spec.id_column else None
-    record_id = f"row-{index}" if record_id is None else str(record_id)
+    """A row read as a line of pagedgen's JSONL: its id, prompt or messages from the columns
+    chosen, and its sampling, LoRA and chat fields from the columns of those names."""
+    obj = {
+        name: row[name]
+        for name in NATIVE_FIELDS
+        if name not in ("id", "prompt", "messages") and row.get(name) is not None
+    }
+    record_id = row.get(id_column) if id_column else None
+    obj["id"] = f"row-{line}" if record_id is None else str(record_id)
     reference = row.get(spec.reference_column) if spec.reference_column else None
     column = messages_column or prompt_column
     assert column is not None
     value = row.get(column)
     if value is None:
-        error = f"column {column!r} is null"
-        return InputRecord(index + 1, record_id, error=error, unit="row")
-    obj = {"id": record_id, ("messages" if messages_column else "prompt"): value}
-    return parse_native(obj, index + 1, "row")._replace(reference=reference)
+        return InputRecord(line, obj["id"], error=f"column {column!r} is null", unit="row")
+    obj["messages" if messages_column else "prompt"] = value
+    return parse_native(obj, line, "row")._replace(reference=reference)
 
 
 def _pick_columns(spec: InputSpec, columns: list[str]) -> tuple[str | None, str | None]:

@@ -14,12 +14,14 @@ from typing import Any
 
 from pagedgen.entrypoints.io.pooling import parse_embedding_body
 from pagedgen.entrypoints.io.records import (
+    CHAT_FIELDS,
     SAMPLING_FIELDS,
     InputRecord,
     chat_options,
     check_messages,
     check_prompt,
     json_type,
+    misspelled_field,
     sampling_overrides,
 )
 from pagedgen.entrypoints.io.tools import Answer, text_messages
@@ -46,6 +48,13 @@ _UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "suffix": (None, ""),
     "best_of": (None, 1),
 }
+# Every body field read or knowingly ignored: a near miss of one fails its request, as a
+# native line's does
+BODY_FIELDS = [
+    "messages", "prompt", "input", "model", "user", "metadata", "store", "service_tier",
+    "response_format", "encoding_format", "dimensions", "truncate_prompt_tokens", "use_activation",
+    *SAMPLING_FIELDS, *_RENAMED, *_UNSUPPORTED, *CHAT_FIELDS,
+]  # fmt: skip
 
 
 def is_openai_request(obj: object) -> bool:
@@ -71,6 +80,9 @@ def parse_openai(obj: object, line: int) -> InputRecord:
         return record._replace(error=f"'body' must be an object, got {json_type(body)}")
     if isinstance(body.get("model"), str):
         record = record._replace(model=body["model"])
+    misspelled = misspelled_field(body, BODY_FIELDS)
+    if misspelled is not None:
+        return record._replace(error=f"{misspelled} (in 'body')")
     if record.endpoint == "embeddings":
         return parse_embedding_body(record, body)
     if record.endpoint == "chat":

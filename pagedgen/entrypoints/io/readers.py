@@ -11,6 +11,7 @@ from pagedgen.entrypoints.io.shard import parse_shard
 from pagedgen.entrypoints.io.spec import InputError, InputSpec
 
 DATASET_SUFFIXES = (".parquet", ".csv", ".arrow", ".json")
+NOT_JSON = object()  # what _peek_object finds in lines none of which is JSON
 
 
 class InputSource(NamedTuple):
@@ -19,6 +20,7 @@ class InputSource(NamedTuple):
     records: Iterator[InputRecord]
     total: int | None
     format: str  # jsonl, openai, text, dataset or sharegpt
+    note: str | None = None  # how the input was read, where the user did not say (stderr)
 
     @property
     def is_openai(self) -> bool:
@@ -29,14 +31,14 @@ def open_input(spec: InputSpec) -> InputSource:
     """Opens spec.path as the format it names (or looks like); raises InputError if unreadable."""
     if spec.path == "-" and sys.stdin is None:
         raise InputError("stdin is closed; give the input as a file")
-    input_format = spec.input_format
+    input_format, note = spec.input_format, None
     if input_format == "auto":
         input_format = detect_format(spec.path)
     spec.check_format(input_format)
     if input_format == "dataset":
         from pagedgen.entrypoints.io.hf_dataset import read_dataset
 
-        records, total = read_dataset(spec)
+        records, total, note = read_dataset(spec)
     elif input_format == "sharegpt":
         from pagedgen.entrypoints.io.sharegpt import read_sharegpt
 
@@ -47,7 +49,12 @@ def open_input(spec: InputSpec) -> InputSource:
         if input_format == "text":
             records = read_text(lines)
         else:
-            peeked, lines = _peek_object(lines)
+            peeked, lines = _peek_object(lines, 1 if spec.path == "-" else 100)
+            if peeked is NOT_JSON and spec.input_format == "auto":
+                where = "stdin's first line" if spec.path == "-" else f"{spec.path!r}"
+                raise InputError(
+                    f"{where} is not JSON; for plain prompts, one a line, use --input-format text"
+                )
             if input_format == "jsonl" and is_openai_request(peeked):
                 input_format = "openai"
             parse = parse_openai if input_format == "openai" else parse_native
@@ -59,7 +66,7 @@ def open_input(spec: InputSpec) -> InputSource:
         shard = parse_shard(spec.shard)
         records = shard.filter(records)
         total = None if total is None else shard.size_of(total)
-    return InputSource(records, total, input_format)
+    return InputSource(records, total, input_format, note)
 
 
 def detect_format(path: str) -> str:
@@ -68,6 +75,8 @@ def detect_format(path: str) -> str:
     if path == "sharegpt":
         return "sharegpt"
     p = Path(path)
+    if p.suffix == ".json" and p.is_file() and _first_line_is_an_object(p):
+        return "jsonl"  # JSON lines named .json
     if p.is_dir() or p.suffix in DATASET_SUFFIXES:
         if not p.exists():
             raise InputError(f"input {path!r} not found")
@@ -79,6 +88,21 @@ def detect_format(path: str) -> str:
     if path.count("/") == 1 and not path.startswith((".", "/", "~")):
         return "dataset"  # a Hugging Face hub id, read from the local cache
     raise InputError(f"input file {path!r} not found")
+
+
+def _first_line_is_an_object(path: Path) -> bool:
+    """Whether the file's first line that is not blank is a whole JSON object by itself."""
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if raw.strip():
+                    try:
+                        return isinstance(json.loads(raw), dict)
+                    except ValueError:
+                        return False
+    except OSError:
+        return False
+    return False
 
 
 def read_jsonl(
@@ -167,16 +191,23 @@ def _count_lines(path: str) -> int:
         raise InputError(f"cannot read input {path!r}: {e.strerror}") from e
 
 
-def _peek_object(lines: Iterator[bytes]) -> tuple[Any, Iterator[bytes]]:
-    """The first line that parses as JSON, and the lines with the peeked ones put back."""
+def _peek_object(lines: Iterator[bytes], limit: int) -> tuple[Any, Iterator[bytes]]:
+    """The first line that parses as JSON among the first `limit` that are not blank (NOT_JSON
+    if none does, None if there are none), and the lines with the peeked ones put back."""
     seen: list[bytes] = []
-    for raw in islice(lines, 100):
+    found = None
+    for raw in lines:
         seen.append(raw)
+        if raw.isspace() or not raw:
+            continue
         try:
             return json.loads(raw), _put_back(seen, lines)
         except ValueError:
-            continue
-    return None, _put_back(seen, lines)
+            found = NOT_JSON
+            limit -= 1
+            if limit == 0:
+                break
+    return found, _put_back(seen, lines)
 
 
 def _put_back(seen: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]:

@@ -2,6 +2,7 @@ import difflib
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pagedgen.entrypoints.io.tools import check_tools, text_messages
@@ -54,9 +55,9 @@ POOLING_FIELDS = {"dimensions": _OPTIONAL_INT, "use_activation": _OPTIONAL_BOOL}
 class InputRecord(NamedTuple):
     """One input request: a prompt or chat messages, with its own sampling overrides.
 
-    line is the 1-based position in the input (the line of a file, the row + 1 of a dataset); it
-    is the key that --resume matches output records by. unit names positions in messages: line 7
-    of a file, row 6 of a dataset. A record that cannot run carries error.
+    line is the 1-based position in the input (the line of a file, the row of a dataset); it is
+    the key that --resume matches output records by. unit names positions in messages: line 7
+    of a file, row 7 of a dataset. A record that cannot run carries error.
     """
 
     line: int
@@ -67,7 +68,7 @@ class InputRecord(NamedTuple):
     error: str | None = None
     reference: Any = None  # a reference completion (text or token count) for profile
     endpoint: str | None = None  # "chat" or "completions" for OpenAI batch input
-    unit: str = "line"  # "line" counts from 1; "row" and "conversation" count from 0
+    unit: str = "line"  # what a position counts: lines, dataset rows, conversations, from 1
     lora: str | None = None  # the LoRA adapter (a --lora-modules name) the line asks for
     model: str | None = None  # an OpenAI body's model: a LoRA adapter where it names one
     chat: dict[str, Any] = {}  # CHAT_FIELDS the line sets, for its messages
@@ -77,7 +78,7 @@ class InputRecord(NamedTuple):
         return self.where_at(self.line)
 
     def where_at(self, line: int) -> str:
-        return f"line {line}" if self.unit == "line" else f"{self.unit} {line - 1}"
+        return f"{self.unit} {line}"
 
 
 def request_hash(record: InputRecord) -> str:
@@ -211,7 +212,7 @@ def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
         error = f"'id' must be a string or an integer, got {json_type(record_id)}"
         return InputRecord(line, default_id, error=error, unit=unit)
     record = InputRecord(line, str(record_id), unit=unit)
-    misspelled = _misspelled_field(obj)
+    misspelled = misspelled_field(obj)
     if misspelled is not None:
         return record._replace(error=misspelled)
     prompt, messages = obj.get("prompt"), text_messages(obj.get("messages"))
@@ -232,13 +233,13 @@ def parse_native(obj: object, line: int, unit: str = "line") -> InputRecord:
     )
 
 
-def _misspelled_field(obj: dict[str, Any]) -> str | None:
+def misspelled_field(obj: dict[str, Any], known: Sequence[str] = NATIVE_FIELDS) -> str | None:
     """An unknown field that is a near miss of a known one ("temprature"), which would
     otherwise be dropped unseen; other unknown fields (a line's own metadata) are left alone."""
     for name in obj:
-        if name in NATIVE_FIELDS:
+        if name in known:
             continue
-        close = difflib.get_close_matches(name, NATIVE_FIELDS, n=1, cutoff=0.85)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
         if close:
             return f"unknown field {name!r}; did you mean {close[0]!r}?"
     return None

@@ -25,7 +25,7 @@ def read_sharegpt(path: str) -> Iterator[InputRecord]:
 
 def _records(conversations: Iterator[dict]) -> Iterator[InputRecord]:
     for index, conversation in enumerate(conversations):
-        record_id = str(conversation.get("id", f"conversation-{index}"))
+        record_id = str(conversation.get("id", f"conversation-{index + 1}"))
         turns = conversation.get("conversations") or []
         if (
             len(turns) < 2

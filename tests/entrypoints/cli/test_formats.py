@@ -132,8 +132,8 @@ def test_datasets_save_to_disk_and_parquet(tiny_llama_path, tmp_path, capsys):
     )  # fmt: skip
     assert code == 1, stderr
     records = sorted(read_records(parquet_out), key=lambda r: r["line"])
-    assert [r["id"] for r in records] == ["row-0", "row-1", "row-2"]
-    assert records[2]["error"] == "row 2: column 'question' is null"
+    assert [r["id"] for r in records] == ["row-1", "row-2", "row-3"]
+    assert records[2]["error"] == "row 3: column 'question' is null"
     summary = json.loads(stats.read_text())
     assert summary["num_requests"] == 3 and summary["num_failed"] == 1
     assert summary["failed_lines"] == [3] and summary["interrupted"] is False
@@ -205,3 +205,55 @@ def test_dataset_options_are_refused_for_other_inputs(tiny_llama_path, tmp_path,
     code, _, stderr = run_in_process(capsys, "run", str(src), *options, *dataset)
     assert code == 0, stderr
     assert [r["id"] for r in read_records(out)] == ["q0", "q1"]
+
+
+def test_inputs_are_read_as_they_are(tiny_llama_path, tmp_path, capsys):
+    """JSON lines named .json, and a parquet file with id and max_tokens columns, keep their ids
+    and fields; --apply-chat-template gives plain prompts the chat template."""
+    import datasets
+
+    named_json = write_jsonl(
+        tmp_path / "requests.json",
+        [{"id": "q1", "prompt": "hello", "max_tokens": 2}, {"id": "q2", "prompt": "hi there"}],
+    )
+    out = tmp_path / "json.jsonl"
+    code, _, stderr = run_in_process(
+        capsys, "run", str(named_json), "-o", str(out), *tiny(tiny_llama_path)
+    )
+    assert code == 0, stderr
+    records = sorted(read_records(out), key=lambda r: r["line"])
+    assert [r["id"] for r in records] == ["q1", "q2"]
+    assert [r["completion_tokens"] for r in records] == [2, 5]
+
+    rows = {"id": ["p1", "p2"], "prompt": ["hello", "hi"], "max_tokens": [1, 3]}
+    datasets.Dataset.from_dict(rows).to_parquet(tmp_path / "rows.parquet")
+    out = tmp_path / "parquet.jsonl"
+    code, _, stderr = run_in_process(
+        capsys, "run", str(tmp_path / "rows.parquet"), "-o", str(out), *tiny(tiny_llama_path)
+    )
+    assert code == 0, stderr
+    records = sorted(read_records(out), key=lambda r: r["line"])
+    assert [(r["id"], r["completion_tokens"]) for r in records] == [("p1", 1), ("p2", 3)]
+
+    plain, chat = tmp_path / "plain.jsonl", tmp_path / "chat.jsonl"
+    for output, extra in ((plain, []), (chat, ["--apply-chat-template"])):
+        code, _, stderr = run_in_process(
+            capsys, "run", str(named_json), "-o", str(output), *tiny(tiny_llama_path), *extra
+        )
+        assert code == 0, stderr
+    by_id = {r["id"]: r for r in read_records(chat)}
+    for record in read_records(plain):  # the template wraps each prompt in turn markers
+        assert by_id[record["id"]]["prompt_tokens"] > record["prompt_tokens"]
+    code, _, stderr = run_in_process(
+        capsys, "run", str(named_json), "-o", str(chat), "--resume", *tiny(tiny_llama_path)
+    )
+    assert code == 2 and "--apply-chat-template" in stderr
+
+
+def test_text_on_stdin_is_refused_before_the_model_loads(tiny_llama_path, tmp_path, capsys):
+    out = tmp_path / "o.jsonl"
+    code, _, stderr = run_in_process(
+        capsys, "run", "-", "-o", str(out), *tiny(tiny_llama_path), stdin=b"tell me a story\n"
+    )
+    assert code == 2 and "--input-format text" in stderr and len(stderr.splitlines()) == 1
+    assert not out.exists()

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pagedgen.entrypoints.io.openai_batch import parse_openai
-from pagedgen.entrypoints.io.readers import open_input, read_jsonl, read_text
+from pagedgen.entrypoints.io.readers import detect_format, open_input, read_jsonl, read_text
 from pagedgen.entrypoints.io.records import parse_native
 from pagedgen.entrypoints.io.spec import InputError, InputSpec
 
@@ -136,6 +136,17 @@ def test_openai_parameters_that_change_the_answer_fail_the_request(field, value)
     assert parse_openai({**request, "body": fine}, 1).error is None
 
 
+@pytest.mark.parametrize(
+    "body,message",
+    [({"prompt": "x", "temprature": 0.5}, "'temprature'; did you mean 'temperature'?"),
+     ({"prompt": "x", "max_token": 5}, "did you mean 'max_tokens'?"),
+     ({"prompt": "x", "top_logprob": 2}, "did you mean 'top_logprobs'?")],
+)  # fmt: skip
+def test_near_misses_in_an_openai_body_fail_their_line(body, message):
+    request = {"custom_id": "c", "url": "/v1/completions", "body": body}
+    assert message in parse_openai(request, 1).error
+
+
 def test_format_detection_and_openai_peek(tmp_path):
     path = tmp_path / "batch.jsonl"
     path.write_text(
@@ -184,12 +195,12 @@ def test_save_to_disk_folder_with_columns(dataset_files):
     records = list(source.records)
     assert [r.id for r in records] == ["10", "11", "12", "13"]
     assert [r.prompt for r in records] == ["a", "b", None, "d"]
-    assert records[2].error == "column 'question' is null" and records[2].where == "row 2"
+    assert records[2].error == "column 'question' is null" and records[2].where == "row 3"
     assert records[3].reference == "four five six" and records[0].line == 1
     chats = list(
         open_input(InputSpec(str(dataset_files / "saved"), messages_column="chat")).records
     )
-    assert chats[1].messages == [{"role": "user", "content": "x"}] and chats[1].id == "row-1"
+    assert chats[1].messages == [{"role": "user", "content": "x"}] and chats[1].id == "row-2"
     test_split = open_input(InputSpec(str(dataset_files / "dict"), split="test"))
     assert test_split.total == 1
     with pytest.raises(InputError, match="split 'dev'"):
@@ -231,4 +242,66 @@ def test_hub_id_reads_the_local_cache_offline(tmp_path, monkeypatch, dataset_fil
 
 def test_parse_native_units_name_rows():
     record = parse_native({"prompt": ""}, 5, unit="row")
-    assert record.where == "row 4" and record.where_at(1) == "row 0"
+    assert record.where == "row 5" and record.where_at(1) == "row 1"
+
+
+def test_a_dataset_row_is_read_as_a_line(tmp_path):
+    """An id column, sampling and chat fields in columns of their names, as a JSONL line's."""
+    import datasets
+
+    rows = {
+        "id": ["a", "b", "c"],
+        "prompt": ["one", None, "three"],
+        "max_tokens": [3, 4, None],
+        "temperature": [0.0, 0.5, 0.7],
+        "notes": ["x", "y", "z"],  # a column of the row's own, ignored
+    }
+    datasets.Dataset.from_dict(rows).to_parquet(tmp_path / "rows.parquet")
+    source = open_input(InputSpec(str(tmp_path / "rows.parquet")))
+    records = list(source.records)
+    assert source.note is None  # a "prompt" column needs no saying
+    assert [r.id for r in records] == ["a", "b", "c"] and [r.line for r in records] == [1, 2, 3]
+    assert records[0].sampling == {"max_tokens": 3, "temperature": 0.0}
+    assert records[1].error == "column 'prompt' is null" and records[1].where == "row 2"
+    assert records[2].sampling == {"temperature": 0.7}
+
+
+def test_the_column_taken_as_the_prompt_is_named(dataset_files):
+    source = open_input(InputSpec(str(dataset_files / "rows.parquet")))
+    assert "column 'question' as the prompt" in source.note and "--prompt-column" in source.note
+    assert (
+        open_input(InputSpec(str(dataset_files / "rows.parquet"), prompt_column="question")).note
+        is None
+    )
+
+
+def test_json_lines_named_json_are_jsonl(tmp_path):
+    lines = tmp_path / "requests.json"
+    lines.write_text(
+        '{"id": "q1", "prompt": "hi", "max_tokens": 2}\n'
+        '{"messages": [{"role": "user", "content": "x"}]}\n'
+    )
+    source = open_input(InputSpec(str(lines)))
+    records = list(source.records)
+    assert source.format == "jsonl" and records[0].id == "q1"
+    assert records[0].sampling == {"max_tokens": 2} and records[1].messages is not None
+    array = tmp_path / "rows.json"
+    array.write_text('[\n  {"prompt": "hi"}\n]\n')
+    assert detect_format(str(array)) == "dataset"
+
+
+def test_text_where_json_lines_are_expected_is_refused_with_the_hint(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello there\n{}\n")))
+    with pytest.raises(InputError, match="stdin's first line is not JSON.*--input-format text"):
+        open_input(InputSpec("-"))
+    text = tmp_path / "prompts.jsonl"
+    text.write_text("\nfirst prompt\nsecond prompt\n")
+    with pytest.raises(InputError, match="is not JSON.*--input-format text"):
+        open_input(InputSpec(str(text)))
+    text.write_text('not json\n{"prompt": "a bad first line, then good ones"}\n')
+    records = list(open_input(InputSpec(str(text))).records)  # one bad line among good ones
+    assert records[0].error.startswith("invalid JSON") and records[1].prompt
+    assert [r.prompt for r in open_input(InputSpec(str(text), input_format="text")).records]
