@@ -39,20 +39,18 @@ def test_a_spinning_process_is_seen():
 
 def test_a_busy_machine_runs_fewer_threads_and_says_so(monkeypatch):
     before = torch.get_num_threads()
-    logged: list[str] = []
     try:
         monkeypatch.setattr(cpu_threads, "default_num_threads", lambda: 2)
         monkeypatch.setattr(cpu_threads, "_fitted", [])
         torch.set_num_threads(2)
         monkeypatch.setattr(cpu_threads, "cpu_budget", lambda: CpuBudget(2, 1.1))
-        assert cpu_threads.fit_num_threads(None, logged.append) == 1
-        assert torch.get_num_threads() == 1
-        assert len(logged) == 1 and "running 1 thread (--num-threads N" in logged[0]
+        threads, note = cpu_threads.fit_num_threads(None)
+        assert threads == torch.get_num_threads() == 1
+        assert "running 1 thread (--num-threads N" in note
         monkeypatch.setattr(cpu_threads, "cpu_budget", lambda: CpuBudget(2, 0.1))
-        assert cpu_threads.fit_num_threads(None, logged.append) == 2 and len(logged) == 1
+        assert cpu_threads.fit_num_threads(None) == (2, None)
         monkeypatch.setattr(cpu_threads, "cpu_budget", lambda: CpuBudget(2, 2.0))
-        assert cpu_threads.fit_num_threads(2, logged.append) == 2  # asked for: kept, unsaid
-        assert len(logged) == 1
+        assert cpu_threads.fit_num_threads(2) == (2, None)  # asked for: kept, unsaid
     finally:
         torch.set_num_threads(before)
 
@@ -70,6 +68,6 @@ def test_a_count_the_caller_set_is_kept(monkeypatch):
         monkeypatch.setattr(cpu_threads, "cpu_budget", lambda: CpuBudget(2, 0.0))
         monkeypatch.setattr(cpu_threads, "_fitted", [])
         torch.set_num_threads(1)  # as a script may before LLM()
-        assert cpu_threads.fit_num_threads(None, print) == 1
+        assert cpu_threads.fit_num_threads(None) == (1, None)
     finally:
         torch.set_num_threads(before)

@@ -25,11 +25,12 @@ from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.kernels.cpu_features import cpu_compute_dtype, isa_name
 from pagedgen.layers.linear import describe_cpu_compute
-from pagedgen.loader import load_model, resolve_model
+from pagedgen.loader import resolve_model
 from pagedgen.loader.generation_config import generation_eos_token_ids
 from pagedgen.loader.model_files import load_config, load_tokenizer
 from pagedgen.loader.quantized import check_quantization
 from pagedgen.loader.resolve import resolve_tokenizer
+from pagedgen.loader.weights import load_model
 from pagedgen.model_config import freeable_window
 from pagedgen.models.classifier import classifier_tokens
 from pagedgen.models.registry import get_model_class
@@ -114,7 +115,10 @@ def setup_model(
 ) -> ModelSetup:
     """Loads the model, builds its runner and sizes its KV pool; logs what it built."""
     status("loading the model")
-    loaded = load(config, log)
+    threads_note = None
+    if pick_device(config.device).type == "cpu":
+        _, threads_note = fit_num_threads(config.num_threads)
+    loaded = load(config)
     status("allocating the KV cache")
     runner = build_runner(config, loaded)
     kv_cache_bytes = kv_cache_budget(config, runner, loaded.max_model_len)
@@ -124,6 +128,8 @@ def setup_model(
         pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs.cuda or graphs.cpu
     )
     log(describe_model(config, loaded))
+    if threads_note is not None:
+        log(threads_note)
     log(describe_pool(pool, loaded.geometry, config.block_size, kv_cache_bytes))
     if loaded.pooler_config is not None:
         pooler_config = loaded.pooler_config
@@ -149,12 +155,11 @@ def setup_model(
     )
 
 
-def load(config: EngineConfig, log: Callable[[str], None] = log_to_stderr) -> LoadedModel:
+def load(config: EngineConfig) -> LoadedModel:
     """Device and dtype, then the checkpoint: its config checked before the slow loads (an
     unsupported architecture or quantization fails first), the tokenizer, the model."""
     device = pick_device(config.device)
     if device.type == "cpu":
-        fit_num_threads(config.num_threads, log)
         keep_freed_memory()
     elif config.num_threads is not None:
         torch.set_num_threads(config.num_threads)

@@ -1,4 +1,6 @@
-from pagedgen.loader.resolve import DEFAULT_MODEL, ModelNotFoundError, ResolvedModel, resolve_model
-from pagedgen.loader.weights import load_model
+"""Finding a model's files and loading its weights. Finding needs no torch: the CLI resolves a
+model before it imports the engine."""
 
-__all__ = ["DEFAULT_MODEL", "ModelNotFoundError", "ResolvedModel", "load_model", "resolve_model"]
+from pagedgen.loader.resolve import DEFAULT_MODEL, ModelNotFoundError, ResolvedModel, resolve_model
+
+__all__ = ["DEFAULT_MODEL", "ModelNotFoundError", "ResolvedModel", "resolve_model"]

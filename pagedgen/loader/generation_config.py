@@ -5,8 +5,6 @@ its config.json where it has none), then override_generation_config on top."""
 from pathlib import Path
 from typing import Any
 
-from transformers import GenerationConfig, PretrainedConfig
-
 # The generation config fields vLLM takes as sampling defaults; max_new_tokens is max_tokens.
 SAMPLING_KEYS = (
     "repetition_penalty",
@@ -54,12 +52,16 @@ def _generation_fields(
         folder = Path(generation_config)
         if not (folder / "generation_config.json").is_file():
             raise ValueError(f"generation_config: no generation_config.json in {folder}")
+        from transformers import GenerationConfig
+
         config = GenerationConfig.from_pretrained(folder).to_diff_dict()
     config.update(overrides or {})
     return config
 
 
 def _non_default_fields(model_dir: Path) -> dict[str, Any]:
+    from transformers import GenerationConfig, PretrainedConfig
+
     try:
         return GenerationConfig.from_pretrained(model_dir).to_diff_dict()
     except OSError:  # no generation_config.json: the generation fields of config.json, if any

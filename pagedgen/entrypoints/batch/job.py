@@ -2,7 +2,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pagedgen.cpu_load import allowed_cpus, others_busy, sample_cpu
 from pagedgen.engine.llm_engine import LLMEngine
@@ -20,10 +20,12 @@ from pagedgen.entrypoints.io.readers import InputSource
 from pagedgen.entrypoints.io.records import InputRecord
 from pagedgen.entrypoints.io.resume import resume_source
 from pagedgen.entrypoints.io.writer import MAX_FAILED_LINES, OutputWriteError, RecordWriter
-from pagedgen.entrypoints.llm import LLM
 from pagedgen.lora.request import LoRARequest
 from pagedgen.pooling.params import PoolingParams
 from pagedgen.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedgen.entrypoints.llm import LLM
 
 ORDERS = ("input", "completion")
 
@@ -63,7 +65,7 @@ class BatchJob:
 
     def __init__(
         self,
-        llm: LLM,
+        llm: "LLM",
         source: InputSource,
         output: OutputFile,
         sampling: dict[str, Any] | None = None,

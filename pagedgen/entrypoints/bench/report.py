@@ -1,8 +1,8 @@
 from rich.console import Console
-from rich.table import Table
 
 from pagedgen.entrypoints.bench.decode_bound import decode_bound_line
 from pagedgen.entrypoints.bench.overhead import PARTS
+from pagedgen.entrypoints.tables import figures_table
 
 
 def render(report: dict, console: Console) -> None:
@@ -114,12 +114,12 @@ def host_line(profile: dict) -> str:
 
 
 def _render_throughput(report: dict, console: Console) -> None:
-    table = Table(title="throughput (vLLM bench throughput figures)")
-    for column in ("engine", "requests/s", "total tokens/s", "output tokens/s", "elapsed s"):
+    table = figures_table("throughput (vLLM bench throughput figures)")
+    for column in ("engine", "requests\n/s", "total\ntokens/s", "output\ntokens/s", "elapsed\ns"):
         table.add_column(column, justify="left" if column == "engine" else "right")
-    table.add_column("% matmul peak", justify="right")
-    table.add_column("others' CPU %", justify="right")
-    table.add_column("steal %", justify="right")
+    table.add_column("% matmul\npeak", justify="right")
+    table.add_column("others'\nCPU %", justify="right")
+    table.add_column("steal\n%", justify="right")
     for name, run in report["runs"].items():
         share = run.get("matmul_peak_share")
         label = name + "".join(f" ({run[k]})" for k in ("engine", "note") if run.get(k))
@@ -137,8 +137,8 @@ def _render_throughput(report: dict, console: Console) -> None:
     console.print(table)
     if not report["ratios"]:
         return
-    table = Table(title="pagedgen / baseline")
-    for column in ("baseline", "requests/s", "total tokens/s", "output tokens/s", "identical"):
+    table = figures_table("pagedgen / baseline")
+    for column in ("baseline", "requests\n/s", "total\ntokens/s", "output\ntokens/s", "identical"):
         table.add_column(column, justify="left" if column == "baseline" else "right")
     for name, ratio in report["ratios"].items():
         same = report["agreement"].get(name)
@@ -159,7 +159,7 @@ def _render_throughput(report: dict, console: Console) -> None:
 
 
 def _render_overhead(overhead: dict, console: Console) -> None:
-    table = Table(title="pagedgen step time by part, timed in the pagedgen run")
+    table = figures_table("pagedgen step time by part, timed in the pagedgen run")
     table.add_column("")
     for kind in overhead:
         table.add_column(kind.replace("_", " "), justify="right")
@@ -176,9 +176,9 @@ def _render_overhead(overhead: dict, console: Console) -> None:
 
 
 def _render_latency(runs: dict, console: Console) -> None:
-    table = Table(title="batch-1 latency")
-    columns = ("engine", "TTFT ms", "decode ms/token", "decode tokens/s", "output tokens/s")
-    for column in (*columns, "% bandwidth bound", "pagedgen decode speedup"):
+    table = figures_table("batch-1 latency")
+    columns = ("engine", "TTFT\nms", "decode\nms/token", "decode\ntokens/s", "output\ntokens/s")
+    for column in (*columns, "% band-\nwidth bound", "pagedgen decode\nspeedup"):
         table.add_column(column, justify="left" if column == "engine" else "right")
     for name, run in runs.items():
         share = run.get("bandwidth_share")

@@ -1,6 +1,7 @@
 """What `pagedgen run` checks before it loads a model or touches its output: every mistake a
 user can make there is one line and exit 2, found in a second instead of after a long start-up."""
 
+import glob
 import math
 import os
 import sys
@@ -24,13 +25,11 @@ def fill_closed_std_fds() -> None:
 def check_engine_fits(config: EngineConfig) -> None:
     """Raises ValueError for an engine this machine cannot run: a GPU device or backend without
     a GPU, a KV cache (and swap pool) on the CPU larger than the memory available."""
-    import torch
-
     for name in ("kv_cache_memory", "swap_space"):
         value = getattr(config, name)
         if value is not None and not math.isfinite(value):
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    has_cuda = torch.cuda.is_available()
+    has_cuda = cuda_available()
     if config.device.startswith("cuda") and not has_cuda:
         raise ValueError(f"--device {config.device}: torch sees no CUDA GPU on this machine")
     on_gpu = config.device.startswith("cuda") or (config.device == "auto" and has_cuda)
@@ -46,6 +45,16 @@ def check_engine_fits(config: EngineConfig) -> None:
             f"--kv-cache-memory {config.kv_cache_memory:g} GiB (+ --swap-space "
             f"{config.swap_space:g}) is more than the {available:.1f} GiB of memory available"
         )
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), without importing torch (a second) on a machine with no
+    NVIDIA device file: the CLI answers a usage error or an empty input at once there."""
+    if not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/proc/driver/nvidia"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def mem_available_gib() -> float | None:

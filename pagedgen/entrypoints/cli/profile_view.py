@@ -1,9 +1,9 @@
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from pagedgen.entrypoints.cli.summary import grammar_rows
 from pagedgen.entrypoints.profile.profiler import ProfileReport
+from pagedgen.entrypoints.tables import figures_table
 
 
 def render_report(console: Console, report: ProfileReport) -> None:
@@ -62,7 +62,7 @@ def render_report(console: Console, report: ProfileReport) -> None:
         paged.add_row(*row)
     console.print(paged)
 
-    contiguous = _columns("paged vs contiguous allocation, same memory")
+    contiguous = figures_table("paged vs contiguous allocation, same memory")
     for column in (
         "allocation",
         "slots per\nsequence",
@@ -80,7 +80,7 @@ def render_report(console: Console, report: ProfileReport) -> None:
     console.print(contiguous)
 
     if report.block_sizes:
-        sizes = _columns(
+        sizes = figures_table(
             "block sizes at the same memory (simulated"
             + (" with the run's output lengths)" if report.mode == "real" else ")")
         )
@@ -110,18 +110,6 @@ def render_report(console: Console, report: ProfileReport) -> None:
                 _pct(row["prefix_sharing_savings"]),
             )
         console.print(sizes)
-
-
-def _columns(title: str) -> Table:
-    """A table with a header and no inner rules: nine columns of figures fit 80 columns."""
-    return Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        padding=(0, 1, 0, 0),
-        pad_edge=False,
-    )
 
 
 def _pairs(title: str) -> Table:

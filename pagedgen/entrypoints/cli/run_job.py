@@ -232,17 +232,20 @@ def _claim(options: RunOptions) -> tuple[InputSource | None, OutputFile]:
     ).path
     source = open_input(options.input)
     generation = generation_options(options, source.format)
-    if not pools_prompts(options, model_dir):
-        take_model_sampling_defaults(options, model_dir)
+    pools = pools_prompts(options, model_dir)
     output = OutputFile(
         options.output, options.resume, options.overwrite, options.input.path, generation
     )
     try:
         peeked = peek_records(source)
+        if peeked is None and not output.state.done:
+            return None, output
+        if not pools:
+            take_model_sampling_defaults(options, model_dir)
     except BaseException:
         output.close(keep=False)
         raise
-    return (None if peeked is None and not output.state.done else peeked or source), output
+    return peeked or source, output
 
 
 def peek_records(source: InputSource) -> InputSource | None:
