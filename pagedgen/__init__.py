@@ -9,6 +9,7 @@ from typing import Any
 
 _EXPORTS = {
     "LLM": "pagedgen.entrypoints.llm",
+    "Logprob": "pagedgen.outputs",
     "LoRARequest": "pagedgen.lora.request",
     "BeamSearchParams": "pagedgen.core.beam_search",
     "ClassificationOutput": "pagedgen.outputs",

@@ -4,6 +4,20 @@ from pagedgen.lora.request import LoRARequest
 
 
 @dataclass(slots=True)
+class Logprob:
+    """A token's log-probability at one position (vLLM's Logprob): rank counts from 1 in the
+    whole vocabulary; decoded_token is the token's text where it was decoded."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One position's logprobs: the chosen token's, then the k likeliest tokens', highest first.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     """One of a request's n completions (vLLM's CompletionOutput)."""
 
@@ -11,7 +25,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None
 
@@ -48,8 +62,8 @@ class RequestOutput:
     finished: bool = True
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then for each one
-    # {its token: logprob, then the k likeliest tokens'}, from the raw model logits.
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    # {its token: Logprob, then the k likeliest tokens'}, from the raw model logits.
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
     lora_request: LoRARequest | None = None  # the adapter it ran with, as vLLM reports it
 
     @property

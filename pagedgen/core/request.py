@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedgen.core.beam_search import BeamSearchParams, BeamSearchState
+from pagedgen.core.logprobs import as_logprobs
 from pagedgen.core.sequence import Sequence, SequenceGroup
 from pagedgen.lora.request import LoRARequest
 from pagedgen.outputs import (
@@ -90,7 +91,7 @@ class Request:
             metrics=self._metrics(),
             error=errors[0] if errors else None,
             num_cached_tokens=self.group.num_cached_tokens or 0,
-            prompt_logprobs=self.prompt_logprobs
+            prompt_logprobs=[None if e is None else as_logprobs(e) for e in self.prompt_logprobs]
             if self.group.sampling_params.prompt_logprobs is not None
             else None,
             lora_request=self.lora_request,
@@ -194,7 +195,7 @@ def _completion(index: int, seq: Sequence) -> CompletionOutput:
         text=seq.output_text,
         token_ids=list(seq.output_token_ids),
         cumulative_logprob=cumulative,
-        logprobs=logprobs,
+        logprobs=None if logprobs is None else [as_logprobs(entry) for entry in logprobs],
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
     )

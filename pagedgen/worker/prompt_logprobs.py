@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 import torch
 
+from pagedgen.core.logprobs import TokenLogprobs
 from pagedgen.core.scheduler_output import SchedulerOutput
+from pagedgen.worker.sampler import token_ranks
 
 MAX_ROWS = 1024  # logits at a time: rows x vocab_size float32
 
@@ -18,7 +20,7 @@ class PromptLogprobs(NamedTuple):
 
     seq_index: int
     first_position: int
-    entries: list[dict[int, float]]
+    entries: list[TokenLogprobs]
 
 
 class _Rows(NamedTuple):
@@ -66,16 +68,17 @@ def compute_prompt_logprobs(
     device = hidden.device
     row_index = torch.tensor(rows, dtype=torch.int64, device=device)
     target_ids = torch.tensor(targets, dtype=torch.int64, device=device)
-    values, top_values, top_ids = [], [], []
+    values, ranks, top_values, top_ids = [], [], [], []
     for begin in range(0, len(rows), MAX_ROWS):
         chunk = slice(begin, begin + MAX_ROWS)
         logprobs = torch.log_softmax(compute_logits(hidden[row_index[chunk]]).float(), dim=-1)
         values.append(logprobs.gather(1, target_ids[chunk, None]).squeeze(1))
+        ranks.append(token_ranks(logprobs, values[-1]))
         if k:
             top = logprobs.topk(min(k, logprobs.shape[1]), dim=-1)
             top_values.append(top.values)
             top_ids.append(top.indices)
-    value_list = torch.cat(values).tolist()
+    value_list, rank_list = torch.cat(values).tolist(), torch.cat(ranks).tolist()
     top_value_list = torch.cat(top_values).tolist() if k else [[]] * len(rows)
     top_id_list = torch.cat(top_ids).tolist() if k else [[]] * len(rows)
     result, at = [], 0
@@ -85,7 +88,7 @@ def compute_prompt_logprobs(
             entry = {target: value_list[at]}
             for top_id, value in zip(top_id_list[at][: item.k], top_value_list[at][: item.k]):
                 entry.setdefault(top_id, value)
-            entries.append(entry)
+            entries.append(TokenLogprobs(entry, rank_list[at]))
             at += 1
         result.append(PromptLogprobs(item.seq_index, item.first_position, entries))
     return result

@@ -204,10 +204,15 @@ def gather_logprobs(
     raw_logprobs: torch.Tensor,  # [num_seqs, vocab_size], log_softmax of the raw logits
     token_ids: torch.Tensor,  # [num_seqs] int64, the sampled tokens
     max_num_logprobs: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """On the device: the sampled tokens' logprobs [num_seqs], and the top max_num_logprobs
-    logprobs and their ids [num_seqs, k], highest first."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the device: the sampled tokens' logprobs and ranks [num_seqs], and the top
+    max_num_logprobs logprobs and their ids [num_seqs, k], highest first."""
     sampled = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
     k = min(max_num_logprobs, raw_logprobs.shape[1])
     top = raw_logprobs.topk(k, dim=-1)
-    return sampled, top.values, top.indices
+    return sampled, token_ranks(raw_logprobs, sampled), top.values, top.indices
+
+
+def token_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Each row's rank of its chosen token (1: none likelier), as vLLM ranks it."""
+    return (logprobs > chosen.unsqueeze(1)).sum(dim=1) + 1

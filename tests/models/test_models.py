@@ -95,7 +95,7 @@ def test_logprobs_match_transformers(tiny_model):
         with torch.no_grad():
             logits = hf_model(torch.tensor([prompt])).logits[0, :-1].float()
         expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(prompt[1:])[:, None])
-        got = [step[token] for step, token in zip(output.prompt_logprobs[1:], prompt[1:])]
+        got = [step[token].logprob for step, token in zip(output.prompt_logprobs[1:], prompt[1:])]
         torch.testing.assert_close(torch.tensor(got), expected.squeeze(1), atol=1e-4, rtol=1e-4)
 
 

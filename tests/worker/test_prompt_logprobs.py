@@ -34,7 +34,8 @@ def check(hf_model, prompt: list[int], got, k: int, tol: float = 1e-4) -> None:
         top = row.topk(k).indices.tolist() if k else []
         assert set(entry) == {prompt[p], *top}
         for token_id, logprob in entry.items():
-            assert logprob == pytest.approx(row[token_id].item(), abs=tol)
+            assert logprob.logprob == pytest.approx(row[token_id].item(), abs=tol)
+            assert logprob.rank == int((row > row[token_id]).sum()) + 1
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

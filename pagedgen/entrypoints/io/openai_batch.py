@@ -25,7 +25,7 @@ from pagedgen.entrypoints.io.records import (
     sampling_overrides,
 )
 from pagedgen.entrypoints.io.tools import Answer, text_messages
-from pagedgen.outputs import RequestOutput
+from pagedgen.outputs import PositionLogprobs, RequestOutput
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -245,30 +245,31 @@ def _entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
-def _top(step: dict[int, float], k: int) -> list[tuple[int, float]]:
-    return sorted(step.items(), key=lambda item: -item[1])[:k]
+def _top(step: PositionLogprobs, k: int) -> list[tuple[int, float]]:
+    ranked = sorted(step.items(), key=lambda item: -item[1].logprob)[:k]
+    return [(token_id, lp.logprob) for token_id, lp in ranked]
 
 
 def _chat_logprobs(
-    steps: list[tuple[int, dict[int, float]]], k: int, tokenizer: Any
+    steps: list[tuple[int, PositionLogprobs]], k: int, tokenizer: Any
 ) -> dict[str, Any]:
     content = []
     for token_id, step in steps:
-        entry = _entry(tokenizer, token_id, step[token_id])
+        entry = _entry(tokenizer, token_id, step[token_id].logprob)
         entry["top_logprobs"] = [_entry(tokenizer, t, lp) for t, lp in _top(step, k)]
         content.append(entry)
     return {"content": content}
 
 
 def _completion_logprobs(
-    steps: list[tuple[int, dict[int, float]]], k: int, tokenizer: Any
+    steps: list[tuple[int, PositionLogprobs]], k: int, tokenizer: Any
 ) -> dict[str, Any]:
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
     offset = 0
     for token_id, step in steps:
         token = tokenizer.decode([token_id])
         tokens.append(token)
-        token_logprobs.append(step[token_id])
+        token_logprobs.append(step[token_id].logprob)
         top_logprobs.append({tokenizer.decode([t]): lp for t, lp in _top(step, k)})
         offsets.append(offset)
         offset += len(token)

@@ -10,7 +10,13 @@ from pagedgen.entrypoints.io.pooling import (
 )
 from pagedgen.entrypoints.io.records import InputRecord, request_hash
 from pagedgen.entrypoints.io.tools import Answer, forces_tool_calls, read_answer
-from pagedgen.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
+from pagedgen.outputs import (
+    CompletionOutput,
+    Logprob,
+    PoolingRequestOutput,
+    PositionLogprobs,
+    RequestOutput,
+)
 
 TokenText = Callable[[int], str | None]
 
@@ -89,37 +95,31 @@ def _record(record: InputRecord, num_prompt_tokens: int, error: str | None) -> d
 
 def logprob_positions(
     token_ids: list[int],
-    steps: list[dict[int, float] | None],
+    steps: list[PositionLogprobs | None],
     k: int,
     token_text: TokenText = lambda token_id: None,
 ) -> list[dict[str, Any] | None]:
     """The engine's logprobs as vLLM gives them, one entry per position: the chosen token's
-    token_id, token (its text), logprob and rank, and top_logprobs, the k likeliest tokens
-    (each with the same fields), highest first.
-
-    The engine's step holds the chosen token's logprob, then the k likeliest: k entries when the
-    chosen token is among them, k + 1 when not. rank counts from 1 in the whole vocabulary; it is
-    null for a chosen token outside the k likeliest (the engine does not rank those)."""
+    token_id, token (its text), logprob and rank (from 1, in the whole vocabulary), and
+    top_logprobs, the k likeliest tokens (each with the same fields), highest first. A step
+    holds the chosen token's Logprob, then the k likeliest: k entries when the chosen token is
+    among them, k + 1 when not."""
     positions = []
     for token_id, step in zip(token_ids, steps):
         if step is None:
             positions.append(None)
             continue
-        top = sorted(step.items(), key=lambda item: -item[1])
+        top = sorted(step.items(), key=lambda item: -item[1].logprob)
         if len(step) > k:  # the chosen token is not among the k likeliest
             top = [item for item in top if item[0] != token_id]
-        ranks = {t: rank for rank, (t, _) in enumerate(top[:k], start=1)}
-        alternatives = [
-            {"token_id": t, "token": token_text(t), "logprob": lp, "rank": ranks[t]}
-            for t, lp in top[:k]
-        ]
+
+        def entry(t: int, lp: Logprob) -> dict[str, Any]:
+            return {"token_id": t, "token": token_text(t), "logprob": lp.logprob, "rank": lp.rank}
+
         positions.append(
             {
-                "token_id": token_id,
-                "token": token_text(token_id),
-                "logprob": step[token_id],
-                "rank": ranks.get(token_id),
-                "top_logprobs": alternatives,
+                **entry(token_id, step[token_id]),
+                "top_logprobs": [entry(t, lp) for t, lp in top[:k]],
             }
         )
     return positions

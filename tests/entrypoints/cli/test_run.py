@@ -242,8 +242,10 @@ def test_every_record_has_one_shape_whatever_n_logprobs_or_error(tiny_llama_path
         assert step["rank"] == 1 and step["token_id"] == tops[0]["token_id"]  # greedy
     prompt_steps = records["lp"]["prompt_logprobs"]
     assert prompt_steps[0] is None and [s["token_id"] for s in prompt_steps[1:]] == [6, 7]
-    for completion in records["lp2"]["outputs"]:  # K = 0: the sampled token alone
+    assert all(isinstance(s["rank"], int) for s in prompt_steps[1:])
+    for completion in records["lp2"]["outputs"]:  # K = 0: the sampled token alone, ranked
         assert all(s["top_logprobs"] == [] for s in completion["logprobs"])
+        assert all(isinstance(s["rank"], int) and s["rank"] >= 1 for s in completion["logprobs"])
         assert len(completion["logprobs"]) == 5
     for r in (records["one"], records["two"]):
         assert all(c["logprobs"] is None for c in r["outputs"])

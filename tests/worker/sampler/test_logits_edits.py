@@ -124,6 +124,10 @@ def test_logprobs_come_from_raw_logits(device: str) -> None:
     assert list(row)[1:] == [t for t in top_ids if t != out.token_ids[0]]
     for token_id, logprob in row.items():
         assert math.isclose(logprob, raw[0, token_id].item(), abs_tol=1e-5)
+    for i in (0, 2):  # the sampled token's rank in the whole vocabulary, in the top 5 or not
+        chosen = raw[i, out.token_ids[i]]
+        assert out.logprobs[i].rank == int((raw[i] > chosen).sum()) + 1
+    assert out.logprobs[0].rank > 1  # the penalty moved the choice off the raw top token
     assert out.logprobs[2] == pytest.approx({out.token_ids[2]: raw[2, out.token_ids[2]].item()})
 
 
