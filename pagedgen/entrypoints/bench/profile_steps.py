@@ -3,7 +3,7 @@ a window of steady decode steps, and one of mixed steps, where new prompts join 
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import NamedTuple, TypeVar
 
 import torch
@@ -72,8 +72,8 @@ def _profile(
 ) -> GpuProfile:
     """The window run twice, alike: timed alone, then under the profiler, whose own cost on
     every op and CUDA call slows the host; the device's work is the same in both."""
-    plain = _run_window(llm, workload, num_requests, max_num_steps, phase, traced=False)
-    traced = _run_window(llm, workload, num_requests, max_num_steps, phase, traced=True)
+    plain = run_window(llm, workload, num_requests, max_num_steps, phase, traced=False)
+    traced = run_window(llm, workload, num_requests, max_num_steps, phase, traced=True)
     events = profiled_events(traced.profiler)
     # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
     on_gpu = llm.engine.runner.device.type == "cuda"
@@ -89,14 +89,18 @@ def _profile(
     )
 
 
-def _run_window(
+def run_window(
     llm: LLM,
     workload: Workload,
     num_requests: int,
     max_num_steps: int,
     phase: str,
     traced: bool,
+    around: AbstractContextManager | None = None,
 ) -> Window:
+    """The workload's first num_requests requests afresh up to the window's first step (a
+    decode-only step, or the first finish for "mixed"), then up to max_num_steps + 1 steps,
+    under the profiler if traced, inside around if given; their requests aborted after."""
     engine, runner = llm.engine, llm.engine.runner
     on_gpu = runner.device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(runner.device)) if on_gpu else (lambda: None)
@@ -124,7 +128,8 @@ def _run_window(
         sync()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         profiler = profile(activities=activities) if traced else None
-        with profiler or nullcontext(), _annotated(engine) if traced else nullcontext():
+        annotated = _annotated(engine) if traced else nullcontext()
+        with profiler or nullcontext(), annotated, around or nullcontext():
             for i in range(max_num_steps + 1):
                 if not engine.has_unfinished_requests():
                     break
