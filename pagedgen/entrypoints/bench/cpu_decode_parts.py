@@ -205,9 +205,10 @@ def cpu_decode_parts(
     flops_per_s = roofline.peak_gflops * 1e9 if roofline else None
 
     def figures(seconds: float, num_bytes: float | None, flops: float | None = None) -> dict:
-        bound_s = None
+        bound_s = bound_by = None
         if bytes_per_s and num_bytes is not None:
-            bound_s = max(num_bytes / bytes_per_s, (flops or 0.0) / flops_per_s)
+            bytes_s, flops_s = num_bytes / bytes_per_s, (flops or 0.0) / flops_per_s
+            bound_s, bound_by = max(bytes_s, flops_s), "FLOPs" if flops_s > bytes_s else "bytes"
         return {
             "ms": 1000 * seconds / num_steps,
             "step_perc": 100 * seconds / window_s,
@@ -217,6 +218,7 @@ def cpu_decode_parts(
             "gflops": None if flops is None or not seconds else flops / seconds / 1e9,
             "bound_ms": None if bound_s is None else 1000 * bound_s / num_steps,
             "bound_perc": None if bound_s is None or not seconds else 100 * bound_s / seconds,
+            "bound_by": bound_by,  # which of the two the bound is
         }
 
     parts = report["parts"]
@@ -269,6 +271,7 @@ def decode_parts_table(parts: dict) -> Table:
         "GB/s",
         "GFLOP/s",
         "% of\nbound",
+        "bound\nby",
         "% of\nstep",
     ):
         table.add_column(column, justify="left" if column == "part" else "right")
@@ -286,6 +289,7 @@ def decode_parts_table(parts: dict) -> Table:
             number(row.get("gbps"), ",.1f"),
             number(row.get("gflops"), ",.0f"),
             number(row.get("bound_perc"), ".1f"),
+            row.get("bound_by") or "",
             number(row.get("step_perc"), ".1f"),
         )
 

@@ -56,6 +56,7 @@ def test_parts_cover_every_linear_role_and_leave_the_engine_as_it_was(tiny_llama
     assert sum(part["ms"] for part in parts.values()) <= step["ms"] * (1 + 1e-9)
     assert step["bound_ms"] == pytest.approx(sum(p["bound_ms"] or 0 for p in parts.values()))
     assert report["plain_step"]["ms"] > 0 and report["plain_step"]["bound_perc"] > 0
+    assert parts["lm_head"]["bound_by"] in ("bytes", "FLOPs") and parts[OTHER]["bound_by"] is None
 
     # the engine as it was: graphs back, no hook, no patch, no request; they replay again
     assert runner.decode_graphs is graphs
