@@ -12,8 +12,9 @@ against its own bound.
 
 The bandwidth and peak are the roofline's. Parts are timed with time.perf_counter around module
 hooks (a CPU runs each op synchronously); a nested part's time counts in it only. Hooks do not
-fire in a graph replay, so the window runs eagerly, its decode and piecewise graphs set aside,
-and the same window is timed first as it runs normally (graphs, no hooks): the plain step.
+fire in a graph replay, so a timed step runs eagerly, the runner's graphs set aside. The window's
+steps take turns: one timed so, the next as it runs normally (graphs, no hooks: the plain step),
+so that both kinds see the same load on a shared machine.
 """
 
 import time
@@ -33,7 +34,7 @@ from pagedgen.entrypoints.llm import LLM
 from pagedgen.entrypoints.tables import figures_table
 from pagedgen.layers.linear import Linear
 
-MAX_NUM_STEPS = 8  # timed, after one warm-up step
+MAX_NUM_STEPS = 16  # after one warm-up step: half timed by part, half plain
 ATTENTION, OTHER, OUTSIDE = "attention", "other", "outside"
 
 
@@ -50,14 +51,19 @@ class Calls:
 
 class PartTimer:
     """Exclusive time per part, step by step: enter() at a part's start, leave() at its end;
-    a part left inside another is subtracted from it."""
+    a part left inside another is subtracted from it. A plain step (new_step(timed=False)) is
+    None in steps, and its parts are not timed."""
 
     def __init__(self) -> None:
-        self.steps: list[dict[str, Calls]] = []
+        self.steps: list[dict[str, Calls] | None] = []
         self._stack: list[list[float]] = []  # [start, nested parts' time] per open part
 
-    def new_step(self) -> None:
-        self.steps.append({})
+    @property
+    def timing(self) -> bool:
+        return bool(self.steps) and self.steps[-1] is not None
+
+    def new_step(self, timed: bool) -> None:
+        self.steps.append({} if timed else None)
 
     def enter(self) -> None:
         self._stack.append([time.perf_counter(), 0.0])
@@ -91,8 +97,8 @@ def held_bytes(module: nn.Module) -> int:
 
 @contextmanager
 def timed_parts(llm: LLM, timer: PartTimer) -> Iterator[None]:
-    """Times every engine step's parts into timer while open, the runner's graphs set aside;
-    leaves the engine, its runner and model as they were."""
+    """Times the parts of every other engine step into timer while open, from the first, the
+    runner's graphs set aside in those; leaves the engine, its runner and model as they were."""
     engine, runner = llm.engine, llm.engine.runner
     model = runner.model
     graphs = runner.decode_graphs, runner.lora_decode_graphs, runner.piecewise_graphs
@@ -101,18 +107,24 @@ def timed_parts(llm: LLM, timer: PartTimer) -> Iterator[None]:
     step = engine.step
 
     def timed_step(*args: Any, **kwargs: Any) -> Any:
-        timer.new_step()
+        timed = len(timer.steps) % 2 == 0
+        timer.new_step(timed)
+        runner.decode_graphs, runner.lora_decode_graphs, runner.piecewise_graphs = (
+            (None, None, None) if timed else graphs
+        )
         return step(*args, **kwargs)
 
     def hooks(module: nn.Module, part: str, cost: Callable[[tuple], tuple] | None) -> None:
         measured: list[tuple] = []
 
         def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            measured.append(cost(args or tuple(kwargs.values())) if cost else ())
-            timer.enter()
+            if timer.timing:  # the lm_head of a plain step runs outside its graph
+                measured.append(cost(args or tuple(kwargs.values())) if cost else ())
+                timer.enter()
 
         def post(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            timer.leave(part, *measured.pop())
+            if timer.timing:
+                timer.leave(part, *measured.pop())
 
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
@@ -129,6 +141,8 @@ def timed_parts(llm: LLM, timer: PartTimer) -> Iterator[None]:
 
     def timed_attention(fn: Callable) -> Callable:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if not timer.timing:
+                return fn(*args, **kwargs)
             timer.enter()
             try:
                 return fn(*args, **kwargs)
@@ -138,7 +152,6 @@ def timed_parts(llm: LLM, timer: PartTimer) -> Iterator[None]:
         return timed
 
     try:
-        runner.decode_graphs = runner.lora_decode_graphs = runner.piecewise_graphs = None
         engine.step = timed_step
         hooks(model, OTHER, None)
         for role, modules in linear_roles(model).items():
@@ -168,7 +181,6 @@ def cpu_decode_parts(
     if runner.device.type != "cpu":
         return None
     num_requests = min(workload.num_requests, llm.engine.scheduler.max_num_seqs)
-    plain = run_window(llm, workload, num_requests, max_num_steps, "decode", traced=False)
     timer = PartTimer()
     window = run_window(
         llm,
@@ -179,11 +191,14 @@ def cpu_decode_parts(
         traced=False,
         around=timed_parts(llm, timer),
     )
-    num_steps = len(window.steps)
+    timed = [k for k, i in enumerate(window.steps) if timer.steps[i] is not None]
+    plain_s = [seconds for k, seconds in enumerate(window.step_s) if k not in timed]
+    num_steps, kv_tokens = len(timed), sum(window.step_kv_tokens[k] for k in timed)
     report: dict = {
         "num_steps": num_steps,
-        "num_seqs": window.num_tokens / num_steps if num_steps else 0,
-        "context_tokens": window.kv_tokens / num_steps if num_steps else 0,
+        "num_plain_steps": len(plain_s),
+        "num_seqs": window.num_tokens / len(window.steps) if window.steps else 0,
+        "context_tokens": kv_tokens / num_steps if num_steps else 0,
         "copy_gbps": roofline.copy_gbps if roofline else None,
         "peak_gflops": roofline.peak_gflops if roofline else None,
         "parts": {},
@@ -191,15 +206,15 @@ def cpu_decode_parts(
     if not num_steps:
         return report
     totals: dict[str, Calls] = {}
-    for i in window.steps:
-        for part, calls in timer.steps[i].items():
+    for k in timed:
+        for part, calls in timer.steps[window.steps[k]].items():
             total = totals.setdefault(part, Calls())
             total.seconds += calls.seconds
             total.num_calls += calls.num_calls
             total.rows += calls.rows
             total.bytes += calls.bytes
             total.flops += calls.flops
-    window_s = sum(window.step_s)
+    window_s = sum(window.step_s[k] for k in timed)
     timed_s = sum(calls.seconds for calls in totals.values())
     bytes_per_s = roofline.copy_gbps * 1e9 if roofline else None
     flops_per_s = roofline.peak_gflops * 1e9 if roofline else None
@@ -232,7 +247,7 @@ def cpu_decode_parts(
             "calls_per_step": calls.num_calls / num_steps,
             **figures(calls.seconds, calls.bytes, calls.flops),
         }
-    kv_bytes = window.kv_tokens * runner.geometry.bytes_per_token
+    kv_bytes = kv_tokens * runner.geometry.bytes_per_token
     attention_s = totals.get(ATTENTION, Calls()).seconds
     parts[ATTENTION] = {"kind": "attention", **figures(attention_s, kv_bytes)}
     parts[OTHER] = {"kind": "other", **figures(totals.get(OTHER, Calls()).seconds, None)}
@@ -241,8 +256,7 @@ def cpu_decode_parts(
     bound_ms = sum(p["bound_ms"] for p in parts.values() if p["bound_ms"]) if roofline else None
     report["step"] = _step(1000 * window_s / num_steps, bound_ms)
     report["step"]["gb"] = sum(p["gb"] for p in parts.values() if p["gb"])
-    plain_s = sum(plain.step_s) / len(plain.step_s) if plain.step_s else None
-    report["plain_step"] = None if plain_s is None else _step(1000 * plain_s, bound_ms)
+    report["plain_step"] = _step(1000 * sum(plain_s) / len(plain_s), bound_ms) if plain_s else None
     return report
 
 
@@ -257,10 +271,9 @@ def _step(ms: float, bound_ms: float | None) -> dict:
 def decode_parts_table(parts: dict) -> Table:
     """The report's cpu_decode_parts, a row per part, then the step timed with the hooks and
     without them (graphs on), in 80 columns."""
-    steps = parts["num_steps"]
     table = figures_table(
-        f"CPU decode step by part: {steps} steps of {parts['num_seqs']:.0f} sequences, "
-        f"{parts['context_tokens']:,.0f} context tokens"
+        f"CPU decode step by part: {parts['num_steps']} steps ({parts['num_plain_steps']} plain) "
+        f"of {parts['num_seqs']:.0f} sequences, {parts['context_tokens']:,.0f} context tokens"
     )
     for column in (
         "part",

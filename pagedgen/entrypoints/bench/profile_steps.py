@@ -57,14 +57,15 @@ def profile_mixed_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gpu
 
 class Window(NamedTuple):
     """One run of a profile's window: the steps it counts (their index in the window), their
-    host wall times, the context tokens their attention read, the tokens they computed, and the
-    profiler if one ran."""
+    host wall times, the context tokens their attention read, the tokens they computed, the
+    profiler if one ran, and each step's context tokens."""
 
     steps: list[int]
     step_s: list[float]
     kv_tokens: int
     num_tokens: int
     profiler: profile | None
+    step_kv_tokens: list[int]
 
 
 def _profile(
@@ -116,7 +117,7 @@ def run_window(
     runner.execute = _observe(runner.execute, *observed)
     runner.execute_async = _observe(runner.execute_async, *observed)
     request_ids = [f"gpu-profile-{i}" for i in range(num_requests)]
-    steps, step_s, kv_tokens, num_tokens = [], [], 0, 0
+    steps, step_s, step_kv_tokens, num_tokens = [], [], [], 0
     try:
         for request_id, prompt, params in zip(
             request_ids, workload.prompts, greedy_params(workload)
@@ -142,7 +143,7 @@ def run_window(
                 if i and len(is_decode) > num_executed and is_decode[-1] == decode:
                     steps.append(i)
                     step_s.append(elapsed)
-                    kv_tokens += context_tokens[-1]
+                    step_kv_tokens.append(context_tokens[-1])
                     num_tokens += computed_tokens[-1]
             sync()
     finally:
@@ -153,7 +154,7 @@ def run_window(
             engine.abort_request(request_id)
         ours = set(request_ids)
         engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
-    return Window(steps, step_s, kv_tokens, num_tokens, profiler)
+    return Window(steps, step_s, sum(step_kv_tokens), num_tokens, profiler, step_kv_tokens)
 
 
 def _first_finish(engine) -> Callable[[], bool]:
