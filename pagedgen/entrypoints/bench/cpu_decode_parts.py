@@ -272,8 +272,8 @@ def decode_parts_table(parts: dict) -> Table:
     """The report's cpu_decode_parts, a row per part, then the step timed with the hooks and
     without them (graphs on), in 80 columns."""
     table = figures_table(
-        f"CPU decode step by part: {parts['num_steps']} steps ({parts['num_plain_steps']} plain) "
-        f"of {parts['num_seqs']:.0f} sequences, {parts['context_tokens']:,.0f} context tokens"
+        f"CPU decode step by part ({parts['num_steps']} steps, {parts['num_plain_steps']} plain; "
+        f"{parts['num_seqs']:.0f} seqs, {parts['context_tokens']:,.0f} context tokens)"
     )
     for column in (
         "part",
