@@ -12,6 +12,7 @@ from pagedgen.engine.llm_engine import log_to_stderr
 from pagedgen.engine.model_setup import pick_device, pick_dtype
 from pagedgen.entrypoints.batch.requests import vocab_size_of
 from pagedgen.entrypoints.bench import engines, latency, vllm_baseline
+from pagedgen.entrypoints.bench.cpu_decode_parts import cpu_decode_parts
 from pagedgen.entrypoints.bench.decode_bound import llm_decode_bound
 from pagedgen.entrypoints.bench.gpu_memory import bench_gpu_memory_utilization
 from pagedgen.entrypoints.bench.overhead import profile_engine, step_timers_synchronize
@@ -53,6 +54,7 @@ class BenchOptions:
     overhead: bool = True
     gpu_profile: bool = True  # on cuda only: profile_decode_steps after the timed passes
     gpu_profile_steps: int = 32
+    decode_parts: bool = True  # on a CPU: cpu_decode_parts after the timed passes
     generate_batch_timeout: float = 600.0
     seed: int = 0
     save_workload: str | None = None
@@ -163,6 +165,10 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = log_to_stderr)
         report["gpu_profile"] = {**profiled.to_dict(), "bound": llm_decode_bound(llm, profiled)}
         mixed = profile_mixed_steps(llm, workload, options.gpu_profile_steps)
         report["gpu_profile_mixed"] = mixed.to_dict()
+    report["cpu_decode_parts"] = None
+    if options.decode_parts and engine.runner.device.type == "cpu":
+        log("timing the parts of pagedgen's decode steps")
+        report["cpu_decode_parts"] = cpu_decode_parts(llm, workload, roofline)
     report["machine_end"] = machine_state(since=start)
     return report
 

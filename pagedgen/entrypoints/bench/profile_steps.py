@@ -3,7 +3,7 @@ a window of steady decode steps, and one of mixed steps, where new prompts join 
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import NamedTuple, TypeVar
 
 import torch
@@ -57,14 +57,15 @@ def profile_mixed_steps(llm: LLM, workload: Workload, max_num_steps: int) -> Gpu
 
 class Window(NamedTuple):
     """One run of a profile's window: the steps it counts (their index in the window), their
-    host wall times, the context tokens their attention read, the tokens they computed, and the
-    profiler if one ran."""
+    host wall times, the context tokens their attention read, the tokens they computed, the
+    profiler if one ran, and each step's context tokens."""
 
     steps: list[int]
     step_s: list[float]
     kv_tokens: int
     num_tokens: int
     profiler: profile | None
+    step_kv_tokens: list[int]
 
 
 def _profile(
@@ -72,8 +73,8 @@ def _profile(
 ) -> GpuProfile:
     """The window run twice, alike: timed alone, then under the profiler, whose own cost on
     every op and CUDA call slows the host; the device's work is the same in both."""
-    plain = _run_window(llm, workload, num_requests, max_num_steps, phase, traced=False)
-    traced = _run_window(llm, workload, num_requests, max_num_steps, phase, traced=True)
+    plain = run_window(llm, workload, num_requests, max_num_steps, phase, traced=False)
+    traced = run_window(llm, workload, num_requests, max_num_steps, phase, traced=True)
     events = profiled_events(traced.profiler)
     # Without CUPTI the trace holds no device event at all: unmeasured, which is not idle.
     on_gpu = llm.engine.runner.device.type == "cuda"
@@ -89,14 +90,18 @@ def _profile(
     )
 
 
-def _run_window(
+def run_window(
     llm: LLM,
     workload: Workload,
     num_requests: int,
     max_num_steps: int,
     phase: str,
     traced: bool,
+    around: AbstractContextManager | None = None,
 ) -> Window:
+    """The workload's first num_requests requests afresh up to the window's first step (a
+    decode-only step, or the first finish for "mixed"), then up to max_num_steps + 1 steps,
+    under the profiler if traced, inside around if given; their requests aborted after."""
     engine, runner = llm.engine, llm.engine.runner
     on_gpu = runner.device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(runner.device)) if on_gpu else (lambda: None)
@@ -112,7 +117,7 @@ def _run_window(
     runner.execute = _observe(runner.execute, *observed)
     runner.execute_async = _observe(runner.execute_async, *observed)
     request_ids = [f"gpu-profile-{i}" for i in range(num_requests)]
-    steps, step_s, kv_tokens, num_tokens = [], [], 0, 0
+    steps, step_s, step_kv_tokens, num_tokens = [], [], [], 0
     try:
         for request_id, prompt, params in zip(
             request_ids, workload.prompts, greedy_params(workload)
@@ -124,7 +129,8 @@ def _run_window(
         sync()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         profiler = profile(activities=activities) if traced else None
-        with profiler or nullcontext(), _annotated(engine) if traced else nullcontext():
+        annotated = _annotated(engine) if traced else nullcontext()
+        with profiler or nullcontext(), annotated, around or nullcontext():
             for i in range(max_num_steps + 1):
                 if not engine.has_unfinished_requests():
                     break
@@ -137,7 +143,7 @@ def _run_window(
                 if i and len(is_decode) > num_executed and is_decode[-1] == decode:
                     steps.append(i)
                     step_s.append(elapsed)
-                    kv_tokens += context_tokens[-1]
+                    step_kv_tokens.append(context_tokens[-1])
                     num_tokens += computed_tokens[-1]
             sync()
     finally:
@@ -148,7 +154,7 @@ def _run_window(
             engine.abort_request(request_id)
         ours = set(request_ids)
         engine.rejected = [r for r in engine.rejected if r.request_id not in ours]
-    return Window(steps, step_s, kv_tokens, num_tokens, profiler)
+    return Window(steps, step_s, sum(step_kv_tokens), num_tokens, profiler, step_kv_tokens)
 
 
 def _first_finish(engine) -> Callable[[], bool]:

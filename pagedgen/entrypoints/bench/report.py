@@ -1,5 +1,6 @@
 from rich.console import Console
 
+from pagedgen.entrypoints.bench.cpu_decode_parts import decode_parts_table
 from pagedgen.entrypoints.bench.decode_bound import decode_bound_line
 from pagedgen.entrypoints.bench.overhead import PARTS
 from pagedgen.entrypoints.tables import figures_table
@@ -45,6 +46,8 @@ def render(report: dict, console: Console) -> None:
             console.print(decode_bound_line(report["gpu_profile"]["bound"]), highlight=False)
     if report.get("gpu_profile_mixed"):
         console.print(gpu_profile_line(report["gpu_profile_mixed"]), highlight=False)
+    if report.get("cpu_decode_parts"):
+        console.print(decode_parts_table(report["cpu_decode_parts"]))
     console.print(_machine_line("end", report["machine_end"], "during the bench"), highlight=False)
 
 

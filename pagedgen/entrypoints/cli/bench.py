@@ -84,6 +84,13 @@ def bench(
     gpu_profile_steps: int = opt.option(
         REPORT_PANEL, 32, help="steps each GPU profile (decode, mixed) covers, at most", metavar="N"
     ),
+    decode_parts: bool = opt.option(
+        REPORT_PANEL,
+        True,
+        "--decode-parts/--no-decode-parts",
+        help="on a CPU: time each part of a few decode steps (Linear roles, attention, the "
+        "rest) against its bound [default: on]",
+    ),
     output_json: str | None = opt.option(
         REPORT_PANEL, None, "--output-json", help="write the figures here", metavar="FILE"
     ),
@@ -93,7 +100,9 @@ def bench(
     Prints requests/s, total tokens/s and output tokens/s for each engine, pagedgen's ratio to
     each baseline, how many requests produced identical greedy tokens, a roofline of this
     machine, the share of pagedgen's step time per engine part, and the machine's load. On cuda,
-    a short extra pass profiles pagedgen's decode steps: GPU busy % and kernel launches per step.
+    a short extra pass profiles pagedgen's decode steps: GPU busy % and kernel launches per step;
+    on a CPU, one times each part of a decode step (Linear layers by role, attention, the rest of
+    the forward, the rest of the step) against its bound.
     The baselines run pagedgen's model, dtype and device.
 
     A workload file is JSON: "prompts", a list of token-id lists, and "max_tokens", one int per
@@ -122,6 +131,7 @@ def bench(
             overhead=overhead,
             gpu_profile=gpu_profile,
             gpu_profile_steps=gpu_profile_steps,
+            decode_parts=decode_parts,
             generate_batch_timeout=generate_batch_timeout,
             seed=seed,
             save_workload=save_workload,
