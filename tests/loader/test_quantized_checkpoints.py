@@ -230,3 +230,46 @@ def test_what_cannot_be_unpacked_is_refused(tiny_llama_path, tmp_path):
         (folder / "config.json").write_text(json.dumps(config))
         with pytest.raises(ValueError, match=match):
             LLM(str(folder), log=lambda m: None)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("checkpoint_format", ["gptq", "gptq_v2"])
+def test_gptq_layers_are_quantized_weights_of_the_same_values(bits, checkpoint_format):
+    """Plain groups become a QuantizedWeight (2 and 4 bits in nibbles, 8 as q - 128) whose
+    dequantize() is the dense weight bit for bit; groups act-order scatters stay dense."""
+    from pagedgen.layers.quantized_weight import QuantizedWeight
+    from pagedgen.loader.int_weights import dequantize_gptq, quantized_gptq
+
+    generator = torch.Generator().manual_seed(bits)
+    weight = torch.randn(48, 128, generator=generator)
+    quant = {"quant_method": "gptq", "bits": bits, "group_size": 32,
+             "checkpoint_format": checkpoint_format}  # fmt: skip
+    for g_idx, kept in (
+        (torch.arange(128) // 32, True),
+        ((torch.arange(128) // 32)[torch.randperm(128, generator=generator)], False),
+    ):
+        q, zeros, scales, dense = int_quantize(weight, bits, 32, g_idx)
+        stored = zeros - 1 if checkpoint_format == "gptq" else zeros
+        parts = {"qweight": pack_rows(q, bits), "scales": scales, "g_idx": g_idx.int(),
+                 "qzeros": pack_columns(stored & (2**bits - 1), bits)}  # fmt: skip
+        got = quantized_gptq(parts, quant)
+        assert isinstance(got, QuantizedWeight) == kept
+        if kept:
+            assert (got.bits, got.group_size) == (4 if bits < 8 else 8, 32)
+            got = got.dequantize()
+        assert torch.equal(got, dequantize_gptq(parts, quant)) and torch.equal(got, dense)
+
+
+def test_awq_layers_are_quantized_weights_of_the_same_values():
+    from pagedgen.loader.int_weights import dequantize_awq, quantized_awq
+
+    weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(0))
+    q, zeros, scales, dense = int_quantize(weight, 4, 32, torch.arange(128) // 32)
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    parts = {"qweight": pack_columns(q, 4, order), "qzeros": pack_columns(zeros, 4, order),
+             "scales": scales}  # fmt: skip
+    quant = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
+    got = quantized_awq(parts, quant)
+    assert (got.bits, got.group_size) == (4, 32)
+    assert torch.equal(got.dequantize(), dequantize_awq(parts, quant))
+    assert torch.equal(got.dequantize(), dense)

@@ -1,0 +1,118 @@
+"""A folder of weights kept quantized (a converted GGUF file): model.safetensors holds each
+QuantizedWeight as <name>.qweight, <name>.scales and <name>.mins (where it has them), beside the
+dense tensors, and quantized_weights.json lists them with their bits and group size.
+
+    {"format": 1, "weights": {"model.layers.0.mlp.down_proj.weight": {"bits": 4, "group_size": 32,
+                                                                     "mins": true}, ...}}
+
+Read back, the stream gives (name, QuantizedWeight) for each; loaded_weights then decides, per
+weight, what a model's load_weights gets."""
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from pagedgen.layers.linear import Linear
+from pagedgen.layers.quantized_weight import QuantizedWeight
+from pagedgen.loader.file_checks import CheckpointError
+from pagedgen.models.checkpoint_weights import fused_module
+
+QUANTIZED_WEIGHTS = "quantized_weights.json"
+FORMAT = 1
+PARTS = ("qweight", "scales", "mins")
+
+Weight = QuantizedWeight | torch.Tensor
+
+
+def save_repacked(weights: Iterable[tuple[str, Weight]], folder: Path) -> None:
+    """Writes weights into folder's model.safetensors and quantized_weights.json."""
+    tensors: dict[str, torch.Tensor] = {}
+    layout: dict[str, dict] = {}
+    for name, weight in weights:
+        if isinstance(weight, QuantizedWeight):
+            for part in PARTS:
+                if getattr(weight, part) is not None:
+                    tensors[f"{name}.{part}"] = getattr(weight, part).contiguous()
+            layout[name] = {
+                "bits": weight.bits,
+                "group_size": weight.group_size,
+                "mins": weight.mins is not None,
+            }
+        else:
+            tensors[name] = weight.contiguous()
+    save_file(tensors, folder / "model.safetensors")
+    text = json.dumps({"format": FORMAT, "weights": layout}, indent=1)
+    (folder / QUANTIZED_WEIGHTS).write_text(text + "\n")
+
+
+def is_repacked(folder: Path) -> bool:
+    return (folder / QUANTIZED_WEIGHTS).is_file()
+
+
+def read_repacked(
+    folder: Path, tensors: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, Weight]]:
+    """The folder's tensors (as iterate_weights reads them) with each quantized weight's parts
+    gathered into its QuantizedWeight."""
+    path = folder / QUANTIZED_WEIGHTS
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("format") != FORMAT:
+            raise ValueError(f"format {saved.get('format')!r}, not {FORMAT}")
+        layout = {name: (int(w["bits"]), int(w["group_size"]), bool(w["mins"]))
+                  for name, w in saved["weights"].items()}  # fmt: skip
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a list of quantized weights ({e})") from e
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    done: set[str] = set()
+    for name, tensor in tensors:
+        prefix, _, part = name.rpartition(".")
+        if prefix not in layout or part not in PARTS:
+            yield name, tensor
+            continue
+        parts = found.setdefault(prefix, {})
+        parts[part] = tensor
+        bits, group_size, has_mins = layout[prefix]
+        if len(parts) == 2 + has_mins:
+            yield prefix, _quantized(path, prefix, bits, group_size, found.pop(prefix))
+            done.add(prefix)
+    missing = sorted(set(layout) - done)
+    if missing:
+        raise CheckpointError(f"{folder}: {missing[0]!r} lacks some of its parts {PARTS}")
+
+
+def _quantized(
+    path: Path, name: str, bits: int, group_size: int, parts: dict[str, torch.Tensor]
+) -> QuantizedWeight:
+    try:
+        qweight, scales = parts["qweight"], parts["scales"]
+        return QuantizedWeight(bits, group_size, qweight, scales, parts.get("mins"))
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: {name!r}: {e}") from e
+
+
+def loaded_weights(
+    weights: Iterable[tuple[str, Weight]],
+    model: nn.Module,
+    dtype: torch.dtype,
+    keep_quantized: bool,
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """What the model's load_weights reads: with keep_quantized, each QuantizedWeight of a
+    linear layer as it is; every other QuantizedWeight (an embedding; all of them without
+    keep_quantized) dequantized into dtype as it streams; dense tensors as they are."""
+    modules = dict(model.named_modules()) if keep_quantized else {}
+    for name, weight in weights:
+        if isinstance(weight, QuantizedWeight) and not _is_linear(modules, name):
+            weight = weight.dequantize().to(dtype)
+        yield name, weight
+
+
+def _is_linear(modules: dict[str, nn.Module], name: str) -> bool:
+    """Whether name is the weight of a Linear of the model (a fused projection's shard, too)."""
+    module_name, _, param = name.removeprefix("model.").rpartition(".")
+    module = modules.get(fused_module(module_name)[0], modules.get(module_name))
+    return param == "weight" and isinstance(module, Linear)
