@@ -38,18 +38,25 @@ def quantized_gptq(
     parts: dict[str, torch.Tensor], quant: dict[str, Any]
 ) -> QuantizedWeight | torch.Tensor:
     """The layer as a QuantizedWeight; dense where g_idx is not plain groups of consecutive
-    inputs."""
+    inputs, or the groups do not divide the inputs (a last group cut short)."""
     bits, q, zeros = _gptq_values(parts, quant)
-    group_size = _group_size(quant, q.shape[0])
+    in_features = q.shape[0]
+    group_size = _group_size(quant, in_features)
     g_idx = parts.get("g_idx")
-    if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(q.shape[0]) // group_size):
+    plain = g_idx is None or torch.equal(g_idx.long(), torch.arange(in_features) // group_size)
+    if not plain or in_features % group_size:
         return dequantize_gptq(parts, quant)
     return _quantized(q, zeros, parts["scales"], bits, group_size)
 
 
-def quantized_awq(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> QuantizedWeight:
+def quantized_awq(
+    parts: dict[str, torch.Tensor], quant: dict[str, Any]
+) -> QuantizedWeight | torch.Tensor:
     q, zeros = _awq_values(parts)
-    return _quantized(q, zeros, parts["scales"], 4, _group_size(quant, q.shape[0]))
+    group_size = _group_size(quant, q.shape[0])
+    if q.shape[0] % group_size:
+        return dequantize_awq(parts, quant)
+    return _quantized(q, zeros, parts["scales"], 4, group_size)
 
 
 def _quantized(

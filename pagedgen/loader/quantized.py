@@ -10,7 +10,10 @@ import torch
 
 from pagedgen.layers.quantized_weight import QuantizedWeight
 from pagedgen.loader import fp8_weights, int_weights, mxfp4_weights
+from pagedgen.loader.file_checks import CheckpointError
 
+# A layer's parts (by part name) and the quantization config -> its weight
+WeightOf = Callable[[dict[str, torch.Tensor], dict[str, Any]], torch.Tensor | QuantizedWeight]
 METHODS = (*fp8_weights.FP8_METHODS, *int_weights.PACKED_METHODS, *mxfp4_weights.MXFP4_METHODS)
 
 
@@ -67,7 +70,7 @@ def _gathered(
     part_of: Callable[[str, torch.Tensor], tuple[str, str | None] | None],
     names: tuple[str, ...],  # a layer's parts
     required: tuple[str, ...],  # those it cannot do without (GPTQ's g_idx may be absent)
-    weight_of: Callable[[dict[str, torch.Tensor], dict[str, Any]], torch.Tensor | QuantizedWeight],
+    weight_of: WeightOf,
     quant: dict[str, Any],
     suffix: str = ".weight",  # the weight's name: its layer's and this
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
@@ -85,9 +88,21 @@ def _gathered(
         found = layers.setdefault(prefix, {})
         found[part] = tensor
         if len(found) == len(names):
-            yield f"{prefix}{suffix}", weight_of(layers.pop(prefix), quant)
+            yield f"{prefix}{suffix}", _weight(weight_of, layers.pop(prefix), quant, prefix)
     for prefix, found in layers.items():
         missing = set(required) - set(found)
         if missing:
-            raise ValueError(f"{prefix} lacks its {sorted(missing)}")
-        yield f"{prefix}{suffix}", weight_of(found, quant)
+            raise CheckpointError(f"{prefix} lacks its {sorted(missing)}")
+        yield f"{prefix}{suffix}", _weight(weight_of, found, quant, prefix)
+
+
+def _weight(
+    weight_of: WeightOf,
+    parts: dict[str, torch.Tensor],
+    quant: dict[str, Any],
+    prefix: str,
+) -> torch.Tensor | QuantizedWeight:
+    try:
+        return weight_of(parts, quant)
+    except ValueError as e:  # a scale or group that does not fit the weight
+        raise CheckpointError(f"{prefix}: {e}") from e

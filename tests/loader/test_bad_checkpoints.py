@@ -108,3 +108,19 @@ def test_the_cli_says_so_in_one_line_exits_2_and_writes_nothing(tiny_llama_path,
     assert len(lines) == 1 and lines[0].startswith("error: ") and "cut short: tensor" in lines[0]
     assert str(weights) in lines[0]
     assert not out.exists()
+
+
+def test_a_scale_the_int8_weight_cannot_take_is_named():
+    import torch
+
+    from pagedgen.loader.quantized import dequantized
+    from tests.loader.test_quantized_checkpoints import int8_config
+
+    weights = [
+        ("model.layers.0.mlp.up_proj.weight", torch.zeros(4, 64, dtype=torch.int8)),
+        ("model.layers.0.mlp.up_proj.weight_scale", torch.ones(4, 3)),  # 64 inputs in 3 groups
+    ]
+    with pytest.raises(
+        CheckpointError, match=r"layers\.0\.mlp\.up_proj: a scale of shape \(4, 3\)"
+    ):
+        list(dequantized(iter(weights), int8_config("group", 21)))

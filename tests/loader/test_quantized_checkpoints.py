@@ -206,6 +206,55 @@ def test_awq_checkpoint_runs_as_its_dequantized_weights(tiny_llama_path, tmp_pat
     assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
 
 
+def int8_config(strategy: str, group_size: int | None) -> dict:
+    """compressed-tensors' config for W8A8 int8 (llm-compressor's scheme "W8A8")."""
+    weights = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": strategy,
+               "group_size": group_size, "dynamic": False}  # fmt: skip
+    activations = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor"}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+        },  # fmt: skip
+        "ignore": ["lm_head"],
+    }
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor", "group"])
+def test_int8_compressed_tensors_checkpoint_runs_as_its_dequantized_weights(
+    tiny_llama_path, tmp_path, strategy
+):
+    """int8 weights with per-channel, per-tensor or per-group float16 scales become
+    QuantizedWeight (8 bits, one group a row or 32 inputs); the static input scale is dropped."""
+    from pagedgen.layers.quantized_weight import QuantizedWeight
+    from pagedgen.loader.fp8_weights import dequantize_parts
+
+    group_size = 32 if strategy == "group" else None
+
+    def quantize_layer(tensor):
+        w = tensor.float()
+        groups = w.unflatten(1, (-1, group_size or w.shape[1]))
+        if strategy == "tensor":
+            groups = w.reshape(1, 1, -1)
+        scale = (groups.abs().amax(-1) / 127).half()  # [out, groups] or [1, 1]
+        expanded = scale.float().repeat_interleave(w.numel() // scale.numel(), -1)
+        q = (w.reshape(expanded.shape) / expanded).round().clamp(-127, 127)
+        q = q.to(torch.int8).reshape(w.shape)
+        if strategy == "tensor":
+            scale = scale.reshape(1)
+        parts = {"weight": q, "weight_scale": scale, "input_scale": torch.ones(1)}
+        weight = dequantize_parts({"weight": q, "scale": scale}, {})
+        assert isinstance(weight, QuantizedWeight) and weight.bits == 8
+        assert weight.group_size == (group_size or w.shape[1])
+        return parts, weight.dequantize()
+
+    quantized, dense = quantized_layers(tiny_llama_path, quantize_layer)
+    config = int8_config(strategy, group_size)
+    assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
+
+
 def test_dequantize_layouts():
     weight = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).to(torch.float8_e4m3fn)
     assert torch.equal(dequantize(weight, torch.tensor([2.0])), weight.float() * 2)
@@ -225,6 +274,7 @@ def test_what_cannot_be_unpacked_is_refused(tiny_llama_path, tmp_path):
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes' checkpoints"),
         ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "unpacks 2, 4 and 8 bits"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "GEMM layout only"),
+        ({**int8_config("channel", None), "format": "pack-quantized"}, "int-quantized"),
     ):
         config["quantization_config"] = quant
         (folder / "config.json").write_text(json.dumps(config))
