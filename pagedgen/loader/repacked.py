@@ -9,11 +9,13 @@ Read back, the stream gives (name, QuantizedWeight) for each; loaded_weights the
 weight, what a model's load_weights gets."""
 
 import json
+import shutil
+import struct
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from pagedgen.layers.linear import Linear
@@ -24,27 +26,52 @@ from pagedgen.models.checkpoint_weights import fused_module
 QUANTIZED_WEIGHTS = "quantized_weights.json"
 FORMAT = 1
 PARTS = ("qweight", "scales", "mins")
+SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+}
 
 Weight = QuantizedWeight | torch.Tensor
 
 
 def save_repacked(weights: Iterable[tuple[str, Weight]], folder: Path) -> None:
-    """Writes weights into folder's model.safetensors and quantized_weights.json."""
-    tensors: dict[str, torch.Tensor] = {}
+    """Writes weights into folder's model.safetensors and quantized_weights.json, a tensor at a
+    time: each one's bytes go to a scratch file as it comes, then behind the header that lists
+    them all, so that no more than one weight is held (a whole 8B model would be ~6 GB)."""
+    entries: dict[str, dict] = {"__metadata__": {"format": "pt"}}
     layout: dict[str, dict] = {}
-    for name, weight in weights:
-        if isinstance(weight, QuantizedWeight):
-            for part in PARTS:
-                if getattr(weight, part) is not None:
-                    tensors[f"{name}.{part}"] = getattr(weight, part).contiguous()
-            layout[name] = {
-                "bits": weight.bits,
-                "group_size": weight.group_size,
-                "mins": weight.mins is not None,
-            }
-        else:
-            tensors[name] = weight.contiguous()
-    save_file(tensors, folder / "model.safetensors")
+    with tempfile.TemporaryFile(dir=folder) as data:
+        for name, weight in weights:
+            if isinstance(weight, QuantizedWeight):
+                layout[name] = {
+                    "bits": weight.bits,
+                    "group_size": weight.group_size,
+                    "mins": weight.mins is not None,
+                }
+                parts = {
+                    f"{name}.{p}": getattr(weight, p)
+                    for p in PARTS
+                    if getattr(weight, p) is not None
+                }
+            else:
+                parts = {name: weight}
+            for part_name, tensor in parts.items():
+                start = data.tell()
+                data.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+                entries[part_name] = {
+                    "dtype": SAFETENSORS_DTYPES[tensor.dtype],
+                    "shape": list(tensor.shape),
+                    "data_offsets": [start, data.tell()],
+                }
+        header = json.dumps(entries, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)  # the data 8-byte aligned, as safetensors writes it
+        with (folder / "model.safetensors").open("wb") as file:
+            file.write(struct.pack("<Q", len(header)) + header)
+            data.seek(0)
+            shutil.copyfileobj(data, file, 1 << 24)
     text = json.dumps({"format": FORMAT, "weights": layout}, indent=1)
     (folder / QUANTIZED_WEIGHTS).write_text(text + "\n")
 
