@@ -6,22 +6,24 @@ folder that runs load from (repacked.py writes and reads it)."""
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from pagedgen.layers.quantized_weight import QuantizedWeight
 from pagedgen.loader.file_checks import CheckpointError
 from pagedgen.loader.gguf_blocks import DENSE, REPACK, TYPES, repack
-from pagedgen.loader.repacked import save_repacked
+from pagedgen.loader.repacked import Weight, save_repacked
 from pagedgen.models.registry import get_model_class
 
-Weight = QuantizedWeight | torch.Tensor
+if TYPE_CHECKING:
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor
 
 
 class _CheckedReader(GGUFReader):
@@ -110,7 +112,7 @@ class _TopLevel:
         return iter(())
 
 
-def _weight(tensor, processor) -> Weight:
+def _weight(tensor: ReaderTensor, processor: "TensorProcessor") -> Weight:
     qtype = tensor.tensor_type
     if qtype in REPACK and len(tensor.shape) == 2:
         n, k = (int(d) for d in reversed(tensor.shape.tolist()))
@@ -147,13 +149,15 @@ def read_gguf_config(path: Path) -> PretrainedConfig:
     return config
 
 
-def convert_gguf(path: Path, target: Path) -> None:
+def convert_gguf(path: Path, target: Path, on_start: Callable[[], None] = lambda: None) -> None:
     """Writes an HF folder (config, tokenizer, the repacked weights) for a GGUF file, atomically.
     A file that is not GGUF, is cut short, or holds a type pagedgen cannot run, and an
-    architecture we do not implement, are refused after reading the metadata only."""
+    architecture we do not implement, are refused after reading the metadata only; on_start
+    runs once they have passed."""
     reader = open_gguf(path)
     config = read_gguf_config(path)
     get_model_class(config)
+    on_start()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))

@@ -182,7 +182,10 @@ def _convert_once(gguf_path: Path, target: Path) -> None:
         if (target / "model.safetensors").is_file():
             return
         start = time.perf_counter()
-        print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr)
-        convert_gguf(gguf_path, target)
+        convert_gguf(  # says so once the file has passed its checks: a refusal is one line
+            gguf_path,
+            target,
+            lambda: print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr),
+        )
         elapsed = time.perf_counter() - start
         print(f"converted {gguf_path.name} in {elapsed:.1f} s, cached at {target}", file=sys.stderr)

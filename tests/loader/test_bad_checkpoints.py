@@ -96,17 +96,27 @@ def test_a_group_size_the_weight_cannot_take_is_named(tmp_path):
         list(read_repacked(tmp_path, iterate_weights(tmp_path)))
 
 
-def test_the_cli_says_so_in_one_line_exits_2_and_writes_nothing(tiny_llama_path, tmp_path, capsys):
-    folder = copy_of(tiny_llama_path, tmp_path)
-    weights = folder / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-4096])
+@pytest.mark.parametrize("bad", ["safetensors cut short", "gguf not gguf"])
+def test_the_cli_says_so_in_one_line_exits_2_and_writes_nothing(
+    tiny_llama_path, tmp_path, capsys, monkeypatch, bad
+):
+    monkeypatch.setenv("PAGEDGEN_CACHE", str(tmp_path / "cache"))
+    if bad == "safetensors cut short":
+        model = copy_of(tiny_llama_path, tmp_path) / "model.safetensors"
+        model.write_bytes(model.read_bytes()[:-4096])
+        said = "cut short: tensor"
+    else:
+        model = tmp_path / "model.gguf"
+        model.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+        said = "not a GGUF file"
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
     out = tmp_path / "out.jsonl"
+    folder = model.parent if bad.startswith("safetensors") else model
     code, _, stderr = run_in_process(capsys, "run", str(src), "-o", str(out), *tiny(folder))
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "cut short: tensor" in lines[0]
-    assert str(weights) in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
+    assert str(model) in lines[0]
     assert not out.exists()
 
 
