@@ -92,7 +92,7 @@ def gguf_weights(
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     hf_names = get_gguf_hf_weights_map(_TopLevel(skeleton), processor)
-    if any(tensor.name not in hf_names for tensor in reader.tensors):
+    if not set(hf_names.values()) >= set(skeleton.state_dict()):
         hf_names = get_gguf_hf_weights_map(skeleton, processor)  # submodules' names, too
     for tensor in reader.tensors:
         if tensor.name in hf_names:
@@ -102,7 +102,7 @@ def gguf_weights(
 class _TopLevel:
     """A model's own parameter names without its submodules': get_gguf_hf_weights_map builds
     a name table for each module it recurses into (seconds for a 30-layer model), and a
-    decoder's top-level names already cover every tensor of its GGUF file."""
+    decoder's top-level names already name every parameter (BLOOM's need its submodules')."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.config = model.config
