@@ -42,21 +42,17 @@ def repack(
         raise ValueError(f"{data.size} bytes are not {qtype.name} blocks of a {n}x{k} tensor")
     blocks = np.ascontiguousarray(data).view(np.uint8).reshape(-1, type_size)
     bits, q, scales, mins = REPACK[qtype](blocks)
-    group_size = k // (scales.size // n)
-    q = q.reshape(n, k)
-    if bits == 4:
-        q = q.reshape(n, k // 2, 2)
-        q = q[..., 0] | (q[..., 1] << np.uint8(4))
     return QuantizedWeight(
         bits,
-        group_size,
-        torch.from_numpy(np.ascontiguousarray(q)),
+        k // (scales.size // n),
+        torch.from_numpy(np.ascontiguousarray(q).reshape(n, -1)),
         torch.from_numpy(scales.reshape(n, -1)),
         None if mins is None else torch.from_numpy(mins.reshape(n, -1)),
     )
 
 
-Repacked = tuple[int, np.ndarray, np.ndarray, np.ndarray | None]  # bits, q, scales, mins
+# bits, q as QuantizedWeight stores it (4 bits: packed bytes), scales, mins; a row a block
+Repacked = tuple[int, np.ndarray, np.ndarray, np.ndarray | None]
 
 
 def _half(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -71,28 +67,39 @@ def _low_high(qs: np.ndarray, rows: int) -> np.ndarray:
     return (qs & np.uint8(0x0F)).reshape(qs.shape[0], rows, -1)
 
 
-def _high_bits(qh: np.ndarray) -> np.ndarray:
+def _packed(qs: np.ndarray, runs: int) -> np.ndarray:
+    """4-bit values from GGUF's packing to QuantizedWeight's without unpacking them. GGUF: a run
+    of B bytes holds 2B values, the first B in the low nibbles, the next B in the high ones.
+    QuantizedWeight: byte m holds values 2m (low) and 2m + 1 (high). So bytes 2m and 2m + 1 of
+    a run give its byte m from their low nibbles and its byte B/2 + m from their high ones."""
+    qs = qs.reshape(qs.shape[0], runs, -1)
+    even, odd = qs[..., 0::2], qs[..., 1::2]
+    low = (even & np.uint8(0x0F)) | (odd << np.uint8(4))
+    high = (even >> np.uint8(4)) | (odd & np.uint8(0xF0))
+    return np.concatenate([low, high], axis=-1)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
     """Q5_0 / Q5_1's 32 fifth bits, a little-endian uint32 a block -> [num_blocks, 32] 0 / 16."""
-    qh = qh.copy().view(np.uint32) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
-    return ((qh & np.uint32(1)) << np.uint32(4)).astype(np.uint8)
+    return np.unpackbits(qh, axis=-1, bitorder="little") << np.uint8(4)
 
 
 def _q4_0(blocks: np.ndarray) -> Repacked:
     d = _half(blocks, 0)
-    return 4, _low_high(blocks[:, 2:], 1), d, -8 * d
+    return 4, _packed(blocks[:, 2:], 1), d, -8 * d
 
 
 def _q4_1(blocks: np.ndarray) -> Repacked:
-    return 4, _low_high(blocks[:, 4:], 1), _half(blocks, 0), _half(blocks, 2)
+    return 4, _packed(blocks[:, 4:], 1), _half(blocks, 0), _half(blocks, 2)
 
 
 def _q5_0(blocks: np.ndarray) -> Repacked:
-    q = _low_high(blocks[:, 6:], 1).reshape(-1, 32) | _high_bits(blocks[:, 2:6])
+    q = _low_high(blocks[:, 6:], 1).reshape(-1, 32) | _fifth_bits(blocks[:, 2:6])
     return 8, q.astype(np.int8) - np.int8(16), _half(blocks, 0), None
 
 
 def _q5_1(blocks: np.ndarray) -> Repacked:
-    q = _low_high(blocks[:, 8:], 1).reshape(-1, 32) | _high_bits(blocks[:, 4:8])
+    q = _low_high(blocks[:, 8:], 1).reshape(-1, 32) | _fifth_bits(blocks[:, 4:8])
     return 8, q.astype(np.int8), _half(blocks, 0), _half(blocks, 2)
 
 
@@ -113,14 +120,14 @@ def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _q4_k(blocks: np.ndarray) -> Repacked:
     sc, mn = _k_scales(blocks)
-    q = _low_high(blocks[:, 16:], 4)  # [num_blocks, 8 sub-blocks, 32]
-    return 4, q, _half(blocks, 0) * sc, -(_half(blocks, 2) * mn)
+    return 4, _packed(blocks[:, 16:], 4), _half(blocks, 0) * sc, -(_half(blocks, 2) * mn)
 
 
 def _q5_k(blocks: np.ndarray) -> Repacked:
     sc, mn = _k_scales(blocks)
-    qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
-    q = _low_high(blocks[:, 48:], 4).reshape(-1, 8, 32) | ((qh & np.uint8(1)) << np.uint8(4))
+    qh = np.unpackbits(blocks[:, 16:48], axis=-1, bitorder="little")  # value i: bit j of byte i
+    qh = qh.reshape(-1, 32, 8).transpose(0, 2, 1)  # [num_blocks, sub-block j, i]
+    q = _low_high(blocks[:, 48:], 4).reshape(-1, 8, 32) | (qh << np.uint8(4))
     return 8, q.astype(np.int8), _half(blocks, 0) * sc, -(_half(blocks, 2) * mn)
 
 
