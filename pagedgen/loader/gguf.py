@@ -164,7 +164,7 @@ def convert_gguf(path: Path, target: Path, on_start: Callable[[], None] = lambda
     try:
         config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        save_repacked(gguf_weights(path, config, reader), staging)
+        save_repacked(gguf_weights(path, config, reader), staging, path.resolve())
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -9,6 +9,7 @@ Read back, the stream gives (name, QuantizedWeight) for each; loaded_weights the
 weight, what a model's load_weights gets."""
 
 import json
+import math
 import shutil
 import struct
 import tempfile
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from pagedgen.layers.linear import Linear
@@ -37,10 +39,13 @@ SAFETENSORS_DTYPES = {
 Weight = QuantizedWeight | torch.Tensor
 
 
-def save_repacked(weights: Iterable[tuple[str, Weight]], folder: Path) -> None:
-    """Writes weights into folder's model.safetensors and quantized_weights.json, a tensor at a
-    time: each one's bytes go to a scratch file as it comes, then behind the header that lists
-    them all, so that no more than one weight is held (a whole 8B model would be ~6 GB)."""
+def save_repacked(
+    weights: Iterable[tuple[str, Weight]], folder: Path, source: Path | None = None
+) -> None:
+    """Writes weights into folder's model.safetensors and quantized_weights.json (with source,
+    the file they came from), a tensor at a time: each one's bytes go to a scratch file as it
+    comes, then behind the header that lists them all, so that no more than one weight is held
+    (a whole 8B model would be ~6 GB)."""
     entries: dict[str, dict] = {"__metadata__": {"format": "pt"}}
     layout: dict[str, dict] = {}
     with tempfile.TemporaryFile(dir=folder) as data:
@@ -72,7 +77,8 @@ def save_repacked(weights: Iterable[tuple[str, Weight]], folder: Path) -> None:
             file.write(struct.pack("<Q", len(header)) + header)
             data.seek(0)
             shutil.copyfileobj(data, file, 1 << 24)
-    text = json.dumps({"format": FORMAT, "weights": layout}, indent=1)
+    saved = {"format": FORMAT, "source": None if source is None else str(source)}
+    text = json.dumps({**saved, "weights": layout}, indent=1)
     (folder / QUANTIZED_WEIGHTS).write_text(text + "\n")
 
 
@@ -80,11 +86,8 @@ def is_repacked(folder: Path) -> bool:
     return (folder / QUANTIZED_WEIGHTS).is_file()
 
 
-def read_repacked(
-    folder: Path, tensors: Iterable[tuple[str, torch.Tensor]]
-) -> Iterator[tuple[str, Weight]]:
-    """The folder's tensors (as iterate_weights reads them) with each quantized weight's parts
-    gathered into its QuantizedWeight."""
+def _saved(folder: Path) -> tuple[dict[str, tuple[int, int, bool]], str | None]:
+    """quantized_weights.json: (bits, group size, mins) by weight, and the source file."""
     path = folder / QUANTIZED_WEIGHTS
     try:
         saved = json.loads(path.read_text())
@@ -94,6 +97,37 @@ def read_repacked(
                   for name, w in saved["weights"].items()}  # fmt: skip
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise CheckpointError(f"{path}: not a list of quantized weights ({e})") from e
+    return layout, saved.get("source")
+
+
+def source_file(folder: Path) -> Path | None:
+    """The file a folder of quantized weights came from, as it was when converted."""
+    source = _saved(folder)[1]
+    return None if source is None else Path(source)
+
+
+def num_elements(folder: Path) -> int:
+    """How many weight elements a folder of quantized weights holds, as transformers would
+    hold them dequantized, from its safetensors header (no tensor is read)."""
+    layout = _saved(folder)[0]
+    count = 0
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            prefix, _, part = name.rpartition(".")
+            if prefix in layout and part in PARTS[1:]:
+                continue  # a quantized weight's scales and mins
+            size = math.prod(f.get_slice(name).get_shape())
+            count += size * 2 if prefix in layout and layout[prefix][0] == 4 else size
+    return count
+
+
+def read_repacked(
+    folder: Path, tensors: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, Weight]]:
+    """The folder's tensors (as iterate_weights reads them) with each quantized weight's parts
+    gathered into its QuantizedWeight."""
+    path = folder / QUANTIZED_WEIGHTS
+    layout = _saved(folder)[0]
     found: dict[str, dict[str, torch.Tensor]] = {}
     done: set[str] = set()
     for name, tensor in tensors:

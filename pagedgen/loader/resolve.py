@@ -89,6 +89,24 @@ def resolve_tokenizer(
     )
 
 
+def transformers_files(resolved: ResolvedModel) -> ResolvedModel:
+    """Where transformers can read the model's weights (the baselines and references that run
+    it): the GGUF file a converted folder came from (its weights are kept quantized, which
+    transformers does not read), else the model's own files."""
+    from pagedgen.loader.file_checks import CheckpointError
+    from pagedgen.loader.repacked import is_repacked, source_file
+
+    if resolved.gguf_file or not is_repacked(resolved.path):
+        return resolved
+    source = source_file(resolved.path)
+    if source is None or not source.is_file():
+        raise CheckpointError(
+            f"{resolved.path} keeps its weights quantized, which transformers does not read, "
+            f"and the file they came from ({source}) is gone"
+        )
+    return ResolvedModel(source.parent, source.name)
+
+
 def _where(download_dir: str | None, revision: str | None) -> str:
     at = f" at revision {revision!r}" if revision else ""
     return f" ({download_dir}){at}" if download_dir else at

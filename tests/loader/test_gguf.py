@@ -3,6 +3,7 @@ is gguf.quants.dequantize bit for bit; a file's tensors come out under transform
 its values; the converted folder stores them at about the file's size and reads them back."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize, quantize
 
 from pagedgen.layers.quantized_weight import QuantizedWeight
+from pagedgen.loader import CheckpointError
 from pagedgen.loader.gguf_blocks import REPACK, repack
 
 Q = GGMLQuantizationType
@@ -205,14 +207,14 @@ def test_the_converted_folder_keeps_the_weights_quantized(smollm2_weights, tmp_p
     from pagedgen.loader.repacked import QUANTIZED_WEIGHTS, loaded_weights, read_repacked
     from pagedgen.loader.weights import iterate_weights
 
-    path, ours, _ = smollm2_weights
+    path, ours, theirs = smollm2_weights
     convert_gguf(path, tmp_path / "m")
     size = (tmp_path / "m" / "model.safetensors").stat().st_size
     assert size < 1.2 * path.stat().st_size  # float32 weights took 517 MB
     assert (tmp_path / "m" / QUANTIZED_WEIGHTS).is_file()
     stored = load_file(tmp_path / "m" / "model.safetensors")
     assert stored["model.layers.0.mlp.up_proj.weight.qweight"].dtype == torch.uint8
-    read = dict(read_repacked(tmp_path / "m", iterate_weights(tmp_path / "m")))
+    read = dict(read_repacked(tmp_path / "m", list(iterate_weights(tmp_path / "m"))))
     assert set(read) == set(ours)
     for name, weight in ours.items():
         if isinstance(weight, QuantizedWeight):
@@ -226,6 +228,18 @@ def test_the_converted_folder_keeps_the_weights_quantized(smollm2_weights, tmp_p
                     assert torch.equal(getattr(again, part), getattr(weight, part)), (name, part)
         else:
             assert torch.equal(read[name], weight), name
+
+    from pagedgen.loader.repacked import num_elements
+    from pagedgen.loader.resolve import ResolvedModel, transformers_files
+
+    assert num_elements(tmp_path / "m") == sum(t.numel() for t in theirs.values())
+    assert transformers_files(ResolvedModel(tmp_path / "m")) == (path.parent, path.name)
+    moved = tmp_path / "moved"
+    (tmp_path / "m").rename(moved)
+    layout = json.loads((moved / QUANTIZED_WEIGHTS).read_text())
+    (moved / QUANTIZED_WEIGHTS).write_text(json.dumps({**layout, "source": str(tmp_path / "x")}))
+    with pytest.raises(CheckpointError, match="the file they came from .* is gone"):
+        transformers_files(ResolvedModel(moved))
 
     class Model(torch.nn.Module):  # the names load_checkpoint_weights maps: a fused qkv
         def __init__(self):
