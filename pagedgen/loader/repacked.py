@@ -43,43 +43,49 @@ def save_repacked(
     weights: Iterable[tuple[str, Weight]], folder: Path, source: Path | None = None
 ) -> None:
     """Writes weights into folder's model.safetensors and quantized_weights.json (with source,
-    the file they came from), a tensor at a time: each one's bytes go to a scratch file as it
-    comes, then behind the header that lists them all, so that no more than one weight is held
-    (a whole 8B model would be ~6 GB)."""
-    entries: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    the file they came from), a weight at a time (write_safetensors)."""
     layout: dict[str, dict] = {}
-    with tempfile.TemporaryFile(dir=folder) as data:
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name, weight in weights:
-            if isinstance(weight, QuantizedWeight):
-                layout[name] = {
-                    "bits": weight.bits,
-                    "group_size": weight.group_size,
-                    "mins": weight.mins is not None,
-                }
-                parts = {
-                    f"{name}.{p}": getattr(weight, p)
-                    for p in PARTS
-                    if getattr(weight, p) is not None
-                }
-            else:
-                parts = {name: weight}
-            for part_name, tensor in parts.items():
-                start = data.tell()
-                data.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-                entries[part_name] = {
-                    "dtype": SAFETENSORS_DTYPES[tensor.dtype],
-                    "shape": list(tensor.shape),
-                    "data_offsets": [start, data.tell()],
-                }
-        header = json.dumps(entries, separators=(",", ":")).encode()
-        header += b" " * (-len(header) % 8)  # the data 8-byte aligned, as safetensors writes it
-        with (folder / "model.safetensors").open("wb") as file:
-            file.write(struct.pack("<Q", len(header)) + header)
-            data.seek(0)
-            shutil.copyfileobj(data, file, 1 << 24)
+            if not isinstance(weight, QuantizedWeight):
+                yield name, weight
+                continue
+            layout[name] = {
+                "bits": weight.bits,
+                "group_size": weight.group_size,
+                "mins": weight.mins is not None,
+            }
+            for part in PARTS:
+                if getattr(weight, part) is not None:
+                    yield f"{name}.{part}", getattr(weight, part)
+
+    write_safetensors(tensors(), folder / "model.safetensors")
     saved = {"format": FORMAT, "source": None if source is None else str(source)}
     text = json.dumps({**saved, "weights": layout}, indent=1)
     (folder / QUANTIZED_WEIGHTS).write_text(text + "\n")
+
+
+def write_safetensors(tensors: Iterable[tuple[str, torch.Tensor]], path: Path) -> None:
+    """A safetensors file written a tensor at a time: each one's bytes go to a scratch file as it
+    comes, then behind the header that lists them all, so that no more than one tensor is held
+    (a whole 8B model would be ~6 GB quantized, 32 GB in float32)."""
+    entries: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    with tempfile.TemporaryFile(dir=path.parent) as data:
+        for name, tensor in tensors:
+            start = data.tell()
+            data.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            entries[name] = {
+                "dtype": SAFETENSORS_DTYPES[tensor.dtype],
+                "shape": list(tensor.shape),
+                "data_offsets": [start, data.tell()],
+            }
+        header = json.dumps(entries, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)  # the data 8-byte aligned, as safetensors writes it
+        with path.open("wb") as file:
+            file.write(struct.pack("<Q", len(header)) + header)
+            data.seek(0)
+            shutil.copyfileobj(data, file, 1 << 24)
 
 
 def is_repacked(folder: Path) -> bool:

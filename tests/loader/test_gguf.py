@@ -229,10 +229,16 @@ def test_the_converted_folder_keeps_the_weights_quantized(smollm2_weights, tmp_p
         else:
             assert torch.equal(read[name], weight), name
 
+    from pagedgen.loader.dense_copy import dense_folder
     from pagedgen.loader.repacked import num_elements
     from pagedgen.loader.resolve import ResolvedModel, transformers_files
 
     assert num_elements(tmp_path / "m") == sum(t.numel() for t in theirs.values())
+    dense = dense_folder(tmp_path / "m")
+    assert dense == tmp_path / "m-dense" and dense_folder(dense) == dense
+    stored = load_file(dense / "model.safetensors")
+    assert set(stored) == set(theirs) and (dense / "tokenizer.json").is_file()
+    assert all(torch.equal(stored[name].float(), theirs[name]) for name in theirs)
     assert transformers_files(ResolvedModel(tmp_path / "m")) == (path.parent, path.name)
     moved = tmp_path / "moved"
     (tmp_path / "m").rename(moved)
