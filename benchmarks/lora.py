@@ -31,10 +31,12 @@ def make_adapters(model: Path, folder: Path, count: int, rank: int) -> list[str]
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from pagedgen.loader.dense_copy import dense_folder
+
     paths = []
     for i in range(count):
         torch.manual_seed(i)
-        base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(dense_folder(model), dtype=torch.float32)
         config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS)
         adapted = get_peft_model(base, config)
         for name, param in adapted.named_parameters():

@@ -47,8 +47,10 @@ def classifier_folder(model: Path, folder: Path) -> Path:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     torch.manual_seed(0)
+    from pagedgen.loader.dense_copy import dense_folder
+
     classifier = AutoModelForSequenceClassification.from_pretrained(
-        model, num_labels=2, dtype=torch.float32
+        dense_folder(model), num_labels=2, dtype=torch.float32
     )
     classifier.config.pad_token_id = classifier.config.eos_token_id
     classifier.save_pretrained(folder)

@@ -13,6 +13,9 @@ VENV = Path(os.environ.get("VLLM_CPU_VENV", Path.home() / ".cache" / "pagedgen-v
 
 def run_vllm(model: Path, workload: Path, out: Path, options: dict[str, Any]) -> dict:
     """vllm_runner.py's result: {"output_tokens_per_s", "output_token_ids"}."""
+    from pagedgen.loader.dense_copy import dense_folder
+
+    model = dense_folder(model)  # vLLM reads no pagedgen-quantized folder
     preload = [
         lib
         for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", VENV / "lib/libiomp5.so")

@@ -62,6 +62,19 @@ def smollm2_path() -> Path:
         pytest.skip(str(e))
 
 
+def smollm2_transformers(smollm2_path: Path, dtype: torch.dtype = torch.float32):
+    """transformers' own SmolLM2, for references: from the GGUF file a converted folder came from
+    (it keeps the weights quantized, which transformers does not read), else from the folder."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedgen.loader import ResolvedModel
+    from pagedgen.loader.resolve import transformers_files
+
+    path, gguf_file = transformers_files(ResolvedModel(smollm2_path))
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).eval()
+
+
 def random_llama(folder: Path, **shape):
     """Saves a 2-layer random-weight Llama of shape's sizes in folder, seeded, with the
     byte-level tokenizer (257 tokens, 256 the end of text); returns the tokenizer."""

@@ -3,13 +3,18 @@ dequantized as they load: each float8 weight times its scale (one per tensor, pe
 channel, or per block of weight_block_size), in float32, then the model's dtype. They run as a
 checkpoint of those dense weights would: the memory of the model's dtype, none of FP8's speed.
 Activation scales (input_scale) are dropped: activations run unquantized. KV-cache scales
-(k_scale, v_scale) pass to the model (models/kv_scales.py)."""
+(k_scale, v_scale) pass to the model (models/kv_scales.py).
+
+compressed-tensors' 8-bit integer weights ("int-quantized": W8A8 and W8A16 int8, symmetric)
+gather the same way into a QuantizedWeight: bits 8, one group a row (per-channel or per-tensor
+scales) or the checkpoint's groups."""
 
 from typing import Any
 
 import torch
 
 from pagedgen.attention.kv_cache_dtype import is_fp8
+from pagedgen.layers.quantized_weight import QuantizedWeight
 from pagedgen.models.kv_scales import kv_scale_of
 
 FP8_METHODS = ("compressed-tensors", "fp8", "fbgemm_fp8")
@@ -18,14 +23,22 @@ SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")  # the latter multiplies
 DROPPED_SUFFIXES = (".input_scale", ".input_scale_ub", ".output_scale")
 
 
+INT8_FORMATS = (None, "int-quantized")  # compressed-tensors' formats of plain int8 tensors
+
+
 def check_fp8(quant: dict[str, Any]) -> None:
-    """Raises ValueError for a compressed-tensors checkpoint of other than 8-bit float weights."""
+    """Raises ValueError for a compressed-tensors checkpoint of other than 8-bit float weights
+    or symmetric 8-bit integer weights stored as int8 tensors."""
     for name, group in (quant.get("config_groups") or {}).items():
         weights = group.get("weights") or {}
-        if weights.get("type") != "float" or weights.get("num_bits") != 8:
+        fmt = group.get("format") or quant.get("format")
+        float8 = weights.get("type") == "float"
+        int8 = weights.get("type") == "int" and weights.get("symmetric", True)
+        if weights.get("num_bits") != 8 or not (float8 or (int8 and fmt in INT8_FORMATS)):
             raise ValueError(
-                f"compressed-tensors group {name!r} quantizes weights to {weights}: "
-                "pagedgen loads 8-bit float weights of it only"
+                f"compressed-tensors group {name!r} quantizes weights to {weights} "
+                f"(format {fmt!r}): pagedgen loads 8-bit float and symmetric 8-bit integer "
+                "(int-quantized) weights of it only"
             )
 
 
@@ -76,10 +89,28 @@ def part_of(name: str, tensor: torch.Tensor) -> tuple[str, str | None] | None:
     for suffix in SCALE_SUFFIXES:
         if name.endswith(suffix):
             return name.removesuffix(suffix), "scale"
-    if name.endswith(".weight") and is_fp8(tensor.dtype):
+    if name.endswith(".weight") and (is_fp8(tensor.dtype) or tensor.dtype == torch.int8):
         return name.removesuffix(".weight"), "weight"
     return None
 
 
-def dequantize_parts(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> torch.Tensor:
+def dequantize_parts(
+    parts: dict[str, torch.Tensor], quant: dict[str, Any]
+) -> torch.Tensor | QuantizedWeight:
+    if parts["weight"].dtype == torch.int8:
+        return int8_weight(parts["weight"], parts["scale"])
     return dequantize(parts["weight"], parts["scale"], block_size_of(quant))
+
+
+def int8_weight(weight: torch.Tensor, scale: torch.Tensor) -> QuantizedWeight:
+    """An int8 weight [out, in] and its scale (one number, [out] or [out, 1] per channel, or
+    [out, groups]) as a QuantizedWeight."""
+    out_features, in_features = weight.shape
+    scale = scale.float()
+    if scale.numel() == 1 or tuple(scale.shape) == (out_features,):
+        scale = scale.reshape(-1, 1).expand(out_features, 1)
+    if scale.dim() != 2 or scale.shape[0] != out_features or in_features % scale.shape[1]:
+        raise ValueError(
+            f"a scale of shape {tuple(scale.shape)} for an int8 weight {tuple(weight.shape)}"
+        )
+    return QuantizedWeight(8, in_features // scale.shape[1], weight, scale.contiguous())

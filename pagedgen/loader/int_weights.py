@@ -1,7 +1,9 @@
-"""GPTQ and AWQ checkpoints, dequantized as they load: each layer's packed integer weights,
-zero points and group scales become one dense weight in float32, then the model's dtype. They
-run as a checkpoint of those dense weights would: the memory of the model's dtype, none of the
-packed kernels' speed.
+"""GPTQ and AWQ checkpoints: each layer's packed integer weights, zero points and group scales
+become a QuantizedWeight (zero points as mins, -zero * scale; 2 and 4 bits in nibbles, 8 bits as
+q - 128 with min (128 - zero) * scale), or, where GPTQ's g_idx scatters a group's inputs
+(act-order, desc_act: no group size describes them), one dense weight in float32. With float16
+or bfloat16 scales, as the formats store them, q * scale + min is (q - zero) * scale bit for bit:
+both products and their sum are exact in float32.
 
 Layouts (int32 words, value i of a word in bits [bits * i, bits * (i + 1))):
   GPTQ  qweight [in / pack, out], packed along in; qzeros [groups, out / pack], packed along out,
@@ -15,6 +17,8 @@ Layouts (int32 words, value i of a word in bits [bits * i, bits * (i + 1))):
 from typing import Any
 
 import torch
+
+from pagedgen.layers.quantized_weight import QuantizedWeight, pack_int4
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column each nibble of an AWQ word holds
 PACKED_METHODS = ("gptq", "awq")
@@ -30,12 +34,60 @@ def unpack(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return values.reshape(words.shape[0], -1)
 
 
-def dequantize_gptq(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> torch.Tensor:
+def quantized_gptq(
+    parts: dict[str, torch.Tensor], quant: dict[str, Any]
+) -> QuantizedWeight | torch.Tensor:
+    """The layer as a QuantizedWeight; dense where g_idx is not plain groups of consecutive
+    inputs, or the groups do not divide the inputs (a last group cut short)."""
+    bits, q, zeros = _gptq_values(parts, quant)
+    in_features = q.shape[0]
+    group_size = _group_size(quant, in_features)
+    g_idx = parts.get("g_idx")
+    plain = g_idx is None or torch.equal(g_idx.long(), torch.arange(in_features) // group_size)
+    if not plain or in_features % group_size:
+        return dequantize_gptq(parts, quant)
+    return _quantized(q, zeros, parts["scales"], bits, group_size)
+
+
+def quantized_awq(
+    parts: dict[str, torch.Tensor], quant: dict[str, Any]
+) -> QuantizedWeight | torch.Tensor:
+    q, zeros = _awq_values(parts)
+    group_size = _group_size(quant, q.shape[0])
+    if q.shape[0] % group_size:
+        return dequantize_awq(parts, quant)
+    return _quantized(q, zeros, parts["scales"], 4, group_size)
+
+
+def _quantized(
+    q: torch.Tensor,  # [in, out], 0 .. 2**bits - 1
+    zeros: torch.Tensor,  # [groups, out]
+    scales: torch.Tensor,  # [groups, out]
+    bits: int,
+    group_size: int,
+) -> QuantizedWeight:
+    scales = scales.float().t().contiguous()
+    zeros = zeros.t()
+    if bits <= 4:
+        return QuantizedWeight(4, group_size, pack_int4(q.t()), scales, -zeros * scales)
+    values = (q.t() - 128).to(torch.int8).contiguous()
+    return QuantizedWeight(8, group_size, values, scales, (128 - zeros) * scales)
+
+
+def _gptq_values(
+    parts: dict[str, torch.Tensor], quant: dict[str, Any]
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(bits, q [in, out], zero points [groups, out])."""
     bits = quant.get("bits", 4)
     q = unpack(parts["qweight"], bits, 0)  # [in, out]
     zeros = unpack(parts["qzeros"], bits, 1)[:, : q.shape[1]]  # [groups, out]
     if quant.get("checkpoint_format", "gptq") == "gptq":
         zeros = zeros + 1
+    return bits, q, zeros
+
+
+def dequantize_gptq(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> torch.Tensor:
+    _, q, zeros = _gptq_values(parts, quant)
     g_idx = parts.get("g_idx")
     if g_idx is None:
         g_idx = torch.arange(q.shape[0]) // _group_size(quant, q.shape[0])
@@ -44,11 +96,16 @@ def dequantize_gptq(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> to
     return weight.t().contiguous()
 
 
-def dequantize_awq(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> torch.Tensor:
+def _awq_values(parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [in, out], zero points [groups, out]), columns in order."""
     reorder = torch.tensor([AWQ_ORDER.index(j) for j in range(8)])  # column j: its nibble
     q, zeros = (unpack(parts[name], 4, 1) for name in ("qweight", "qzeros"))
     columns = (torch.arange(q.shape[1]) // 8) * 8 + reorder.repeat(q.shape[1] // 8)
-    q, zeros = q[:, columns], zeros[:, columns]
+    return q[:, columns], zeros[:, columns]
+
+
+def dequantize_awq(parts: dict[str, torch.Tensor], quant: dict[str, Any]) -> torch.Tensor:
+    q, zeros = _awq_values(parts)
     group = torch.arange(q.shape[0]) // _group_size(quant, q.shape[0])
     weight = (q - zeros[group]).float() * parts["scales"].float()[group]
     return weight.t().contiguous()
@@ -73,3 +130,4 @@ def check_packed(quant: dict[str, Any]) -> None:
 
 PARTS = {"gptq": ("qweight", "qzeros", "scales", "g_idx"), "awq": ("qweight", "qzeros", "scales")}
 DEQUANTIZE = {"gptq": dequantize_gptq, "awq": dequantize_awq}
+QUANTIZED = {"gptq": quantized_gptq, "awq": quantized_awq}

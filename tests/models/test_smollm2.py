@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from pagedgen import LLM, SamplingParams
+from tests.conftest import smollm2_transformers
 
 PROMPTS = [
     "The capital of France is",
@@ -23,7 +23,7 @@ MAX_TOKENS = [64, 40, 64, 52, 64, 33, 64, 45, 64, 58]
 
 @pytest.fixture(scope="module")
 def hf_model(smollm2_path):
-    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    return smollm2_transformers(smollm2_path)
 
 
 @pytest.fixture(scope="module")

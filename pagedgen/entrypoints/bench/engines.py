@@ -42,6 +42,9 @@ def load_hf_model(resolved: ResolvedModel, dtype: torch.dtype, device: str) -> P
     nothing stops before max_new_tokens."""
     from transformers import AutoModelForCausalLM
 
+    from pagedgen.loader.resolve import transformers_files
+
+    resolved = transformers_files(resolved)  # a converted GGUF's own file
     kwargs = {"gguf_file": resolved.gguf_file} if resolved.gguf_file else {}
     model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, **kwargs)
     model = model.to(device).eval()

@@ -21,13 +21,16 @@ from safetensors import safe_open
 
 from pagedgen.config import EngineConfig
 from pagedgen.entrypoints.bench.engines import TRANSFORMERS_BASELINES
+from pagedgen.loader import repacked
 
 GIB = 1 << 30
 
 
 def checkpoint_num_elements(folder: Path) -> int:
     """How many weight elements the folder's safetensors files hold, from their headers only
-    (get_slice reads no tensor data)."""
+    (get_slice reads no tensor data); a folder of quantized weights, as they dequantize."""
+    if repacked.is_repacked(folder):
+        return repacked.num_elements(folder)
     num_elements = 0
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(path, framework="pt") as f:

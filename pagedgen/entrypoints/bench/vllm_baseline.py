@@ -63,7 +63,10 @@ def run_vllm(
     model_dir: Path, workload: Workload, dtype: str, max_num_seqs: int, timeout: float = 3600
 ) -> RunResult:
     """Runs the workload through vLLM, after pagedgen's run, in a separate process."""
+    from pagedgen.loader.dense_copy import dense_folder
+
     command = baseline_command()
+    model_dir = dense_folder(model_dir)  # vLLM reads no pagedgen-quantized folder
     if not (model_dir / "config.json").is_file():
         raise VllmUnavailable(
             f"the vLLM baseline needs a Hugging Face model folder, not {model_dir}"
