@@ -1,0 +1,71 @@
+"""Decode-shaped matmuls over bfloat16 and quantized weights: ms per call and GB/s of weight bytes
+streamed, for the bfloat16 panel kernel (cpu_gemm_bf16) and the int8 / int4 kernels
+(cpu_gemm_quant) on the same activations. Default shape: Llama-3.2-1B's MLP (K 2048, N 8192).
+
+    python benchmarks/quant_matmul.py --threads 2 --rows 1 64
+"""
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from pagedgen.kernels import cpu_gemm_bf16, cpu_gemm_quant
+from pagedgen.kernels.cpu_features import isa_name
+from pagedgen.layers.quantized_weight import quantize_int4, quantize_int8
+
+
+def best_ms(fn: Callable[[], object], min_time: float) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(3):
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < min_time:
+            fn()
+            calls += 1
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("-k", type=int, default=2048)
+    parser.add_argument("-n", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--min-time", type=float, default=0.5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    n, k = args.n, args.k
+    weight = torch.randn(n, k).bfloat16()
+    kernels: dict[str, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {}
+    if cpu_gemm_bf16.enabled():
+        packed = cpu_gemm_bf16.pack(weight)
+        kernels["bf16"] = (packed.numel() * 2, lambda x: cpu_gemm_bf16.linear(x, packed, None, n))
+    for name, quantized in (("int8", quantize_int8(weight)), ("int4", quantize_int4(weight))):
+        q = quantized
+        qpacked = cpu_gemm_quant.pack(q.qweight, q.scales, q.mins, q.bits, q.group_size)
+        has_mins = q.mins is not None
+
+        def run(x: torch.Tensor, q=q, qpacked=qpacked, has_mins=has_mins) -> torch.Tensor:
+            return cpu_gemm_quant.linear(x, qpacked, None, n, q.bits, q.group_size, has_mins)
+
+        kernels[name] = (qpacked.numel(), run)
+    print(
+        f"{isa_name()}, {args.threads} threads, quantized path {cpu_gemm_quant.path_name()}; "
+        f"y[M, {n}] = x[M, {k}] @ W.T, bfloat16 x"
+    )
+    for rows in args.rows:
+        x = torch.randn(rows, k).bfloat16()
+        for name, (nbytes, fn) in kernels.items():
+            ms = best_ms(lambda fn=fn, x=x: fn(x), args.min_time)
+            print(
+                f"M {rows:4d} {name:5s} {nbytes / 2**20:7.1f} MiB  {ms:8.3f} ms  "
+                f"{nbytes / ms / 1e6:7.1f} GB/s"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+// Matmul over quantized weights kept at their stored size: y[M, N] = x[M, K] @ W[N, K]^T (+ bias),
+// x and y float32 or bfloat16, W as pagedgen.layers.quantized_weight.QuantizedWeight holds it:
+// 4- or 8-bit integers q in groups along k with a float scale (and optionally a minimum) each,
+// W[n, k] = q[n, k] * scale[n, g] + min[n, g], g = k / group.
+//
+// The scheme is llama.cpp's: each row of x is quantized to int8 in blocks of 32 along k
+// (d = max|x| / 127, q = round-to-nearest-even(x / d)), integer dot products run per granule of
+// 32 k (16 where the group is not a multiple of 32) and are exact in int32, then a float epilogue
+// in a fixed order per (m, n):
+//
+//     for each group g, for each granule i of g:   acc += (float)isum_i * (d[m, block(i)] * scale[n, g])
+//     then, with mins:                             acc += min[n, g] * xsum[m, g]
+//     finally                                      y = acc (+ bias[n]), rounded once to y's dtype
+//
+// xsum is the sum of the ORIGINAL activations over the group, in double, in k order. Integer sums
+// are exact and this file is built without reassociation or FMA contraction, so every path (AVX-512
+// VNNI, AVX2, plain C) gives the same bits, and a row's output never depends on the other rows.
+//
+// W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
+//
+//     panel p: ints   [K / 4][16][4] int8 (8 bits: a quad of k per column, one vpdpbusd operand)
+//                     [K / 8][16][4] uint8 (4 bits: the low nibbles are k quad 2i, high quad 2i + 1)
+//              scales [K / group][16] float32
+//              mins   [K / group][16] float32 (only where the weight has mins)
+//
+// VNNI: vpdpbusd is unsigned x signed. 4-bit weights (0..15) are the unsigned side, x the signed
+// one. 8-bit weights are the signed side and x is offset by 128 (x ^ 0x80), so the dot product
+// over-counts 128 * sum(w), which a second vpdpbusd of 0x80 against the same weights (once per
+// row tile, not per row) takes back. AVX2: maddubs + madd with ones (exact below 2^15: for 8-bit
+// weights |w| (<= 128) is the unsigned side and x * sign(w) (|x| <= 127) the signed one).
+//
+// Threads split the panels; each panel is read from memory once for all rows of x (in blocks of
+// X_BLOCK_BYTES of quantized x) while the first row tile prefetches the next panel.
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_gemm_loop.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define PATH 2  // AVX-512 VNNI
+#define MR 8
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define PATH 1  // AVX2
+#define MR 4
+#else
+#define PATH 0  // plain C
+#define MR 4
+#endif
+
+#define NR 16                    // output columns per panel
+#define QBLOCK 32                // k per activation scale
+#define X_BLOCK_BYTES (4 << 20)  // quantized x read per pass over W
+
+int cpu_gemm_quant_path(void) { return PATH; }
+
+typedef struct {
+  int64_t n, k, group, granule, groups, kblocks;
+  int bits, has_mins;
+  int64_t panel_bytes, int_bytes;
+} Shape;
+
+static Shape shape_of(int64_t n, int64_t k, int bits, int64_t group, int has_mins) {
+  Shape s;
+  s.n = n, s.k = k, s.group = group, s.bits = bits, s.has_mins = has_mins;
+  s.granule = group % QBLOCK == 0 ? QBLOCK : 16;
+  s.groups = k / group, s.kblocks = (k + QBLOCK - 1) / QBLOCK;
+  s.int_bytes = k * NR * bits / 8;
+  s.panel_bytes = s.int_bytes + s.groups * NR * (int64_t)sizeof(float) * (1 + has_mins);
+  return s;
+}
+
+int64_t quant_panel_bytes(int64_t k, int bits, int64_t group, int has_mins) {
+  return shape_of(0, k, bits, group, has_mins).panel_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing: out [ceil(n / 16)][panel_bytes] from q (int8 [n, k], or uint8 [n, k / 2] of nibbles,
+// QuantizedWeight's layout), scales and mins float32 [n, k / group].
+
+static inline int q_at(const uint8_t *q, int bits, int64_t k, int64_t row, int64_t col) {
+  if (bits == 8) return (int8_t)q[row * k + col];
+  const uint8_t b = q[row * (k / 2) + col / 2];
+  return col % 2 ? b >> 4 : b & 0xF;
+}
+
+int pack_weight_quant(uint8_t *out, const uint8_t *q, const float *scales, const float *mins,
+                      int64_t n, int64_t k, int bits, int64_t group) {
+  const Shape s = shape_of(n, k, bits, group, mins != NULL);
+  const int64_t panels = (n + NR - 1) / NR;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < panels; p++) {
+    uint8_t *ints = out + p * s.panel_bytes;
+    float *sc = (float *)(ints + s.int_bytes), *mn = sc + s.groups * NR;
+    for (int64_t j = 0; j < NR; j++) {
+      const int64_t row = p * NR + j;
+      const int live = row < n;
+      for (int64_t g = 0; g < s.groups; g++) {
+        sc[g * NR + j] = live ? scales[row * s.groups + g] : 0.0f;
+        if (s.has_mins) mn[g * NR + j] = live ? mins[row * s.groups + g] : 0.0f;
+      }
+      for (int64_t kk = 0; kk < k; kk++) {
+        const int v = live ? q_at(q, bits, k, row, kk) : 0;
+        if (bits == 8) {
+          ints[((kk / 4) * NR + j) * 4 + kk % 4] = (uint8_t)(int8_t)v;
+        } else {  // oct kk / 8, byte kk % 4, nibble (kk / 4) % 2
+          uint8_t *b = ints + ((kk / 8) * NR + j) * 4 + kk % 4;
+          *b = (kk / 4) % 2 ? (uint8_t)((*b & 0xF) | v << 4) : (uint8_t)((*b & 0xF0) | v);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: xq int8 [m][k], d float [m][kblocks], xsum float [m][groups] (with mins).
+
+static inline float x_at(const void *x, int x_bf16, int64_t i) {
+  if (!x_bf16) return ((const float *)x)[i];
+  const uint32_t bits = (uint32_t)((const uint16_t *)x)[i] << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *d,
+                         float *xsum) {
+  for (int64_t b = 0; b < s->kblocks; b++) {
+    const int64_t k0 = b * QBLOCK, k1 = k0 + QBLOCK < s->k ? k0 + QBLOCK : s->k;
+    float amax = 0.0f;
+    for (int64_t i = k0; i < k1; i++) amax = fmaxf(amax, fabsf(x_at(x, x_bf16, i)));
+    const float scale = amax / 127.0f, inv = amax > 0.0f ? 1.0f / scale : 0.0f;
+    d[b] = scale;
+    for (int64_t i = k0; i < k1; i++) {
+      const float v = nearbyintf(x_at(x, x_bf16, i) * inv);
+      xq[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
+  }
+  if (xsum != NULL)
+    for (int64_t g = 0; g < s->groups; g++) {
+      double sum = 0.0;
+      for (int64_t i = g * s->group; i < (g + 1) * s->group; i++) sum += x_at(x, x_bf16, i);
+      xsum[g] = (float)sum;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output: rows [r, r + rows) of the tile acc [rows][16] at column col, plus bias, rounded once.
+
+typedef struct {
+  void *y;
+  int y_bf16;
+  int64_t ldy;
+  const float *bias;
+} Out;
+
+static inline uint16_t bf16_round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static void store_rows(const Out *o, const Shape *s, const float *acc, int64_t r, int rows,
+                       int64_t col) {
+  const int64_t cols = s->n - col < NR ? s->n - col : NR;
+  for (int i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) {
+      float v = acc[i * NR + j];
+      if (o->bias != NULL) v += o->bias[col + j];
+      if (o->y_bf16)
+        ((uint16_t *)o->y)[(r + i) * o->ldy + col + j] = bf16_round(v);
+      else
+        ((float *)o->y)[(r + i) * o->ldy + col + j] = v;
+    }
+}
+
+typedef struct {
+  const int8_t *xq;
+  const float *d, *xsum;
+} Activations;
+
+static inline int32_t x_word(const int8_t *xq, int64_t i) {  // x[4i : 4i + 4] as one word
+  int32_t w;
+  memcpy(&w, xq + 4 * i, sizeof w);
+  return w;
+}
+
+#if PATH > 0
+// ---------------------------------------------------------------------------------------------
+// The SIMD paths: VC columns a vector, NV vectors a panel.
+#if PATH == 2
+#define VC 16
+typedef __m512i VI;
+typedef __m512 VF;
+#define LOADI(p) _mm512_loadu_si512((const void *)(p))
+#define SET1I _mm512_set1_epi32
+#define ZEROI _mm512_setzero_si512
+#define SUBI _mm512_sub_epi32
+#define ANDI _mm512_and_si512
+#define SRLI16 _mm512_srli_epi16
+#define ZEROF _mm512_setzero_ps
+#define LOADF _mm512_loadu_ps
+#define STOREF _mm512_storeu_ps
+#define SET1F _mm512_set1_ps
+#define ADDF _mm512_add_ps
+#define MULF _mm512_mul_ps
+#define CVTF _mm512_cvtepi32_ps
+static inline VI dot_u8s8(VI acc, VI u, VI s) { return _mm512_dpbusd_epi32(acc, u, s); }
+#else
+#define VC 8
+typedef __m256i VI;
+typedef __m256 VF;
+#define LOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define SET1I _mm256_set1_epi32
+#define ZEROI _mm256_setzero_si256
+#define SUBI _mm256_sub_epi32
+#define ANDI _mm256_and_si256
+#define SRLI16 _mm256_srli_epi16
+#define ZEROF _mm256_setzero_ps
+#define LOADF _mm256_loadu_ps
+#define STOREF _mm256_storeu_ps
+#define SET1F _mm256_set1_ps
+#define ADDF _mm256_add_ps
+#define MULF _mm256_mul_ps
+#define CVTF _mm256_cvtepi32_ps
+static inline VI dot_u8s8(VI acc, VI u, VI s) {
+  const VI pairs = _mm256_maddubs_epi16(u, s);  // exact: every pair sum is below 2^15 here
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
+#define NV (NR / VC)
+
+// acc[r] (float [R][16]) over all of K for rows [r0, r0 + R) of x against one panel.
+static inline __attribute__((always_inline)) void tile(const Shape *s, const Activations *a,
+                                                       int64_t r0, const uint8_t *panel,
+                                                       const uint8_t *prefetch, float *out,
+                                                       const int R) {
+  VF acc[MR][NV];
+  VI isum[MR][NV];
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = ZEROF();
+  const float *scales = (const float *)(panel + s->int_bytes);
+  const float *mins = scales + s->groups * NR;
+  const int64_t granules = s->group / s->granule, quads = s->granule / 4;
+  const int64_t granule_bytes = s->granule * NR * s->bits / 8;
+  const uint8_t *w = panel;
+  int64_t kq = 0;  // the quad of k at hand
+  for (int64_t g = 0; g < s->groups; g++) {
+    VF ws[NV];
+    for (int v = 0; v < NV; v++) ws[v] = LOADF(scales + g * NR + v * VC);
+    for (int64_t gi = 0; gi < granules; gi++, w += granule_bytes) {
+      if (prefetch != NULL)
+        for (int64_t o = 0; o < granule_bytes; o += 64)
+          _mm_prefetch((const char *)(prefetch + (w - panel) + o), _MM_HINT_T1);
+      const int64_t block = kq * 4 / QBLOCK;
+      for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) isum[r][v] = ZEROI();
+      if (s->bits == 8) {
+#if PATH == 2
+        VI corr = ZEROI();
+        for (int64_t i = 0; i < quads; i++, kq++) {
+          const VI wv = LOADI(w + i * 64);
+          corr = dot_u8s8(corr, SET1I((int32_t)0x80808080u), wv);
+          for (int r = 0; r < R; r++)  // x arrives offset by 128 (see linear_quant)
+            isum[r][0] = dot_u8s8(isum[r][0], SET1I(x_word(a->xq + (r0 + r) * s->k, kq)), wv);
+        }
+        for (int r = 0; r < R; r++) isum[r][0] = SUBI(isum[r][0], corr);
+#else
+        for (int64_t i = 0; i < quads; i++, kq++)
+          for (int v = 0; v < NV; v++) {
+            const VI wv = LOADI(w + i * 64 + v * 32), mag = _mm256_abs_epi8(wv);
+            for (int r = 0; r < R; r++) {
+              const VI xv = SET1I(x_word(a->xq + (r0 + r) * s->k, kq));
+              isum[r][v] = dot_u8s8(isum[r][v], mag, _mm256_sign_epi8(xv, wv));
+            }
+          }
+#endif
+      } else {
+        const VI low = SET1I(0x0F0F0F0F);
+        for (int64_t i = 0; i < quads / 2; i++, kq += 2)
+          for (int v = 0; v < NV; v++) {
+            const VI wv = LOADI(w + i * 64 + v * VC * 4);
+            const VI lo = ANDI(wv, low), hi = ANDI(SRLI16(wv, 4), low);
+            for (int r = 0; r < R; r++) {
+              const int8_t *xr = a->xq + (r0 + r) * s->k;
+              isum[r][v] = dot_u8s8(isum[r][v], lo, SET1I(x_word(xr, kq)));
+              isum[r][v] = dot_u8s8(isum[r][v], hi, SET1I(x_word(xr, kq + 1)));
+            }
+          }
+      }
+      for (int r = 0; r < R; r++) {
+        const VF xd = SET1F(a->d[(r0 + r) * s->kblocks + block]);
+        for (int v = 0; v < NV; v++)
+          acc[r][v] = ADDF(acc[r][v], MULF(CVTF(isum[r][v]), MULF(xd, ws[v])));
+      }
+    }
+    if (s->has_mins)
+      for (int v = 0; v < NV; v++) {
+        const VF wm = LOADF(mins + g * NR + v * VC);
+        for (int r = 0; r < R; r++)
+          acc[r][v] = ADDF(acc[r][v], MULF(wm, SET1F(a->xsum[(r0 + r) * s->groups + g])));
+      }
+  }
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) STOREF(out + r * NR + v * VC, acc[r][v]);
+}
+
+#else
+// ---------------------------------------------------------------------------------------------
+// Plain C: the same sums in the same order, a column at a time.
+static inline void tile(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
+                        const uint8_t *prefetch, float *out, const int R) {
+  (void)prefetch;
+  const float *scales = (const float *)(panel + s->int_bytes);
+  const float *mins = scales + s->groups * NR;
+  const int64_t granules = s->group / s->granule;
+  for (int r = 0; r < R; r++) {
+    const int8_t *xr = a->xq + (r0 + r) * s->k;
+    for (int j = 0; j < NR; j++) {
+      float acc = 0.0f;
+      int64_t kk = 0;
+      for (int64_t g = 0; g < s->groups; g++) {
+        for (int64_t gi = 0; gi < granules; gi++) {
+          const int64_t block = kk / QBLOCK;
+          int32_t isum = 0;
+          for (int64_t e = 0; e < s->granule; e++, kk++) {
+            int wq;
+            if (s->bits == 8) {
+              wq = (int8_t)panel[((kk / 4) * NR + j) * 4 + kk % 4];
+            } else {
+              const uint8_t b = panel[((kk / 8) * NR + j) * 4 + kk % 4];
+              wq = (kk / 4) % 2 ? b >> 4 : b & 0xF;
+            }
+            isum += wq * xr[kk];
+          }
+          acc = acc + (float)isum * (a->d[(r0 + r) * s->kblocks + block] * scales[g * NR + j]);
+        }
+        if (s->has_mins) acc = acc + mins[g * NR + j] * a->xsum[(r0 + r) * s->groups + g];
+      }
+      out[r * NR + j] = acc;
+    }
+  }
+}
+#endif
+
+#define TILE_FN(R)                                                                            \
+  static void tile_##R(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel, \
+                       const uint8_t *prefetch, float *out) {                                 \
+    tile(s, a, r0, panel, prefetch, out, R);                                                  \
+  }
+TILE_FN(1) TILE_FN(2) TILE_FN(3) TILE_FN(4)
+#if MR == 8
+TILE_FN(5) TILE_FN(6) TILE_FN(7) TILE_FN(8)
+#endif
+typedef void (*Tile)(const Shape *, const Activations *, int64_t, const uint8_t *,
+                     const uint8_t *, float *);
+static const Tile TILES[MR + 1] = {0, tile_1, tile_2, tile_3, tile_4,
+#if MR == 8
+                                   tile_5, tile_6, tile_7, tile_8
+#endif
+};
+
+// y: [m, n] rows ldy apart (float32, or bfloat16 bits with y_bf16); x: [m, k] rows ldx apart,
+// float32 or bfloat16 bits; w_packed from pack_weight_quant; bias: float32 [n] or NULL.
+// Returns 0, 1 for a shape the packing does not take, 2 where memory runs out.
+int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
+                 const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
+                 int bits, int64_t group, int has_mins, int num_threads) {
+  if ((bits != 4 && bits != 8) || group <= 0 || group % 16 || k % group) return 1;
+  const Shape s = shape_of(n, k, bits, group, has_mins);
+  int8_t *xq = malloc((size_t)(m * k));
+  float *d = malloc(sizeof(float) * (size_t)(m * s.kblocks));
+  float *xsum = has_mins ? malloc(sizeof(float) * (size_t)(m * s.groups)) : NULL;
+  if (xq == NULL || d == NULL || (has_mins && xsum == NULL)) {
+    free(xq), free(d), free(xsum);
+    return 2;
+  }
+  const size_t x_elem = x_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) num_threads(num_threads < 1 ? 1 : num_threads) if (m > 1)
+  for (int64_t r = 0; r < m; r++)
+    quantize_row((const char *)x + r * ldx * x_elem, x_bf16, &s, xq + r * k, d + r * s.kblocks,
+                 has_mins ? xsum + r * s.groups : NULL);
+#if PATH == 2
+  if (bits == 8)  // the unsigned side of vpdpbusd: x + 128
+    for (int64_t i = 0; i < m * k; i++) xq[i] ^= (int8_t)0x80;
+#endif
+  const Activations a = {xq, d, xsum};
+  const Out o = {y, y_bf16, ldy, bias};
+  const int64_t panels = (n + NR - 1) / NR;
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k, MR);
+  GEMM_THREAD_LOOP(num_threads, panels, m, block_rows, {
+    const uint8_t *panel = w_packed + q * s.panel_bytes;
+    float out[MR * NR] __attribute__((aligned(64)));
+    for (int64_t r = m0; r < m1; r += MR) {
+      const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
+      const uint8_t *next = r == m0 && q + 1 < q1 ? panel + s.panel_bytes : NULL;
+      TILES[rows](&s, &a, r, panel, next, out);
+      store_rows(&o, &s, out, r, rows, q * NR);
+    }
+  });
+  free(xq), free(d), free(xsum);
+  return 0;
+}
