@@ -24,7 +24,7 @@ from pagedgen.core.sequence import Sequence
 from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.kernels.cpu_features import cpu_compute_dtype, isa_name
-from pagedgen.layers.linear import describe_cpu_compute
+from pagedgen.layers.linear import describe_cpu_compute, describe_weights
 from pagedgen.loader import load_model, resolve_model
 from pagedgen.loader.generation_config import generation_eos_token_ids
 from pagedgen.loader.model_files import load_config, load_tokenizer
@@ -174,7 +174,16 @@ def load(config: EngineConfig) -> LoadedModel:
         config.block_size,
         config.cuda_attention_config,
     )
-    model = load_model(resolved, hf_config, backend, max_model_len, dtype, device, compute_dtype)
+    model = load_model(
+        resolved,
+        hf_config,
+        backend,
+        max_model_len,
+        dtype,
+        device,
+        compute_dtype,
+        config.quantization,
+    )
     eos = eos_token_ids(hf_config, tokenizer) | generation_eos_token_ids(
         resolved.path, config.generation_config, config.override_generation_config
     )
@@ -279,7 +288,7 @@ def describe_model(config: EngineConfig, loaded: LoadedModel) -> str:
         attention += f" scaled by the checkpoint's k_scale and v_scale in {sum(scaled)} layers"
     return (
         f"model {config.model} ({type(loaded.model).__name__}, {dtype}, {where}, "
-        f"{attention}), max_model_len {loaded.max_model_len}"
+        f"{describe_weights(loaded.model)}, {attention}), max_model_len {loaded.max_model_len}"
     )
 
 

@@ -52,6 +52,7 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     compute_dtype: torch.dtype | None = None,
+    quantization: str | None = None,  # EngineConfig's: see Linear.pack
 ) -> nn.Module:
     """Builds our own implementation of the checkpoint's architecture and loads its weights in
     dtype; a compute_dtype other than dtype (float32 for a half-precision model on a CPU without
@@ -74,7 +75,9 @@ def load_model(
         if quant is not None:
             weights = dequantized(weights, quant)
     model.load_weights(weights)
-    pack_linear_weights(model, compute_dtype)  # before the widening: panels stay bfloat16
+    pack_linear_weights(
+        model, compute_dtype, quantization
+    )  # before the widening: panels stay bfloat16
     if compute_dtype is not None and compute_dtype != dtype:
         model.to(compute_dtype)
     return model.eval()
