@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedgen import LLM, SamplingParams
+from pagedgen.entrypoints.bench.roofline import model_costs
 from pagedgen.kernels import cpu_gemm_quant
 from pagedgen.layers.linear import QUANTIZED, Linear, describe_weights
 from pagedgen.layers.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
@@ -151,11 +152,19 @@ def run_llm(path, quantization, prompts, max_tokens=6):
 def test_online_quantized_llama_is_close_to_float_and_batch_independent(
     tiny_llama_path, quantization
 ):
-    _, _, float_scored = run_llm(tiny_llama_path, None, PROMPTS)
+    float_llm, _, float_scored = run_llm(tiny_llama_path, None, PROMPTS)
     llm, outputs, scored = run_llm(tiny_llama_path, quantization, PROMPTS)
     model = llm.engine.runner.model
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears and all(m.layout == QUANTIZED for m in linears)
+    flops, weight_bytes = model_costs(model)  # what `pagedgen profile` counts
+    norms = [p for n, p in model.named_parameters() if "norm" in n]
+    assert flops == 2 * sum(m.in_features * m.out_features for m in linears) + 2 * sum(
+        p.numel() for p in norms
+    )
+    packed = sum(p.numel() for m in linears for p in m.quant.packed)
+    assert weight_bytes == packed + sum(p.numel() * p.element_size() for p in norms)
+    assert weight_bytes < model_costs(float_llm.engine.runner.model)[1] / 2.5
     # A random model's logits are large (median |logprob| ~8.5): the errors are relative, ~1 %
     # (int8) and ~8 % (int4) of a prompt token's logprob on average.
     tolerance = 0.025 if quantization == "int8" else 0.15
