@@ -366,31 +366,47 @@ static const Tile TILES[MR + 1] = {0, tile_1, tile_2, tile_3, tile_4,
 #endif
 };
 
+// The activations of rows [0, m): malloc'd, freed by free_activations. NULL where memory runs out.
+static int quantize_activations(const void *x, int x_bf16, int64_t ldx, int64_t m, const Shape *s,
+                                int num_threads, Activations *a) {
+  int8_t *xq = malloc((size_t)(m * s->k));
+  float *d = malloc(sizeof(float) * (size_t)(m * s->kblocks));
+  float *xsum = s->has_mins ? malloc(sizeof(float) * (size_t)(m * s->groups)) : NULL;
+  a->xq = xq, a->d = d, a->xsum = xsum;
+  if (xq == NULL || d == NULL || (s->has_mins && xsum == NULL)) return 2;
+  const size_t x_elem = x_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) num_threads(num_threads < 1 ? 1 : num_threads) if (m > 1)
+  for (int64_t r = 0; r < m; r++)
+    quantize_row((const char *)x + r * ldx * x_elem, x_bf16, s, xq + r * s->k,
+                 d + r * s->kblocks, s->has_mins ? xsum + r * s->groups : NULL);
+  return 0;
+}
+
+static void free_activations(Activations *a) {
+  free((void *)a->xq), free((void *)a->d), free((void *)a->xsum);
+}
+
+static int valid(int bits, int64_t group, int64_t k) {
+  return (bits == 4 || bits == 8) && group > 0 && group % 16 == 0 && k % group == 0;
+}
+
 // y: [m, n] rows ldy apart (float32, or bfloat16 bits with y_bf16); x: [m, k] rows ldx apart,
 // float32 or bfloat16 bits; w_packed from pack_weight_quant; bias: float32 [n] or NULL.
 // Returns 0, 1 for a shape the packing does not take, 2 where memory runs out.
 int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
                  const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
                  int bits, int64_t group, int has_mins, int num_threads) {
-  if ((bits != 4 && bits != 8) || group <= 0 || group % 16 || k % group) return 1;
+  if (!valid(bits, group, k)) return 1;
   const Shape s = shape_of(n, k, bits, group, has_mins);
-  int8_t *xq = malloc((size_t)(m * k));
-  float *d = malloc(sizeof(float) * (size_t)(m * s.kblocks));
-  float *xsum = has_mins ? malloc(sizeof(float) * (size_t)(m * s.groups)) : NULL;
-  if (xq == NULL || d == NULL || (has_mins && xsum == NULL)) {
-    free(xq), free(d), free(xsum);
+  Activations a;
+  if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a)) {
+    free_activations(&a);
     return 2;
   }
-  const size_t x_elem = x_bf16 ? 2 : 4;
-#pragma omp parallel for schedule(static) num_threads(num_threads < 1 ? 1 : num_threads) if (m > 1)
-  for (int64_t r = 0; r < m; r++)
-    quantize_row((const char *)x + r * ldx * x_elem, x_bf16, &s, xq + r * k, d + r * s.kblocks,
-                 has_mins ? xsum + r * s.groups : NULL);
 #if PATH == 2
   if (bits == 8)  // the unsigned side of vpdpbusd: x + 128
-    for (int64_t i = 0; i < m * k; i++) xq[i] ^= (int8_t)0x80;
+    for (int64_t i = 0; i < m * k; i++) ((int8_t *)a.xq)[i] ^= (int8_t)0x80;
 #endif
-  const Activations a = {xq, d, xsum};
   const Out o = {y, y_bf16, ldy, bias};
   const int64_t panels = (n + NR - 1) / NR;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k, MR);
@@ -404,6 +420,156 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
       store_rows(&o, &s, out, r, rows, q * NR);
     }
   });
-  free(xq), free(d), free(xsum);
+  free_activations(&a);
   return 0;
 }
+
+#if defined(__AMX_INT8__) && PATH == 2
+// ---------------------------------------------------------------------------------------------
+// AMX-INT8 (built apart, with -mamx-int8): tdpbssd sums 16 rows of x against a panel's 16
+// columns over one granule at a time (A: 16 rows x granule bytes of x; B: the panel's granule / 4
+// rows of quads, which is the packed int8 layout as it is; 4-bit panels are widened to it once per
+// panel), then the same epilogue as above on the stored int32 tile: the same bits.
+#include "amx_tiles.h"
+
+#define TILE_ROWS 16
+
+// Tiles 0, 1, 4, 5: int32 sums (IN_FLIGHT granules); 2: x; 3: the weights.
+static void configure_quant(int rows, int granule) {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  const int sums[4] = {0, 1, 4, 5};
+  for (int i = 0; i < 4; i++) cfg.rows[sums[i]] = (uint8_t)rows, cfg.colsb[sums[i]] = 64;
+  cfg.rows[2] = (uint8_t)rows, cfg.colsb[2] = (uint16_t)granule;
+  cfg.rows[3] = (uint8_t)(granule / 4), cfg.colsb[3] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// The granule's epilogue for rows [r0, r0 + rows) from the int32 tile c.
+static inline __attribute__((always_inline)) void amx_epilogue(const Shape *s,
+                                                               const Activations *a, int64_t r0,
+                                                               const int rows, const int32_t *c,
+                                                               int64_t block, __m512 ws,
+                                                               __m512 *acc) {
+  for (int r = 0; r < rows; r++) {
+    const __m512 xd = _mm512_set1_ps(a->d[(r0 + r) * s->kblocks + block]);
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(c + r * NR));
+    acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(isum, _mm512_mul_ps(xd, ws)));
+  }
+}
+
+#define IN_FLIGHT 4  // granules summed on tiles before the first is read back
+#define AMX_DP(T, j)                                       \
+  do {                                                     \
+    _tile_zero(T);                                         \
+    _tile_loadd(2, x + (j) * G, k);                        \
+    _tile_loadd(3, b + (j) * G * NR, 64);                  \
+    _tile_dpbssd(T, 2, 3);                                 \
+  } while (0)
+
+static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
+                                                           const Activations *a, int64_t r0,
+                                                           const int rows, const uint8_t *panel,
+                                                           const int8_t *b, float *out) {
+  __m512 acc[TILE_ROWS], ws = _mm512_setzero_ps();
+  int32_t c[IN_FLIGHT][TILE_ROWS * NR] __attribute__((aligned(64)));
+  for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+  const float *scales = (const float *)(panel + s->int_bytes);
+  const float *mins = scales + s->groups * NR;
+  const int64_t G = s->granule, per_group = s->group / G, k = s->k, total = k / G;
+  const int8_t *x = a->xq + r0 * k;
+  for (int64_t j0 = 0; j0 < total; j0 += IN_FLIGHT) {
+    const int64_t count = total - j0 < IN_FLIGHT ? total - j0 : IN_FLIGHT;
+    AMX_DP(0, j0);
+    if (count > 1) AMX_DP(1, j0 + 1);
+    if (count > 2) AMX_DP(4, j0 + 2);
+    if (count > 3) AMX_DP(5, j0 + 3);
+    _tile_stored(0, c[0], 64);
+    if (count > 1) _tile_stored(1, c[1], 64);
+    if (count > 2) _tile_stored(4, c[2], 64);
+    if (count > 3) _tile_stored(5, c[3], 64);
+    for (int64_t t = 0; t < count; t++) {
+      const int64_t j = j0 + t, g = j / per_group, gi = j % per_group;
+      if (gi == 0) ws = _mm512_loadu_ps(scales + g * NR);
+      amx_epilogue(s, a, r0, rows, c[t], j * G / QBLOCK, ws, acc);
+      if (s->has_mins && gi == per_group - 1) {
+        const __m512 wm = _mm512_loadu_ps(mins + g * NR);
+        for (int r = 0; r < rows; r++)
+          acc[r] = _mm512_add_ps(
+              acc[r], _mm512_mul_ps(wm, _mm512_set1_ps(a->xsum[(r0 + r) * s->groups + g])));
+      }
+    }
+  }
+  for (int r = 0; r < rows; r++) _mm512_store_ps(out + r * NR, acc[r]);
+}
+
+// A whole tile of rows (its sums stay in registers), or fewer.
+static void amx_rows_16(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
+                        const int8_t *b, float *out) {
+  amx_rows(s, a, r0, TILE_ROWS, panel, b, out);
+}
+static void amx_rows_tail(const Shape *s, const Activations *a, int64_t r0, int rows,
+                          const uint8_t *panel, const int8_t *b, float *out) {
+  amx_rows(s, a, r0, rows, panel, b, out);
+}
+
+// 4-bit panel -> its int8 quads [k / 4][16][4] in b.
+static void widen_panel(const Shape *s, const uint8_t *panel, int8_t *b) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t i = 0; i < s->k / 8; i++) {
+    const __m512i w = _mm512_loadu_si512((const void *)(panel + i * 64));
+    _mm512_store_si512((void *)(b + 2 * i * 64), _mm512_and_si512(w, low));
+    _mm512_store_si512((void *)(b + (2 * i + 1) * 64),
+                       _mm512_and_si512(_mm512_srli_epi16(w, 4), low));
+  }
+}
+
+// As linear_quant, on AMX tiles; 3 where Linux grants no tiles.
+int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
+                     const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
+                     int bits, int64_t group, int has_mins, int num_threads) {
+  if (!valid(bits, group, k)) return 1;
+  if (request_tiles()) return 3;
+  const Shape s = shape_of(n, k, bits, group, has_mins);
+  const int64_t panels = (n + NR - 1) / NR;
+  int threads = num_threads < 1 ? 1 : num_threads;
+  if (threads > panels) threads = (int)panels;
+  Activations a;
+  int8_t *widened = bits == 4 ? aligned_alloc(64, (size_t)(k * NR) * (size_t)threads) : NULL;
+  if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a) || (bits == 4 && !widened)) {
+    free_activations(&a), free(widened);
+    return 2;
+  }
+  const Out o = {y, y_bf16, ldy, bias};
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k, TILE_ROWS);
+#pragma omp parallel num_threads(threads)
+  {
+    GEMM_THREAD_IDS;
+    const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
+    float out[TILE_ROWS * NR] __attribute__((aligned(64)));
+    int8_t *b = widened == NULL ? NULL : widened + t * k * NR;
+    int configured = -1;
+    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
+      const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
+      for (int64_t q = q0; q < q1; q++) {
+        const uint8_t *panel = w_packed + q * s.panel_bytes;
+        if (bits == 4) widen_panel(&s, panel, b);
+        const int8_t *quads = bits == 4 ? b : (const int8_t *)panel;
+        for (int64_t r = m0; r < m1; r += TILE_ROWS) {
+          const int rows = m1 - r < TILE_ROWS ? (int)(m1 - r) : TILE_ROWS;
+          if (rows != configured) configure_quant(rows, (int)s.granule), configured = rows;
+          if (rows == TILE_ROWS)
+            amx_rows_16(&s, &a, r, panel, quads, out);
+          else
+            amx_rows_tail(&s, &a, r, rows, panel, quads, out);
+          store_rows(&o, &s, out, r, rows, q * NR);
+        }
+      }
+    }
+    _tile_release();
+  }
+  free_activations(&a), free(widened);
+  return 0;
+}
+#endif

@@ -5,8 +5,10 @@ packed once into 16-column panels that a decode step streams at their stored siz
 
 x is quantized to int8 in blocks of 32 per row, the integer dot products are exact and the float
 epilogue runs in a fixed order, so the AVX-512 VNNI, AVX2 and plain-C builds give the same bits
-and a row's output never depends on the batch. PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the
-layers then dequantize), as it does the float kernels."""
+and a row's output never depends on the batch. On a CPU with AMX-INT8 tiles the same source built
+with them runs batches of AMX_MIN_ROWS rows and more on the tiles, with the same bits.
+PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the layers then dequantize), as it does the float
+kernels."""
 
 import ctypes
 import functools
@@ -15,7 +17,12 @@ from types import SimpleNamespace
 import torch
 
 from pagedgen import envs
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
+from pagedgen.kernels.cpu_build import (
+    CpuKernelUnavailable,
+    declare,
+    load_amx_library,
+    load_cpu_library,
+)
 from pagedgen.kernels.cpu_features import kernel_march
 
 SOURCE = "cpu_gemm_quant.c"
@@ -24,6 +31,10 @@ EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off")
 PANEL_WIDTH = 16  # NR in the source
 PATHS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C"}
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
+AMX_MIN_ROWS = 16  # one tile of rows: below, the VNNI kernel is as fast
+LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
+LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
 
 
 @functools.cache
@@ -33,13 +44,29 @@ def _library(march: str) -> SimpleNamespace:
     signatures = {
         "cpu_gemm_quant_path": [],
         "pack_weight_quant": [p, p, p, p, i64, i64, i32, i64],
-        "linear_quant": [p, i32, i64, p, i32, i64, p, p, i64, i64, i64, i32, i64, i32, i32],
+        "linear_quant": LINEAR_TYPES,
     }
     lib.quant_panel_bytes.argtypes = [i64, i32, i64, i32]
     lib.quant_panel_bytes.restype = i64
     namespace = declare(lib, signatures)
     namespace.quant_panel_bytes = lib.quant_panel_bytes
     return namespace
+
+
+@functools.cache
+def _amx_library() -> SimpleNamespace:
+    lib = load_amx_library(SOURCE, int8=True, extra_flags=EXTRA_FLAGS)
+    return declare(lib, {"linear_quant_amx": LINEAR_TYPES})
+
+
+@functools.cache
+def amx_error() -> str | None:
+    """None when the AMX-INT8 build runs here, else why not."""
+    try:
+        _amx_library()
+    except (CpuKernelUnavailable, OSError, AttributeError) as e:
+        return str(e)
+    return None
 
 
 @functools.cache
@@ -59,8 +86,9 @@ def enabled() -> bool:
 
 
 def path_name(march: str | None = None) -> str:
-    """The build's instruction path: "AVX-512 VNNI", "AVX2" or "plain C"."""
-    return PATHS[_library(march or kernel_march()).cpu_gemm_quant_path()]
+    """The build's instruction path: "AVX-512 VNNI", "AVX2" or "plain C" (+ "AMX" for prompts)."""
+    name = PATHS[_library(march or kernel_march()).cpu_gemm_quant_path()]
+    return name + (", AMX-INT8" if march is None and amx_error() is None else "")
 
 
 def packed_numel(
@@ -121,7 +149,7 @@ def linear(
     group_size: int,
     has_mins: bool,
     out: torch.Tensor | None = None,  # [M, >= N] in x's dtype, unit column stride: y goes there
-    march: str | None = None,
+    march: str | None = None,  # a build apart from the machine's (tests); never AMX
 ) -> torch.Tensor:
     """x @ W.T (+ bias) in x's dtype ([..., N]); with out, written into out[:, :N] instead (a
     column range of a wider output: a fused layer's shard of another format). Runs for every
@@ -146,8 +174,11 @@ def linear(
         bias = bias.float().contiguous()  # held: the C call reads it
     y = torch.empty(m, out_features, dtype=x.dtype) if out is None else out
     assert y.dtype == x.dtype and y.stride(-1) == 1 and y.shape[0] == m, (y.dtype, y.shape)
+    kernel = lib.linear_quant
+    if march is None and m >= AMX_MIN_ROWS and amx_error() is None:
+        kernel = _amx_library().linear_quant_amx
     if m:
-        status = lib.linear_quant(
+        status = kernel(
             y.data_ptr(),
             x.dtype == torch.bfloat16,
             y.stride(0),
@@ -165,7 +196,7 @@ def linear(
             torch.get_num_threads(),
         )
         if status != 0:
-            raise RuntimeError(f"linear_quant failed with status {status}")
+            raise RuntimeError(f"{kernel.fn.__name__} failed with status {status}")
     if out is not None:
         return out
     return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)

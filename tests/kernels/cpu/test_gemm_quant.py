@@ -2,7 +2,8 @@
 (x quantized to int8 in blocks of 32, exact integer sums per granule, the float epilogue in the
 kernel's order), which every build must match bit for bit (AVX-512 VNNI where the machine has it,
 AVX2 as x86-64-v3, plain C as x86-64); and the dequantized weight in float32, which it must match
-within the error of quantizing x."""
+within the error of quantizing x. On a CPU with AMX-INT8 its tile build runs the same cases (from
+one row: it runs from AMX_MIN_ROWS in use)."""
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from pagedgen.layers.quantized_weight import QuantizedWeight, pack_int4
 from tests.kernels.cpu.test_paged_attention import MARCHES
 
 QBLOCK = 32
+BUILDS = MARCHES + ["amx"] * (cpu_gemm_quant.amx_error() is None)
 
 # (bits, group_size, mins): online int4 and int8; Q4_0 / Q4_K (groups of 32, mins); Q6_K and
 # Q8_0 (signed, groups of 16 and 32); a group of 48 (a multiple of 16, not 32).
@@ -38,9 +40,16 @@ def pack(qw: QuantizedWeight, march: str | None = None) -> torch.Tensor:
     return cpu_gemm_quant.pack(qw.qweight, qw.scales, qw.mins, qw.bits, qw.group_size, march)
 
 
+@pytest.fixture(autouse=True)
+def amx_from_one_row(monkeypatch):
+    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", 1)
+
+
 def run(x, qw, packed, bias=None, march=None, out=None):
+    """The machine's kernel (AMX where it has the tiles), or march's build ("amx": the tiles)."""
     n = qw.shape[0]
     args = (n, qw.bits, qw.group_size, qw.mins is not None)
+    march = None if march == "amx" else march or "native"
     return cpu_gemm_quant.linear(x, packed, bias, *args, out=out, march=march)
 
 
@@ -97,8 +106,8 @@ def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype):
         x = (torch.randn(rows, k) * torch.rand(rows, 1) * 4).to(dtype)
         x[0, :5] = 0  # a block's zeros quantize to zero
         ref = scheme_reference(x, qw, bias)
-        for march in MARCHES:
-            y = run(x, qw, packs[march], bias, march)
+        for march in BUILDS:
+            y = run(x, qw, packs["native"], bias, march)
             assert y.dtype == dtype and torch.equal(y, ref), (march, rows)
         assert_close_to_dequantized(y, x, qw, bias)
 
@@ -111,7 +120,7 @@ def test_k_tails(k):
         packed = pack(qw)
         x = torch.randn(5, k)
         ref = scheme_reference(x, qw, None)
-        for march in MARCHES:
+        for march in BUILDS:
             assert torch.equal(run(x, qw, packed, march=march), ref), march
 
 
@@ -120,21 +129,24 @@ def test_an_all_zero_row_and_a_zero_weight():
     qw = QuantizedWeight(4, 32, qw.qweight, torch.zeros_like(qw.scales), qw.mins)
     x = torch.randn(3, 64)
     x[1] = 0
-    assert torch.equal(run(x, qw, pack(qw)), scheme_reference(x, qw, None))
+    for march in BUILDS:
+        assert torch.equal(run(x, qw, pack(qw), march=march), scheme_reference(x, qw, None))
 
 
 @pytest.mark.parametrize("fmt", [(4, 128, True), (8, None, False)])
-def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(fmt):
+@pytest.mark.parametrize("march", BUILDS)
+def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(fmt, march, monkeypatch):
+    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", 16)  # as in use: the kernel by rows
     qw = random_weight(70, 256, *fmt, seed=3)
     packed = pack(qw)
     wide = torch.randn(70, 300)
     x = wide[:, 20:276]  # rows 300 apart
-    full = run(x, qw, packed)
-    for rows in (1, 3, 8, 9, 17, 33, 64):
-        assert torch.equal(run(x[:rows], qw, packed), full[:rows])
-        assert torch.equal(run(x[-rows:], qw, packed), full[-rows:])
-    assert torch.equal(run(x.contiguous(), qw, packed), full)
-    three_d = run(x.reshape(7, 10, 256), qw, packed)
+    full = run(x, qw, packed, march=march)
+    for rows in (1, 3, 8, 9, 15, 16, 17, 33, 64):
+        assert torch.equal(run(x[:rows], qw, packed, march=march), full[:rows])
+        assert torch.equal(run(x[-rows:], qw, packed, march=march), full[-rows:])
+    assert torch.equal(run(x.contiguous(), qw, packed, march=march), full)
+    three_d = run(x.reshape(7, 10, 256), qw, packed, march=march)
     assert three_d.shape == (7, 10, 70) and torch.equal(three_d.reshape(70, 70), full)
 
 
