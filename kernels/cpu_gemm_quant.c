@@ -82,16 +82,20 @@ int64_t quant_panel_bytes(int64_t k, int bits, int64_t group, int has_mins) {
 // Packing: out [ceil(n / 16)][panel_bytes] from q (int8 [n, k], or uint8 [n, k / 2] of nibbles,
 // QuantizedWeight's layout), scales and mins float32 [n, k / group].
 
-static inline int q_at(const uint8_t *q, int bits, int64_t k, int64_t row, int64_t col) {
-  if (bits == 8) return (int8_t)q[row * k + col];
-  const uint8_t b = q[row * (k / 2) + col / 2];
-  return col % 2 ? b >> 4 : b & 0xF;
+// The 4-bit values k = 8i .. 8i + 7 of a row as one panel word: byte b holds k = 8i + b in its low
+// nibble, k = 8i + 4 + b in its high one. in: the row's 4 bytes from 8i, two values a byte.
+static inline uint32_t oct_word(const uint8_t *in) {
+  uint8_t v[8];
+  for (int b = 0; b < 4; b++) v[2 * b] = in[b] & 0xF, v[2 * b + 1] = in[b] >> 4;
+  uint32_t word = 0;
+  for (int b = 0; b < 4; b++) word |= (uint32_t)(v[b] | v[4 + b] << 4) << (8 * b);
+  return word;
 }
 
 int pack_weight_quant(uint8_t *out, const uint8_t *q, const float *scales, const float *mins,
                       int64_t n, int64_t k, int bits, int64_t group) {
   const Shape s = shape_of(n, k, bits, group, mins != NULL);
-  const int64_t panels = (n + NR - 1) / NR;
+  const int64_t panels = (n + NR - 1) / NR, row_bytes = k * bits / 8;
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < panels; p++) {
     uint8_t *ints = out + p * s.panel_bytes;
@@ -103,14 +107,12 @@ int pack_weight_quant(uint8_t *out, const uint8_t *q, const float *scales, const
         sc[g * NR + j] = live ? scales[row * s.groups + g] : 0.0f;
         if (s.has_mins) mn[g * NR + j] = live ? mins[row * s.groups + g] : 0.0f;
       }
-      for (int64_t kk = 0; kk < k; kk++) {
-        const int v = live ? q_at(q, bits, k, row, kk) : 0;
-        if (bits == 8) {
-          ints[((kk / 4) * NR + j) * 4 + kk % 4] = (uint8_t)(int8_t)v;
-        } else {  // oct kk / 8, byte kk % 4, nibble (kk / 4) % 2
-          uint8_t *b = ints + ((kk / 8) * NR + j) * 4 + kk % 4;
-          *b = (kk / 4) % 2 ? (uint8_t)((*b & 0xF) | v << 4) : (uint8_t)((*b & 0xF0) | v);
-        }
+      // One word a quad (8 bits) or an oct (4 bits) of k: [k / 4 or k / 8][16][4 bytes].
+      for (int64_t i = 0; i < row_bytes / 4; i++) {
+        uint32_t word = 0;
+        if (live && bits == 8) memcpy(&word, q + row * row_bytes + 4 * i, 4);
+        if (live && bits == 4) word = oct_word(q + row * row_bytes + 4 * i);
+        memcpy(ints + (i * NR + j) * 4, &word, 4);
       }
     }
   }
@@ -118,8 +120,11 @@ int pack_weight_quant(uint8_t *out, const uint8_t *q, const float *scales, const
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activations: xq int8 [m][k], d float [m][kblocks], xsum float [m][groups] (with mins).
+// Online quantization of a float weight w [n, k] (float32, or bfloat16 bits with w_bf16), one pass
+// a row, into QuantizedWeight's layout. 8 bits (mins NULL): q = round(w / s), s = max|w| / 127 over
+// the group. 4 bits: q = round((w - min) / s), s = (max - min) / 15, two values a byte.
 
+// Element i of float32 data, or of bfloat16 bits with bf16.
 static inline float x_at(const void *x, int x_bf16, int64_t i) {
   if (!x_bf16) return ((const float *)x)[i];
   const uint32_t bits = (uint32_t)((const uint16_t *)x)[i] << 16;
@@ -127,6 +132,44 @@ static inline float x_at(const void *x, int x_bf16, int64_t i) {
   memcpy(&f, &bits, sizeof f);
   return f;
 }
+
+int quantize_weight(uint8_t *q, float *scales, float *mins, const void *w, int w_bf16, int64_t n,
+                    int64_t k, int bits, int64_t group) {
+  if (!(bits == 4 || bits == 8) || group <= 0 || k % group || (bits == 4) != (mins != NULL))
+    return 1;
+  const int64_t groups = k / group;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; row++)
+    for (int64_t g = 0; g < groups; g++) {
+      const int64_t k0 = row * k + g * group;
+      float low = x_at(w, w_bf16, k0), high = low, amax = 0.0f;
+      for (int64_t i = k0; i < k0 + group; i++) {
+        const float v = x_at(w, w_bf16, i);
+        low = fminf(low, v), high = fmaxf(high, v), amax = fmaxf(amax, fabsf(v));
+      }
+      const float scale = bits == 8 ? amax / 127.0f : (high - low) / 15.0f;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      scales[row * groups + g] = scale;
+      if (bits == 8) {
+        for (int64_t i = k0; i < k0 + group; i++) {
+          const float v = nearbyintf(x_at(w, w_bf16, i) * inv);
+          q[i] = (uint8_t)(int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+        continue;
+      }
+      mins[row * groups + g] = low;
+      for (int64_t i = k0; i < k0 + group; i += 2) {
+        float v0 = nearbyintf((x_at(w, w_bf16, i) - low) * inv);
+        float v1 = nearbyintf((x_at(w, w_bf16, i + 1) - low) * inv);
+        v0 = v0 > 15.0f ? 15.0f : v0, v1 = v1 > 15.0f ? 15.0f : v1;  // never below 0
+        q[i / 2] = (uint8_t)((int)v0 | (int)v1 << 4);
+      }
+    }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: xq int8 [m][k], d float [m][kblocks], xsum float [m][groups] (with mins).
 
 static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *d,
                          float *xsum) {
@@ -434,7 +477,7 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
 
 #define TILE_ROWS 16
 
-// Tiles 0, 1, 4, 5: int32 sums (IN_FLIGHT granules); 2: x; 3: the weights.
+// Tiles 0, 1 and 4, 5: int32 sums (two pairs of granules); 2: x; 3: the weights.
 static void configure_quant(int rows, int granule) {
   TileConfig cfg;
   memset(&cfg, 0, sizeof cfg);
@@ -452,6 +495,7 @@ static inline __attribute__((always_inline)) void amx_epilogue(const Shape *s,
                                                                const int rows, const int32_t *c,
                                                                int64_t block, __m512 ws,
                                                                __m512 *acc) {
+#pragma GCC unroll 16
   for (int r = 0; r < rows; r++) {
     const __m512 xd = _mm512_set1_ps(a->d[(r0 + r) * s->kblocks + block]);
     const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(c + r * NR));
@@ -459,48 +503,65 @@ static inline __attribute__((always_inline)) void amx_epilogue(const Shape *s,
   }
 }
 
-#define IN_FLIGHT 4  // granules summed on tiles before the first is read back
-#define AMX_DP(T, j)                                       \
-  do {                                                     \
-    _tile_zero(T);                                         \
-    _tile_loadd(2, x + (j) * G, k);                        \
-    _tile_loadd(3, b + (j) * G * NR, 64);                  \
-    _tile_dpbssd(T, 2, 3);                                 \
+// Granule j's sums into tile T.
+#define AMX_DP(T, j)                      \
+  do {                                    \
+    _tile_zero(T);                        \
+    _tile_loadd(2, x + (j) * G, k);       \
+    _tile_loadd(3, b + (j) * G * NR, 64); \
+    _tile_dpbssd(T, 2, 3);                \
+  } while (0)
+// Two granules (count of them, 1 or 2) from j into the tile pair T0, T1; stored from there.
+#define AMX_DP2(T0, T1, j, count)         \
+  do {                                    \
+    AMX_DP(T0, j);                        \
+    if ((count) > 1) AMX_DP(T1, (j) + 1); \
+  } while (0)
+#define AMX_STORE2(T0, T1, count)                        \
+  do {                                                   \
+    _tile_stored(T0, c[0], 64);                          \
+    if ((count) > 1) _tile_stored(T1, c[1], 64);         \
   } while (0)
 
+// Granules two at a time on two tile pairs: a pair's sums are stored, the next two granules
+// are issued to the other pair, then the stored ones' epilogue runs while the tiles work.
 static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
                                                            const Activations *a, int64_t r0,
                                                            const int rows, const uint8_t *panel,
                                                            const int8_t *b, float *out) {
   __m512 acc[TILE_ROWS], ws = _mm512_setzero_ps();
-  int32_t c[IN_FLIGHT][TILE_ROWS * NR] __attribute__((aligned(64)));
+  int32_t c[2][TILE_ROWS * NR] __attribute__((aligned(64)));
+#pragma GCC unroll 16
   for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
   const float *scales = (const float *)(panel + s->int_bytes);
   const float *mins = scales + s->groups * NR;
   const int64_t G = s->granule, per_group = s->group / G, k = s->k, total = k / G;
   const int8_t *x = a->xq + r0 * k;
-  for (int64_t j0 = 0; j0 < total; j0 += IN_FLIGHT) {
-    const int64_t count = total - j0 < IN_FLIGHT ? total - j0 : IN_FLIGHT;
-    AMX_DP(0, j0);
-    if (count > 1) AMX_DP(1, j0 + 1);
-    if (count > 2) AMX_DP(4, j0 + 2);
-    if (count > 3) AMX_DP(5, j0 + 3);
-    _tile_stored(0, c[0], 64);
-    if (count > 1) _tile_stored(1, c[1], 64);
-    if (count > 2) _tile_stored(4, c[2], 64);
-    if (count > 3) _tile_stored(5, c[3], 64);
+  AMX_DP2(0, 1, 0, total < 2 ? total : 2);
+  for (int64_t j0 = 0; j0 < total; j0 += 2) {
+    const int64_t count = total - j0 < 2 ? total - j0 : 2, next = j0 + count;
+    const int64_t next_count = total - next < 2 ? total - next : 2;
+    if (j0 / 2 % 2 == 0) {
+      AMX_STORE2(0, 1, count);
+      if (next_count > 0) AMX_DP2(4, 5, next, next_count);
+    } else {
+      AMX_STORE2(4, 5, count);
+      if (next_count > 0) AMX_DP2(0, 1, next, next_count);
+    }
     for (int64_t t = 0; t < count; t++) {
       const int64_t j = j0 + t, g = j / per_group, gi = j % per_group;
       if (gi == 0) ws = _mm512_loadu_ps(scales + g * NR);
       amx_epilogue(s, a, r0, rows, c[t], j * G / QBLOCK, ws, acc);
       if (s->has_mins && gi == per_group - 1) {
         const __m512 wm = _mm512_loadu_ps(mins + g * NR);
+#pragma GCC unroll 16
         for (int r = 0; r < rows; r++)
           acc[r] = _mm512_add_ps(
               acc[r], _mm512_mul_ps(wm, _mm512_set1_ps(a->xsum[(r0 + r) * s->groups + g])));
       }
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < rows; r++) _mm512_store_ps(out + r * NR, acc[r]);
 }
 

@@ -44,6 +44,7 @@ def _library(march: str) -> SimpleNamespace:
     signatures = {
         "cpu_gemm_quant_path": [],
         "pack_weight_quant": [p, p, p, p, i64, i64, i32, i64],
+        "quantize_weight": [p, p, p, p, i32, i64, i64, i32, i64],
         "linear_quant": LINEAR_TYPES,
     }
     lib.quant_panel_bytes.argtypes = [i64, i32, i64, i32]
@@ -138,6 +139,40 @@ def pack(
     )
     assert status == 0, status
     return out
+
+
+def quantize(
+    weight: torch.Tensor,  # [N, K] float32 or bfloat16 (others are widened to float32)
+    bits: int,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Online quantization in one pass a row: (qweight, scales, mins) as QuantizedWeight holds
+    them. 8 bits: symmetric, q = round(w / s) in -127..127, s = max|w| / 127 a group, no mins.
+    4 bits: q = round((w - min) / s) in 0..15, s = (max - min) / 15 a group."""
+    if weight.dtype not in ACTIVATION_DTYPES:
+        weight = weight.float()
+    weight = weight.contiguous()
+    n, k = weight.shape
+    groups = k // group_size
+    qweight = torch.empty(
+        n, k if bits == 8 else k // 2, dtype=torch.int8 if bits == 8 else torch.uint8
+    )
+    scales = torch.empty(n, groups)
+    mins = torch.empty(n, groups) if bits == 4 else None
+    status = _library(kernel_march()).quantize_weight(
+        qweight.data_ptr(),
+        scales.data_ptr(),
+        None if mins is None else mins.data_ptr(),
+        weight.data_ptr(),
+        weight.dtype == torch.bfloat16,
+        n,
+        k,
+        bits,
+        group_size,
+    )
+    if status != 0:
+        raise ValueError(f"no {bits}-bit quantization in groups of {group_size} of {k} inputs")
+    return qweight, scales, mins
 
 
 def linear(

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedgen.kernels import cpu_gemm_quant
+
 BITS = (4, 8)
 
 
@@ -83,11 +85,11 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
     return v[..., 0] | (v[..., 1] << 4)
 
 
-# Online quantization of a float checkpoint (EngineConfig.quantization): int8 one group a row,
-# symmetric; int4 in groups of 128 with a minimum each (asymmetric: the 16 levels span the group's
-# own range, about half the error of symmetric int4 on Llama weights).
+# Online quantization of a float checkpoint (EngineConfig.quantization), by cpu_gemm_quant's
+# one-pass quantizer (tests/layers/test_quantized_linear.py holds its torch twin): int8 one group a
+# row, symmetric; int4 in groups of 128 with a minimum each (asymmetric: the 16 levels span the
+# group's own range).
 INT4_GROUP_SIZE = 128
-ROWS_PER_CHUNK = 4096  # rows quantized at a time: a float32 copy of at most this many
 
 
 def int4_group_size(in_features: int) -> int:
@@ -100,32 +102,12 @@ def int4_group_size(in_features: int) -> int:
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
     """weight [N, K] -> int8, one scale per row: q = round(w / s), s = max|w| / 127."""
-    n, k = weight.shape
-    qweight, scales = torch.empty(n, k, dtype=torch.int8), torch.empty(n, 1)
-    for start in range(0, n, ROWS_PER_CHUNK):
-        w = weight[start : start + ROWS_PER_CHUNK].float()
-        scale = w.abs().amax(dim=1, keepdim=True) / 127
-        inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
-        qweight[start : start + len(w)] = (w * inverse).round().clamp(-127, 127).to(torch.int8)
-        scales[start : start + len(w)] = scale
-    return QuantizedWeight(8, k, qweight, scales)
+    k = weight.shape[1]
+    return QuantizedWeight(8, k, *cpu_gemm_quant.quantize(weight, 8, k))
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int | None = None) -> QuantizedWeight:
     """weight [N, K] -> 4 bits in groups (default int4_group_size(K)) with a minimum each:
     q = round((w - min) / s), s = (max - min) / 15."""
-    n, k = weight.shape
-    group_size = group_size or int4_group_size(k)
-    groups = k // group_size
-    qweight = torch.empty(n, k // 2, dtype=torch.uint8)
-    scales, mins = torch.empty(n, groups), torch.empty(n, groups)
-    for start in range(0, n, ROWS_PER_CHUNK):
-        w = weight[start : start + ROWS_PER_CHUNK].float().reshape(-1, groups, group_size)
-        low, high = w.amin(dim=-1), w.amax(dim=-1)
-        scale = (high - low) / 15
-        inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
-        q = ((w - low[..., None]) * inverse[..., None]).round().clamp(0, 15)
-        rows = slice(start, start + len(w))
-        qweight[rows] = pack_int4(q.reshape(len(w), k))
-        scales[rows], mins[rows] = scale, low
-    return QuantizedWeight(4, group_size, qweight, scales, mins)
+    group_size = group_size or int4_group_size(weight.shape[1])
+    return QuantizedWeight(4, group_size, *cpu_gemm_quant.quantize(weight, 4, group_size))

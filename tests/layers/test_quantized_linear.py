@@ -118,16 +118,39 @@ def test_online_quantization_of_a_float_layer(quantization):
     assert error < (0.01 if quantization == "int8" else 0.13), error  # int4: ~0.1 rms a step
 
 
-def test_quantizers_round_trip_within_half_a_step():
+def torch_quantize(weight: torch.Tensor, bits: int, group_size: int):
+    """The one-pass C quantizer's twin: (qweight values, scales, mins)."""
+    n, k = weight.shape
+    w = weight.float().reshape(n, k // group_size, group_size)
+    if bits == 8:
+        scale = w.abs().amax(dim=-1) / 127
+        inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+        q = (w * inverse[..., None]).round().clamp(-127, 127)
+        return q.reshape(n, k), scale, None
+    low, high = w.amin(dim=-1), w.amax(dim=-1)
+    scale = (high - low) / 15
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    q = ((w - low[..., None]) * inverse[..., None]).round().clamp(0, 15)
+    return q.reshape(n, k), scale, low
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantizers_match_their_torch_twin_and_round_trip_within_half_a_step(dtype):
     torch.manual_seed(1)
-    weight = torch.randn(8, 256)
+    weight = torch.randn(40, 256).to(dtype)
+    weight[3] = 0  # a zero row: scale 0, q 0
+    weight[4, :128] = 0.5  # a constant group
     q8 = quantize_int8(weight)
+    values, scales, _ = torch_quantize(weight, 8, 256)
     assert q8.group_size == 256 and q8.mins is None
-    assert ((q8.dequantize() - weight).abs() <= q8.scales / 2 + 1e-6).all()
+    assert torch.equal(q8.values(), values.short()) and torch.equal(q8.scales, scales)
+    assert ((q8.dequantize() - weight.float()).abs() <= q8.scales / 2 + 1e-6).all()
     q4 = quantize_int4(weight)
-    assert q4.group_size == 128 and q4.mins is not None
+    values, scales, mins = torch_quantize(weight, 4, 128)
+    assert q4.group_size == 128 and torch.equal(q4.mins, mins)
+    assert torch.equal(q4.values(), values.short()) and torch.equal(q4.scales, scales)
     step = q4.scales.repeat_interleave(128, dim=1)
-    assert ((q4.dequantize() - weight).abs() <= step / 2 + 1e-6).all()
+    assert ((q4.dequantize() - weight.float()).abs() <= step / 2 + 1e-6).all()
     assert quantize_int4(torch.randn(4, 96)).group_size == 32
 
 
