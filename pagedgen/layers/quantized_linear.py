@@ -37,10 +37,10 @@ class Segment(NamedTuple):
     group_size: int
     has_mins: bool
 
-    @property
-    def format(self) -> str:
-        """e.g. "int4 g32 +mins"."""
-        return f"int{self.bits} g{self.group_size}" + (" +mins" if self.has_mins else "")
+    def format(self, in_features: int) -> str:
+        """e.g. "int4 g32 +mins", "int8 per row"."""
+        groups = "per row" if self.group_size == in_features else f"g{self.group_size}"
+        return f"int{self.bits} {groups}" + (" +mins" if self.has_mins else "")
 
 
 def same_format(a: QuantizedWeight, b: QuantizedWeight) -> bool:
@@ -102,7 +102,7 @@ class QuantizedPanels(nn.Module):
 
     @property
     def formats(self) -> list[str]:
-        return [s.format for s in self.segments]
+        return [s.format(self.in_features) for s in self.segments]
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if len(self.segments) == 1:
