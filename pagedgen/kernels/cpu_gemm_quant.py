@@ -3,8 +3,9 @@ float32 or bfloat16 [M, K], W 4- or 8-bit integers in groups along K with a floa
 optionally a minimum) each, as pagedgen.layers.quantized_weight.QuantizedWeight holds them,
 packed once into 16-column panels that a decode step streams at their stored size.
 
-x is quantized to int8 in blocks of 32 per row, the integer dot products are exact and the float
-epilogue runs in a fixed order, so the AVX-512 VNNI, AVX2 and plain-C builds give the same bits
+x is quantized to int8 per row in blocks of the weight's granule (128, 64, 32 or 16 k: the largest
+that divides its group), the integer dot products are exact and the float epilogue runs in a fixed
+order, so the AVX-512 VNNI, AVX2 and plain-C builds give the same bits
 and a row's output never depends on the batch. On a CPU with AMX-INT8 tiles the same source built
 with them runs batches of AMX_MIN_ROWS rows and more on the tiles, with the same bits.
 PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the layers then dequantize), as it does the float

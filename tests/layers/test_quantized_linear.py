@@ -111,7 +111,7 @@ def test_online_quantization_of_a_float_layer(quantization):
     assert layer.quant.formats == [f"{quantization} {groups}"]
     x = torch.randn(4, 256)
     error = (layer(x) - x @ weight.T).norm() / (x @ weight.T).norm()
-    assert error < (0.01 if quantization == "int8" else 0.13), error  # int4: ~0.1 rms a step
+    assert error < (0.015 if quantization == "int8" else 0.13), error  # int4: ~0.1 rms a step
 
 
 def torch_quantize(weight: torch.Tensor, bits: int, group_size: int):

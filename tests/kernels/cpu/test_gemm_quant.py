@@ -1,9 +1,9 @@
 """The quantized matmul (kernels/cpu_gemm_quant.c) against two references: its own scheme in torch
-(x quantized to int8 in blocks of 32, exact integer sums per granule, the float epilogue in the
-kernel's order), which every build must match bit for bit (AVX-512 VNNI where the machine has it,
-AVX2 as x86-64-v3, plain C as x86-64); and the dequantized weight in float32, which it must match
-within the error of quantizing x. On a CPU with AMX-INT8 its tile build runs the same cases (from
-one row: it runs from AMX_MIN_ROWS in use)."""
+(x quantized to int8 in blocks of the weight's granule, exact integer sums per block, the float
+epilogue in the kernel's order), which every build must match bit for bit (AVX-512 VNNI where the
+machine has it, AVX2 as x86-64-v3, plain C as x86-64); and the dequantized weight in float32,
+which it must match within the error of quantizing x. On a CPU with AMX-INT8 its tile build runs
+the same cases (from one row: it runs from AMX_MIN_ROWS in use)."""
 
 import pytest
 import torch
@@ -12,13 +12,12 @@ from pagedgen.kernels import cpu_gemm_quant
 from pagedgen.layers.quantized_weight import QuantizedWeight, pack_int4
 from tests.kernels.cpu.test_paged_attention import MARCHES
 
-QBLOCK = 32
 BUILDS = MARCHES + ["amx"] * (cpu_gemm_quant.amx_error() is None)
 
 # (bits, group_size, mins): online int4 and int8; Q4_0 / Q4_K (groups of 32, mins); Q6_K and
 # Q8_0 (signed, groups of 16 and 32); a group of 48 (a multiple of 16, not 32).
 FORMATS = [(4, 128, True), (8, None, False), (4, 32, True), (8, 16, False), (8, 32, False)]
-FORMATS += [(4, 16, False), (4, 48, True)]
+FORMATS += [(4, 16, False), (4, 48, True), (4, 64, True)]
 ROWS = [1, 3, 17, 64, 65]
 
 
@@ -53,23 +52,34 @@ def run(x, qw, packed, bias=None, march=None, out=None):
     return cpu_gemm_quant.linear(x, packed, bias, *args, out=out, march=march)
 
 
+def granule(group_size: int) -> int:
+    """The kernel's block of k: the largest of 128, 64, 32, 16 that divides the group."""
+    return next(size for size in (128, 64, 32, 16) if group_size % size == 0)
+
+
+def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x in int8 blocks: (values [M, K], scales d [M, K / block])."""
+    m, k = x.shape
+    blocks = x.float().view(m, -1, block)
+    d = blocks.abs().amax(dim=-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (blocks * inverse[..., None]).round().clamp(-127, 127).view(m, k), d
+
+
 def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
     """The kernel's arithmetic in torch, op for op."""
     m, k = x.shape
     xf = x.float()
-    padded = torch.nn.functional.pad(xf, (0, -k % QBLOCK)).view(m, -1, QBLOCK)
-    d = padded.abs().amax(dim=-1) / 127
-    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    xq = (padded * inverse[..., None]).round().clamp(-127, 127).view(m, -1)[:, :k]
-    granule = QBLOCK if qw.group_size % QBLOCK == 0 else 16
+    size = granule(qw.group_size)
+    xq, d = quantize_rows(x, size)
     w = qw.values().double()
-    xg = xq.double().view(m, -1, granule).transpose(0, 1)
-    isums = (xg @ w.view(qw.shape[0], -1, granule).permute(1, 2, 0)).float()  # exact
+    xg = xq.double().view(m, -1, size).transpose(0, 1)
+    isums = (xg @ w.view(qw.shape[0], -1, size).permute(1, 2, 0)).float()  # exact
     acc = torch.zeros(m, qw.shape[0])
-    per_group = qw.group_size // granule
-    for i in range(k // granule):
+    per_group = qw.group_size // size
+    for i in range(k // size):
         g = i // per_group
-        acc = acc + isums[i] * (d[:, i * granule // QBLOCK, None] * qw.scales[None, :, g])
+        acc = acc + isums[i] * (d[:, i, None] * qw.scales[None, :, g])
         if qw.mins is not None and (i + 1) % per_group == 0:
             xsum = xf[:, g * qw.group_size : (g + 1) * qw.group_size].double().cumsum(-1)[:, -1]
             acc = acc + qw.mins[None, :, g] * xsum.float()[:, None]
@@ -81,11 +91,11 @@ def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
 def assert_close_to_dequantized(y, x, qw, bias):
     """Each block of x is off by at most half a step (max|x| / 254) an element: the error of a
     row's output is below sum over k of |W[n, k]| * step(k) / 2, plus y's own rounding."""
-    m, k = x.shape
     xf = x.float()
     ref = xf @ qw.dequantize().T + (0 if bias is None else bias.float())
-    padded = torch.nn.functional.pad(xf, (0, -k % QBLOCK)).view(m, -1, QBLOCK)
-    half_step = (padded.abs().amax(dim=-1) / 254).repeat_interleave(QBLOCK, dim=1)[:, :k]
+    size = granule(qw.group_size)
+    _, d = quantize_rows(x, size)
+    half_step = (d / 2).repeat_interleave(size, dim=1)
     bound = half_step @ qw.dequantize().abs().T * 1.001 + 1e-5
     if y.dtype == torch.bfloat16:
         bound = bound + ref.abs() * 2**-8
@@ -97,7 +107,7 @@ def assert_close_to_dequantized(y, x, qw, bias):
 def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype):
     bits, group_size, mins = fmt
     n = 37  # past whole panels
-    k = 336 if group_size == 48 else 384  # 336: 48 * 7, the last block of x 16 wide
+    k = 336 if group_size == 48 else 384  # 336: 48 * 7, not a multiple of 32
     qw = random_weight(n, k, bits, group_size, mins, seed=bits + k)
     bias = torch.randn(n).to(dtype)
     packs = {march: pack(qw, march) for march in MARCHES}
