@@ -16,16 +16,20 @@ from pagedgen.kernels.cpu_features import isa_name
 from pagedgen.layers.quantized_weight import quantize_int4, quantize_int8
 
 
-def best_ms(fn: Callable[[], object], min_time: float) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(3):
-        calls, start = 0, time.perf_counter()
-        while time.perf_counter() - start < min_time:
-            fn()
-            calls += 1
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e3
+def best_ms(fns: list[Callable[[], object]], min_time: float, repeats: int) -> list[float]:
+    """Each fn's best ms a call over repeats rounds that take turns (on a shared machine, a busy
+    spell then costs every kernel alike)."""
+    best = [float("inf")] * len(fns)
+    for fn in fns:
+        fn()
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < min_time:
+                fn()
+                calls += 1
+            best[i] = min(best[i], (time.perf_counter() - start) / calls * 1e3)
+    return best
 
 
 def main() -> None:
@@ -34,7 +38,8 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=2048)
     parser.add_argument("-n", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--min-time", type=float, default=0.5)
+    parser.add_argument("--min-time", type=float, default=0.2)
+    parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -59,8 +64,9 @@ def main() -> None:
     )
     for rows in args.rows:
         x = torch.randn(rows, k).bfloat16()
-        for name, (nbytes, fn) in kernels.items():
-            ms = best_ms(lambda fn=fn, x=x: fn(x), args.min_time)
+        runs = [lambda fn=fn, x=x: fn(x) for _, fn in kernels.values()]
+        times = best_ms(runs, args.min_time, args.repeats)
+        for (name, (nbytes, _)), ms in zip(kernels.items(), times):
             print(
                 f"M {rows:4d} {name:5s} {nbytes / 2**20:7.1f} MiB  {ms:8.3f} ms  "
                 f"{nbytes / ms / 1e6:7.1f} GB/s"
