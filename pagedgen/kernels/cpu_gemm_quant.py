@@ -64,6 +64,8 @@ def _amx_library() -> SimpleNamespace:
 @functools.cache
 def amx_error() -> str | None:
     """None when the AMX-INT8 build runs here, else why not."""
+    if kernel_march() != "native":  # (the library, cached, outlives a cap set later)
+        return "PAGEDGEN_MAX_CPU_ISA caps the ISA below AMX"
     try:
         _amx_library()
     except (CpuKernelUnavailable, OSError, AttributeError) as e:

@@ -8,7 +8,7 @@ import torch
 
 from pagedgen import LLM, SamplingParams
 from pagedgen.entrypoints.bench.roofline import model_costs
-from pagedgen.kernels import cpu_gemm_quant
+from pagedgen.kernels import cpu_features, cpu_gemm_quant
 from pagedgen.layers.linear import QUANTIZED, Linear, describe_weights
 from pagedgen.layers.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from tests.kernels.cpu.test_gemm_quant import random_weight
@@ -77,6 +77,35 @@ def assert_computes_in_float(layer: Linear, dense: torch.Tensor) -> None:
     assert layer.layout != QUANTIZED
     x = torch.randn(3, dense.shape[1])
     assert torch.allclose(layer(x), x @ dense.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def avx2_cap(monkeypatch):
+    """PAGEDGEN_MAX_CPU_ISA=avx2 for one test: the AVX2 build, no AMX."""
+
+    def clear() -> None:
+        for cached in (cpu_features.max_cpu_isa, cpu_gemm_quant.enabled, cpu_gemm_quant.amx_error):
+            cached.cache_clear()
+
+    monkeypatch.setenv("PAGEDGEN_MAX_CPU_ISA", "avx2")
+    clear()
+    yield
+    monkeypatch.undo()
+    clear()
+
+
+def test_a_layer_gives_the_same_bits_on_every_isa(request):
+    """AVX-512 VNNI below 16 rows and AMX-INT8 from 16 where the machine has them, then AVX2."""
+    x = torch.randn(40, 64).bfloat16()
+    layer = load(Linear(64, SIZES), qkv_shards())
+    layer.pack()
+    native = [layer(x[:rows]) for rows in (1, 15, 16, 40)]
+    request.getfixturevalue("avx2_cap")
+    assert cpu_gemm_quant.path_name() == "AVX2"
+    capped = load(Linear(64, SIZES), qkv_shards())
+    capped.pack()
+    for rows, y in zip((1, 15, 16, 40), native):
+        assert torch.equal(capped(x[:rows]), y)
 
 
 def test_where_the_kernel_does_not_run_the_shards_are_dequantized(no_quant_kernel):
