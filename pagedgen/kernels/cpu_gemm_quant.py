@@ -32,7 +32,9 @@ EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off")
 PANEL_WIDTH = 16  # NR in the source
 PATHS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C"}
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
-AMX_MIN_ROWS = 16  # one tile of rows: below, the VNNI kernel is as fast
+# Rows from which the AMX build is the faster, by bits (K 2048, N 8192, one Sapphire Rapids core:
+# at 1-3 rows of int8 they tie; 4-bit panels are widened to int8 for the tiles, which costs).
+AMX_MIN_ROWS = {8: 4, 4: 12}
 LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
 LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
@@ -213,7 +215,7 @@ def linear(
     y = torch.empty(m, out_features, dtype=x.dtype) if out is None else out
     assert y.dtype == x.dtype and y.stride(-1) == 1 and y.shape[0] == m, (y.dtype, y.shape)
     kernel = lib.linear_quant
-    if march is None and m >= AMX_MIN_ROWS and amx_error() is None:
+    if march is None and m >= AMX_MIN_ROWS[bits] and amx_error() is None:
         kernel = _amx_library().linear_quant_amx
     if m:
         status = kernel(
