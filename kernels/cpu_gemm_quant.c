@@ -204,25 +204,61 @@ typedef struct {
   const float *bias;
 } Out;
 
+// Round to nearest even; a NaN stays a (quiet) NaN. Branch-free, so the loops below vectorize.
 static inline uint16_t bf16_round(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) >> 16, nan = (u >> 16) | 0x40;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 static void store_rows(const Out *o, const Shape *s, const float *acc, int64_t r, int rows,
                        int64_t col) {
   const int64_t cols = s->n - col < NR ? s->n - col : NR;
-  for (int i = 0; i < rows; i++)
-    for (int64_t j = 0; j < cols; j++) {
-      float v = acc[i * NR + j];
-      if (o->bias != NULL) v += o->bias[col + j];
-      if (o->y_bf16)
-        ((uint16_t *)o->y)[(r + i) * o->ldy + col + j] = bf16_round(v);
-      else
-        ((float *)o->y)[(r + i) * o->ldy + col + j] = v;
+#if PATH == 2  // bf16_round's integer arithmetic, 16 lanes at a time
+  const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+  const __m512 b = o->bias != NULL ? _mm512_maskz_loadu_ps(mask, o->bias + col) : _mm512_setzero_ps();
+  for (int i = 0; i < rows; i++) {
+    __m512 v = _mm512_loadu_ps(acc + i * NR);
+    if (o->bias != NULL) v = _mm512_add_ps(v, b);
+    if (!o->y_bf16) {
+      _mm512_mask_storeu_ps((float *)o->y + (r + i) * o->ldy + col, mask, v);
+      continue;
     }
+    const __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
+    const __m512i bias_bit = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i h = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), bias_bit)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    h = _mm512_mask_mov_epi32(h, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    _mm256_mask_storeu_epi16((uint16_t *)o->y + (r + i) * o->ldy + col, mask,
+                             _mm512_cvtepi32_epi16(h));
+  }
+#else
+  float zero[NR] = {0};
+  const float *bias = o->bias != NULL ? o->bias + col : zero;
+  for (int i = 0; i < rows; i++) {
+    float v[NR];
+    for (int j = 0; j < NR; j++) v[j] = acc[i * NR + j];
+    if (o->bias != NULL)  // (never + 0: a -0 sum stays -0, as on every path)
+      for (int j = 0; j < NR; j++) v[j] += j < cols ? bias[j] : 0.0f;
+    if (o->y_bf16) {
+      uint16_t *out = (uint16_t *)o->y + (r + i) * o->ldy + col, h[NR];
+      for (int j = 0; j < NR; j++) h[j] = bf16_round(v[j]);
+      if (cols == NR)
+        memcpy(out, h, sizeof h);  // (a constant size: inlined)
+      else
+        for (int64_t j = 0; j < cols; j++) out[j] = h[j];
+    } else {
+      float *out = (float *)o->y + (r + i) * o->ldy + col;
+      if (cols == NR)
+        memcpy(out, v, sizeof v);
+      else
+        for (int64_t j = 0; j < cols; j++) out[j] = v[j];
+    }
+  }
+#endif
 }
 
 typedef struct {
@@ -478,6 +514,7 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
 #include "amx_tiles.h"
 
 #define TILE_ROWS 16
+#define W_CHUNK_BYTES (512 << 10)  // panels (as int8) read for each tile of rows
 #define AMX_K 64  // k of one tdpbssd: a tile row of 64 bytes
 
 // Tiles 0, 1 and 4, 5: int32 sums (two pairs of granules); 2: x; 3: the weights.
@@ -599,11 +636,13 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
   if (!valid(bits, group, k)) return 1;
   if (request_tiles()) return 3;
   const Shape s = shape_of(n, k, bits, group, has_mins);
-  const int64_t panels = (n + NR - 1) / NR;
+  const int64_t panels = (n + NR - 1) / NR, quad_bytes = k * NR;  // a panel's ints as int8
+  const int64_t chunk = W_CHUNK_BYTES / quad_bytes > 1 ? W_CHUNK_BYTES / quad_bytes : 1;
   int threads = num_threads < 1 ? 1 : num_threads;
   if (threads > panels) threads = (int)panels;
   Activations a;
-  int8_t *widened = bits == 4 ? aligned_alloc(64, (size_t)(k * NR) * (size_t)threads) : NULL;
+  int8_t *widened =
+      bits == 4 ? aligned_alloc(64, (size_t)(chunk * quad_bytes) * (size_t)threads) : NULL;
   if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a) || (bits == 4 && !widened)) {
     free_activations(&a), free(widened);
     return 2;
@@ -616,22 +655,29 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
     GEMM_THREAD_IDS;
     const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
     float out[TILE_ROWS * NR] __attribute__((aligned(64)));
-    int8_t *b = widened == NULL ? NULL : widened + t * k * NR;
+    int8_t *b = widened == NULL ? NULL : widened + t * chunk * quad_bytes;
     int configured = -1;
+    // A chunk of panels (W_CHUNK_BYTES, in L2) against each tile of rows in turn: a tile of x
+    // is read once a chunk, not once a panel.
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
       const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      for (int64_t q = q0; q < q1; q++) {
-        const uint8_t *panel = w_packed + q * s.panel_bytes;
-        if (bits == 4) widen_panel(&s, panel, b);
-        const int8_t *quads = bits == 4 ? b : (const int8_t *)panel;
+      for (int64_t from = q0; from < q1; from += chunk) {
+        const int64_t to = from + chunk < q1 ? from + chunk : q1;
+        if (bits == 4)
+          for (int64_t q = from; q < to; q++)
+            widen_panel(&s, w_packed + q * s.panel_bytes, b + (q - from) * quad_bytes);
         for (int64_t r = m0; r < m1; r += TILE_ROWS) {
           const int rows = m1 - r < TILE_ROWS ? (int)(m1 - r) : TILE_ROWS;
           if (rows != configured) configure_quant(rows, step), configured = rows;
-          if (rows == TILE_ROWS)
-            amx_rows_16(&s, &a, r, panel, quads, out);
-          else
-            amx_rows_tail(&s, &a, r, rows, panel, quads, out);
-          store_rows(&o, &s, out, r, rows, q * NR);
+          for (int64_t q = from; q < to; q++) {
+            const uint8_t *panel = w_packed + q * s.panel_bytes;
+            const int8_t *quads = bits == 4 ? b + (q - from) * quad_bytes : (const int8_t *)panel;
+            if (rows == TILE_ROWS)
+              amx_rows_16(&s, &a, r, panel, quads, out);
+            else
+              amx_rows_tail(&s, &a, r, rows, panel, quads, out);
+            store_rows(&o, &s, out, r, rows, q * NR);
+          }
         }
       }
     }
