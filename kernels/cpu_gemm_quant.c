@@ -15,9 +15,9 @@
 // GGUF's Q4_0 / Q4_K / Q8_0, 16 for Q6_K, 128 for online int8 and int4), so x is quantized as finely
 // as the weight's own scales change, and a large group's epilogue runs once per 128 k, not per 32
 // (at 64 rows on AMX, 1.8x faster). xsum is the sum of the ORIGINAL activations over the group, in
-// double, in k order. Integer sums
-// are exact and this file is built without reassociation or FMA contraction, so every path (AVX-512
-// VNNI, AVX2, plain C) gives the same bits, and a row's output never depends on the other rows.
+// double, in k order. Integer sums are exact and this file is built without reassociation or FMA
+// contraction, so every path (AVX-512 VNNI, AVX2, plain C, and AMX-INT8 below) gives the same
+// bits, and a row's output never depends on the other rows.
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
 //

@@ -75,9 +75,8 @@ def load_model(
         if quant is not None:
             weights = dequantized(weights, quant)
     model.load_weights(weights)
-    pack_linear_weights(
-        model, compute_dtype, quantization
-    )  # before the widening: panels stay bfloat16
+    # before the widening: panels stay bfloat16
+    pack_linear_weights(model, compute_dtype, quantization)
     if compute_dtype is not None and compute_dtype != dtype:
         model.to(compute_dtype)
     return model.eval()
