@@ -1,6 +1,8 @@
 """Decode-shaped matmuls over bfloat16 and quantized weights: ms per call and GB/s of weight bytes
-streamed, for the bfloat16 panel kernel (cpu_gemm_bf16) and the int8 / int4 kernels
-(cpu_gemm_quant) on the same activations. Default shape: Llama-3.2-1B's MLP (K 2048, N 8192).
+streamed, for the bfloat16 panel kernel (cpu_gemm_bf16; on a CPU without it, as a bfloat16 model
+computes there, the float32 panel kernel over bfloat16 weights with float32 x) and the int8 / int4
+kernels (cpu_gemm_quant) on the same activations. Default shape: Llama-3.2-1B's MLP (K 2048,
+N 8192).
 
     python benchmarks/quant_matmul.py --threads 2 --rows 1 64
 """
@@ -11,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from pagedgen.kernels import cpu_gemm_bf16, cpu_gemm_quant
+from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16, cpu_gemm_quant
 from pagedgen.kernels.cpu_features import isa_name
 from pagedgen.layers.quantized_weight import quantize_int4, quantize_int8
 
@@ -46,9 +48,13 @@ def main() -> None:
     n, k = args.n, args.k
     weight = torch.randn(n, k).bfloat16()
     kernels: dict[str, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {}
+    x_dtype = torch.bfloat16
     if cpu_gemm_bf16.enabled():
         packed = cpu_gemm_bf16.pack(weight)
         kernels["bf16"] = (packed.numel() * 2, lambda x: cpu_gemm_bf16.linear(x, packed, None, n))
+    elif cpu_gemm.enabled():
+        x_dtype, panels = torch.float32, cpu_gemm.pack(weight)
+        kernels["bf16"] = (panels.numel() * 2, lambda x: cpu_gemm.linear(x, panels, None, n))
     for name, quantized in (("int8", quantize_int8(weight)), ("int4", quantize_int4(weight))):
         q = quantized
         qpacked = cpu_gemm_quant.pack(q.qweight, q.scales, q.mins, q.bits, q.group_size)
@@ -60,10 +66,10 @@ def main() -> None:
         kernels[name] = (qpacked.numel(), run)
     print(
         f"{isa_name()}, {args.threads} threads, quantized path {cpu_gemm_quant.path_name()}; "
-        f"y[M, {n}] = x[M, {k}] @ W.T, bfloat16 x"
+        f"y[M, {n}] = x[M, {k}] @ W.T, {str(x_dtype).removeprefix('torch.')} x"
     )
     for rows in args.rows:
-        x = torch.randn(rows, k).bfloat16()
+        x = torch.randn(rows, k).to(x_dtype)
         runs = [lambda fn=fn, x=x: fn(x) for _, fn in kernels.values()]
         times = best_ms(runs, args.min_time, args.repeats)
         for (name, (nbytes, _)), ms in zip(kernels.items(), times):
