@@ -517,15 +517,16 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
 #define W_CHUNK_BYTES (512 << 10)  // panels (as int8) read for each tile of rows
 #define AMX_K 64  // k of one tdpbssd: a tile row of 64 bytes
 
-// Tiles 0, 1 and 4, 5: int32 sums (two pairs of granules); 2: x; 3: the weights.
+// Tiles 0, 1 (even granules) and 4, 5 (odd ones): int32 sums for two panels; 2: x; 3, 6: the two
+// panels' weights.
 static void configure_quant(int rows, int step) {
   TileConfig cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.palette_id = 1;
-  const int sums[4] = {0, 1, 4, 5};
+  const int sums[4] = {0, 1, 4, 5}, weights[2] = {3, 6};
   for (int i = 0; i < 4; i++) cfg.rows[sums[i]] = (uint8_t)rows, cfg.colsb[sums[i]] = 64;
   cfg.rows[2] = (uint8_t)rows, cfg.colsb[2] = (uint16_t)step;
-  cfg.rows[3] = (uint8_t)(step / 4), cfg.colsb[3] = 64;
+  for (int i = 0; i < 2; i++) cfg.rows[weights[i]] = (uint8_t)(step / 4), cfg.colsb[weights[i]] = 64;
   _tile_loadconfig(&cfg);
 }
 
@@ -543,80 +544,83 @@ static inline __attribute__((always_inline)) void amx_epilogue(const Shape *s,
   }
 }
 
-// Granule j's sums into tile T.
-#define AMX_DP(T, j)                              \
-  do {                                            \
-    _tile_zero(T);                                \
-    for (int64_t h = (j) * G; h < ((j) + 1) * G; h += step) { \
-      _tile_loadd(2, x + h, k);                   \
-      _tile_loadd(3, b + h * NR, 64);             \
-      _tile_dpbssd(T, 2, 3);                      \
-    }                                             \
+// Granule j's sums for the NP panels into tiles T0 (and T1), one x tile read for both.
+#define AMX_DP(T0, T1, j)                                        \
+  do {                                                           \
+    _tile_zero(T0);                                              \
+    if (NP == 2) _tile_zero(T1);                                 \
+    for (int64_t h = (j) * G; h < ((j) + 1) * G; h += step) {    \
+      _tile_loadd(2, x + h, k);                                  \
+      _tile_loadd(3, b[0] + h * NR, 64);                         \
+      _tile_dpbssd(T0, 2, 3);                                    \
+      if (NP == 2) {                                             \
+        _tile_loadd(6, b[1] + h * NR, 64);                       \
+        _tile_dpbssd(T1, 2, 6);                                  \
+      }                                                          \
+    }                                                            \
   } while (0)
-// Two granules (count of them, 1 or 2) from j into the tile pair T0, T1; stored from there.
-#define AMX_DP2(T0, T1, j, count)         \
-  do {                                    \
-    AMX_DP(T0, j);                        \
-    if ((count) > 1) AMX_DP(T1, (j) + 1); \
-  } while (0)
-#define AMX_STORE2(T0, T1, count)                        \
-  do {                                                   \
-    _tile_stored(T0, c[0], 64);                          \
-    if ((count) > 1) _tile_stored(T1, c[1], 64);         \
+#define AMX_STORE(T0, T1)                            \
+  do {                                               \
+    _tile_stored(T0, c[0], 64);                      \
+    if (NP == 2) _tile_stored(T1, c[1], 64);         \
   } while (0)
 
-// Granules two at a time on two tile pairs: a pair's sums are stored, the next two granules
-// are issued to the other pair, then the stored ones' epilogue runs while the tiles work.
+// Rows [r0, r0 + rows) against NP (1 or 2) panels, a granule at a time on two sets of tiles: a
+// granule's sums are stored, the next granule is issued to the other set, then the stored sums'
+// epilogue runs while the tiles work. out: [NP][rows][16].
 static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
                                                            const Activations *a, int64_t r0,
-                                                           const int rows, const uint8_t *panel,
-                                                           const int8_t *b, float *out) {
-  __m512 acc[TILE_ROWS], ws = _mm512_setzero_ps();
+                                                           const int rows,
+                                                           const uint8_t *const *panel,
+                                                           const int8_t *const *b, float *out,
+                                                           const int NP) {
+  __m512 acc[2][TILE_ROWS], ws[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   int32_t c[2][TILE_ROWS * NR] __attribute__((aligned(64)));
+  for (int p = 0; p < NP; p++)
 #pragma GCC unroll 16
-  for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-  const float *scales = (const float *)(panel + s->int_bytes);
-  const float *mins = scales + s->groups * NR;
+    for (int r = 0; r < rows; r++) acc[p][r] = _mm512_setzero_ps();
   const int64_t G = s->granule, per_group = s->group / G, k = s->k, total = k / G;
   const int64_t step = G < AMX_K ? G : AMX_K;
   const int8_t *x = a->xq + r0 * k;
-  AMX_DP2(0, 1, 0, total < 2 ? total : 2);
-  for (int64_t j0 = 0; j0 < total; j0 += 2) {
-    const int64_t count = total - j0 < 2 ? total - j0 : 2, next = j0 + count;
-    const int64_t next_count = total - next < 2 ? total - next : 2;
-    if (j0 / 2 % 2 == 0) {
-      AMX_STORE2(0, 1, count);
-      if (next_count > 0) AMX_DP2(4, 5, next, next_count);
+  AMX_DP(0, 1, 0);
+  for (int64_t j = 0; j < total; j++) {
+    if (j % 2 == 0) {
+      AMX_STORE(0, 1);
+      if (j + 1 < total) AMX_DP(4, 5, j + 1);
     } else {
-      AMX_STORE2(4, 5, count);
-      if (next_count > 0) AMX_DP2(0, 1, next, next_count);
+      AMX_STORE(4, 5);
+      if (j + 1 < total) AMX_DP(0, 1, j + 1);
     }
-    for (int64_t t = 0; t < count; t++) {
-      const int64_t j = j0 + t, g = j / per_group, gi = j % per_group;
-      if (gi == 0) ws = _mm512_loadu_ps(scales + g * NR);
-      amx_epilogue(s, a, r0, rows, c[t], j, ws, acc);
+    const int64_t g = j / per_group, gi = j % per_group;
+    for (int p = 0; p < NP; p++) {
+      const float *scales = (const float *)(panel[p] + s->int_bytes);
+      if (gi == 0) ws[p] = _mm512_loadu_ps(scales + g * NR);
+      amx_epilogue(s, a, r0, rows, c[p], j, ws[p], acc[p]);
       if (s->has_mins && gi == per_group - 1) {
-        const __m512 wm = _mm512_loadu_ps(mins + g * NR);
+        const __m512 wm = _mm512_loadu_ps(scales + s->groups * NR + g * NR);
 #pragma GCC unroll 16
         for (int r = 0; r < rows; r++)
-          acc[r] = _mm512_add_ps(
-              acc[r], _mm512_mul_ps(wm, _mm512_set1_ps(a->xsum[(r0 + r) * s->groups + g])));
+          acc[p][r] = _mm512_add_ps(
+              acc[p][r], _mm512_mul_ps(wm, _mm512_set1_ps(a->xsum[(r0 + r) * s->groups + g])));
       }
     }
   }
+  for (int p = 0; p < NP; p++)
 #pragma GCC unroll 16
-  for (int r = 0; r < rows; r++) _mm512_store_ps(out + r * NR, acc[r]);
+    for (int r = 0; r < rows; r++) _mm512_store_ps(out + (p * TILE_ROWS + r) * NR, acc[p][r]);
 }
 
-// A whole tile of rows (its sums stay in registers), or fewer.
-static void amx_rows_16(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
-                        const int8_t *b, float *out) {
-  amx_rows(s, a, r0, TILE_ROWS, panel, b, out);
-}
-static void amx_rows_tail(const Shape *s, const Activations *a, int64_t r0, int rows,
-                          const uint8_t *panel, const int8_t *b, float *out) {
-  amx_rows(s, a, r0, rows, panel, b, out);
-}
+// A whole tile of rows, or fewer; one panel or two.
+#define AMX_ROWS(NAME, ROWS, NP)                                                               \
+  static void NAME(const Shape *s, const Activations *a, int64_t r0, int rows,                 \
+                   const uint8_t *const *panel, const int8_t *const *b, float *out) {          \
+    (void)rows;                                                                                \
+    amx_rows(s, a, r0, ROWS, panel, b, out, NP);                                               \
+  }
+AMX_ROWS(amx_rows_16_1, TILE_ROWS, 1)
+AMX_ROWS(amx_rows_16_2, TILE_ROWS, 2)
+AMX_ROWS(amx_rows_tail_1, rows, 1)
+AMX_ROWS(amx_rows_tail_2, rows, 2)
 
 // 4-bit panel -> its int8 quads [k / 4][16][4] in b.
 static void widen_panel(const Shape *s, const uint8_t *panel, int8_t *b) {
@@ -654,7 +658,7 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
   {
     GEMM_THREAD_IDS;
     const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
-    float out[TILE_ROWS * NR] __attribute__((aligned(64)));
+    float out[2 * TILE_ROWS * NR] __attribute__((aligned(64)));
     int8_t *b = widened == NULL ? NULL : widened + t * chunk * quad_bytes;
     int configured = -1;
     // A chunk of panels (W_CHUNK_BYTES, in L2) against each tile of rows in turn: a tile of x
@@ -669,14 +673,24 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
         for (int64_t r = m0; r < m1; r += TILE_ROWS) {
           const int rows = m1 - r < TILE_ROWS ? (int)(m1 - r) : TILE_ROWS;
           if (rows != configured) configure_quant(rows, step), configured = rows;
-          for (int64_t q = from; q < to; q++) {
-            const uint8_t *panel = w_packed + q * s.panel_bytes;
-            const int8_t *quads = bits == 4 ? b + (q - from) * quad_bytes : (const int8_t *)panel;
-            if (rows == TILE_ROWS)
-              amx_rows_16(&s, &a, r, panel, quads, out);
+          for (int64_t q = from; q < to; q += 2) {
+            const int np = to - q < 2 ? 1 : 2;
+            const uint8_t *panel[2] = {w_packed + q * s.panel_bytes,
+                                       w_packed + (q + np - 1) * s.panel_bytes};
+            const int8_t *quads[2];
+            for (int p = 0; p < 2; p++)
+              quads[p] = bits == 4 ? b + (q + (p < np ? p : 0) - from) * quad_bytes
+                                   : (const int8_t *)panel[p];
+            if (rows == TILE_ROWS && np == 2)
+              amx_rows_16_2(&s, &a, r, rows, panel, quads, out);
+            else if (rows == TILE_ROWS)
+              amx_rows_16_1(&s, &a, r, rows, panel, quads, out);
+            else if (np == 2)
+              amx_rows_tail_2(&s, &a, r, rows, panel, quads, out);
             else
-              amx_rows_tail(&s, &a, r, rows, panel, quads, out);
-            store_rows(&o, &s, out, r, rows, q * NR);
+              amx_rows_tail_1(&s, &a, r, rows, panel, quads, out);
+            for (int p = 0; p < np; p++)
+              store_rows(&o, &s, out + p * TILE_ROWS * NR, r, rows, (q + p) * NR);
           }
         }
       }
