@@ -35,7 +35,7 @@ from pagedgen.models.classifier import classifier_tokens
 from pagedgen.models.registry import get_model_class
 from pagedgen.pooling.config import PoolerConfig, pick_pooler_config
 from pagedgen.sampling_params import SamplingParams
-from pagedgen.worker.allocator import keep_freed_memory
+from pagedgen.worker.allocator import keep_freed_memory, release_freed_memory
 from pagedgen.worker.graph_capture import capture_graphs
 from pagedgen.worker.lora_manager import LoRAManager
 from pagedgen.worker.model_runner import ModelRunner
@@ -184,6 +184,8 @@ def load(config: EngineConfig) -> LoadedModel:
         compute_dtype,
         config.quantization,
     )
+    if device.type == "cpu":
+        release_freed_memory()
     eos = eos_token_ids(hf_config, tokenizer) | generation_eos_token_ids(
         resolved.path, config.generation_config, config.override_generation_config
     )
