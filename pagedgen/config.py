@@ -10,6 +10,10 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's
+# Weights' format on the CPU: None, the checkpoint's own (float, or a quantized checkpoint's
+# integers); "none" computes in float (a quantized checkpoint dequantized); int8 / int4 quantize a
+# float checkpoint's linear layers at load (pagedgen/layers/quantized_linear.py).
+QUANTIZATIONS = ("none", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's (attention/kv_cache_dtype.py)
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")  # vLLM's (io/reasoning.py)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "cupy", "reference")
@@ -127,6 +131,9 @@ class EngineConfig:
     max_lora_rank; at most max_cpu_loras of them kept read in host memory: vLLM's names).
     kv_cache_dtype (vLLM's) stores K/V in the model's dtype ("auto") or in 8-bit floats ("fp8",
     "fp8_e4m3", "fp8_e5m2"), which hold 2x (4x in float32) the tokens in the same memory.
+    quantization (vLLM's name) "int8" or "int4" quantizes a float checkpoint's linear layers at
+    load, which then compute on the integers on a CPU; "none" computes a quantized checkpoint in
+    float; None keeps each checkpoint's own format.
     speculative_config (vLLM's dict, {"method": "ngram", "num_speculative_tokens": k, ...})
     verifies draft tokens found by n-gram prompt lookup (spec_decode/); not with async_scheduling.
     runner (vLLM's) "generate" samples completions, "pooling" pools prompts: embeddings
@@ -152,6 +159,7 @@ class EngineConfig:
     device: str = "auto"
     block_size: int = 16
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None  # vLLM's name; QUANTIZATIONS
     kv_cache_memory: float | None = None
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
@@ -206,6 +214,10 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(

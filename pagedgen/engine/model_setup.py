@@ -24,7 +24,7 @@ from pagedgen.core.sequence import Sequence
 from pagedgen.engine.llm_engine import LLMEngine, log_to_stderr
 from pagedgen.kernels.cpu import kernel_dtypes
 from pagedgen.kernels.cpu_features import cpu_compute_dtype, isa_name
-from pagedgen.layers.linear import describe_cpu_compute
+from pagedgen.layers.linear import describe_cpu_compute, describe_weights
 from pagedgen.loader import resolve_model
 from pagedgen.loader.generation_config import generation_eos_token_ids
 from pagedgen.loader.model_files import load_config, load_tokenizer
@@ -36,7 +36,7 @@ from pagedgen.models.classifier import classifier_tokens
 from pagedgen.models.registry import get_model_class
 from pagedgen.pooling.config import PoolerConfig, pick_pooler_config
 from pagedgen.sampling_params import SamplingParams
-from pagedgen.worker.allocator import keep_freed_memory
+from pagedgen.worker.allocator import keep_freed_memory, release_freed_memory
 from pagedgen.worker.cpu_threads import fit_num_threads
 from pagedgen.worker.graph_capture import capture_graphs
 from pagedgen.worker.lora_manager import LoRAManager
@@ -193,7 +193,18 @@ def load(config: EngineConfig) -> LoadedModel:
         config.block_size,
         config.cuda_attention_config,
     )
-    model = load_model(resolved, hf_config, backend, max_model_len, dtype, device, compute_dtype)
+    model = load_model(
+        resolved,
+        hf_config,
+        backend,
+        max_model_len,
+        dtype,
+        device,
+        compute_dtype,
+        config.quantization,
+    )
+    if device.type == "cpu":
+        release_freed_memory()
     eos = eos_token_ids(hf_config, tokenizer) | generation_eos_token_ids(
         resolved.path, config.generation_config, config.override_generation_config
     )
@@ -300,7 +311,7 @@ def describe_model(config: EngineConfig, loaded: LoadedModel) -> str:
         attention += f" scaled by the checkpoint's k_scale and v_scale in {sum(scaled)} layers"
     return (
         f"model {config.model} ({type(loaded.model).__name__}, {dtype}, {where}, "
-        f"{attention}), max_model_len {loaded.max_model_len}"
+        f"{describe_weights(loaded.model)}, {attention}), max_model_len {loaded.max_model_len}"
     )
 
 

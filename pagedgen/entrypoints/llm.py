@@ -51,7 +51,8 @@ class LLM:
     Keyword arguments are EngineConfig fields (dtype, block_size, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, attention_backend, device, seed,
     enable_lora, max_loras, max_lora_rank, max_cpu_loras, speculative_config, kv_cache_dtype,
-    reasoning_parser, generation_config, override_generation_config, runner, pooler_config).
+    quantization, reasoning_parser, generation_config, override_generation_config, runner,
+    pooler_config).
     With runner="pooling" (or a checkpoint without an LM head, or a classifier) it pools
     prompts: embed(), classify(), score(). vLLM's arguments that change nothing here
     (IGNORED_VLLM_ARGS: disable_log_stats, max_seq_len_to_capture, ...) are taken and ignored.

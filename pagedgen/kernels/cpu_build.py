@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from pagedgen import envs
-from pagedgen.kernels.cpu_features import cpu_flags, has_amx_bf16, kernel_march
+from pagedgen.kernels.cpu_features import cpu_flags, has_amx_bf16, has_amx_int8, kernel_march
 from pagedgen.kernels.source import kernel_source
 from pagedgen.paths import cache_dir
 
@@ -83,12 +83,16 @@ def load_cpu_library(name: str, march: str, extra_flags: tuple[str, ...] = ()) -
     return ctypes.CDLL(str(path))
 
 
-def load_amx_library(name: str) -> ctypes.CDLL:
-    """kernels/<name> built with AMX tiles; raises CpuKernelUnavailable where the CPU has none, or
-    PAGEDGEN_MAX_CPU_ISA caps the ISA below them."""
-    if not has_amx_bf16() or kernel_march() != "native":
-        raise CpuKernelUnavailable("no AMX bfloat16 tiles here (or the ISA is capped below them)")
-    return load_cpu_library(name, "native", ("-mamx-tile", "-mamx-bf16"))
+def load_amx_library(
+    name: str, int8: bool = False, extra_flags: tuple[str, ...] = ()
+) -> ctypes.CDLL:
+    """kernels/<name> built with AMX tiles (bfloat16 ones, or with int8 the int8 ones); raises
+    CpuKernelUnavailable where the CPU has none, or PAGEDGEN_MAX_CPU_ISA caps the ISA below them."""
+    kind = "int8" if int8 else "bfloat16"
+    if not (has_amx_int8() if int8 else has_amx_bf16()) or kernel_march() != "native":
+        raise CpuKernelUnavailable(f"no AMX {kind} tiles here (or the ISA is capped below them)")
+    tiles = "-mamx-int8" if int8 else "-mamx-bf16"
+    return load_cpu_library(name, "native", (*extra_flags, "-mamx-tile", tiles))
 
 
 # Called after every kernel call while record_calls() is open: (function, args, status).

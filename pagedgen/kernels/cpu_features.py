@@ -53,6 +53,11 @@ def has_amx_bf16() -> bool:
     return {"amx_bf16", "amx_tile"} <= cpu_flags() and has_avx512()
 
 
+def has_amx_int8() -> bool:
+    """AMX tiles with int8 dot products (Intel Xeon since Sapphire Rapids)."""
+    return {"amx_int8", "amx_tile"} <= cpu_flags() and has_avx512()
+
+
 def isa_name() -> str:
     """The ISA pagedgen's CPU paths use here, e.g. "AVX512 (avx512_bf16, avx512_vnni)", "AVX2"."""
     machine = platform.machine().lower()

@@ -4,8 +4,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16
+from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16, cpu_gemm_quant
 from pagedgen.kernels.cpu_features import cpu_compute_dtype, has_avx512, onednn_matmul_dtypes
+from pagedgen.layers.quantized_linear import (
+    ONLINE_QUANTIZERS,
+    QuantizedPanels,
+    dequantize_into,
+    kernel_takes,
+    quantize_online,
+)
+from pagedgen.layers.quantized_weight import QuantizedWeight
 
 # oneDNN's blocked weight layout is chosen for this many rows; any number of rows works.
 PACK_BATCH_SIZE = 64
@@ -17,6 +25,7 @@ PANELS = "panels"  # cpu_gemm's 16-column panels (float32 compute on AVX2/AVX-51
 PAIR_PANELS = "pair_panels"  # cpu_gemm_bf16's panels of k pairs (bfloat16: AVX512_BF16, AMX)
 ONEDNN = "onednn"  # oneDNN's blocked layout (opaque)
 TRANSPOSED = "transposed"  # [in, out]: x @ W
+QUANTIZED = "quantized"  # cpu_gemm_quant's panels of 4- or 8-bit integers (QuantizedPanels)
 
 
 def gemm_rows(num_rows: int) -> int:
@@ -60,6 +69,11 @@ class Linear(nn.Module):
     cpu_features.cpu_compute_dtype.)
     output_sizes splits the output rows into shards so that fused projections (QKV, gate/up)
     can load each checkpoint tensor into its own row range.
+
+    A shard may load as a QuantizedWeight (a GGUF, GPTQ or AWQ tensor), and pack() may quantize a
+    float weight (EngineConfig.quantization int8 / int4): on the CPU the layer then computes on the
+    integers at their stored size (QuantizedPanels, kernels/cpu_gemm_quant.c) and holds no dense
+    weight; on a GPU, or where that kernel does not run, pack() dequantizes into the dense weight.
     """
 
     def __init__(self, in_features: int, output_sizes: list[int] | int, bias: bool = False) -> None:
@@ -71,6 +85,9 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
         self.layout = DENSE
+        # QuantizedWeight shards by their first output row, until pack() packs them.
+        self.quantized_shards: dict[int, QuantizedWeight] = {}
+        self.quant: QuantizedPanels | None = None  # layout QUANTIZED
         # LoRA adapters' sum added to the output (pagedgen/layers/lora.py), set on engines
         # that enable LoRA.
         self.lora: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
@@ -78,13 +95,15 @@ class Linear(nn.Module):
     @property
     def packed(self) -> bool:
         """Whether the weight is in a matmul kernel's own layout (panels or oneDNN's)."""
-        return self.layout in (PANELS, PAIR_PANELS, ONEDNN)
+        return self.layout in (PANELS, PAIR_PANELS, ONEDNN, QUANTIZED)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._forward(x)
         return y if self.lora is None else self.lora(x, y)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layout == QUANTIZED:
+            return self.quant(x, self.bias)
         if self.layout == PANELS:
             return cpu_gemm.linear(x, self.weight, self.bias, self.out_features)
         if self.layout == PAIR_PANELS:
@@ -95,14 +114,33 @@ class Linear(nn.Module):
             return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
         return dense_linear(x, self.weight, self.bias)
 
-    def pack(self, compute_dtype: torch.dtype | None = None) -> bool:
+    def pack(
+        self, compute_dtype: torch.dtype | None = None, quantization: str | None = None
+    ) -> bool:
         """Readies a loaded CPU weight for a model computing in compute_dtype (default: the
         weight's; see the class docstring); returns whether it is packed for a matmul kernel.
-        The dense copy is freed. A GPU's weight stays as loaded."""
-        weight = self.weight
-        if self.layout != DENSE or weight.device.type != "cpu":
+        The dense copy is freed. A GPU's weight stays as loaded (quantized shards dequantized).
+        quantization (EngineConfig's): "int8" or "int4" quantizes a float weight on the CPU;
+        "none" dequantizes quantized shards; None keeps each weight's own format."""
+        if self.layout != DENSE:
             return self.packed
+        weight = self.weight
         compute_dtype = compute_dtype or weight.dtype
+        on_cpu = weight.device.type == "cpu"
+        if self.quantized_shards:
+            shards = [self.quantized_shards[start] for start in sorted(self.quantized_shards)]
+            whole = sum(s.shape[0] for s in shards) == self.out_features
+            if whole and on_cpu and quantization != "none" and kernel_takes(shards, compute_dtype):
+                return self._pack_quantized(shards)
+            for start, shard in self.quantized_shards.items():
+                dequantize_into(weight.data[start : start + shard.shape[0]], [shard])
+            self.quantized_shards = {}
+        elif quantization in ONLINE_QUANTIZERS and on_cpu and kernel_takes([], compute_dtype):
+            quantized = quantize_online(weight, quantization)
+            if quantized is not None:
+                return self._pack_quantized([quantized])
+        if not on_cpu:
+            return self.packed
         if (
             compute_dtype == torch.float32
             and weight.dtype in cpu_gemm.WEIGHT_DTYPES
@@ -121,14 +159,28 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         return self.packed
 
-    def load_shard(self, name: str, tensor: torch.Tensor, shard: int | None = 0) -> None:
+    def _pack_quantized(self, shards: list[QuantizedWeight]) -> bool:
+        self.quant = QuantizedPanels(shards)
+        self.quantized_shards = {}
+        empty = torch.empty(0, self.in_features, dtype=self.weight.dtype)
+        self.weight = nn.Parameter(empty, requires_grad=False)  # the point: no dense copy
+        self.layout = QUANTIZED
+        return True
+
+    def load_shard(
+        self, name: str, tensor: torch.Tensor | QuantizedWeight, shard: int | None = 0
+    ) -> None:
         """Copies a checkpoint tensor (nn.Linear layout: weight [out, in], bias [out]) into
-        output shard `shard`, or, with None, all of them (a checkpoint that fuses them too)."""
+        output shard `shard`, or, with None, all of them (a checkpoint that fuses them too). A
+        QuantizedWeight is kept as it is until pack()."""
         assert self.layout == DENSE, "weights are loaded before pack()"
         whole = shard is None or len(self.output_sizes) == 1
         start = 0 if shard is None else sum(self.output_sizes[:shard])
         size = self.out_features if shard is None else self.output_sizes[shard]
-        if name == "weight":
+        if isinstance(tensor, QuantizedWeight):
+            assert name == "weight" and tensor.shape == (size, self.in_features), tensor.shape
+            self.quantized_shards[start] = tensor
+        elif name == "weight":
             assert tensor.shape == (size, self.weight.shape[1]), (tensor.shape, size)
             if whole:
                 load_param(self.weight, tensor)
@@ -169,9 +221,12 @@ def load_param(param: nn.Parameter, tensor: torch.Tensor) -> None:
         param.data.copy_(tensor)
 
 
-def pack_linear_weights(model: nn.Module, compute_dtype: torch.dtype | None = None) -> int:
+def pack_linear_weights(
+    model: nn.Module, compute_dtype: torch.dtype | None = None, quantization: str | None = None
+) -> int:
     """Packs every Linear of a loaded model (see Linear.pack); returns how many were packed."""
-    return sum(m.pack(compute_dtype) for m in model.modules() if isinstance(m, Linear))
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    return sum(m.pack(compute_dtype, quantization) for m in linears)
 
 
 def describe_cpu_compute(dtype: torch.dtype) -> str:
@@ -189,3 +244,21 @@ def describe_cpu_compute(dtype: torch.dtype) -> str:
         f"{matmuls} {name} matmuls and activations (no native {str(dtype).removeprefix('torch.')}"
         f" matmul on this CPU), {str(dtype).removeprefix('torch.')} KV cache"
     )
+
+
+def describe_weights(model: nn.Module) -> str:
+    """One phrase for the startup line: the weights' formats and their size as held (packed
+    integers at their size), e.g. "weights int4 g128 +mins (AVX-512 VNNI) and float32, 0.81 GiB"."""
+    params = {id(p): p for p in model.parameters()}.values()
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    formats = {
+        f
+        for m in model.modules()
+        if isinstance(m, Linear) and m.quant is not None
+        for f in m.quant.formats
+    }
+    floats = {str(p.dtype).removeprefix("torch.") for p in params if p.is_floating_point()}
+    names = sorted(floats)
+    if formats:
+        names = [f"{', '.join(sorted(formats))} ({cpu_gemm_quant.path_name()})", *names]
+    return f"weights {' and '.join(names)}, {nbytes / 2**30:.3g} GiB"

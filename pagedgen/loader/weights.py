@@ -15,11 +15,17 @@ from pagedgen.loader.model_files import load_config, load_tokenizer  # noqa: F40
 from pagedgen.loader.quantized import dequantized, quantization_config
 from pagedgen.loader.repacked import is_repacked, loaded_weights, read_repacked
 from pagedgen.loader.resolve import ResolvedModel
+from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.registry import get_model_class
 
-# Whether a linear layer's QuantizedWeight reaches its Linear.load_shard as it is; until Linear
-# computes on them, each is dequantized into the model's dtype as it streams.
-KEEP_QUANTIZED = False
+
+def keeps_quantized(model: nn.Module, quantization: str | None) -> bool:
+    """Whether a linear layer's QuantizedWeight reaches its Linear.load_shard as it is (its
+    pack() then computes on it, or dequantizes it where no kernel takes it): unless quantization
+    is "none", for a model whose load_weights hands checkpoint tensors to its layers unchanged,
+    the Llama family's own. Models that transpose, split or reorder tensors as they load (GPT-2's
+    Conv1D, fused q/k/v of other layouts) get them dequantized as they stream."""
+    return quantization != "none" and type(model).load_weights is LlamaForCausalLM.load_weights
 
 
 def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -81,6 +87,7 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     compute_dtype: torch.dtype | None = None,
+    quantization: str | None = None,  # EngineConfig's: see Linear.pack
 ) -> nn.Module:
     """Builds our own implementation of the checkpoint's architecture and loads its weights in
     dtype; a compute_dtype other than dtype (float32 for a half-precision model on a CPU without
@@ -93,10 +100,10 @@ def load_model(
             model = model_cls(config, backend, max_position)
     finally:
         torch.set_default_dtype(default_dtype)
-    model.load_weights(
-        loaded_weights(checkpoint_weights(resolved, config), model, dtype, KEEP_QUANTIZED)
-    )
-    pack_linear_weights(model, compute_dtype)  # before the widening: panels stay bfloat16
+    keep = keeps_quantized(model, quantization)
+    model.load_weights(loaded_weights(checkpoint_weights(resolved, config), model, dtype, keep))
+    # before the widening: panels stay bfloat16
+    pack_linear_weights(model, compute_dtype, quantization)
     if compute_dtype is not None and compute_dtype != dtype:
         model.to(compute_dtype)
     return model.eval()

@@ -19,7 +19,7 @@ def hf(smollm2_path):
 
 @pytest.fixture(scope="module")
 def llm(smollm2_path):
-    return LLM(str(smollm2_path), kv_cache_memory=0.05, log=lambda m: None)
+    return LLM(str(smollm2_path), kv_cache_memory=0.05, quantization="none", log=lambda m: None)
 
 
 @torch.no_grad()

@@ -82,12 +82,21 @@ def assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, quantizati
     scoring = SamplingParams(max_tokens=1, prompt_logprobs=5)
     prompts = ["hello", "the quick brown fox", "1 2 3"]
     outputs = {}
-    for kind, folder in folders.items():
-        llm = LLM(str(folder), kv_cache_memory=0.01, log=lambda m: None)
+    runs = [("dense", folders["dense"], None), ("quantized", folders["quantized"], "none")]
+    runs.append(("native", folders["quantized"], None))  # its integers as they are, on a CPU
+    for kind, folder, quantization in runs:
+        llm = LLM(str(folder), kv_cache_memory=0.01, quantization=quantization, log=lambda m: None)
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         scores = [o.prompt_logprobs for o in llm.generate(prompts, scoring, use_tqdm=False)]
         outputs[kind] = tokens, scores
-    assert outputs["quantized"] == outputs["dense"]
+    assert outputs["quantized"] == outputs["dense"]  # dequantized: the dense model's bits
+    errors = [  # int8 activations: each prompt token's logprob near the dense model's
+        abs(step[token].logprob - reference[token].logprob)
+        for native, dense in zip(outputs["native"][1], outputs["dense"][1])
+        for step, reference in zip(native[1:], dense[1:])
+        for token in [next(iter(reference))]  # the prompt token, first
+    ]
+    assert sum(errors) / len(errors) < 0.3 and max(errors) < 1.5, errors  # int8 online: 0.21
 
 
 def quantized_layers(tiny_llama_path, quantize_layer):

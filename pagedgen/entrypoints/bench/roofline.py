@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from pagedgen.kernels.cpu_features import cpu_compute_dtype
-from pagedgen.layers.linear import Linear
+from pagedgen.layers.linear import QUANTIZED, Linear
 
 COPY_BYTES = 256 << 20  # well past the last-level cache
 
@@ -52,13 +52,19 @@ class Roofline:
 
 def model_costs(model: nn.Module) -> tuple[float, float]:
     """(FLOPs per token, weight bytes per decode step) of a decoder whose token embedding is an
-    nn.Embedding and whose lm_head is a separate matrix (pagedgen's models, tied or not)."""
+    nn.Embedding and whose lm_head is a separate matrix (pagedgen's models, tied or not). A
+    quantized layer's weights count at their packed size and its FLOPs as its float shape's."""
     params = {id(p): p for p in model.parameters()}.values()
     embeddings = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.numel()
     }
     dense = [p for p in params if id(p) not in embeddings]
-    num_dense = sum(p.numel() for p in dense)
+    num_dense = sum(p.numel() for p in dense if p.is_floating_point())
+    num_dense += sum(
+        m.in_features * m.out_features
+        for m in model.modules()
+        if isinstance(m, Linear) and m.layout == QUANTIZED
+    )
     return 2.0 * num_dense, float(sum(p.numel() * p.element_size() for p in dense))
 
 

@@ -65,6 +65,16 @@ ENGINE = opt.OptionGroup(
                 metavar="T",
             ),
         ),
+        "quantization": (
+            str | None,
+            _model(
+                None,
+                help="linear layers' weights: int8 (per row) or int4 (groups of 128) quantizes a "
+                "float checkpoint at load, computed at that size on a CPU; none computes in float "
+                "[default: the checkpoint's own]",
+                metavar="Q",
+            ),
+        ),
         "max_model_len": (
             int | None,
             _model(None, help="longest prompt + completion [default: the model's]", metavar="N"),

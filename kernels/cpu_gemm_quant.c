@@ -1,0 +1,703 @@
+// Matmul over quantized weights kept at their stored size: y[M, N] = x[M, K] @ W[N, K]^T (+ bias),
+// x and y float32 or bfloat16, W as pagedgen.layers.quantized_weight.QuantizedWeight holds it:
+// 4- or 8-bit integers q in groups along k with a float scale (and optionally a minimum) each,
+// W[n, k] = q[n, k] * scale[n, g] + min[n, g], g = k / group.
+//
+// The scheme is llama.cpp's: each row of x is quantized to int8 in blocks along k (d = max|x| / 127,
+// q = round-to-nearest-even(x / d)), integer dot products run per block and are exact in int32,
+// then a float epilogue in a fixed order per (m, n):
+//
+//     for each group g, for each block i of g:     acc += (float)isum_i * (d[m, i] * scale[n, g])
+//     then, with mins:                             acc += min[n, g] * xsum[m, g]
+//     finally                                      y = acc (+ bias[n]), rounded once to y's dtype
+//
+// A block (a "granule") is 128, 64, 32 or 16 k: the largest that divides the weight's group (32 for
+// GGUF's Q4_0 / Q4_K / Q8_0, 16 for Q6_K, 128 for online int8 and int4), so x is quantized as finely
+// as the weight's own scales change, and a large group's epilogue runs once per 128 k, not per 32
+// (at 64 rows on AMX, 1.8x faster). xsum is the sum of the ORIGINAL activations over the group, in
+// double, in k order. Integer sums are exact and this file is built without reassociation or FMA
+// contraction, so every path (AVX-512 VNNI, AVX2, plain C, and AMX-INT8 below) gives the same
+// bits, and a row's output never depends on the other rows.
+//
+// W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
+//
+//     panel p: ints   [K / 4][16][4] int8 (8 bits: a quad of k per column, one vpdpbusd operand)
+//                     [K / 8][16][4] uint8 (4 bits: the low nibbles are k quad 2i, high quad 2i + 1)
+//              scales [K / group][16] float32
+//              mins   [K / group][16] float32 (only where the weight has mins)
+//
+// VNNI: vpdpbusd is unsigned x signed. 4-bit weights (0..15) are the unsigned side, x the signed
+// one. 8-bit weights are the signed side and x is offset by 128 (x ^ 0x80), so the dot product
+// over-counts 128 * sum(w), which a second vpdpbusd of 0x80 against the same weights (once per
+// row tile, not per row) takes back. AVX2: maddubs + madd with ones (exact below 2^15: for 8-bit
+// weights |w| (<= 128) is the unsigned side and x * sign(w) (|x| <= 127) the signed one).
+//
+// Threads split the panels; each panel is read from memory once for all rows of x (in blocks of
+// X_BLOCK_BYTES of quantized x) while the first row tile prefetches the next panel.
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_gemm_loop.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define PATH 2  // AVX-512 VNNI
+#define MR 8
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define PATH 1  // AVX2
+#define MR 4
+#else
+#define PATH 0  // plain C
+#define MR 4
+#endif
+
+#define NR 16                    // output columns per panel
+#define X_BLOCK_BYTES (4 << 20)  // quantized x read per pass over W
+
+int cpu_gemm_quant_path(void) { return PATH; }
+
+typedef struct {
+  int64_t n, k, group, granule, groups, kblocks;
+  int bits, has_mins;
+  int64_t panel_bytes, int_bytes;
+} Shape;
+
+static Shape shape_of(int64_t n, int64_t k, int bits, int64_t group, int has_mins) {
+  Shape s;
+  s.n = n, s.k = k, s.group = group, s.bits = bits, s.has_mins = has_mins;
+  s.granule = group % 128 == 0 ? 128 : group % 64 == 0 ? 64 : group % 32 == 0 ? 32 : 16;
+  s.groups = k / group, s.kblocks = k / s.granule;
+  s.int_bytes = k * NR * bits / 8;
+  s.panel_bytes = s.int_bytes + s.groups * NR * (int64_t)sizeof(float) * (1 + has_mins);
+  return s;
+}
+
+int64_t quant_panel_bytes(int64_t k, int bits, int64_t group, int has_mins) {
+  return shape_of(0, k, bits, group, has_mins).panel_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing: out [ceil(n / 16)][panel_bytes] from q (int8 [n, k], or uint8 [n, k / 2] of nibbles,
+// QuantizedWeight's layout), scales and mins float32 [n, k / group].
+
+// The 4-bit values k = 8i .. 8i + 7 of a row as one panel word: byte b holds k = 8i + b in its low
+// nibble, k = 8i + 4 + b in its high one. in: the row's 4 bytes from 8i, two values a byte.
+static inline uint32_t oct_word(const uint8_t *in) {
+  uint8_t v[8];
+  for (int b = 0; b < 4; b++) v[2 * b] = in[b] & 0xF, v[2 * b + 1] = in[b] >> 4;
+  uint32_t word = 0;
+  for (int b = 0; b < 4; b++) word |= (uint32_t)(v[b] | v[4 + b] << 4) << (8 * b);
+  return word;
+}
+
+int pack_weight_quant(uint8_t *out, const uint8_t *q, const float *scales, const float *mins,
+                      int64_t n, int64_t k, int bits, int64_t group) {
+  const Shape s = shape_of(n, k, bits, group, mins != NULL);
+  const int64_t panels = (n + NR - 1) / NR, row_bytes = k * bits / 8;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < panels; p++) {
+    uint8_t *ints = out + p * s.panel_bytes;
+    float *sc = (float *)(ints + s.int_bytes), *mn = sc + s.groups * NR;
+    for (int64_t j = 0; j < NR; j++) {
+      const int64_t row = p * NR + j;
+      const int live = row < n;
+      for (int64_t g = 0; g < s.groups; g++) {
+        sc[g * NR + j] = live ? scales[row * s.groups + g] : 0.0f;
+        if (s.has_mins) mn[g * NR + j] = live ? mins[row * s.groups + g] : 0.0f;
+      }
+      // One word a quad (8 bits) or an oct (4 bits) of k: [k / 4 or k / 8][16][4 bytes].
+      for (int64_t i = 0; i < row_bytes / 4; i++) {
+        uint32_t word = 0;
+        if (live && bits == 8) memcpy(&word, q + row * row_bytes + 4 * i, 4);
+        if (live && bits == 4) word = oct_word(q + row * row_bytes + 4 * i);
+        memcpy(ints + (i * NR + j) * 4, &word, 4);
+      }
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Online quantization of a float weight w [n, k] (float32, or bfloat16 bits with w_bf16), one pass
+// a row, into QuantizedWeight's layout. 8 bits (mins NULL): q = round(w / s), s = max|w| / 127 over
+// the group. 4 bits: q = round((w - min) / s), s = (max - min) / 15, two values a byte.
+
+// Element i of float32 data, or of bfloat16 bits with bf16.
+static inline float x_at(const void *x, int x_bf16, int64_t i) {
+  if (!x_bf16) return ((const float *)x)[i];
+  const uint32_t bits = (uint32_t)((const uint16_t *)x)[i] << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+int quantize_weight(uint8_t *q, float *scales, float *mins, const void *w, int w_bf16, int64_t n,
+                    int64_t k, int bits, int64_t group) {
+  if (!(bits == 4 || bits == 8) || group <= 0 || k % group || (bits == 4) != (mins != NULL))
+    return 1;
+  const int64_t groups = k / group;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; row++)
+    for (int64_t g = 0; g < groups; g++) {
+      const int64_t k0 = row * k + g * group;
+      float low = x_at(w, w_bf16, k0), high = low, amax = 0.0f;
+      for (int64_t i = k0; i < k0 + group; i++) {
+        const float v = x_at(w, w_bf16, i);
+        low = fminf(low, v), high = fmaxf(high, v), amax = fmaxf(amax, fabsf(v));
+      }
+      const float scale = bits == 8 ? amax / 127.0f : (high - low) / 15.0f;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      scales[row * groups + g] = scale;
+      if (bits == 8) {
+        for (int64_t i = k0; i < k0 + group; i++) {
+          const float v = nearbyintf(x_at(w, w_bf16, i) * inv);
+          q[i] = (uint8_t)(int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+        continue;
+      }
+      mins[row * groups + g] = low;
+      for (int64_t i = k0; i < k0 + group; i += 2) {
+        float v0 = nearbyintf((x_at(w, w_bf16, i) - low) * inv);
+        float v1 = nearbyintf((x_at(w, w_bf16, i + 1) - low) * inv);
+        v0 = v0 > 15.0f ? 15.0f : v0, v1 = v1 > 15.0f ? 15.0f : v1;  // never below 0
+        q[i / 2] = (uint8_t)((int)v0 | (int)v1 << 4);
+      }
+    }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: xq int8 [m][k], d float [m][kblocks], xsum float [m][groups] (with mins).
+
+static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *d,
+                         float *xsum) {
+  for (int64_t b = 0; b < s->kblocks; b++) {
+    const int64_t k0 = b * s->granule, k1 = k0 + s->granule;
+    float amax = 0.0f;
+    for (int64_t i = k0; i < k1; i++) amax = fmaxf(amax, fabsf(x_at(x, x_bf16, i)));
+    const float scale = amax / 127.0f, inv = amax > 0.0f ? 1.0f / scale : 0.0f;
+    d[b] = scale;
+    for (int64_t i = k0; i < k1; i++) {
+      const float v = nearbyintf(x_at(x, x_bf16, i) * inv);
+      xq[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
+  }
+  if (xsum != NULL)
+    for (int64_t g = 0; g < s->groups; g++) {
+      double sum = 0.0;
+      for (int64_t i = g * s->group; i < (g + 1) * s->group; i++) sum += x_at(x, x_bf16, i);
+      xsum[g] = (float)sum;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output: rows [r, r + rows) of the tile acc [rows][16] at column col, plus bias, rounded once.
+
+typedef struct {
+  void *y;
+  int y_bf16;
+  int64_t ldy;
+  const float *bias;
+} Out;
+
+// Round to nearest even; a NaN stays a (quiet) NaN. Branch-free, so the loops below vectorize.
+static inline uint16_t bf16_round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) >> 16, nan = (u >> 16) | 0x40;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+static void store_rows(const Out *o, const Shape *s, const float *acc, int64_t r, int rows,
+                       int64_t col) {
+  const int64_t cols = s->n - col < NR ? s->n - col : NR;
+#if PATH == 2  // bf16_round's integer arithmetic, 16 lanes at a time
+  const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+  const __m512 b = o->bias != NULL ? _mm512_maskz_loadu_ps(mask, o->bias + col) : _mm512_setzero_ps();
+  for (int i = 0; i < rows; i++) {
+    __m512 v = _mm512_loadu_ps(acc + i * NR);
+    if (o->bias != NULL) v = _mm512_add_ps(v, b);
+    if (!o->y_bf16) {
+      _mm512_mask_storeu_ps((float *)o->y + (r + i) * o->ldy + col, mask, v);
+      continue;
+    }
+    const __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
+    const __m512i bias_bit = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i h = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), bias_bit)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    h = _mm512_mask_mov_epi32(h, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    _mm256_mask_storeu_epi16((uint16_t *)o->y + (r + i) * o->ldy + col, mask,
+                             _mm512_cvtepi32_epi16(h));
+  }
+#else
+  float zero[NR] = {0};
+  const float *bias = o->bias != NULL ? o->bias + col : zero;
+  for (int i = 0; i < rows; i++) {
+    float v[NR];
+    for (int j = 0; j < NR; j++) v[j] = acc[i * NR + j];
+    if (o->bias != NULL)  // (never + 0: a -0 sum stays -0, as on every path)
+      for (int j = 0; j < NR; j++) v[j] += j < cols ? bias[j] : 0.0f;
+    if (o->y_bf16) {
+      uint16_t *out = (uint16_t *)o->y + (r + i) * o->ldy + col, h[NR];
+      for (int j = 0; j < NR; j++) h[j] = bf16_round(v[j]);
+      if (cols == NR)
+        memcpy(out, h, sizeof h);  // (a constant size: inlined)
+      else
+        for (int64_t j = 0; j < cols; j++) out[j] = h[j];
+    } else {
+      float *out = (float *)o->y + (r + i) * o->ldy + col;
+      if (cols == NR)
+        memcpy(out, v, sizeof v);
+      else
+        for (int64_t j = 0; j < cols; j++) out[j] = v[j];
+    }
+  }
+#endif
+}
+
+typedef struct {
+  const int8_t *xq;
+  const float *d, *xsum;
+} Activations;
+
+static inline int32_t x_word(const int8_t *xq, int64_t i) {  // x[4i : 4i + 4] as one word
+  int32_t w;
+  memcpy(&w, xq + 4 * i, sizeof w);
+  return w;
+}
+
+#if PATH > 0
+// ---------------------------------------------------------------------------------------------
+// The SIMD paths: VC columns a vector, NV vectors a panel.
+#if PATH == 2
+#define VC 16
+typedef __m512i VI;
+typedef __m512 VF;
+#define LOADI(p) _mm512_loadu_si512((const void *)(p))
+#define SET1I _mm512_set1_epi32
+#define ZEROI _mm512_setzero_si512
+#define SUBI _mm512_sub_epi32
+#define ANDI _mm512_and_si512
+#define SRLI16 _mm512_srli_epi16
+#define ZEROF _mm512_setzero_ps
+#define LOADF _mm512_loadu_ps
+#define STOREF _mm512_storeu_ps
+#define SET1F _mm512_set1_ps
+#define ADDF _mm512_add_ps
+#define MULF _mm512_mul_ps
+#define CVTF _mm512_cvtepi32_ps
+static inline VI dot_u8s8(VI acc, VI u, VI s) { return _mm512_dpbusd_epi32(acc, u, s); }
+#else
+#define VC 8
+typedef __m256i VI;
+typedef __m256 VF;
+#define LOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define SET1I _mm256_set1_epi32
+#define ZEROI _mm256_setzero_si256
+#define SUBI _mm256_sub_epi32
+#define ANDI _mm256_and_si256
+#define SRLI16 _mm256_srli_epi16
+#define ZEROF _mm256_setzero_ps
+#define LOADF _mm256_loadu_ps
+#define STOREF _mm256_storeu_ps
+#define SET1F _mm256_set1_ps
+#define ADDF _mm256_add_ps
+#define MULF _mm256_mul_ps
+#define CVTF _mm256_cvtepi32_ps
+static inline VI dot_u8s8(VI acc, VI u, VI s) {
+  const VI pairs = _mm256_maddubs_epi16(u, s);  // exact: every pair sum is below 2^15 here
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
+#define NV (NR / VC)
+
+// acc[r] (float [R][16]) over all of K for rows [r0, r0 + R) of x against one panel.
+static inline __attribute__((always_inline)) void tile(const Shape *s, const Activations *a,
+                                                       int64_t r0, const uint8_t *panel,
+                                                       const uint8_t *prefetch, float *out,
+                                                       const int R) {
+  VF acc[MR][NV];
+  VI isum[MR][NV];
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = ZEROF();
+  const float *scales = (const float *)(panel + s->int_bytes);
+  const float *mins = scales + s->groups * NR;
+  const int64_t granules = s->group / s->granule, quads = s->granule / 4;
+  const int64_t granule_bytes = s->granule * NR * s->bits / 8;
+  const uint8_t *w = panel;
+  int64_t kq = 0;  // the quad of k at hand
+  for (int64_t g = 0; g < s->groups; g++) {
+    VF ws[NV];
+    for (int v = 0; v < NV; v++) ws[v] = LOADF(scales + g * NR + v * VC);
+    for (int64_t gi = 0; gi < granules; gi++, w += granule_bytes) {
+      if (prefetch != NULL)
+        for (int64_t o = 0; o < granule_bytes; o += 64)
+          _mm_prefetch((const char *)(prefetch + (w - panel) + o), _MM_HINT_T1);
+      const int64_t block = kq * 4 / s->granule;
+      for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) isum[r][v] = ZEROI();
+      if (s->bits == 8) {
+#if PATH == 2
+        VI corr = ZEROI();
+        for (int64_t i = 0; i < quads; i++, kq++) {
+          const VI wv = LOADI(w + i * 64);
+          corr = dot_u8s8(corr, SET1I((int32_t)0x80808080u), wv);
+          for (int r = 0; r < R; r++)  // x arrives offset by 128 (see linear_quant)
+            isum[r][0] = dot_u8s8(isum[r][0], SET1I(x_word(a->xq + (r0 + r) * s->k, kq)), wv);
+        }
+        for (int r = 0; r < R; r++) isum[r][0] = SUBI(isum[r][0], corr);
+#else
+        for (int64_t i = 0; i < quads; i++, kq++)
+          for (int v = 0; v < NV; v++) {
+            const VI wv = LOADI(w + i * 64 + v * 32), mag = _mm256_abs_epi8(wv);
+            for (int r = 0; r < R; r++) {
+              const VI xv = SET1I(x_word(a->xq + (r0 + r) * s->k, kq));
+              isum[r][v] = dot_u8s8(isum[r][v], mag, _mm256_sign_epi8(xv, wv));
+            }
+          }
+#endif
+      } else {
+        const VI low = SET1I(0x0F0F0F0F);
+        for (int64_t i = 0; i < quads / 2; i++, kq += 2)
+          for (int v = 0; v < NV; v++) {
+            const VI wv = LOADI(w + i * 64 + v * VC * 4);
+            const VI lo = ANDI(wv, low), hi = ANDI(SRLI16(wv, 4), low);
+            for (int r = 0; r < R; r++) {
+              const int8_t *xr = a->xq + (r0 + r) * s->k;
+              isum[r][v] = dot_u8s8(isum[r][v], lo, SET1I(x_word(xr, kq)));
+              isum[r][v] = dot_u8s8(isum[r][v], hi, SET1I(x_word(xr, kq + 1)));
+            }
+          }
+      }
+      for (int r = 0; r < R; r++) {
+        const VF xd = SET1F(a->d[(r0 + r) * s->kblocks + block]);
+        for (int v = 0; v < NV; v++)
+          acc[r][v] = ADDF(acc[r][v], MULF(CVTF(isum[r][v]), MULF(xd, ws[v])));
+      }
+    }
+    if (s->has_mins)
+      for (int v = 0; v < NV; v++) {
+        const VF wm = LOADF(mins + g * NR + v * VC);
+        for (int r = 0; r < R; r++)
+          acc[r][v] = ADDF(acc[r][v], MULF(wm, SET1F(a->xsum[(r0 + r) * s->groups + g])));
+      }
+  }
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) STOREF(out + r * NR + v * VC, acc[r][v]);
+}
+
+#else
+// ---------------------------------------------------------------------------------------------
+// Plain C: the same sums in the same order, a column at a time.
+static inline void tile(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
+                        const uint8_t *prefetch, float *out, const int R) {
+  (void)prefetch;
+  const float *scales = (const float *)(panel + s->int_bytes);
+  const float *mins = scales + s->groups * NR;
+  const int64_t granules = s->group / s->granule;
+  for (int r = 0; r < R; r++) {
+    const int8_t *xr = a->xq + (r0 + r) * s->k;
+    for (int j = 0; j < NR; j++) {
+      float acc = 0.0f;
+      int64_t kk = 0;
+      for (int64_t g = 0; g < s->groups; g++) {
+        for (int64_t gi = 0; gi < granules; gi++) {
+          const int64_t block = kk / s->granule;
+          int32_t isum = 0;
+          for (int64_t e = 0; e < s->granule; e++, kk++) {
+            int wq;
+            if (s->bits == 8) {
+              wq = (int8_t)panel[((kk / 4) * NR + j) * 4 + kk % 4];
+            } else {
+              const uint8_t b = panel[((kk / 8) * NR + j) * 4 + kk % 4];
+              wq = (kk / 4) % 2 ? b >> 4 : b & 0xF;
+            }
+            isum += wq * xr[kk];
+          }
+          acc = acc + (float)isum * (a->d[(r0 + r) * s->kblocks + block] * scales[g * NR + j]);
+        }
+        if (s->has_mins) acc = acc + mins[g * NR + j] * a->xsum[(r0 + r) * s->groups + g];
+      }
+      out[r * NR + j] = acc;
+    }
+  }
+}
+#endif
+
+#define TILE_FN(R)                                                                            \
+  static void tile_##R(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel, \
+                       const uint8_t *prefetch, float *out) {                                 \
+    tile(s, a, r0, panel, prefetch, out, R);                                                  \
+  }
+TILE_FN(1) TILE_FN(2) TILE_FN(3) TILE_FN(4)
+#if MR == 8
+TILE_FN(5) TILE_FN(6) TILE_FN(7) TILE_FN(8)
+#endif
+typedef void (*Tile)(const Shape *, const Activations *, int64_t, const uint8_t *,
+                     const uint8_t *, float *);
+static const Tile TILES[MR + 1] = {0, tile_1, tile_2, tile_3, tile_4,
+#if MR == 8
+                                   tile_5, tile_6, tile_7, tile_8
+#endif
+};
+
+// The activations of rows [0, m): malloc'd, freed by free_activations. NULL where memory runs out.
+static int quantize_activations(const void *x, int x_bf16, int64_t ldx, int64_t m, const Shape *s,
+                                int num_threads, Activations *a) {
+  int8_t *xq = malloc((size_t)(m * s->k));
+  float *d = malloc(sizeof(float) * (size_t)(m * s->kblocks));
+  float *xsum = s->has_mins ? malloc(sizeof(float) * (size_t)(m * s->groups)) : NULL;
+  a->xq = xq, a->d = d, a->xsum = xsum;
+  if (xq == NULL || d == NULL || (s->has_mins && xsum == NULL)) return 2;
+  const size_t x_elem = x_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) num_threads(num_threads < 1 ? 1 : num_threads) if (m > 1)
+  for (int64_t r = 0; r < m; r++)
+    quantize_row((const char *)x + r * ldx * x_elem, x_bf16, s, xq + r * s->k,
+                 d + r * s->kblocks, s->has_mins ? xsum + r * s->groups : NULL);
+  return 0;
+}
+
+static void free_activations(Activations *a) {
+  free((void *)a->xq), free((void *)a->d), free((void *)a->xsum);
+}
+
+static int valid(int bits, int64_t group, int64_t k) {
+  return (bits == 4 || bits == 8) && group > 0 && group % 16 == 0 && k % group == 0;
+}
+
+// y: [m, n] rows ldy apart (float32, or bfloat16 bits with y_bf16); x: [m, k] rows ldx apart,
+// float32 or bfloat16 bits; w_packed from pack_weight_quant; bias: float32 [n] or NULL.
+// Returns 0, 1 for a shape the packing does not take, 2 where memory runs out.
+int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
+                 const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
+                 int bits, int64_t group, int has_mins, int num_threads) {
+  if (!valid(bits, group, k)) return 1;
+  const Shape s = shape_of(n, k, bits, group, has_mins);
+  Activations a;
+  if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a)) {
+    free_activations(&a);
+    return 2;
+  }
+#if PATH == 2
+  if (bits == 8)  // the unsigned side of vpdpbusd: x + 128
+    for (int64_t i = 0; i < m * k; i++) ((int8_t *)a.xq)[i] ^= (int8_t)0x80;
+#endif
+  const Out o = {y, y_bf16, ldy, bias};
+  const int64_t panels = (n + NR - 1) / NR;
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k, MR);
+  GEMM_THREAD_LOOP(num_threads, panels, m, block_rows, {
+    const uint8_t *panel = w_packed + q * s.panel_bytes;
+    float out[MR * NR] __attribute__((aligned(64)));
+    for (int64_t r = m0; r < m1; r += MR) {
+      const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
+      const uint8_t *next = r == m0 && q + 1 < q1 ? panel + s.panel_bytes : NULL;
+      TILES[rows](&s, &a, r, panel, next, out);
+      store_rows(&o, &s, out, r, rows, q * NR);
+    }
+  });
+  free_activations(&a);
+  return 0;
+}
+
+#if defined(__AMX_INT8__) && PATH == 2
+// ---------------------------------------------------------------------------------------------
+// AMX-INT8 (built apart, with -mamx-int8): tdpbssd sums 16 rows of x against a panel's 16
+// columns over one granule at a time, in steps of up to 64 k (A: 16 rows x 64 bytes of x; B: the
+// panel's 16 rows of quads there// rows of quads, which is the packed int8 layout as it is; 4-bit panels are widened to it once per
+// panel), then the same epilogue as above on the stored int32 tile: the same bits.
+#include "amx_tiles.h"
+
+#define TILE_ROWS 16
+#define W_CHUNK_BYTES (512 << 10)  // panels (as int8) read for each tile of rows
+#define AMX_K 64  // k of one tdpbssd: a tile row of 64 bytes
+
+// Tiles 0, 1 (even granules) and 4, 5 (odd ones): int32 sums for two panels; 2: x; 3, 6: the two
+// panels' weights.
+static void configure_quant(int rows, int step) {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  const int sums[4] = {0, 1, 4, 5}, weights[2] = {3, 6};
+  for (int i = 0; i < 4; i++) cfg.rows[sums[i]] = (uint8_t)rows, cfg.colsb[sums[i]] = 64;
+  cfg.rows[2] = (uint8_t)rows, cfg.colsb[2] = (uint16_t)step;
+  for (int i = 0; i < 2; i++) cfg.rows[weights[i]] = (uint8_t)(step / 4), cfg.colsb[weights[i]] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// The granule's epilogue for rows [r0, r0 + rows) from the int32 tile c.
+static inline __attribute__((always_inline)) void amx_epilogue(const Shape *s,
+                                                               const Activations *a, int64_t r0,
+                                                               const int rows, const int32_t *c,
+                                                               int64_t block, __m512 ws,
+                                                               __m512 *acc) {
+#pragma GCC unroll 16
+  for (int r = 0; r < rows; r++) {
+    const __m512 xd = _mm512_set1_ps(a->d[(r0 + r) * s->kblocks + block]);
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(c + r * NR));
+    acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(isum, _mm512_mul_ps(xd, ws)));
+  }
+}
+
+// Granule j's sums for the NP panels into tiles T0 (and T1), one x tile read for both.
+#define AMX_DP(T0, T1, j)                                        \
+  do {                                                           \
+    _tile_zero(T0);                                              \
+    if (NP == 2) _tile_zero(T1);                                 \
+    for (int64_t h = (j) * G; h < ((j) + 1) * G; h += step) {    \
+      _tile_loadd(2, x + h, k);                                  \
+      _tile_loadd(3, b[0] + h * NR, 64);                         \
+      _tile_dpbssd(T0, 2, 3);                                    \
+      if (NP == 2) {                                             \
+        _tile_loadd(6, b[1] + h * NR, 64);                       \
+        _tile_dpbssd(T1, 2, 6);                                  \
+      }                                                          \
+    }                                                            \
+  } while (0)
+#define AMX_STORE(T0, T1)                            \
+  do {                                               \
+    _tile_stored(T0, c[0], 64);                      \
+    if (NP == 2) _tile_stored(T1, c[1], 64);         \
+  } while (0)
+
+// Rows [r0, r0 + rows) against NP (1 or 2) panels, a granule at a time on two sets of tiles: a
+// granule's sums are stored, the next granule is issued to the other set, then the stored sums'
+// epilogue runs while the tiles work. out: [NP][rows][16].
+static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
+                                                           const Activations *a, int64_t r0,
+                                                           const int rows,
+                                                           const uint8_t *const *panel,
+                                                           const int8_t *const *b, float *out,
+                                                           const int NP) {
+  __m512 acc[2][TILE_ROWS], ws[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  int32_t c[2][TILE_ROWS * NR] __attribute__((aligned(64)));
+  for (int p = 0; p < NP; p++)
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++) acc[p][r] = _mm512_setzero_ps();
+  const int64_t G = s->granule, per_group = s->group / G, k = s->k, total = k / G;
+  const int64_t step = G < AMX_K ? G : AMX_K;
+  const int8_t *x = a->xq + r0 * k;
+  AMX_DP(0, 1, 0);
+  for (int64_t j = 0; j < total; j++) {
+    if (j % 2 == 0) {
+      AMX_STORE(0, 1);
+      if (j + 1 < total) AMX_DP(4, 5, j + 1);
+    } else {
+      AMX_STORE(4, 5);
+      if (j + 1 < total) AMX_DP(0, 1, j + 1);
+    }
+    const int64_t g = j / per_group, gi = j % per_group;
+    for (int p = 0; p < NP; p++) {
+      const float *scales = (const float *)(panel[p] + s->int_bytes);
+      if (gi == 0) ws[p] = _mm512_loadu_ps(scales + g * NR);
+      amx_epilogue(s, a, r0, rows, c[p], j, ws[p], acc[p]);
+      if (s->has_mins && gi == per_group - 1) {
+        const __m512 wm = _mm512_loadu_ps(scales + s->groups * NR + g * NR);
+#pragma GCC unroll 16
+        for (int r = 0; r < rows; r++)
+          acc[p][r] = _mm512_add_ps(
+              acc[p][r], _mm512_mul_ps(wm, _mm512_set1_ps(a->xsum[(r0 + r) * s->groups + g])));
+      }
+    }
+  }
+  for (int p = 0; p < NP; p++)
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++) _mm512_store_ps(out + (p * TILE_ROWS + r) * NR, acc[p][r]);
+}
+
+// A whole tile of rows, or fewer; one panel or two.
+#define AMX_ROWS(NAME, ROWS, NP)                                                               \
+  static void NAME(const Shape *s, const Activations *a, int64_t r0, int rows,                 \
+                   const uint8_t *const *panel, const int8_t *const *b, float *out) {          \
+    (void)rows;                                                                                \
+    amx_rows(s, a, r0, ROWS, panel, b, out, NP);                                               \
+  }
+AMX_ROWS(amx_rows_16_1, TILE_ROWS, 1)
+AMX_ROWS(amx_rows_16_2, TILE_ROWS, 2)
+AMX_ROWS(amx_rows_tail_1, rows, 1)
+AMX_ROWS(amx_rows_tail_2, rows, 2)
+
+// 4-bit panel -> its int8 quads [k / 4][16][4] in b.
+static void widen_panel(const Shape *s, const uint8_t *panel, int8_t *b) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t i = 0; i < s->k / 8; i++) {
+    const __m512i w = _mm512_loadu_si512((const void *)(panel + i * 64));
+    _mm512_store_si512((void *)(b + 2 * i * 64), _mm512_and_si512(w, low));
+    _mm512_store_si512((void *)(b + (2 * i + 1) * 64),
+                       _mm512_and_si512(_mm512_srli_epi16(w, 4), low));
+  }
+}
+
+// As linear_quant, on AMX tiles; 3 where Linux grants no tiles.
+int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
+                     const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
+                     int bits, int64_t group, int has_mins, int num_threads) {
+  if (!valid(bits, group, k)) return 1;
+  if (request_tiles()) return 3;
+  const Shape s = shape_of(n, k, bits, group, has_mins);
+  const int64_t panels = (n + NR - 1) / NR, quad_bytes = k * NR;  // a panel's ints as int8
+  const int64_t chunk = W_CHUNK_BYTES / quad_bytes > 1 ? W_CHUNK_BYTES / quad_bytes : 1;
+  int threads = num_threads < 1 ? 1 : num_threads;
+  if (threads > panels) threads = (int)panels;
+  Activations a;
+  int8_t *widened =
+      bits == 4 ? aligned_alloc(64, (size_t)(chunk * quad_bytes) * (size_t)threads) : NULL;
+  if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a) || (bits == 4 && !widened)) {
+    free_activations(&a), free(widened);
+    return 2;
+  }
+  const Out o = {y, y_bf16, ldy, bias};
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k, TILE_ROWS);
+  const int step = s.granule < AMX_K ? (int)s.granule : AMX_K;
+#pragma omp parallel num_threads(threads)
+  {
+    GEMM_THREAD_IDS;
+    const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
+    float out[2 * TILE_ROWS * NR] __attribute__((aligned(64)));
+    int8_t *b = widened == NULL ? NULL : widened + t * chunk * quad_bytes;
+    int configured = -1;
+    // A chunk of panels (W_CHUNK_BYTES, in L2) against each tile of rows in turn: a tile of x
+    // is read once a chunk, not once a panel.
+    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
+      const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
+      for (int64_t from = q0; from < q1; from += chunk) {
+        const int64_t to = from + chunk < q1 ? from + chunk : q1;
+        if (bits == 4)
+          for (int64_t q = from; q < to; q++)
+            widen_panel(&s, w_packed + q * s.panel_bytes, b + (q - from) * quad_bytes);
+        for (int64_t r = m0; r < m1; r += TILE_ROWS) {
+          const int rows = m1 - r < TILE_ROWS ? (int)(m1 - r) : TILE_ROWS;
+          if (rows != configured) configure_quant(rows, step), configured = rows;
+          for (int64_t q = from; q < to; q += 2) {
+            const int np = to - q < 2 ? 1 : 2;
+            const uint8_t *panel[2] = {w_packed + q * s.panel_bytes,
+                                       w_packed + (q + np - 1) * s.panel_bytes};
+            const int8_t *quads[2];
+            for (int p = 0; p < 2; p++)
+              quads[p] = bits == 4 ? b + (q + (p < np ? p : 0) - from) * quad_bytes
+                                   : (const int8_t *)panel[p];
+            if (rows == TILE_ROWS && np == 2)
+              amx_rows_16_2(&s, &a, r, rows, panel, quads, out);
+            else if (rows == TILE_ROWS)
+              amx_rows_16_1(&s, &a, r, rows, panel, quads, out);
+            else if (np == 2)
+              amx_rows_tail_2(&s, &a, r, rows, panel, quads, out);
+            else
+              amx_rows_tail_1(&s, &a, r, rows, panel, quads, out);
+            for (int p = 0; p < np; p++)
+              store_rows(&o, &s, out + p * TILE_ROWS * NR, r, rows, (q + p) * NR);
+          }
+        }
+      }
+    }
+    _tile_release();
+  }
+  free_activations(&a), free(widened);
+  return 0;
+}
+#endif

@@ -1,0 +1,242 @@
+"""Matmul over quantized weights on CPUs (kernels/cpu_gemm_quant.c): y = x @ W.T (+ bias) for x
+float32 or bfloat16 [M, K], W 4- or 8-bit integers in groups along K with a float32 scale (and
+optionally a minimum) each, as pagedgen.layers.quantized_weight.QuantizedWeight holds them,
+packed once into 16-column panels that a decode step streams at their stored size.
+
+x is quantized to int8 per row in blocks of the weight's granule (128, 64, 32 or 16 k: the largest
+that divides its group), the integer dot products are exact and the float epilogue runs in a fixed
+order, so the AVX-512 VNNI, AVX2 and plain-C builds give the same bits
+and a row's output never depends on the batch. On a CPU with AMX-INT8 tiles the same source built
+with them runs batches of AMX_MIN_ROWS rows and more on the tiles, with the same bits.
+PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the layers then dequantize), as it does the float
+kernels."""
+
+import ctypes
+import functools
+from types import SimpleNamespace
+
+import torch
+
+from pagedgen import envs
+from pagedgen.kernels.cpu_build import (
+    CpuKernelUnavailable,
+    declare,
+    load_amx_library,
+    load_cpu_library,
+)
+from pagedgen.kernels.cpu_features import kernel_march
+
+SOURCE = "cpu_gemm_quant.c"
+# Bit for bit across ISAs: no reassociation, no fused multiply-adds the source does not write.
+EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off")
+PANEL_WIDTH = 16  # NR in the source
+PATHS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C"}
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
+# Rows from which the AMX build is the faster, by bits (K 2048, N 8192, one Sapphire Rapids core:
+# at 1-3 rows of int8 they tie; 4-bit panels are widened to int8 for the tiles, which costs).
+AMX_MIN_ROWS = {8: 4, 4: 12}
+LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
+LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+
+
+@functools.cache
+def _library(march: str) -> SimpleNamespace:
+    lib = load_cpu_library(SOURCE, march, EXTRA_FLAGS)
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    signatures = {
+        "cpu_gemm_quant_path": [],
+        "pack_weight_quant": [p, p, p, p, i64, i64, i32, i64],
+        "quantize_weight": [p, p, p, p, i32, i64, i64, i32, i64],
+        "linear_quant": LINEAR_TYPES,
+    }
+    lib.quant_panel_bytes.argtypes = [i64, i32, i64, i32]
+    lib.quant_panel_bytes.restype = i64
+    namespace = declare(lib, signatures)
+    namespace.quant_panel_bytes = lib.quant_panel_bytes
+    return namespace
+
+
+@functools.cache
+def _amx_library() -> SimpleNamespace:
+    lib = load_amx_library(SOURCE, int8=True, extra_flags=EXTRA_FLAGS)
+    return declare(lib, {"linear_quant_amx": LINEAR_TYPES})
+
+
+@functools.cache
+def amx_error() -> str | None:
+    """None when the AMX-INT8 build runs here, else why not."""
+    if kernel_march() != "native":  # (the library, cached, outlives a cap set later)
+        return "PAGEDGEN_MAX_CPU_ISA caps the ISA below AMX"
+    try:
+        _amx_library()
+    except (CpuKernelUnavailable, OSError, AttributeError) as e:
+        return str(e)
+    return None
+
+
+@functools.cache
+def cpu_gemm_quant_error(march: str | None = None) -> str | None:
+    """None when the kernel builds here (for march; default the machine's), else why not."""
+    try:
+        _library(march or kernel_march())
+    except (CpuKernelUnavailable, OSError) as e:
+        return str(e)
+    return None
+
+
+@functools.cache
+def enabled() -> bool:
+    """Read once per process: the kernel builds here and is not disabled."""
+    return not envs.disable_cpu_gemm() and cpu_gemm_quant_error(kernel_march()) is None
+
+
+def path_name(march: str | None = None) -> str:
+    """The build's instruction path: "AVX-512 VNNI", "AVX2" or "plain C" (+ "AMX" for prompts)."""
+    name = PATHS[_library(march or kernel_march()).cpu_gemm_quant_path()]
+    return name + (", AMX-INT8" if march is None and amx_error() is None else "")
+
+
+def packed_numel(
+    out_features: int, in_features: int, bits: int, group_size: int, mins: bool
+) -> int:
+    """Bytes of the packed weight."""
+    panels = -(-out_features // PANEL_WIDTH)
+    return panels * _library(kernel_march()).quant_panel_bytes(in_features, bits, group_size, mins)
+
+
+def check_format(in_features: int, bits: int, group_size: int) -> None:
+    if bits not in (4, 8) or group_size % 16 or in_features % group_size:
+        raise ValueError(
+            f"{bits}-bit weights in groups of {group_size} over {in_features} inputs: the kernel"
+            " takes 4 or 8 bits in groups of a multiple of 16 that divides the inputs"
+        )
+
+
+def pack(
+    qweight: torch.Tensor,  # int8 [N, K], or uint8 [N, K // 2] of two 4-bit values a byte
+    scales: torch.Tensor,  # float32 [N, K // group_size]
+    mins: torch.Tensor | None,  # float32 [N, K // group_size] or None
+    bits: int,
+    group_size: int,
+    march: str | None = None,
+) -> torch.Tensor:
+    """The weight as linear() reads it: uint8 [ceil(N / 16) * panel bytes]."""
+    n = qweight.shape[0]
+    k = qweight.shape[1] * (2 if bits == 4 else 1)
+    check_format(k, bits, group_size)
+    lib = _library(march or kernel_march())
+    out = torch.empty(
+        -(-n // PANEL_WIDTH) * lib.quant_panel_bytes(k, bits, group_size, mins is not None),
+        dtype=torch.uint8,
+    )
+    qweight, scales = qweight.contiguous(), scales.float().contiguous()
+    mins = None if mins is None else mins.float().contiguous()
+    status = lib.pack_weight_quant(
+        out.data_ptr(),
+        qweight.data_ptr(),
+        scales.data_ptr(),
+        None if mins is None else mins.data_ptr(),
+        n,
+        k,
+        bits,
+        group_size,
+    )
+    assert status == 0, status
+    return out
+
+
+def quantize(
+    weight: torch.Tensor,  # [N, K] float32 or bfloat16 (others are widened to float32)
+    bits: int,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Online quantization in one pass a row: (qweight, scales, mins) as QuantizedWeight holds
+    them. 8 bits: symmetric, q = round(w / s) in -127..127, s = max|w| / 127 a group, no mins.
+    4 bits: q = round((w - min) / s) in 0..15, s = (max - min) / 15 a group."""
+    if weight.dtype not in ACTIVATION_DTYPES:
+        weight = weight.float()
+    weight = weight.contiguous()
+    n, k = weight.shape
+    groups = k // group_size
+    qweight = torch.empty(
+        n, k if bits == 8 else k // 2, dtype=torch.int8 if bits == 8 else torch.uint8
+    )
+    scales = torch.empty(n, groups)
+    mins = torch.empty(n, groups) if bits == 4 else None
+    status = _library(kernel_march()).quantize_weight(
+        qweight.data_ptr(),
+        scales.data_ptr(),
+        None if mins is None else mins.data_ptr(),
+        weight.data_ptr(),
+        weight.dtype == torch.bfloat16,
+        n,
+        k,
+        bits,
+        group_size,
+    )
+    if status != 0:
+        raise ValueError(f"no {bits}-bit quantization in groups of {group_size} of {k} inputs")
+    return qweight, scales, mins
+
+
+def linear(
+    x: torch.Tensor,  # [..., K] float32 or bfloat16
+    packed: torch.Tensor,  # uint8, as pack() returned it
+    bias: torch.Tensor | None,  # [N]
+    out_features: int,
+    bits: int,
+    group_size: int,
+    has_mins: bool,
+    out: torch.Tensor | None = None,  # [M, >= N] in x's dtype, unit column stride: y goes there
+    march: str | None = None,  # a build apart from the machine's (tests); never AMX
+) -> torch.Tensor:
+    """x @ W.T (+ bias) in x's dtype ([..., N]); with out, written into out[:, :N] instead (a
+    column range of a wider output: a fused layer's shard of another format). Runs for every
+    projection of every layer, so its checks stay cheap."""
+    if x.dtype not in ACTIVATION_DTYPES or x.device.type != "cpu":
+        raise TypeError(
+            f"expected float32 or bfloat16 CPU activations, got {x.dtype} on {x.device}"
+        )
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m, k = rows.shape
+    lib = _library(march or kernel_march())
+    expected = -(-out_features // PANEL_WIDTH) * lib.quant_panel_bytes(
+        k, bits, group_size, has_mins
+    )
+    if packed.dtype != torch.uint8 or packed.numel() != expected:
+        raise ValueError(
+            f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
+        )
+    if bias is not None:
+        bias = bias.float().contiguous()  # held: the C call reads it
+    y = torch.empty(m, out_features, dtype=x.dtype) if out is None else out
+    assert y.dtype == x.dtype and y.stride(-1) == 1 and y.shape[0] == m, (y.dtype, y.shape)
+    kernel = lib.linear_quant
+    if march is None and m >= AMX_MIN_ROWS[bits] and amx_error() is None:
+        kernel = _amx_library().linear_quant_amx
+    if m:
+        status = kernel(
+            y.data_ptr(),
+            x.dtype == torch.bfloat16,
+            y.stride(0),
+            rows.data_ptr(),
+            x.dtype == torch.bfloat16,
+            rows.stride(0),
+            packed.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            m,
+            out_features,
+            k,
+            bits,
+            group_size,
+            has_mins,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"{kernel.fn.__name__} failed with status {status}")
+    if out is not None:
+        return out
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)

@@ -1,0 +1,131 @@
+"""A Linear's weight computed on at its quantized size on the CPU (kernels/cpu_gemm_quant.c).
+
+A fused projection's shards may come in different formats (a GGUF Q4_K_M file stores v_proj in
+Q6_K, q_proj and k_proj in Q4_K): consecutive shards of one format are packed together, and each
+run of them is its own segment of output columns, computed by its own kernel call into its column
+range of one output. Requantizing the shards to a common format instead would be lossless only
+upward (Q4_K into int8 in groups of 16), doubling their bytes, which is what the layer exists to
+save; a segment costs one more call per step, and shards of one format (the common case) are one
+segment."""
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from pagedgen.kernels import cpu_gemm_quant
+from pagedgen.layers.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
+
+# EngineConfig.quantization: online quantization of a float checkpoint's linear layers
+ONLINE_QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4}
+
+
+def quantize_online(weight: torch.Tensor, quantization: str) -> QuantizedWeight | None:
+    """weight [N, K] quantized as quantization ("int8", "int4") says, or None where the kernel's
+    groups cannot hold K (not a multiple of 16): that layer stays in float."""
+    if weight.shape[1] % 16:
+        return None
+    return ONLINE_QUANTIZERS[quantization](weight)
+
+
+class Segment(NamedTuple):
+    """Output columns [start, start + size) in one format."""
+
+    start: int
+    size: int
+    bits: int
+    group_size: int
+    has_mins: bool
+
+    def format(self, in_features: int) -> str:
+        """e.g. "int4 g32 +mins", "int8 per row"."""
+        groups = "per row" if self.group_size == in_features else f"g{self.group_size}"
+        return f"int{self.bits} {groups}" + (" +mins" if self.has_mins else "")
+
+
+def same_format(a: QuantizedWeight, b: QuantizedWeight) -> bool:
+    return (a.bits, a.group_size, a.mins is None) == (b.bits, b.group_size, b.mins is None)
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Shards of one format as one weight, their rows in order."""
+    if len(parts) == 1:
+        return parts[0]
+    mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
+    return QuantizedWeight(
+        parts[0].bits,
+        parts[0].group_size,
+        torch.cat([p.qweight for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        mins,
+    )
+
+
+def kernel_takes(shards: list[QuantizedWeight], dtype: torch.dtype) -> bool:
+    """Whether cpu_gemm_quant computes these shards for activations of dtype here."""
+    return (
+        dtype in cpu_gemm_quant.ACTIVATION_DTYPES
+        and cpu_gemm_quant.enabled()
+        and all(s.group_size % 16 == 0 for s in shards)
+    )
+
+
+class QuantizedPanels(nn.Module):
+    """A layer's quantized weight packed into cpu_gemm_quant's panels, one packed tensor per
+    segment (uint8 parameters: counted among the model's weights at their size, left alone by
+    .to(dtype))."""
+
+    def __init__(self, shards: list[QuantizedWeight]) -> None:
+        super().__init__()
+        runs: list[list[QuantizedWeight]] = []
+        for shard in shards:
+            if runs and same_format(runs[-1][-1], shard):
+                runs[-1].append(shard)
+            else:
+                runs.append([shard])
+        self.in_features = shards[0].shape[1]
+        self.segments: list[Segment] = []
+        self.packed = nn.ParameterList()
+        start = 0
+        for run in runs:
+            weight = concat_rows(run)
+            size = weight.shape[0]
+            self.segments.append(
+                Segment(start, size, weight.bits, weight.group_size, weight.mins is not None)
+            )
+            packed = cpu_gemm_quant.pack(
+                weight.qweight, weight.scales, weight.mins, weight.bits, weight.group_size
+            )
+            self.packed.append(nn.Parameter(packed, requires_grad=False))
+            start += size
+        self.out_features = start
+
+    @property
+    def formats(self) -> list[str]:
+        return [s.format(self.in_features) for s in self.segments]
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if len(self.segments) == 1:
+            s = self.segments[0]
+            packed = self.packed[0]
+            return cpu_gemm_quant.linear(x, packed, bias, s.size, s.bits, s.group_size, s.has_mins)
+        rows = x.reshape(-1, x.shape[-1])
+        y = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
+        for s, packed in zip(self.segments, self.packed):
+            columns = slice(s.start, s.start + s.size)
+            b = None if bias is None else bias[columns]
+            out = y[:, columns]
+            cpu_gemm_quant.linear(
+                rows, packed, b, s.size, s.bits, s.group_size, s.has_mins, out=out
+            )
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def dequantize_into(weight: torch.Tensor, shards: list[QuantizedWeight]) -> None:
+    """The shards' float values into the dense weight's rows, in order (where no kernel takes
+    them: a GPU, a half-precision activation dtype, the kernel disabled)."""
+    start = 0
+    for shard in shards:
+        size = shard.shape[0]
+        weight[start : start + size].copy_(shard.dequantize())
+        start += size

@@ -1,0 +1,179 @@
+"""The quantized matmul (kernels/cpu_gemm_quant.c) against two references: its own scheme in torch
+(x quantized to int8 in blocks of the weight's granule, exact integer sums per block, the float
+epilogue in the kernel's order), which every build must match bit for bit (AVX-512 VNNI where the
+machine has it, AVX2 as x86-64-v3, plain C as x86-64); and the dequantized weight in float32,
+which it must match within the error of quantizing x. On a CPU with AMX-INT8 its tile build runs
+the same cases (from one row: it runs from AMX_MIN_ROWS in use)."""
+
+import pytest
+import torch
+
+from pagedgen.kernels import cpu_gemm_quant
+from pagedgen.layers.quantized_weight import QuantizedWeight, pack_int4
+from tests.kernels.cpu.test_paged_attention import MARCHES
+
+BUILDS = MARCHES + ["amx"] * (cpu_gemm_quant.amx_error() is None)
+
+# (bits, group_size, mins): online int4 and int8; Q4_0 / Q4_K (groups of 32, mins); Q6_K and
+# Q8_0 (signed, groups of 16 and 32); a group of 48 (a multiple of 16, not 32).
+FORMATS = [(4, 128, True), (8, None, False), (4, 32, True), (8, 16, False), (8, 32, False)]
+FORMATS += [(4, 16, False), (4, 48, True), (4, 64, True)]
+ROWS = [1, 3, 17, 64, 65]
+
+
+def random_weight(n: int, k: int, bits: int, group_size: int | None, mins: bool, seed: int):
+    torch.manual_seed(seed)
+    group_size = group_size or k
+    groups = k // group_size
+    if bits == 8:
+        qweight = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    else:
+        qweight = pack_int4(torch.randint(0, 16, (n, k)))
+    scales = torch.rand(n, groups) * 0.02
+    return QuantizedWeight(
+        bits, group_size, qweight, scales, -torch.rand(n, groups) * 0.1 if mins else None
+    )
+
+
+def pack(qw: QuantizedWeight, march: str | None = None) -> torch.Tensor:
+    return cpu_gemm_quant.pack(qw.qweight, qw.scales, qw.mins, qw.bits, qw.group_size, march)
+
+
+@pytest.fixture(autouse=True)
+def amx_from_one_row(monkeypatch):
+    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 1, 8: 1})
+
+
+def run(x, qw, packed, bias=None, march=None, out=None):
+    """The machine's kernel (AMX where it has the tiles), or march's build ("amx": the tiles)."""
+    n = qw.shape[0]
+    args = (n, qw.bits, qw.group_size, qw.mins is not None)
+    march = None if march == "amx" else march or "native"
+    return cpu_gemm_quant.linear(x, packed, bias, *args, out=out, march=march)
+
+
+def granule(group_size: int) -> int:
+    """The kernel's block of k: the largest of 128, 64, 32, 16 that divides the group."""
+    return next(size for size in (128, 64, 32, 16) if group_size % size == 0)
+
+
+def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x in int8 blocks: (values [M, K], scales d [M, K / block])."""
+    m, k = x.shape
+    blocks = x.float().view(m, -1, block)
+    d = blocks.abs().amax(dim=-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (blocks * inverse[..., None]).round().clamp(-127, 127).view(m, k), d
+
+
+def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
+    """The kernel's arithmetic in torch, op for op."""
+    m, k = x.shape
+    xf = x.float()
+    size = granule(qw.group_size)
+    xq, d = quantize_rows(x, size)
+    w = qw.values().double()
+    xg = xq.double().view(m, -1, size).transpose(0, 1)
+    isums = (xg @ w.view(qw.shape[0], -1, size).permute(1, 2, 0)).float()  # exact
+    acc = torch.zeros(m, qw.shape[0])
+    per_group = qw.group_size // size
+    for i in range(k // size):
+        g = i // per_group
+        acc = acc + isums[i] * (d[:, i, None] * qw.scales[None, :, g])
+        if qw.mins is not None and (i + 1) % per_group == 0:
+            xsum = xf[:, g * qw.group_size : (g + 1) * qw.group_size].double().cumsum(-1)[:, -1]
+            acc = acc + qw.mins[None, :, g] * xsum.float()[:, None]
+    if bias is not None:
+        acc = acc + bias.float()
+    return acc.to(x.dtype)
+
+
+def assert_close_to_dequantized(y, x, qw, bias):
+    """Each block of x is off by at most half a step (max|x| / 254) an element: the error of a
+    row's output is below sum over k of |W[n, k]| * step(k) / 2, plus y's own rounding."""
+    xf = x.float()
+    ref = xf @ qw.dequantize().T + (0 if bias is None else bias.float())
+    size = granule(qw.group_size)
+    _, d = quantize_rows(x, size)
+    half_step = (d / 2).repeat_interleave(size, dim=1)
+    bound = half_step @ qw.dequantize().abs().T * 1.001 + 1e-5
+    if y.dtype == torch.bfloat16:
+        bound = bound + ref.abs() * 2**-8
+    assert ((y.float() - ref).abs() <= bound).all(), ((y.float() - ref).abs() / bound).max()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype):
+    bits, group_size, mins = fmt
+    n = 37  # past whole panels
+    k = 336 if group_size == 48 else 384  # 336: 48 * 7, not a multiple of 32
+    qw = random_weight(n, k, bits, group_size, mins, seed=bits + k)
+    bias = torch.randn(n).to(dtype)
+    packs = {march: pack(qw, march) for march in MARCHES}
+    assert all(torch.equal(p, packs["native"]) for p in packs.values())  # one layout
+    for rows in ROWS:
+        x = (torch.randn(rows, k) * torch.rand(rows, 1) * 4).to(dtype)
+        x[0, :5] = 0  # a block's zeros quantize to zero
+        ref = scheme_reference(x, qw, bias)
+        for march in BUILDS:
+            y = run(x, qw, packs["native"], bias, march)
+            assert y.dtype == dtype and torch.equal(y, ref), (march, rows)
+        assert_close_to_dequantized(y, x, qw, bias)
+
+
+@pytest.mark.parametrize("k", [64 * 3 + 32, 48])  # a multiple of 32 not of 64; of 16 only
+def test_k_tails(k):
+    group_size = 16 if k == 48 else 32
+    for bits in (4, 8):
+        qw = random_weight(19, k, bits, group_size, bits == 4, seed=k)
+        packed = pack(qw)
+        x = torch.randn(5, k)
+        ref = scheme_reference(x, qw, None)
+        for march in BUILDS:
+            assert torch.equal(run(x, qw, packed, march=march), ref), march
+
+
+def test_an_all_zero_row_and_a_zero_weight():
+    qw = random_weight(16, 64, 4, 32, True, seed=1)
+    qw = QuantizedWeight(4, 32, qw.qweight, torch.zeros_like(qw.scales), qw.mins)
+    x = torch.randn(3, 64)
+    x[1] = 0
+    for march in BUILDS:
+        assert torch.equal(run(x, qw, pack(qw), march=march), scheme_reference(x, qw, None))
+
+
+@pytest.mark.parametrize("fmt", [(4, 128, True), (8, None, False)])
+@pytest.mark.parametrize("march", BUILDS)
+def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(fmt, march, monkeypatch):
+    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 12, 8: 4})  # as in use: by rows
+    qw = random_weight(70, 256, *fmt, seed=3)
+    packed = pack(qw)
+    wide = torch.randn(70, 300)
+    x = wide[:, 20:276]  # rows 300 apart
+    full = run(x, qw, packed, march=march)
+    for rows in (1, 3, 8, 9, 15, 16, 17, 33, 64):
+        assert torch.equal(run(x[:rows], qw, packed, march=march), full[:rows])
+        assert torch.equal(run(x[-rows:], qw, packed, march=march), full[-rows:])
+    assert torch.equal(run(x.contiguous(), qw, packed, march=march), full)
+    three_d = run(x.reshape(7, 10, 256), qw, packed, march=march)
+    assert three_d.shape == (7, 10, 70) and torch.equal(three_d.reshape(70, 70), full)
+
+
+def test_writes_into_a_column_range_of_a_wider_output():
+    qw = random_weight(20, 64, 8, 16, False, seed=4)
+    x = torch.randn(6, 64).bfloat16()
+    out = torch.full((6, 50), 7.0).bfloat16()
+    run(x, qw, pack(qw), out=out[:, 10:30])
+    assert torch.equal(out[:, 10:30], run(x, qw, pack(qw)))
+    assert (out[:, :10] == 7).all() and (out[:, 30:] == 7).all()
+
+
+def test_rejects_what_it_cannot_compute():
+    with pytest.raises(ValueError, match="groups of 24"):
+        cpu_gemm_quant.pack(torch.zeros(4, 48, dtype=torch.int8), torch.ones(4, 2), None, 8, 24)
+    qw = random_weight(16, 64, 4, 32, True, seed=5)
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        run(torch.zeros(1, 64, dtype=torch.float16), qw, pack(qw))
+    with pytest.raises(ValueError, match="is not 16 x 96"):
+        run(torch.zeros(1, 96), qw, pack(qw))
