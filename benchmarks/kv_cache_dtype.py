@@ -55,7 +55,7 @@ def completion_logprobs(
     logprobs = []
     for prompt, completion, output in zip(prompts, completions, outputs):
         steps = output.prompt_logprobs[len(prompt) :]
-        logprobs += [step[token] for step, token in zip(steps, completion)]
+        logprobs += [step[token].logprob for step, token in zip(steps, completion)]
     return torch.tensor(logprobs, dtype=torch.float64)
 
 

@@ -28,7 +28,7 @@ sentences = ["Paris is the capital of France.", "Paris is the capital of Peru."]
 scored = llm.generate(sentences, SamplingParams(max_tokens=1, prompt_logprobs=0))
 for output in scored:
     steps = zip(output.prompt_token_ids[1:], output.prompt_logprobs[1:])
-    total = sum(logprobs[token] for token, logprobs in steps)
+    total = sum(logprobs[token].logprob for token, logprobs in steps)
     perplexity = math.exp(-total / (len(output.prompt_token_ids) - 1))
     print(f"{output.prompt!r}: log-probability {total:.2f}, perplexity {perplexity:.1f}")
 

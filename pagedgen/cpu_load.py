@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 BUSY_CPUS = 0.5  # others' use, in CPUs, from which a machine counts as busy
 SAMPLE_SECONDS = 0.1
+MAX_MARK_AGE_S = 30.0  # a mark older than this is no longer the machine's present state
 
 
 class CpuSample(NamedTuple):
@@ -103,13 +104,26 @@ class CpuBudget(NamedTuple):
         return f"other processes keep {busy} this process may use busy"
 
 
+_mark: list[CpuSample] = []  # mark_start()'s sample
+
+
+def mark_start() -> None:
+    """Starts the window cpu_budget measures over (a command line does, as it starts: the
+    seconds of its imports and checks then serve, and no sleep)."""
+    _mark[:] = [sample_cpu(allowed_cpus())]
+
+
 def cpu_budget(seconds: float = SAMPLE_SECONDS) -> CpuBudget:
-    """Measured now, over `seconds`. Under a cgroup quota smaller than the CPUs it may run on,
-    others' use of those CPUs says nothing of its own share: it counts as none."""
+    """Measured since mark_start() where that is between `seconds` and MAX_MARK_AGE_S ago, else
+    over `seconds` from now. Under a cgroup quota smaller than the CPUs it may run on, others'
+    use of those CPUs says nothing of its own share: it counts as none."""
     cpus = allowed_cpus()
     quota = cpu_quota()
     if quota is not None and quota < len(cpus):
         return CpuBudget(max(1, math.floor(quota)), 0.0)
-    start = sample_cpu(cpus)
-    time.sleep(seconds)
+    start = _mark[0] if _mark else None
+    age = time.perf_counter() - start.wall if start is not None else None
+    if age is None or not seconds <= age <= MAX_MARK_AGE_S:
+        start = sample_cpu(cpus)
+        time.sleep(seconds)
     return CpuBudget(len(cpus), min(others_busy(start, sample_cpu(cpus)), len(cpus)))

@@ -71,3 +71,19 @@ def test_a_count_the_caller_set_is_kept(monkeypatch):
         assert cpu_threads.fit_num_threads(None) == (1, None)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_fresh_mark_is_the_window_and_an_old_one_is_not(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(cpu_load.time, "sleep", slept.append)
+    monkeypatch.setattr(cpu_load, "cpu_quota", lambda: None)
+    monkeypatch.setattr(cpu_load, "_mark", [])
+    cpu_budget(0.1)
+    assert slept == [0.1]  # no mark: a window of its own
+    now = time.perf_counter()
+    monkeypatch.setattr(cpu_load, "_mark", [CpuSample(now - 2.0, 0.0, 0.0, 0.0, 0.0)])
+    cpu_budget(0.1)
+    assert slept == [0.1]  # marked 2 s ago: that window, no sleep
+    monkeypatch.setattr(cpu_load, "_mark", [CpuSample(now - 100.0, 0.0, 0.0, 0.0, 0.0)])
+    cpu_budget(0.1)
+    assert slept == [0.1, 0.1]  # too old: the machine now

@@ -128,9 +128,9 @@ def setup_model(
         pool.num_blocks, pool.num_cpu_blocks, pad_block=graphs.cuda or graphs.cpu
     )
     log(describe_model(config, loaded))
+    log(describe_pool(pool, loaded.geometry, config.block_size, kv_cache_bytes))
     if threads_note is not None:
         log(threads_note)
-    log(describe_pool(pool, loaded.geometry, config.block_size, kv_cache_bytes))
     if loaded.pooler_config is not None:
         pooler_config = loaded.pooler_config
         log(

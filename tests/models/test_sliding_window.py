@@ -157,4 +157,4 @@ def test_startup_line_prints_the_pool_size_asked(tmp_path):
     tokenizer_into(tmp_path)
     lines: list[str] = []
     LLM(str(tmp_path), log=lines.append, kv_cache_memory=0.005)
-    assert "of 0.005 GiB asked" in lines[1]
+    assert "of 0.005 GiB asked" in next(line for line in lines if line.startswith("KV cache"))

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pagedgen.config import EngineConfig
+from pagedgen.cpu_load import mark_start
 from pagedgen.entrypoints.batch.job import ORDERS, BatchJob, JobResult
 from pagedgen.entrypoints.batch.requests import sampling_defaults
 from pagedgen.entrypoints.chat_template import ChatTemplate
@@ -190,6 +191,7 @@ def run_job(options: RunOptions) -> int:
     OutputFile) before the model loads and written only once it has; a run that ends before
     writing a record leaves no output it created behind.
     """
+    mark_start()
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     fill_closed_std_fds()
     with StopSignals() as signals:
