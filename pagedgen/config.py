@@ -132,8 +132,10 @@ class EngineConfig:
     kv_cache_dtype (vLLM's) stores K/V in the model's dtype ("auto") or in 8-bit floats ("fp8",
     "fp8_e4m3", "fp8_e5m2"), which hold 2x (4x in float32) the tokens in the same memory.
     quantization (vLLM's name) "int8" or "int4" quantizes a float checkpoint's linear layers at
-    load, which then compute on the integers on a CPU; "none" computes a quantized checkpoint in
-    float; None keeps each checkpoint's own format.
+    load (a quantized one keeps its own integers), which then compute on the integers on a CPU;
+    "none" computes a quantized checkpoint in float; None keeps a quantized checkpoint's integers
+    where the model computes in float32 and dequantizes them in bfloat16 (loader.weights.
+    keeps_quantized says why).
     speculative_config (vLLM's dict, {"method": "ngram", "num_speculative_tokens": k, ...})
     verifies draft tokens found by n-gram prompt lookup (spec_decode/); not with async_scheduling.
     runner (vLLM's) "generate" samples completions, "pooling" pools prompts: embeddings

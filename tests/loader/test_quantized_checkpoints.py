@@ -332,3 +332,17 @@ def test_awq_layers_are_quantized_weights_of_the_same_values():
     assert (got.bits, got.group_size) == (4, 32)
     assert torch.equal(got.dequantize(), dequantize_awq(parts, quant))
     assert torch.equal(got.dequantize(), dense)
+
+
+def test_which_models_keep_their_integers():
+    from pagedgen.loader.weights import keeps_quantized
+    from pagedgen.models.gpt2 import GPT2LMHeadModel
+    from pagedgen.models.llama import LlamaForCausalLM
+
+    llama = LlamaForCausalLM.__new__(LlamaForCausalLM)
+    assert keeps_quantized(llama, None, torch.float32)  # the integer kernels win in float32
+    assert not keeps_quantized(llama, None, torch.bfloat16)  # the bfloat16 kernels, in batches
+    assert keeps_quantized(llama, "int4", torch.bfloat16)  # asked for
+    assert not keeps_quantized(llama, "none", torch.float32)
+    gpt2 = GPT2LMHeadModel.__new__(GPT2LMHeadModel)  # transposes its Conv1D weights as they load
+    assert not keeps_quantized(gpt2, "int8", torch.float32)
