@@ -44,6 +44,7 @@ def cpu_quota() -> float | None:
 def sample_cpu(cpus: frozenset[int] | None = None) -> CpuSample:
     """CPU time now, over cpus (default: all of the machine's)."""
     ticks = os.sysconf("SC_CLK_TCK")
+    wanted = {"cpu"} if cpus is None else {f"cpu{c}" for c in cpus}
     busy = steal = total = 0.0
     try:
         with open("/proc/stat") as f:
@@ -51,7 +52,7 @@ def sample_cpu(cpus: frozenset[int] | None = None) -> CpuSample:
                 name, *values = line.split()
                 if not name.startswith("cpu"):
                     break
-                if (name != "cpu") if cpus is None else (name[3:] not in {str(c) for c in cpus}):
+                if name not in wanted:
                     continue
                 fields = [int(x) for x in values]
                 user, nice, system, idle, iowait, irq, softirq, steal_t = (fields + [0] * 8)[:8]

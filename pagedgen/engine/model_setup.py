@@ -115,10 +115,12 @@ def setup_model(
 ) -> ModelSetup:
     """Loads the model, builds its runner and sizes its KV pool; logs what it built."""
     status("loading the model")
-    threads_note = None
-    if pick_device(config.device).type == "cpu":
+    device, threads_note = pick_device(config.device), None
+    if device.type == "cpu":
         _, threads_note = fit_num_threads(config.num_threads)
-    loaded = load(config)
+    elif config.num_threads is not None:  # torch's thread count is process-wide
+        torch.set_num_threads(config.num_threads)
+    loaded = load(config, device)
     status("allocating the KV cache")
     runner = build_runner(config, loaded)
     kv_cache_bytes = kv_cache_budget(config, runner, loaded.max_model_len)
@@ -155,14 +157,11 @@ def setup_model(
     )
 
 
-def load(config: EngineConfig) -> LoadedModel:
-    """Device and dtype, then the checkpoint: its config checked before the slow loads (an
+def load(config: EngineConfig, device: torch.device) -> LoadedModel:
+    """The dtype, then the checkpoint: its config checked before the slow loads (an
     unsupported architecture or quantization fails first), the tokenizer, the model."""
-    device = pick_device(config.device)
     if device.type == "cpu":
         keep_freed_memory()
-    elif config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
     dtype = pick_dtype(config.dtype, device)
     compute_dtype = cpu_compute_dtype(dtype) if device.type == "cpu" else dtype
     resolved = resolve_model(config.model, config.download_dir, config.revision)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from pagedgen.kernels.cpu_build import (
-    CpuKernelUnavailable,
+    build_error,
     declare,
     load_amx_library,
     load_cpu_library,
@@ -62,11 +62,7 @@ def _amx_prefill_library() -> SimpleNamespace:
 def amx_error() -> str | None:
     """None when the AMX prefill kernel (kernels/prefill_attention_amx.c) runs here, else why
     not."""
-    try:
-        _amx_prefill_library()
-    except (CpuKernelUnavailable, OSError) as e:
-        return str(e)
-    return None
+    return build_error(_amx_prefill_library)
 
 
 def amx_supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
@@ -79,12 +75,8 @@ def amx_supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
 
 def cpu_kernel_error(march: str | None = None) -> str | None:
     """None when the kernel compiles and loads here, else why not."""
-    try:
-        _library(march or kernel_march())
-        _prefill_library(march or kernel_march())
-    except (CpuKernelUnavailable, OSError) as e:
-        return str(e)
-    return None
+    march = march or kernel_march()
+    return build_error(lambda: _library(march), lambda: _prefill_library(march))
 
 
 def kernel_dtypes(march: str | None = None) -> tuple[torch.dtype, ...]:

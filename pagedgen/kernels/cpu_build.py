@@ -41,6 +41,17 @@ class CpuKernelUnavailable(RuntimeError):
     pass
 
 
+def build_error(*builds: Callable[[], object]) -> str | None:
+    """None when every build (a library's cached loader) compiles and loads here, else why the
+    first that does not: no compiler or flags for the target, a failed load, a missing symbol."""
+    try:
+        for build in builds:
+            build()
+    except (CpuKernelUnavailable, OSError, AttributeError) as e:
+        return str(e)
+    return None
+
+
 def _compiler() -> str:
     for name in (envs.cc(), "cc", "gcc", "clang"):
         if name and shutil.which(name):

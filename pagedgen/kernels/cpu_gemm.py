@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 
 from pagedgen import envs
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
+from pagedgen.kernels.cpu_build import build_error, declare, load_cpu_library
 from pagedgen.kernels.cpu_features import kernel_march
 
 SOURCE = "cpu_gemm.c"
@@ -39,11 +39,11 @@ def _library(march: str) -> SimpleNamespace:
 @functools.cache
 def cpu_gemm_error(march: str | None = None) -> str | None:
     """None when the kernel builds here with its AVX2/FMA path, else why not."""
-    try:
-        lib = _library(march or kernel_march())
-    except (CpuKernelUnavailable, OSError) as e:
-        return str(e)
-    return None if lib.cpu_gemm_supported() else "the compiler's target has no AVX2/FMA"
+    march = march or kernel_march()
+    error = build_error(lambda: _library(march))
+    if error is not None or _library(march).cpu_gemm_supported():
+        return error
+    return "the compiler's target has no AVX2/FMA"
 
 
 @functools.cache

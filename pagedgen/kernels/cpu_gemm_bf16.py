@@ -22,7 +22,7 @@ import torch
 from pagedgen import envs
 from pagedgen.kernels import cpu_features
 from pagedgen.kernels.cpu_build import (
-    CpuKernelUnavailable,
+    build_error,
     declare,
     load_amx_library,
     load_cpu_library,
@@ -56,21 +56,17 @@ def _amx_library() -> SimpleNamespace:
 @functools.cache
 def cpu_gemm_bf16_error(march: str | None = None) -> str | None:
     """None when the kernel builds here with its AVX512_BF16 path, else why not."""
-    try:
-        lib = _library(march or kernel_march())
-    except (CpuKernelUnavailable, OSError) as e:
-        return str(e)
-    return None if lib.cpu_gemm_bf16_supported() else "the compiler's target has no AVX512_BF16"
+    march = march or kernel_march()
+    error = build_error(lambda: _library(march))
+    if error is not None or _library(march).cpu_gemm_bf16_supported():
+        return error
+    return "the compiler's target has no AVX512_BF16"
 
 
 @functools.cache
 def amx_error() -> str | None:
     """None when the AMX kernel (kernels/cpu_gemm_amx.c) runs here, else why not."""
-    try:
-        _amx_library()
-    except (CpuKernelUnavailable, OSError) as e:
-        return str(e)
-    return None
+    return build_error(_amx_library)
 
 
 @functools.cache

@@ -19,7 +19,7 @@ import torch
 
 from pagedgen import envs
 from pagedgen.kernels.cpu_build import (
-    CpuKernelUnavailable,
+    build_error,
     declare,
     load_amx_library,
     load_cpu_library,
@@ -68,21 +68,13 @@ def amx_error() -> str | None:
     """None when the AMX-INT8 build runs here, else why not."""
     if kernel_march() != "native":  # (the library, cached, outlives a cap set later)
         return "PAGEDGEN_MAX_CPU_ISA caps the ISA below AMX"
-    try:
-        _amx_library()
-    except (CpuKernelUnavailable, OSError, AttributeError) as e:
-        return str(e)
-    return None
+    return build_error(_amx_library)
 
 
 @functools.cache
 def cpu_gemm_quant_error(march: str | None = None) -> str | None:
     """None when the kernel builds here (for march; default the machine's), else why not."""
-    try:
-        _library(march or kernel_march())
-    except (CpuKernelUnavailable, OSError) as e:
-        return str(e)
-    return None
+    return build_error(lambda: _library(march or kernel_march()))
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import torch
 
 from pagedgen import envs
 from pagedgen.kernels.cpu import KV_DTYPE_CODES
-from pagedgen.kernels.cpu_build import CpuKernelUnavailable, declare, load_cpu_library
+from pagedgen.kernels.cpu_build import build_error, declare, load_cpu_library
 from pagedgen.kernels.cpu_features import kernel_march
 
 SOURCE = "cpu_ops.c"
@@ -42,11 +42,7 @@ def _library(march: str) -> SimpleNamespace:
 @functools.cache
 def cpu_ops_error(march: str | None = None) -> str | None:
     """None when the ops compile and load here, else why not."""
-    try:
-        _library(march or kernel_march())
-    except (CpuKernelUnavailable, OSError) as e:
-        return str(e)
-    return None
+    return build_error(lambda: _library(march or kernel_march()))
 
 
 @functools.cache
