@@ -201,6 +201,8 @@ def load(config: EngineConfig, device: torch.device) -> LoadedModel:
         device,
         compute_dtype,
         config.quantization,
+        # the freed pages of each layer's dense and read copies, handed back as it packs
+        release_freed_memory if device.type == "cpu" else None,
     )
     if device.type == "cpu":
         release_freed_memory()

@@ -11,9 +11,10 @@ class CheckpointError(ValueError):
     pass
 
 
-def check_safetensors(path: Path) -> None:
-    """Raises CheckpointError unless path's header reads and every tensor's bytes lie within the
-    file (a download cut short keeps its header and loses the tensors at the end)."""
+def check_safetensors(path: Path) -> tuple[int, dict[str, dict]]:
+    """The byte where path's tensor data starts and its header's tensors by name; raises
+    CheckpointError unless the header reads and every tensor's bytes lie within the file (a
+    download cut short keeps its header and loses the tensors at the end)."""
     size = path.stat().st_size
     with path.open("rb") as file:
         head = file.read(8)
@@ -27,7 +28,7 @@ def check_safetensors(path: Path) -> None:
             header = json.loads(file.read(length))
             ends = {name: int(info["data_offsets"][1]) for name, info in header.items()
                     if name != "__metadata__"}  # fmt: skip
-        except (ValueError, TypeError, KeyError, IndexError) as e:
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
             raise CheckpointError(f"{path}: not a safetensors file ({e})") from e
     data_size = size - 8 - length
     for name, end in ends.items():
@@ -36,3 +37,5 @@ def check_safetensors(path: Path) -> None:
                 f"{path}: cut short: tensor {name!r} ends at byte {8 + length + end}, the file "
                 f"has {size}"
             )
+    header.pop("__metadata__", None)
+    return 8 + length, header

@@ -1,20 +1,19 @@
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
-from pagedgen.layers.linear import pack_linear_weights
+from pagedgen.layers.linear import Linear, pack_linear_weights
 from pagedgen.layers.quantized_weight import QuantizedWeight
-from pagedgen.loader.file_checks import CheckpointError, check_safetensors
 from pagedgen.loader.model_files import load_config, load_tokenizer  # noqa: F401 (re-exported)
 from pagedgen.loader.quantized import dequantized, quantization_config
-from pagedgen.loader.repacked import is_repacked, loaded_weights, read_repacked
+from pagedgen.loader.repacked import Weight, is_repacked, loaded_weights, read_repacked
 from pagedgen.loader.resolve import ResolvedModel
+from pagedgen.loader.safetensors_files import layer_index, layer_order, read_safetensors
 from pagedgen.models.llama import LlamaForCausalLM
 from pagedgen.models.registry import get_model_class
 
@@ -37,31 +36,63 @@ def keeps_quantized(model: nn.Module, quantization: str | None, compute_dtype: t
 
 
 def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """A checkpoint's tensors by name: its safetensors files, or, where it has none, its
+    """A checkpoint's tensors by name: its safetensors files (in layer order, see
+    loader/safetensors_files.py), or, where it has none, its
     PyTorch ones (pytorch_model*.bin, as older releases ship: MPT, some BLOOM and OPT forks),
     read with weights_only, so a pickle can only hold tensors."""
     files = _shard_files(folder, "model.safetensors.index.json", "*.safetensors")
     if files:
-        for file in files:
-            check_safetensors(folder / file)
-            name = None
-            try:
-                with safe_open(folder / file, framework="pt") as f:
-                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                        yield name, f.get_tensor(name)
-            except SafetensorError as e:
-                tensor = "" if name is None else f": tensor {name!r}"
-                raise CheckpointError(f"{folder / file}{tensor}: {e}") from e
+        yield from read_safetensors([folder / file for file in files])
         return
     files = _shard_files(folder, "pytorch_model.bin.index.json", "pytorch_model*.bin")
     if not files:
         raise FileNotFoundError(
             f"no weights in {folder}: pagedgen loads safetensors, PyTorch .bin or GGUF files"
         )
-    for file in files:
-        state = torch.load(folder / file, map_location="cpu", weights_only=True, mmap=True)
-        yield from state.items()
-        del state
+    states = [
+        torch.load(folder / file, map_location="cpu", weights_only=True, mmap=True)
+        for file in files
+    ]  # (mapped, not read: every shard at once costs no memory)
+    items = [item for state in states for item in state.items()]
+    del states
+    items.sort(key=lambda item: layer_order(item[0]))
+    while items:  # (popped: a tensor the model has copied is freed)
+        yield items.pop(0)
+
+
+def packed_as_loaded(
+    weights: Iterator[tuple[str, Weight]],
+    model: nn.Module,
+    compute_dtype: torch.dtype | None,
+    quantization: str | None,
+    after_layer: Callable[[], object] | None = None,
+) -> Iterator[tuple[str, Weight]]:
+    """weights as they stream to the model's load_weights, packing each decoder layer's Linears
+    (Linear.pack) as soon as the stream has moved past the layer, and a Linear outside the layers
+    (an untied LM head) once its tensors have passed, so that a model quantized at load never
+    holds more than one layer's dense weights. weights must come in layer order (a layer's
+    tensors together, as read_safetensors reads them; a tensor arriving for a Linear already
+    packed fails Linear.load_shard's assertion); the Llama family's load_weights loads each
+    tensor as it comes. after_layer runs after each group is packed."""
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    layers: dict[int | None, list[Linear]] = {}
+    for name, linear in linears.items():
+        if (index := layer_index(name + ".")) is not None:
+            layers.setdefault(index, []).append(linear)
+    current: int | None = None
+    for name, weight in weights:
+        index = layer_index(name)
+        if index != current:  # load_weights has loaded all of the group before
+            for linear in layers.pop(current, []):
+                linear.pack(compute_dtype, quantization)
+            if after_layer is not None:
+                after_layer()
+            current = index
+        if index is None and (
+            outside := linears.get(name.removeprefix("model.").rpartition(".")[0])
+        ):
+            layers.setdefault(None, []).append(outside)
+        yield name, weight
 
 
 def _shard_files(folder: Path, index_name: str, pattern: str) -> list[str]:
@@ -96,6 +127,7 @@ def load_model(
     device: torch.device,
     compute_dtype: torch.dtype | None = None,
     quantization: str | None = None,  # EngineConfig's: see Linear.pack
+    after_layer: Callable[[], object] | None = None,  # see packed_as_loaded
 ) -> nn.Module:
     """Builds our own implementation of the checkpoint's architecture and loads its weights in
     dtype; a compute_dtype other than dtype (float32 for a half-precision model on a CPU without
@@ -109,7 +141,10 @@ def load_model(
     finally:
         torch.set_default_dtype(default_dtype)
     keep = keeps_quantized(model, quantization, compute_dtype or dtype)
-    model.load_weights(loaded_weights(checkpoint_weights(resolved, config), model, dtype, keep))
+    weights = loaded_weights(checkpoint_weights(resolved, config), model, dtype, keep)
+    if resolved.gguf_file is None and type(model).load_weights is LlamaForCausalLM.load_weights:
+        weights = packed_as_loaded(weights, model, compute_dtype, quantization, after_layer)
+    model.load_weights(weights)
     # before the widening: panels stay bfloat16
     pack_linear_weights(model, compute_dtype, quantization)
     if compute_dtype is not None and compute_dtype != dtype:

@@ -39,7 +39,14 @@ def load_checkpoint_weights(
     attribute); an untied LM head takes the embedding when the checkpoint has none. Raises
     ValueError for a tensor the model has no place for, or a parameter left unset."""
     modules = dict(model.named_modules())
-    params = dict(model.named_parameters())
+    names = {name for name, _ in model.named_parameters()}
+    # (not the Linears': a layer packed as it loads frees its dense weight)
+    params = {
+        f"{prefix}{'.' if prefix else ''}{name}": param
+        for prefix, module in modules.items()
+        if not isinstance(module, Linear)
+        for name, param in module.named_parameters(recurse=False)
+    }
     loaded: set[str] = set()
     embed = None
     for name, tensor in weights:
@@ -49,8 +56,6 @@ def load_checkpoint_weights(
         if (kv_scale := kv_scale_of(name)) is not None:  # set, not a parameter
             setattr(modules[kv_scale[0]], kv_scale[1], scale_value(name, tensor))
             continue
-        if name == "embed_tokens.weight":
-            embed = tensor
         module_name, _, param_name = name.rpartition(".")
         target, shard = fused_module(module_name)
         if shard is not None and target in modules:  # (MLA's q_proj is its own)
@@ -62,12 +67,14 @@ def load_checkpoint_weights(
         elif name in params:
             load_param(params[name], tensor)
             loaded.add(name)
+            if name == "embed_tokens.weight":  # (the parameter: the tensor may be freed)
+                embed = params[name].data
         else:
             raise ValueError(f"unexpected weight {name!r} in the checkpoint")
     if "lm_head.weight" not in loaded and embed is not None:
         modules["lm_head"].load_shard("weight", embed)
         loaded.add("lm_head.weight")
     loaded |= derived_weights()
-    missing = sorted(set(params) - loaded)
+    missing = sorted(names - loaded)
     if missing:
         raise ValueError(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
