@@ -36,10 +36,10 @@ def keeps_quantized(model: nn.Module, quantization: str | None, compute_dtype: t
 
 
 def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """A checkpoint's tensors by name: its safetensors files (in layer order, see
-    loader/safetensors_files.py), or, where it has none, its
-    PyTorch ones (pytorch_model*.bin, as older releases ship: MPT, some BLOOM and OPT forks),
-    read with weights_only, so a pickle can only hold tensors."""
+    """A checkpoint's tensors by name, in layer order (see loader/safetensors_files.py): its
+    safetensors files, or, where it has none, its PyTorch ones (pytorch_model*.bin, as older
+    releases ship: MPT, some BLOOM and OPT forks), read with weights_only, so a pickle can only
+    hold tensors."""
     files = _shard_files(folder, "model.safetensors.index.json", "*.safetensors")
     if files:
         yield from read_safetensors([folder / file for file in files])
