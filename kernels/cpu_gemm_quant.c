@@ -357,31 +357,43 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
           _mm_prefetch((const char *)(prefetch + (w - panel) + o), _MM_HINT_T1);
       const int64_t block = g * granules + gi, kq = block * quads;  // its first quad of k
       for (int v = 0; v < NV; v++) {
-        VI hi[MR], lo[MR];
-        for (int r = 0; r < R; r++) hi[r] = ZEROI(), lo[r] = ZEROI();
+        // Each digit's sums on chain 0, and at 1 or 2 rows, where few chains would leave
+        // vpdpbusd waiting on its own latency, odd quads (pairs of quads) on chain 1: exact, so
+        // added in any order.
+        const int c1 = R <= 2;
+        VI hi[2][MR], lo[2][MR];
+        for (int c = 0; c <= c1; c++)
+          for (int r = 0; r < R; r++) hi[c][r] = ZEROI(), lo[c][r] = ZEROI();
         if (s->bits == 8) {
 #if PATH == 2
           VI corr = ZEROI();
-          for (int64_t i = 0; i < quads; i++) {
-            const VI wv = LOADI(w + i * 64);
-            corr = dot_u8s8(corr, SET1I((int32_t)0x80808080u), wv);
-            for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
-              const int8_t *xr = a->xq + (r0 + r) * 2 * k;
-              hi[r] = dot_u8s8(hi[r], SET1I(x_word(xr, kq + i)), wv);
-              lo[r] = dot_u8s8(lo[r], SET1I(x_word(xr + k, kq + i)), wv);
+          for (int64_t i = 0; i < quads; i += 2)
+#pragma GCC unroll 2
+            for (int u = 0; u < 2; u++) {
+              const VI wv = LOADI(w + (i + u) * 64);
+              const int c = c1 ? u : 0;
+              corr = dot_u8s8(corr, SET1I((int32_t)0x80808080u), wv);
+              for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
+                const int8_t *xr = a->xq + (r0 + r) * 2 * k;
+                hi[c][r] = dot_u8s8(hi[c][r], SET1I(x_word(xr, kq + i + u)), wv);
+                lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);
+              }
             }
-          }
-          for (int r = 0; r < R; r++) hi[r] = SUBI(hi[r], corr), lo[r] = SUBI(lo[r], corr);
+          for (int r = 0; r < R; r++)  // (chain 0 takes both corrections)
+            hi[0][r] = SUBI(hi[0][r], corr), lo[0][r] = SUBI(lo[0][r], corr);
 #else
-          for (int64_t i = 0; i < quads; i++) {
-            const VI wv = LOADI(w + i * 64 + v * 32), mag = _mm256_abs_epi8(wv);
-            for (int r = 0; r < R; r++) {
-              const int8_t *xr = a->xq + (r0 + r) * 2 * k;
-              const VI xh = SET1I(x_word(xr, kq + i)), xl = SET1I(x_word(xr + k, kq + i));
-              hi[r] = dot_u8s8(hi[r], mag, _mm256_sign_epi8(xh, wv));
-              lo[r] = dot_u8s8(lo[r], mag, _mm256_sign_epi8(xl, wv));
+          for (int64_t i = 0; i < quads; i += 2)
+#pragma GCC unroll 2
+            for (int u = 0; u < 2; u++) {
+              const VI wv = LOADI(w + (i + u) * 64 + v * 32), mag = _mm256_abs_epi8(wv);
+              const int c = c1 ? u : 0;
+              for (int r = 0; r < R; r++) {
+                const int8_t *xr = a->xq + (r0 + r) * 2 * k;
+                const VI xh = SET1I(x_word(xr, kq + i + u)), xl = SET1I(x_word(xr + k, kq + i + u));
+                hi[c][r] = dot_u8s8(hi[c][r], mag, _mm256_sign_epi8(xh, wv));
+                lo[c][r] = dot_u8s8(lo[c][r], mag, _mm256_sign_epi8(xl, wv));
+              }
             }
-          }
 #endif
         } else {
           const VI low = SET1I(0x0F0F0F0F);
@@ -391,16 +403,19 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
             for (int r = 0; r < R; r++) {
               const int8_t *xr = a->xq + (r0 + r) * 2 * k;
               const int64_t q = kq + 2 * i;
-              hi[r] = dot_u8s8(hi[r], even, SET1I(x_word(xr, q)));
-              lo[r] = dot_u8s8(lo[r], even, SET1I(x_word(xr + k, q)));
-              hi[r] = dot_u8s8(hi[r], odd, SET1I(x_word(xr, q + 1)));
-              lo[r] = dot_u8s8(lo[r], odd, SET1I(x_word(xr + k, q + 1)));
+              hi[0][r] = dot_u8s8(hi[0][r], even, SET1I(x_word(xr, q)));
+              lo[0][r] = dot_u8s8(lo[0][r], even, SET1I(x_word(xr + k, q)));
+              hi[c1][r] = dot_u8s8(hi[c1][r], odd, SET1I(x_word(xr, q + 1)));
+              lo[c1][r] = dot_u8s8(lo[c1][r], odd, SET1I(x_word(xr + k, q + 1)));
             }
           }
         }
+        if (c1)
+          for (int r = 0; r < R; r++)
+            hi[0][r] = ADDI(hi[0][r], hi[1][r]), lo[0][r] = ADDI(lo[0][r], lo[1][r]);
         for (int r = 0; r < R; r++) {
           const VF xe = SET1F(a->e[(r0 + r) * s->kblocks + block]);
-          acc[r][v] = ADDF(acc[r][v], MULF(CVTF(combine(hi[r], lo[r])), MULF(xe, ws[v])));
+          acc[r][v] = ADDF(acc[r][v], MULF(CVTF(combine(hi[0][r], lo[0][r])), MULF(xe, ws[v])));
         }
       }
     }
