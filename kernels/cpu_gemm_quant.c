@@ -546,99 +546,100 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
 
 #if defined(__AMX_INT8__) && PATH == 2
 // ---------------------------------------------------------------------------------------------
-// AMX-INT8 (built apart, with -mamx-int8): tdpbssd sums 8 rows of x, both digits of each (the
-// tile's 16 rows: A loads x's [m][2][k] digits k bytes apart, so tile row 2r is row r's high
-// digits and 2r + 1 its low ones), against a panel's 16 columns over one granule at a time, in
-// steps of up to 64 k (A: 16 rows x 64 bytes of digits; B: the panel's 16 rows of quads there,
-// which is the packed int8 layout as it is; 4-bit panels are widened to it once per panel), then
-// the same epilogue as above on the stored int32 tile (255 * row 2r + row 2r + 1): the same bits.
+// AMX-INT8 (built apart, with -mamx-int8): tdpbssd sums 16 rows of x against a panel's 16
+// columns over one granule at a time, each digit on its tile, in steps of up to 64 k (A: 16 rows
+// x 64 bytes of one digit, rows 2k bytes apart in x's [m][2][k]; B: the panel's 16 rows of quads
+// there, which is the packed int8 layout as it is; 4-bit panels are widened to it once per
+// panel; one B tile load for both digits), then the same epilogue as above on the stored int32
+// tiles (255 * hi + lo): the same bits.
 #include "amx_tiles.h"
 
-#define TILE_ROWS 16  // of a tile: X_ROWS rows of x, two digits each
-#define X_ROWS (TILE_ROWS / 2)
+#define TILE_ROWS 16
 #define W_CHUNK_BYTES (512 << 10)  // panels (as int8) read for each tile of rows
 #define AMX_K 64  // k of one tdpbssd: a tile row of 64 bytes
 
-// Tiles 0, 1 (even granules) and 4, 5 (odd ones): int32 sums for two panels; 2: x; 3, 6: the two
-// panels' weights.
+// Tiles 0, 1: the high digits' int32 sums for two panels, 4, 5 the low digits'; 2, 7: x's high
+// and low digits; 3, 6: the two panels' weights.
 static void configure_quant(int rows, int step) {
   TileConfig cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.palette_id = 1;
-  const int sums[4] = {0, 1, 4, 5}, weights[2] = {3, 6};
+  const int sums[4] = {0, 1, 4, 5}, digits[2] = {2, 7}, weights[2] = {3, 6};
   for (int i = 0; i < 4; i++) cfg.rows[sums[i]] = (uint8_t)rows, cfg.colsb[sums[i]] = 64;
-  cfg.rows[2] = (uint8_t)rows, cfg.colsb[2] = (uint16_t)step;
+  for (int i = 0; i < 2; i++) cfg.rows[digits[i]] = (uint8_t)rows, cfg.colsb[digits[i]] = step;
   for (int i = 0; i < 2; i++) cfg.rows[weights[i]] = (uint8_t)(step / 4), cfg.colsb[weights[i]] = 64;
   _tile_loadconfig(&cfg);
 }
 
-// The granule's epilogue for rows [r0, r0 + rows) of x from the int32 tile c of their digits.
+// The granule's epilogue for rows [r0, r0 + rows) from the int32 tiles hi and lo.
 static inline __attribute__((always_inline)) void amx_epilogue(const Shape *s,
                                                                const Activations *a, int64_t r0,
-                                                               const int rows, const int32_t *c,
-                                                               int64_t block, __m512 ws,
-                                                               __m512 *acc) {
+                                                               const int rows, const int32_t *hi,
+                                                               const int32_t *lo, int64_t block,
+                                                               __m512 ws, __m512 *acc) {
 #pragma GCC unroll 16
   for (int r = 0; r < rows; r++) {
     const __m512 xe = _mm512_set1_ps(a->e[(r0 + r) * s->kblocks + block]);
-    const __m512i hi = _mm512_load_si512(c + 2 * r * NR);
-    const __m512 isum = _mm512_cvtepi32_ps(combine(hi, _mm512_load_si512(c + (2 * r + 1) * NR)));
-    acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(isum, _mm512_mul_ps(xe, ws)));
+    const __m512i sum = combine(_mm512_load_si512(hi + r * NR), _mm512_load_si512(lo + r * NR));
+    acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(xe, ws)));
   }
 }
 
-// Granule j's sums for the NP panels into tiles T0 (and T1), one x tile read for both.
-#define AMX_DP(T0, T1, j)                                        \
+// Granule j's sums for the NP panels, both digits; each x tile read for both panels, each
+// weight tile for both digits.
+#define AMX_DP(j)                                                \
   do {                                                           \
-    _tile_zero(T0);                                              \
-    if (NP == 2) _tile_zero(T1);                                 \
+    _tile_zero(0);                                               \
+    _tile_zero(4);                                               \
+    if (NP == 2) {                                               \
+      _tile_zero(1);                                             \
+      _tile_zero(5);                                             \
+    }                                                            \
     for (int64_t h = (j) * G; h < ((j) + 1) * G; h += step) {    \
-      _tile_loadd(2, x + h, k);                                  \
+      _tile_loadd(2, x + h, 2 * k);                              \
+      _tile_loadd(7, x + k + h, 2 * k);                          \
       _tile_loadd(3, b[0] + h * NR, 64);                         \
-      _tile_dpbssd(T0, 2, 3);                                    \
+      _tile_dpbssd(0, 2, 3);                                     \
+      _tile_dpbssd(4, 7, 3);                                     \
       if (NP == 2) {                                             \
         _tile_loadd(6, b[1] + h * NR, 64);                       \
-        _tile_dpbssd(T1, 2, 6);                                  \
+        _tile_dpbssd(1, 2, 6);                                   \
+        _tile_dpbssd(5, 7, 6);                                   \
       }                                                          \
     }                                                            \
   } while (0)
-#define AMX_STORE(T0, T1)                            \
-  do {                                               \
-    _tile_stored(T0, c[0], 64);                      \
-    if (NP == 2) _tile_stored(T1, c[1], 64);         \
-  } while (0)
 
-// Rows [r0, r0 + rows) of x (rows <= X_ROWS) against NP (1 or 2) panels, a granule at a time on
-// two sets of tiles: a granule's sums are stored, the next granule is issued to the other set,
-// then the stored sums' epilogue runs while the tiles work. out: [NP][X_ROWS][16].
+// Rows [r0, r0 + rows) against NP (1 or 2) panels, a granule at a time: a granule's sums are
+// stored, the next granule is issued, then the stored sums' epilogue runs while the tiles work.
+// out: [NP][rows][16].
 static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
                                                            const Activations *a, int64_t r0,
                                                            const int rows,
                                                            const uint8_t *const *panel,
                                                            const int8_t *const *b, float *out,
                                                            const int NP) {
-  __m512 acc[2][X_ROWS], ws[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  int32_t c[2][TILE_ROWS * NR] __attribute__((aligned(64)));
+  __m512 acc[2][TILE_ROWS], ws[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  int32_t c[2][2][TILE_ROWS * NR] __attribute__((aligned(64)));  // [panel][hi, lo]
   for (int p = 0; p < NP; p++)
 #pragma GCC unroll 16
     for (int r = 0; r < rows; r++) acc[p][r] = _mm512_setzero_ps();
   const int64_t G = s->granule, per_group = s->group / G, k = s->k, total = k / G;
   const int64_t step = G < AMX_K ? G : AMX_K;
   const int8_t *x = a->xq + r0 * 2 * k;
-  AMX_DP(0, 1, 0);
+  AMX_DP(0);
   for (int64_t j = 0; j < total; j++) {
-    if (j % 2 == 0) {
-      AMX_STORE(0, 1);
-      if (j + 1 < total) AMX_DP(4, 5, j + 1);
-    } else {
-      AMX_STORE(4, 5);
-      if (j + 1 < total) AMX_DP(0, 1, j + 1);
+    _tile_stored(0, c[0][0], 64);
+    _tile_stored(4, c[0][1], 64);
+    if (NP == 2) {
+      _tile_stored(1, c[1][0], 64);
+      _tile_stored(5, c[1][1], 64);
     }
+    if (j + 1 < total) AMX_DP(j + 1);
     const int64_t g = j / per_group, gi = j % per_group;
     for (int p = 0; p < NP; p++) {
       const float *scales = (const float *)(panel[p] + s->int_bytes);
       if (gi == 0) ws[p] = _mm512_loadu_ps(scales + g * NR);
-      amx_epilogue(s, a, r0, rows, c[p], j, ws[p], acc[p]);
+      amx_epilogue(s, a, r0, rows, c[p][0], c[p][1], j, ws[p], acc[p]);
       if (s->has_mins && gi == per_group - 1) {
         const __m512 wm = _mm512_loadu_ps(scales + s->groups * NR + g * NR);
 #pragma GCC unroll 16
@@ -650,7 +651,7 @@ static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
   }
   for (int p = 0; p < NP; p++)
 #pragma GCC unroll 16
-    for (int r = 0; r < rows; r++) _mm512_store_ps(out + (p * X_ROWS + r) * NR, acc[p][r]);
+    for (int r = 0; r < rows; r++) _mm512_store_ps(out + (p * TILE_ROWS + r) * NR, acc[p][r]);
 }
 
 // A whole tile of rows, or fewer; one panel or two.
@@ -660,8 +661,8 @@ static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
     (void)rows;                                                                                \
     amx_rows(s, a, r0, ROWS, panel, b, out, NP);                                               \
   }
-AMX_ROWS(amx_rows_full_1, X_ROWS, 1)
-AMX_ROWS(amx_rows_full_2, X_ROWS, 2)
+AMX_ROWS(amx_rows_16_1, TILE_ROWS, 1)
+AMX_ROWS(amx_rows_16_2, TILE_ROWS, 2)
 AMX_ROWS(amx_rows_tail_1, rows, 1)
 AMX_ROWS(amx_rows_tail_2, rows, 2)
 
@@ -695,13 +696,13 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
     return 2;
   }
   const Out o = {y, y_bf16, ldy, bias};
-  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, 2 * k, X_ROWS);
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, 2 * k, TILE_ROWS);
   const int step = s.granule < AMX_K ? (int)s.granule : AMX_K;
 #pragma omp parallel num_threads(threads)
   {
     GEMM_THREAD_IDS;
     const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
-    float out[2 * X_ROWS * NR] __attribute__((aligned(64)));
+    float out[2 * TILE_ROWS * NR] __attribute__((aligned(64)));
     int8_t *b = widened == NULL ? NULL : widened + t * chunk * quad_bytes;
     int configured = -1;
     // A chunk of panels (W_CHUNK_BYTES, in L2) against each tile of rows in turn: a tile of x
@@ -713,9 +714,9 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
         if (bits == 4)
           for (int64_t q = from; q < to; q++)
             widen_panel(&s, w_packed + q * s.panel_bytes, b + (q - from) * quad_bytes);
-        for (int64_t r = m0; r < m1; r += X_ROWS) {
-          const int rows = m1 - r < X_ROWS ? (int)(m1 - r) : X_ROWS;
-          if (rows != configured) configure_quant(2 * rows, step), configured = rows;
+        for (int64_t r = m0; r < m1; r += TILE_ROWS) {
+          const int rows = m1 - r < TILE_ROWS ? (int)(m1 - r) : TILE_ROWS;
+          if (rows != configured) configure_quant(rows, step), configured = rows;
           for (int64_t q = from; q < to; q += 2) {
             const int np = to - q < 2 ? 1 : 2;
             const uint8_t *panel[2] = {w_packed + q * s.panel_bytes,
@@ -724,16 +725,16 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
             for (int p = 0; p < 2; p++)
               quads[p] = bits == 4 ? b + (q + (p < np ? p : 0) - from) * quad_bytes
                                    : (const int8_t *)panel[p];
-            if (rows == X_ROWS && np == 2)
-              amx_rows_full_2(&s, &a, r, rows, panel, quads, out);
-            else if (rows == X_ROWS)
-              amx_rows_full_1(&s, &a, r, rows, panel, quads, out);
+            if (rows == TILE_ROWS && np == 2)
+              amx_rows_16_2(&s, &a, r, rows, panel, quads, out);
+            else if (rows == TILE_ROWS)
+              amx_rows_16_1(&s, &a, r, rows, panel, quads, out);
             else if (np == 2)
               amx_rows_tail_2(&s, &a, r, rows, panel, quads, out);
             else
               amx_rows_tail_1(&s, &a, r, rows, panel, quads, out);
             for (int p = 0; p < np; p++)
-              store_rows(&o, &s, out + p * X_ROWS * NR, r, rows, (q + p) * NR);
+              store_rows(&o, &s, out + p * TILE_ROWS * NR, r, rows, (q + p) * NR);
           }
         }
       }

@@ -33,9 +33,9 @@ EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off")
 PANEL_WIDTH = 16  # NR in the source
 PATHS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C"}
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
-# Rows from which the AMX build is the faster, by bits (K 2048, N 8192, one Sapphire Rapids core:
-# at 1-3 rows of int8 they tie; 4-bit panels are widened to int8 for the tiles, which costs).
-AMX_MIN_ROWS = {8: 4, 4: 6}
+# Rows from which the AMX build is the faster, by bits (K 2048, N 8192, one Sapphire Rapids core;
+# 4-bit panels are widened to int8 for the tiles, which costs).
+AMX_MIN_ROWS = {8: 2, 4: 6}
 LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
 LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]

@@ -155,7 +155,7 @@ def test_an_all_zero_row_and_a_zero_weight():
 @pytest.mark.parametrize("fmt", [(4, 128, True), (8, None, False)])
 @pytest.mark.parametrize("march", BUILDS)
 def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(fmt, march, monkeypatch):
-    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 6, 8: 4})  # as in use: by rows
+    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 6, 8: 2})  # as in use: by rows
     qw = random_weight(70, 256, *fmt, seed=3)
     packed = pack(qw)
     wide = torch.randn(70, 300)
