@@ -304,6 +304,13 @@ typedef __m512 VF;
 #define MULF _mm512_mul_ps
 #define CVTF _mm512_cvtepi32_ps
 static inline VI dot_u8s8(VI acc, VI u, VI s) { return _mm512_dpbusd_epi32(acc, u, s); }
+// acc + u . (x's word at p, in every lane), the broadcast folded into the instruction: in asm,
+// as GCC 12 broadcasts apart and moves the accumulator through a spare register (19 instructions
+// a 64-byte step of 4-bit weights at one row, against 12; 10-25 % faster at one row).
+static inline VI dot_u8_word(VI acc, VI u, const int8_t *p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+  return acc;
+}
 #else
 #define VC 8
 typedef __m256i VI;
@@ -326,6 +333,11 @@ typedef __m256 VF;
 static inline VI dot_u8s8(VI acc, VI u, VI s) {
   const VI pairs = _mm256_maddubs_epi16(u, s);  // exact: every pair sum is below 2^15 here
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+static inline VI dot_u8_word(VI acc, VI u, const int8_t *p) {
+  int32_t w;
+  memcpy(&w, p, sizeof w);
+  return dot_u8s8(acc, u, SET1I(w));
 }
 #endif
 #define NV (NR / VC)
@@ -403,10 +415,10 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
             for (int r = 0; r < R; r++) {
               const int8_t *xr = a->xq + (r0 + r) * 2 * k;
               const int64_t q = kq + 2 * i;
-              hi[0][r] = dot_u8s8(hi[0][r], even, SET1I(x_word(xr, q)));
-              lo[0][r] = dot_u8s8(lo[0][r], even, SET1I(x_word(xr + k, q)));
-              hi[c1][r] = dot_u8s8(hi[c1][r], odd, SET1I(x_word(xr, q + 1)));
-              lo[c1][r] = dot_u8s8(lo[c1][r], odd, SET1I(x_word(xr + k, q + 1)));
+              hi[0][r] = dot_u8_word(hi[0][r], even, xr + 4 * q);
+              lo[0][r] = dot_u8_word(lo[0][r], even, xr + k + 4 * q);
+              hi[c1][r] = dot_u8_word(hi[c1][r], odd, xr + 4 * q + 4);
+              lo[c1][r] = dot_u8_word(lo[c1][r], odd, xr + k + 4 * q + 4);
             }
           }
         }
