@@ -334,10 +334,14 @@ static inline VI dot_u8s8(VI acc, VI u, VI s) {
   const VI pairs = _mm256_maddubs_epi16(u, s);  // exact: every pair sum is below 2^15 here
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
-static inline VI dot_u8_word(VI acc, VI u, const int8_t *p) {
-  int32_t w;
-  memcpy(&w, p, sizeof w);
-  return dot_u8s8(acc, u, SET1I(w));
+// acc + even . (x's word at p) + odd . (the next word), 4-bit u: the two maddubs summed in int16
+// (at most 2 * 2 * 15 * 127 < 2^15) before one madd.
+static inline VI dot2_u4s8(VI acc, VI even, VI odd, const int8_t *p) {
+  int32_t w[2];
+  memcpy(w, p, sizeof w);
+  const VI pairs = _mm256_add_epi16(_mm256_maddubs_epi16(even, SET1I(w[0])),
+                                    _mm256_maddubs_epi16(odd, SET1I(w[1])));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 #endif
 #define NV (NR / VC)
@@ -369,10 +373,10 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
           _mm_prefetch((const char *)(prefetch + (w - panel) + o), _MM_HINT_T1);
       const int64_t block = g * granules + gi, kq = block * quads;  // its first quad of k
       for (int v = 0; v < NV; v++) {
-        // Each digit's sums on chain 0, and at 1 or 2 rows, where few chains would leave
+        // Each digit's sums on chain 0, and on VNNI at 1 or 2 rows, where few chains would leave
         // vpdpbusd waiting on its own latency, odd quads (pairs of quads) on chain 1: exact, so
         // added in any order.
-        const int c1 = R <= 2;
+        const int c1 = PATH == 2 && R <= 2;
         VI hi[2][MR], lo[2][MR];
         for (int c = 0; c <= c1; c++)
           for (int r = 0; r < R; r++) hi[c][r] = ZEROI(), lo[c][r] = ZEROI();
@@ -415,10 +419,15 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
             for (int r = 0; r < R; r++) {
               const int8_t *xr = a->xq + (r0 + r) * 2 * k;
               const int64_t q = kq + 2 * i;
+#if PATH == 2
               hi[0][r] = dot_u8_word(hi[0][r], even, xr + 4 * q);
               lo[0][r] = dot_u8_word(lo[0][r], even, xr + k + 4 * q);
               hi[c1][r] = dot_u8_word(hi[c1][r], odd, xr + 4 * q + 4);
               lo[c1][r] = dot_u8_word(lo[c1][r], odd, xr + k + 4 * q + 4);
+#else
+              hi[0][r] = dot2_u4s8(hi[0][r], even, odd, xr + 4 * q);
+              lo[0][r] = dot2_u4s8(lo[0][r], even, odd, xr + k + 4 * q);
+#endif
             }
           }
         }
