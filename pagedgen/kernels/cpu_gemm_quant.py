@@ -3,9 +3,10 @@ float32 or bfloat16 [M, K], W 4- or 8-bit integers in groups along K with a floa
 optionally a minimum) each, as pagedgen.layers.quantized_weight.QuantizedWeight holds them,
 packed once into 16-column panels that a decode step streams at their stored size.
 
-x is quantized to int8 per row in blocks of the weight's granule (128, 64, 32 or 16 k: the largest
-that divides its group), the integer dot products are exact and the float epilogue runs in a fixed
-order, so the AVX-512 VNNI, AVX2 and plain-C builds give the same bits
+x is quantized per row in blocks of the weight's granule (128, 64, 32 or 16 k: the largest that
+divides its group) to about 15 bits, two int8 digits, the integer dot products of both digits are
+exact and the float epilogue runs in a fixed order, so the AVX-512 VNNI, AVX2 and plain-C builds
+give the same bits
 and a row's output never depends on the batch. On a CPU with AMX-INT8 tiles the same source built
 with them runs batches of AMX_MIN_ROWS rows and more on the tiles, with the same bits.
 PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the layers then dequantize), as it does the float
@@ -32,9 +33,9 @@ EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off")
 PANEL_WIDTH = 16  # NR in the source
 PATHS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C"}
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
-# Rows from which the AMX build is the faster, by bits (K 2048, N 8192, one Sapphire Rapids core:
-# at 1-3 rows of int8 they tie; 4-bit panels are widened to int8 for the tiles, which costs).
-AMX_MIN_ROWS = {8: 4, 4: 12}
+# Rows from which the AMX build is the faster, by bits (K 2048, N 8192, one Sapphire Rapids core;
+# 4-bit panels are widened to int8 for the tiles, which costs).
+AMX_MIN_ROWS = {8: 2, 4: 6}
 LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
 LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]

@@ -1,9 +1,9 @@
 """The quantized matmul (kernels/cpu_gemm_quant.c) against two references: its own scheme in torch
-(x quantized to int8 in blocks of the weight's granule, exact integer sums per block, the float
-epilogue in the kernel's order), which every build must match bit for bit (AVX-512 VNNI where the
-machine has it, AVX2 as x86-64-v3, plain C as x86-64); and the dequantized weight in float32,
-which it must match within the error of quantizing x. On a CPU with AMX-INT8 its tile build runs
-the same cases (from one row: it runs from AMX_MIN_ROWS in use)."""
+(x quantized to 15-bit integers in blocks of the weight's granule, exact integer sums per block,
+the float epilogue in the kernel's order), which every build must match bit for bit (AVX-512 VNNI
+where the machine has it, AVX2 as x86-64-v3, plain C as x86-64); and the dequantized weight in
+float32, which it must match within the error of quantizing x. On a CPU with AMX-INT8 its tile
+build runs the same cases (from one row: it runs from AMX_MIN_ROWS in use)."""
 
 import pytest
 import torch
@@ -58,12 +58,20 @@ def granule(group_size: int) -> int:
 
 
 def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x in int8 blocks: (values [M, K], scales d [M, K / block])."""
+    """x as integers in blocks: (v [M, K], |v| <= 32512, steps e [M, K / block]), x ~ e * v. The
+    kernel holds v as two int8 digits, 255 * hi + lo; its sums of w * v are exact either way."""
     m, k = x.shape
     blocks = x.float().view(m, -1, block)
-    d = blocks.abs().amax(dim=-1) / 127
-    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    return (blocks * inverse[..., None]).round().clamp(-127, 127).view(m, k), d
+    e = blocks.abs().amax(dim=-1) / 32512
+    inverse = torch.where(e > 0, 1 / e, torch.zeros_like(e))
+    return (blocks * inverse[..., None]).round().clamp(-32512, 32512).view(m, k), e
+
+
+def test_activation_digits_cover_every_integer_once():
+    v = torch.arange(-32512, 32513)
+    hi = torch.div(v + 127, 255, rounding_mode="floor")
+    lo = v - 255 * hi
+    assert hi.abs().max() == 127 and lo.abs().max() == 127
 
 
 def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
@@ -71,7 +79,7 @@ def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
     m, k = x.shape
     xf = x.float()
     size = granule(qw.group_size)
-    xq, d = quantize_rows(x, size)
+    xq, e = quantize_rows(x, size)
     w = qw.values().double()
     xg = xq.double().view(m, -1, size).transpose(0, 1)
     isums = (xg @ w.view(qw.shape[0], -1, size).permute(1, 2, 0)).float()  # exact
@@ -79,7 +87,7 @@ def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
     per_group = qw.group_size // size
     for i in range(k // size):
         g = i // per_group
-        acc = acc + isums[i] * (d[:, i, None] * qw.scales[None, :, g])
+        acc = acc + isums[i] * (e[:, i, None] * qw.scales[None, :, g])
         if qw.mins is not None and (i + 1) % per_group == 0:
             xsum = xf[:, g * qw.group_size : (g + 1) * qw.group_size].double().cumsum(-1)[:, -1]
             acc = acc + qw.mins[None, :, g] * xsum.float()[:, None]
@@ -89,14 +97,15 @@ def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
 
 
 def assert_close_to_dequantized(y, x, qw, bias):
-    """Each block of x is off by at most half a step (max|x| / 254) an element: the error of a
-    row's output is below sum over k of |W[n, k]| * step(k) / 2, plus y's own rounding."""
+    """Each block of x is off by at most half a step (max|x| / 65024) an element: the error of a
+    row's output is below sum over k of |W[n, k]| * step(k) / 2, plus y's own rounding (with
+    int8 x, steps 256 times larger, it fails)."""
     xf = x.float()
     ref = xf @ qw.dequantize().T + (0 if bias is None else bias.float())
     size = granule(qw.group_size)
-    _, d = quantize_rows(x, size)
-    half_step = (d / 2).repeat_interleave(size, dim=1)
-    bound = half_step @ qw.dequantize().abs().T * 1.001 + 1e-5
+    _, e = quantize_rows(x, size)
+    half_step = (e / 2).repeat_interleave(size, dim=1)
+    bound = half_step @ qw.dequantize().abs().T * 1.001 + ref.abs() * 2**-20 + 1e-6
     if y.dtype == torch.bfloat16:
         bound = bound + ref.abs() * 2**-8
     assert ((y.float() - ref).abs() <= bound).all(), ((y.float() - ref).abs() / bound).max()
@@ -146,7 +155,7 @@ def test_an_all_zero_row_and_a_zero_weight():
 @pytest.mark.parametrize("fmt", [(4, 128, True), (8, None, False)])
 @pytest.mark.parametrize("march", BUILDS)
 def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(fmt, march, monkeypatch):
-    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 12, 8: 4})  # as in use: by rows
+    monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 6, 8: 2})  # as in use: by rows
     qw = random_weight(70, 256, *fmt, seed=3)
     packed = pack(qw)
     wide = torch.randn(70, 300)
