@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from pagedgen.kernels.cpu_features import cpu_compute_dtype
-from pagedgen.layers.linear import QUANTIZED, Linear
+from pagedgen.layers.linear import Linear
 
 COPY_BYTES = 256 << 20  # well past the last-level cache
 
@@ -59,12 +59,12 @@ def model_costs(model: nn.Module) -> tuple[float, float]:
         id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.numel()
     }
     dense = [p for p in params if id(p) not in embeddings]
-    num_dense = sum(p.numel() for p in dense if p.is_floating_point())
-    num_dense += sum(
-        m.in_features * m.out_features
-        for m in model.modules()
-        if isinstance(m, Linear) and m.layout == QUANTIZED
-    )
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    # (a Linear counts by its shape: packed panels may hold bfloat16 as integers, quantized
+    # ones nothing)
+    packed = {id(m.weight) for m in linears}
+    num_dense = sum(m.in_features * m.out_features for m in linears)
+    num_dense += sum(p.numel() for p in dense if p.is_floating_point() and id(p) not in packed)
     return 2.0 * num_dense, float(sum(p.numel() * p.element_size() for p in dense))
 
 

@@ -104,3 +104,19 @@ def _rendered(report: dict) -> str:
     console = Console(record=True, width=200)
     console.print(decode_parts_table(report))
     return console.export_text()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_models_flops_count_every_linear_however_packed(tiny_llama_path, dtype):
+    """bfloat16 panels hold their values as int16: a Linear counts by its shape."""
+    from pagedgen import LLM
+    from pagedgen.entrypoints.bench.roofline import model_costs
+    from pagedgen.layers.linear import Linear
+
+    llm = LLM(str(tiny_llama_path), dtype=dtype, kv_cache_memory=0.01, log=lambda m: None)
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    norms = [p for n, p in model.named_parameters() if "norm" in n]
+    assert model_costs(model)[0] == 2 * sum(
+        m.in_features * m.out_features for m in linears
+    ) + 2 * sum(p.numel() for p in norms)
