@@ -7,7 +7,8 @@
 // float (E4M3, E5M2), widened to float32 exactly as it is loaded (bfloat16 by a shift; float16
 // and the 8-bit floats by the F16C conversion where the target has it). With AVX512_BF16,
 // bfloat16 keys take dot-product instructions instead, over q rounded to bfloat16 (a bfloat16
-// model's q already is).
+// model's q already is); with AMX, the sequence-major pass scores whole chunks of 16 such keys
+// on tiles (paged_attention_heads_cpu.h).
 // The blocks of a context lie anywhere in the pool, so the kernel prefetches them itself. Where a
 // sequence has several kv heads of small groups, paged_attention_heads_cpu.h takes them together
 // instead, reading each block's rows whole.
@@ -204,8 +205,11 @@ static BlockRows *stream_blocks(const Work *w, int elem_size, int64_t *num_block
 
 // Runs of a sequence's kv heads through the sequence-major pass, the first blocks of the stream
 // asked for before the first pass reads them.
-static int run_heads(const Work *w, AttendHeads attend, int max_context_len, int elem_size) {
+static int run_heads(const Work *w, AttendHeads attend, int max_context_len, int elem_size,
+                     int amx) {
   HeadsScratch x;
+  x.amx = amx;
+  x.qb = (uint32_t *)aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
   x.scores = (float *)malloc(sizeof(float) * MAX_ROWS * (size_t)(max_context_len + 1));
   x.acc = (float *)aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
   x.qv = aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
@@ -214,7 +218,11 @@ static int run_heads(const Work *w, AttendHeads attend, int max_context_len, int
   const int64_t block_bytes = (int64_t)w->block_size * w->head_dim * elem_size *
                               (w->num_kv_heads < MAX_ROWS ? w->num_kv_heads : MAX_ROWS);
   x.stream.lead = PF_LEAD / block_bytes > 1 ? PF_LEAD / block_bytes : 1;
-  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL || x.stream.blocks == NULL;
+  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL || x.qb == NULL ||
+               x.stream.blocks == NULL;
+#if HAVE_AMX_QK
+  if (amx) configure_qk_tiles(w->num_heads / w->num_kv_heads);
+#endif
   for (x.stream.at = -x.stream.lead; x.stream.at < 0 && !status; x.stream.at++)
     prefetch_part(&x.stream, 0, 1);
   int64_t seq;
@@ -223,17 +231,21 @@ static int run_heads(const Work *w, AttendHeads attend, int max_context_len, int
     u = next_run(w, u, &seq, &h0, &h1);
     attend(w, seq, h0, h1, &x);
   }
-  free(x.scores), free(x.acc), free(x.qv), free(x.stream.blocks);
+#if HAVE_AMX_QK
+  if (amx) _tile_release();
+#endif
+  free(x.scores), free(x.acc), free(x.qv), free(x.qb), free(x.stream.blocks);
   return status;
 }
 
-static int run_units(const Work *w, AttendUnit attend, AttendHeads heads, int elem_size) {
+static int run_units(const Work *w, AttendUnit attend, AttendHeads heads, int elem_size,
+                     int amx) {
   int max_context_len = 0;
   for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
     const int n = w->context_lens[u / w->num_kv_heads];
     max_context_len = n > max_context_len ? n : max_context_len;
   }
-  if (heads != NULL) return run_heads(w, heads, max_context_len, elem_size);
+  if (heads != NULL) return run_heads(w, heads, max_context_len, elem_size, amx);
   const int group = w->num_heads / w->num_kv_heads;
   float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(max_context_len + 1));
   if (scores == NULL) return 1;
@@ -244,6 +256,15 @@ static int run_units(const Work *w, AttendUnit attend, AttendHeads heads, int el
   }
   free(scores);
   return 0;
+}
+
+// 1 where this build has AMX tiles for the q . k steps and Linux grants them, else 0.
+static int amx_granted(void) {
+#if HAVE_AMX_QK
+  return request_tiles() == 0;
+#else
+  return 0;
+#endif
 }
 
 // 1 where this build can load float16 caches, else 0.
@@ -273,6 +294,9 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
       attend_heads_for(kv_dtype, head_dim, num_kv_heads, num_heads / num_kv_heads);
   static const int elem_sizes[] = {4, 2, 2, 1, 1};
   const int elem_size = elem_sizes[kv_dtype];
+  // bfloat16 keys of whole 32-element chunks on AMX tiles, where this build and Linux have them
+  const int amx = HAVE_AMX_QK && kv_dtype == 1 && head_dim % 32 == 0 && heads != NULL &&
+                  amx_granted();
   if (num_threads < 1) num_threads = 1;
   if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
   const int64_t num_units = num_seqs * num_kv_heads;
@@ -301,9 +325,9 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
 #ifdef _OPENMP
 #pragma omp parallel num_threads(num_threads) reduction(| : status)
   for (int i = omp_get_thread_num(); i < num_threads; i += omp_get_num_threads())
-    status |= run_units(&work[i], attend, heads, elem_size);
+    status |= run_units(&work[i], attend, heads, elem_size, amx);
 #else
-  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend, heads, elem_size);
+  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend, heads, elem_size, amx);
 #endif
   return status;
 }

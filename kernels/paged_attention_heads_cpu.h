@@ -45,8 +45,77 @@ typedef struct {
   float *scores;  // [MAX_ROWS][max context + 1]
   float *acc;     // [MAX_ROWS][head_dim], 64-byte aligned
   void *qv;       // [MAX_ROWS][query vectors], 64-byte aligned
+  uint32_t *qb;   // AMX: [heads][head_dim / 32][16 dim pairs][group] bfloat16 pairs of q
+  int amx;        // 1: whole chunks of VW bfloat16 keys are scored on AMX tiles (qk_keys_amx)
   Stream stream;
 } HeadsScratch;
+
+// bfloat16 keys on AMX tiles, where the build has them (-march=native on Xeons since Sapphire
+// Rapids) and Linux grants them: S^T = K Q^T for 16 keys of one kv head at a time, K's rows as
+// they lie in the cache (A, 16 keys x 32 dims a tile, a cache row apart) against the group's q
+// as B (16 dim pairs x group), summed in float32 as the dot-product instructions do, in another
+// order. A chunk of fewer keys (a context's last block, a window's first) takes the dot-product
+// instructions: a tile would read rows past the block.
+#if HAVE_DPBF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define HAVE_AMX_QK 1
+#include "amx_tiles.h"
+
+// Tiles 0: S^T (16 keys x group floats); 1, 3: K; 2, 4: q (double-buffered over head_dim).
+static void configure_qk_tiles(int group) {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 5; t++) cfg.colsb[t] = t == 1 || t == 3 ? 64 : 4 * group, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+// s[n * span + m] = scale * (q_n . k_m) for the 16 keys k_m = k + m * row_stride and the group's
+// query heads n, whose bfloat16 pairs qb holds (HeadsScratch.qb's, for this kv head).
+static inline void qk_keys_amx(const bf16_t *k, int64_t row_stride, const uint32_t *qb,
+                               int chunks, int group, float scale, float *s, int span) {
+  _tile_zero(0);
+  for (int c = 0; c < chunks; c++) {
+    if (c % 2 == 0) {
+      _tile_loadd(1, k + 32 * c, row_stride * 2);
+      _tile_loadd(2, qb + c * 16 * group, 4 * group);
+      _tile_dpbf16ps(0, 1, 2);
+    } else {
+      _tile_loadd(3, k + 32 * c, row_stride * 2);
+      _tile_loadd(4, qb + c * 16 * group, 4 * group);
+      _tile_dpbf16ps(0, 3, 4);
+    }
+  }
+  float st[16 * 8] __attribute__((aligned(64)));  // [key][n]
+  _tile_stored(0, st, 4 * group);
+  const __m512i keys = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(group));
+  for (int n = 0; n < group; n++) {
+    const __m512 x = _mm512_i32gather_ps(_mm512_add_epi32(keys, _mm512_set1_epi32(n)), st, 4);
+    _mm512_storeu_ps(s + n * span, _mm512_mul_ps(x, _mm512_set1_ps(scale)));
+  }
+}
+
+// HeadsScratch.qb of the rows' bfloat16 query vectors (DPBF16_QSET's: head_dim in order).
+static inline void set_qb(uint32_t *qb, const void *qv, int heads, int group, int head_dim) {
+  const uint32_t *pairs = (const uint32_t *)qv;
+  const int chunks = head_dim / 32;
+  for (int h = 0; h < heads; h++)
+    for (int c = 0; c < chunks; c++)
+      for (int p = 0; p < 16; p++)
+        for (int n = 0; n < group; n++)
+          qb[((h * chunks + c) * 16 + p) * group + n] =
+              pairs[(h * group + n) * head_dim / 2 + 16 * c + p];
+}
+#define DPBF16_AMX 1
+#else
+#define HAVE_AMX_QK 0
+#define DPBF16_AMX 0
+static inline void set_qb(uint32_t *qb, const void *qv, int heads, int group, int head_dim) {}
+static inline void qk_keys_amx(const bf16_t *k, int64_t row_stride, const uint32_t *qb,
+                               int chunks, int group, float scale, float *s, int span) {}
+#endif
+#define WIDEN_AMX 0
 
 // Part `part` of `parts` (by rows) of the block `lead` on into L2 (prefetcht2: into L1, they took
 // fill buffers the loads of this block wait on). always_inline: GCC 12 takes a function of
@@ -80,20 +149,58 @@ static inline __attribute__((always_inline)) void prefetch_part(const Stream *s,
 #define DPBF16_QK(KV, HD, qv, k, count, s) \
   qk_keys_dpbf16_##HD(qv, k, row_stride, count, w->scale, s)
 
+// Two vectors of V from 2 VW elements, the even ones (0, 2, ..) and the odd ones, each widened
+// exactly: for bfloat16 on AVX-512, one load and two bit operations where widening each half
+// takes a load, a zero extension and a shift. The accumulators then hold each pair of vectors'
+// elements in that order (ATTEND_HEADS puts them back in place at the end).
+#if VW == 16 && defined(__AVX512F__)
+#define PAIRED_bf16 1
+static inline void load_pair_bf16(const bf16_t *p, vf *even, vf *odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  *even = (vf)_mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  *odd = (vf)_mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+// The even and odd vectors of a pair back in element order: lo, then hi.
+static inline void unpair(vf even, vf odd, vf *lo, vf *hi) {
+  const __m512i l = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i h = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  *lo = (vf)_mm512_permutex2var_ps((__m512)even, l, (__m512)odd);
+  *hi = (vf)_mm512_permutex2var_ps((__m512)even, h, (__m512)odd);
+}
+#else
+#define PAIRED_bf16 0
+static inline void load_pair_bf16(const bf16_t *p, vf *even, vf *odd) {}
+static inline void unpair(vf even, vf odd, vf *lo, vf *hi) {}
+#endif
+#define PAIRED_f32 0
+#define PAIRED_f16 0
+#define PAIRED_e4m3 0
+#define PAIRED_e5m2 0
+#define load_pair_f32(p, e, o)
+#define load_pair_f16(p, e, o)
+#define load_pair_e4m3(p, e, o)
+#define load_pair_e5m2(p, e, o)
+
 // acc[g][j0 ..] += p[g][i] * v row i, for GT rows of accumulators (acc_stride floats apart) and
 // jt <= JT vectors, over `rows` rows of one kv head in a block: the accumulators stay in
 // registers over the block, each row of V loaded once for the GT query heads.
 #define V_ROWS(KV)                                                                            \
   static inline __attribute__((always_inline)) void v_rows_##KV(                             \
       const KV##_t *v, int64_t row_stride, int rows, const float *const *p, int GT, int jt,   \
-      float *acc, int acc_stride) {                                                           \
+      float *acc, int acc_stride, int paired) {                                               \
     vf a[4][JT];                                                                              \
     for (int g = 0; g < GT; g++)                                                              \
       for (int j = 0; j < JT; j++)                                                            \
         a[g][j] = j < jt ? load_vf_f32(acc + g * acc_stride + j * VW) : (vf){0};              \
     for (int i = 0; i < rows; i++) {                                                          \
       vf x[JT];                                                                               \
-      for (int j = 0; j < JT; j++) x[j] = j < jt ? load_vf_##KV(v + i * row_stride + j * VW) : (vf){0}; \
+      if (paired) /* jt even */                                                               \
+        for (int j = 0; j < JT; j += 2)                                                       \
+          if (j < jt) load_pair_##KV(v + i * row_stride + j * VW, &x[j], &x[j + 1]);          \
+          else x[j] = x[j + 1] = (vf){0};                                                     \
+      else                                                                                    \
+        for (int j = 0; j < JT; j++)                                                          \
+          x[j] = j < jt ? load_vf_##KV(v + i * row_stride + j * VW) : (vf){0};                \
       for (int g = 0; g < GT; g++) {                                                          \
         const float pt = p[g][i];                                                             \
         for (int j = 0; j < JT; j++) a[g][j] += pt * x[j];                                    \
@@ -116,6 +223,7 @@ static inline __attribute__((always_inline)) void prefetch_part(const Stream *s,
       load_query(w, &u, r, q); /* the range's query heads follow each other */               \
       QK##_QSET(qv + r * QK##_QN(HD), q, HD)                                                  \
     }                                                                                         \
+    if (QK##_AMX && x->amx) set_qb(x->qb, qv, heads, u.group, HD);                             \
     FOR_EACH_BLOCK(w, u, {                                                                    \
       const KV##_t *k_block = (const KV##_t *)w->key_cache +                                  \
                               (int64_t)u.block_table[b] * w->block_size * row_stride;        \
@@ -124,6 +232,13 @@ static inline __attribute__((always_inline)) void prefetch_part(const Stream *s,
         const int count = n - i < VW ? n - i : VW;                                            \
         for (int h = h0; h < h1; h++) {                                                       \
           prefetch_part(stream, (i - i_begin) / VW * heads + h - h0, parts);                  \
+          if (QK##_AMX && x->amx && count == VW) {                                            \
+            qk_keys_amx((const bf16_t *)(k_block + i * row_stride + h * (HD)), row_stride,    \
+                        x->qb + (h - h0) * ((HD) / 2) * u.group, (HD) / 32, u.group,          \
+                        w->scale, x->scores + (h - h0) * u.group * u.span + t0 + i - u.first, \
+                        u.span);                                                              \
+            continue;                                                                         \
+          }                                                                                   \
           for (int g = 0; g < u.group; g++) {                                                 \
             const int r = (h - h0) * u.group + g;                                             \
             QK##_QK(KV, HD, qv + r * QK##_QN(HD), k_block + i * row_stride + h * (HD), count, \
@@ -137,6 +252,7 @@ static inline __attribute__((always_inline)) void prefetch_part(const Stream *s,
     softmax_rows(w->softcap, of_group(w, w->sinks, h0), of_group(w, w->alibi_slopes, h0),     \
                  x->scores, rows, u.span, inv_sum);                                           \
     for (int j = 0; j < rows * (HD); j++) x->acc[j] = 0.0f;                                   \
+    const int paired = PAIRED_##KV && (HD) % (2 * VW) == 0;                                   \
     FOR_EACH_BLOCK(w, u, {                                                                    \
       const KV##_t *v_block = (const KV##_t *)w->value_cache +                                \
                               ((int64_t)u.block_table[b] * w->block_size + i_begin) * row_stride; \
@@ -153,10 +269,10 @@ static inline __attribute__((always_inline)) void prefetch_part(const Stream *s,
             const KV##_t *v = v_block + h * (HD) + j0 * VW;                                   \
             float *acc = x->acc + r0 * (HD) + j0 * VW;                                        \
             switch (gt) { /* constant GTs: the accumulators stay in registers */              \
-              case 1: v_rows_##KV(v, row_stride, n - i_begin, p, 1, jt, acc, HD); break;      \
-              case 2: v_rows_##KV(v, row_stride, n - i_begin, p, 2, jt, acc, HD); break;      \
-              case 3: v_rows_##KV(v, row_stride, n - i_begin, p, 3, jt, acc, HD); break;      \
-              default: v_rows_##KV(v, row_stride, n - i_begin, p, 4, jt, acc, HD); break;    \
+              case 1: v_rows_##KV(v, row_stride, n - i_begin, p, 1, jt, acc, HD, paired); break; \
+              case 2: v_rows_##KV(v, row_stride, n - i_begin, p, 2, jt, acc, HD, paired); break; \
+              case 3: v_rows_##KV(v, row_stride, n - i_begin, p, 3, jt, acc, HD, paired); break; \
+              default: v_rows_##KV(v, row_stride, n - i_begin, p, 4, jt, acc, HD, paired); break; \
             }                                                                                 \
           }                                                                                   \
         }                                                                                     \
@@ -164,8 +280,12 @@ static inline __attribute__((always_inline)) void prefetch_part(const Stream *s,
       stream->at++;                                                                           \
     })                                                                                        \
     for (int r = 0; r < rows; r++)                                                            \
-      for (int j = 0; j < (HD) / VW; j++) {                                                   \
-        const vf o = load_vf_f32(x->acc + r * (HD) + j * VW) * inv_sum[r];                    \
-        store_out(w, &u, (int64_t)r * (HD) + j * VW, (const float *)&o, VW);                  \
+      for (int j = 0; j < (HD) / VW; j += 1 + paired) {                                       \
+        vf o[2] = {load_vf_f32(x->acc + r * (HD) + j * VW), (vf){0}};                         \
+        if (paired) unpair(o[0], load_vf_f32(x->acc + r * (HD) + (j + 1) * VW), &o[0], &o[1]); \
+        for (int m = 0; m <= paired; m++) {                                                   \
+          o[m] *= inv_sum[r];                                                                 \
+          store_out(w, &u, (int64_t)r * (HD) + (j + m) * VW, (const float *)&o[m], VW);       \
+        }                                                                                     \
       }                                                                                       \
   }
