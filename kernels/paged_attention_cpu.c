@@ -258,6 +258,14 @@ static int run_units(const Work *w, AttendUnit attend, AttendHeads heads, int el
   return 0;
 }
 
+#define AMX_MIN_CONTEXT 256  // context tokens of a call, all sequences together
+
+static int64_t total_context(const int32_t *context_lens, int64_t num_seqs) {
+  int64_t total = 0;
+  for (int64_t s = 0; s < num_seqs; s++) total += context_lens[s];
+  return total;
+}
+
 // 1 where this build has AMX tiles for the q . k steps and Linux grants them, else 0.
 static int amx_granted(void) {
 #if HAVE_AMX_QK
@@ -295,8 +303,9 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
   static const int elem_sizes[] = {4, 2, 2, 1, 1};
   const int elem_size = elem_sizes[kv_dtype];
   // bfloat16 keys of whole 32-element chunks on AMX tiles, where this build and Linux have them
+  // (not for a few blocks: configuring the tiles costs about what they save on those)
   const int amx = HAVE_AMX_QK && kv_dtype == 1 && head_dim % 32 == 0 && heads != NULL &&
-                  amx_granted();
+                  total_context(context_lens, num_seqs) >= AMX_MIN_CONTEXT && amx_granted();
   if (num_threads < 1) num_threads = 1;
   if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
   const int64_t num_units = num_seqs * num_kv_heads;
