@@ -28,7 +28,7 @@
 // MPT), head h's score of row t gains alibi_slopes[h] * (t - (context_len - 1)).
 //
 // Work is split into contiguous runs of (sequence, kv head) units of about equal context length,
-// one per OpenMP thread. pagedgen.kernels.cpu compiles this file on first use with -fopenmp after
+// CHUNKS_PER_THREAD per OpenMP thread, that the threads claim in turn. pagedgen.kernels.cpu compiles this file on first use with -fopenmp after
 // torch is loaded, so libgomp.so.1 resolves to the copy torch already runs: one thread pool for
 // the matmuls and this kernel (a second pool would spin against torch's on the same cores).
 // -O3 -march=native with reassociation allowed, so the reductions vectorize, but not
@@ -47,6 +47,7 @@
 #include "cpu_vec.h"
 
 #define MAX_THREADS 256
+#define CHUNKS_PER_THREAD 8  // the share of a call a thread claims at a time: 1 / 8 of its own
 #define MAX_GROUP 128  // query heads per kv head (DeepSeek-V3's MLA: 128 to its one latent)
 #define PF_DIST 2     // blocks ahead that K is prefetched (see prefetch_block)
 
@@ -203,56 +204,69 @@ static BlockRows *stream_blocks(const Work *w, int elem_size, int64_t *num_block
   return blocks;
 }
 
-// Runs of a sequence's kv heads through the sequence-major pass, the first blocks of the stream
-// asked for before the first pass reads them.
-static int run_heads(const Work *w, AttendHeads attend, int max_context_len, int elem_size,
-                     int amx) {
+// A call's work: chunks of units that the threads claim in turn, so that a thread the machine
+// holds back (other processes on its core) delays the call by a chunk, not by its share.
+typedef struct {
+  const Work *chunks;  // contiguous runs of units of about equal context
+  int num_chunks;
+  int next;  // the first chunk no thread has claimed
+  AttendUnit attend;
+  AttendHeads heads;  // NULL: the unit pass
+  int elem_size, amx, max_context_len;
+} Call;
+
+static int claim(Call *c) { return __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED); }
+
+// A thread's chunks through the sequence-major pass, each chunk's runs of a sequence's kv heads
+// in turn, the first blocks of its stream asked for before the first pass reads them.
+static int run_heads(Call *c) {
+  const Work *w = &c->chunks[0];
+  const size_t per_row = sizeof(float) * MAX_ROWS * (size_t)w->head_dim;
   HeadsScratch x;
-  x.amx = amx;
-  x.qb = (uint32_t *)aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
-  x.scores = (float *)malloc(sizeof(float) * MAX_ROWS * (size_t)(max_context_len + 1));
-  x.acc = (float *)aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
-  x.qv = aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
-  x.stream.blocks = stream_blocks(w, elem_size, &x.stream.num_blocks);
-  x.stream.row_bytes = (int64_t)w->num_kv_heads * w->head_dim * elem_size;
-  const int64_t block_bytes = (int64_t)w->block_size * w->head_dim * elem_size *
+  x.amx = c->amx;
+  x.scores = (float *)malloc(sizeof(float) * MAX_ROWS * (size_t)(c->max_context_len + 1));
+  x.acc = (float *)aligned_alloc(64, per_row);
+  x.qv = aligned_alloc(64, per_row);
+  x.qb = (uint32_t *)aligned_alloc(64, per_row);
+  x.stream.row_bytes = (int64_t)w->num_kv_heads * w->head_dim * c->elem_size;
+  const int64_t block_bytes = (int64_t)w->block_size * w->head_dim * c->elem_size *
                               (w->num_kv_heads < MAX_ROWS ? w->num_kv_heads : MAX_ROWS);
   x.stream.lead = PF_LEAD / block_bytes > 1 ? PF_LEAD / block_bytes : 1;
-  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL || x.qb == NULL ||
-               x.stream.blocks == NULL;
+  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL || x.qb == NULL;
 #if HAVE_AMX_QK
-  if (amx) configure_qk_tiles(w->num_heads / w->num_kv_heads);
+  if (x.amx) configure_qk_tiles(w->num_heads / w->num_kv_heads);
 #endif
-  for (x.stream.at = -x.stream.lead; x.stream.at < 0 && !status; x.stream.at++)
-    prefetch_part(&x.stream, 0, 1);
-  int64_t seq;
-  int h0, h1;
-  for (int64_t u = w->unit_begin; u < w->unit_end && !status;) {
-    u = next_run(w, u, &seq, &h0, &h1);
-    attend(w, seq, h0, h1, &x);
+  for (int i; !status && (i = claim(c)) < c->num_chunks;) {
+    w = &c->chunks[i];
+    x.stream.blocks = stream_blocks(w, c->elem_size, &x.stream.num_blocks);
+    if (x.stream.blocks == NULL) status = 1;
+    for (x.stream.at = -x.stream.lead; x.stream.at < 0 && !status; x.stream.at++)
+      prefetch_part(&x.stream, 0, 1);
+    int64_t seq;
+    int h0, h1;
+    for (int64_t u = w->unit_begin; u < w->unit_end && !status;) {
+      u = next_run(w, u, &seq, &h0, &h1);
+      c->heads(w, seq, h0, h1, &x);
+    }
+    free(x.stream.blocks);
   }
 #if HAVE_AMX_QK
-  if (amx) _tile_release();
+  if (x.amx) _tile_release();
 #endif
-  free(x.scores), free(x.acc), free(x.qv), free(x.qb), free(x.stream.blocks);
+  free(x.scores), free(x.acc), free(x.qv), free(x.qb);
   return status;
 }
 
-static int run_units(const Work *w, AttendUnit attend, AttendHeads heads, int elem_size,
-                     int amx) {
-  int max_context_len = 0;
-  for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
-    const int n = w->context_lens[u / w->num_kv_heads];
-    max_context_len = n > max_context_len ? n : max_context_len;
-  }
-  if (heads != NULL) return run_heads(w, heads, max_context_len, elem_size, amx);
+static int run_units(Call *c) {
+  if (c->heads != NULL) return run_heads(c);
+  const Work *w = &c->chunks[0];
   const int group = w->num_heads / w->num_kv_heads;
-  float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(max_context_len + 1));
+  float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(c->max_context_len + 1));
   if (scores == NULL) return 1;
-  for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
-    const int64_t seq = u / w->num_kv_heads;
-    const int kv_head = (int)(u % w->num_kv_heads);
-    attend(w, seq, kv_head, scores);
+  for (int i; (i = claim(c)) < c->num_chunks;) {
+    w = &c->chunks[i];
+    for (int64_t u = w->unit_begin; u < w->unit_end; u++)
+      c->attend(w, u / w->num_kv_heads, (int)(u % w->num_kv_heads), scores);
   }
   free(scores);
   return 0;
@@ -311,32 +325,41 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
   const int64_t num_units = num_seqs * num_kv_heads;
   if (num_threads > num_units) num_threads = num_units > 0 ? (int)num_units : 1;
 
-  // Contiguous runs of units with about equal total context, the cost of a unit.
+  // Contiguous runs of units with about equal total context, the cost of a unit: several a
+  // thread where there are several threads.
+  const int64_t max_chunks = num_threads == 1 ? 1 : (int64_t)num_threads * CHUNKS_PER_THREAD;
+  const int num_chunks = (int)(max_chunks < num_units ? max_chunks : num_units > 0 ? num_units : 1);
   int64_t total = 0;
-  for (int64_t s = 0; s < num_seqs; s++) total += (int64_t)context_lens[s] * num_kv_heads;
-  Work work[MAX_THREADS];
+  int max_context_len = 0;
+  for (int64_t s = 0; s < num_seqs; s++) {
+    total += (int64_t)context_lens[s] * num_kv_heads;
+    max_context_len = context_lens[s] > max_context_len ? context_lens[s] : max_context_len;
+  }
+  Work *chunks = (Work *)malloc(sizeof(Work) * (size_t)num_chunks);
+  if (chunks == NULL) return 1;
   int64_t unit = 0, done = 0;
-  for (int i = 0; i < num_threads; i++) {
-    const int64_t target = total * (i + 1) / num_threads;
-    work[i] = (Work){out,        query,        key_cache,  value_cache, block_tables,
-                     context_lens, query_seq_stride, block_table_stride, num_heads,
-                     num_kv_heads, head_dim,     block_size, scale,       sliding_window,
-                     softcap,      sinks,        alibi_slopes, unit,      unit,
-                     act_bf16};
-    while (unit < num_units && (done < target || i == num_threads - 1)) {
+  for (int i = 0; i < num_chunks; i++) {
+    const int64_t target = total * (i + 1) / num_chunks;
+    chunks[i] = (Work){out,        query,        key_cache,  value_cache, block_tables,
+                       context_lens, query_seq_stride, block_table_stride, num_heads,
+                       num_kv_heads, head_dim,     block_size, scale,       sliding_window,
+                       softcap,      sinks,        alibi_slopes, unit,      unit,
+                       act_bf16};
+    while (unit < num_units && (done < target || i == num_chunks - 1)) {
       done += context_lens[unit / num_kv_heads];
       unit++;
     }
-    work[i].unit_end = unit;
+    chunks[i].unit_end = unit;
   }
+  Call call = {chunks, num_chunks, 0, attend, heads, elem_size, amx, max_context_len};
 
   int status = 0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(num_threads) reduction(| : status)
-  for (int i = omp_get_thread_num(); i < num_threads; i += omp_get_num_threads())
-    status |= run_units(&work[i], attend, heads, elem_size, amx);
+  status |= run_units(&call);
 #else
-  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend, heads, elem_size, amx);
+  status = run_units(&call);
 #endif
+  free(chunks);
   return status;
 }
