@@ -60,52 +60,88 @@ typedef struct {
 #define HAVE_AMX_QK 1
 #include "amx_tiles.h"
 
-// Tiles 0: S^T (16 keys x group floats); 1, 3: K; 2, 4: q (double-buffered over head_dim).
+// Tiles 0-3: S^T (16 keys x group floats) of four kv heads in turn, so that one head's dot
+// products run while the one before stores its result; 4-5, 6-7: K and q, in turn.
 static void configure_qk_tiles(int group) {
   TileConfig cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.palette_id = 1;
-  for (int t = 0; t < 5; t++) cfg.colsb[t] = t == 1 || t == 3 ? 64 : 4 * group, cfg.rows[t] = 16;
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = t == 4 || t == 6 ? 64 : 4 * group, cfg.rows[t] = 16;
   _tile_loadconfig(&cfg);
 }
 
-// s[n * span + m] = scale * (q_n . k_m) for the 16 keys k_m = k + m * row_stride and the group's
-// query heads n, whose bfloat16 pairs qb holds (HeadsScratch.qb's, for this kv head).
+// Tile dot products take immediate tile numbers: one case per (S^T tile, K and q pair).
+#define QK_DP(C, A, B)                                                       \
+  do {                                                                       \
+    _tile_loadd(A, ka, stride);                                              \
+    _tile_loadd(B, qa, 4 * group);                                           \
+    _tile_dpbf16ps(C, A, B);                                                 \
+  } while (0)
+#define QK_STORE(C) _tile_stored(C, st + (h - 4) * 16 * group, 4 * group)
+
+// scores[(h * group + n) * span + m] = scale * (q_{h,n} . k_{h,m}) for the 16 keys
+// k_{h,m} = k + m * row_stride + h * head_dim of each of `heads` kv heads and their query heads
+// n, whose bfloat16 pairs qb holds (HeadsScratch.qb's).
 static inline void qk_keys_amx(const bf16_t *k, int64_t row_stride, const uint32_t *qb,
-                               int chunks, int group, float scale, float *s, int span) {
-  _tile_zero(0);
-  for (int c = 0; c < chunks; c++) {
-    if (c % 2 == 0) {
-      _tile_loadd(1, k + 32 * c, row_stride * 2);
-      _tile_loadd(2, qb + c * 16 * group, 4 * group);
-      _tile_dpbf16ps(0, 1, 2);
-    } else {
-      _tile_loadd(3, k + 32 * c, row_stride * 2);
-      _tile_loadd(4, qb + c * 16 * group, 4 * group);
-      _tile_dpbf16ps(0, 3, 4);
+                               int heads, int head_dim, int group, float scale, float *scores,
+                               int span) {
+  float st[MAX_ROWS * 16] __attribute__((aligned(64)));  // [kv head][key][n]
+  const int chunks = head_dim / 32;
+  const int64_t stride = row_stride * 2;
+  int pair = 0;
+  for (int h = 0; h < heads + 4; h++) {
+    if (h >= 4) switch (h % 4) {  // head h - 4's S^T, which tile h % 4 held
+        case 0: QK_STORE(0); break;
+        case 1: QK_STORE(1); break;
+        case 2: QK_STORE(2); break;
+        default: QK_STORE(3); break;
+      }
+    if (h >= heads) continue;
+    switch (h % 4) {
+      case 0: _tile_zero(0); break;
+      case 1: _tile_zero(1); break;
+      case 2: _tile_zero(2); break;
+      default: _tile_zero(3); break;
+    }
+    for (int c = 0; c < chunks; c++, pair ^= 1) {
+      const bf16_t *ka = k + h * head_dim + 32 * c;
+      const uint32_t *qa = qb + (h * chunks + c) * 16 * group;
+      switch (h % 4 * 2 + pair) {
+        case 0: QK_DP(0, 4, 5); break;
+        case 1: QK_DP(0, 6, 7); break;
+        case 2: QK_DP(1, 4, 5); break;
+        case 3: QK_DP(1, 6, 7); break;
+        case 4: QK_DP(2, 4, 5); break;
+        case 5: QK_DP(2, 6, 7); break;
+        case 6: QK_DP(3, 4, 5); break;
+        default: QK_DP(3, 6, 7); break;
+      }
     }
   }
-  float st[16 * 8] __attribute__((aligned(64)));  // [key][n]
-  _tile_stored(0, st, 4 * group);
   const __m512i keys = _mm512_mullo_epi32(
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
       _mm512_set1_epi32(group));
-  for (int n = 0; n < group; n++) {
-    const __m512 x = _mm512_i32gather_ps(_mm512_add_epi32(keys, _mm512_set1_epi32(n)), st, 4);
-    _mm512_storeu_ps(s + n * span, _mm512_mul_ps(x, _mm512_set1_ps(scale)));
-  }
+  for (int h = 0; h < heads; h++)
+    for (int n = 0; n < group; n++) {
+      const __m512i at = _mm512_add_epi32(keys, _mm512_set1_epi32(h * 16 * group + n));
+      const __m512 x = _mm512_i32gather_ps(at, st, 4);
+      _mm512_storeu_ps(scores + (h * group + n) * span, _mm512_mul_ps(x, _mm512_set1_ps(scale)));
+    }
 }
 
 // HeadsScratch.qb of the rows' bfloat16 query vectors (DPBF16_QSET's: head_dim in order).
 static inline void set_qb(uint32_t *qb, const void *qv, int heads, int group, int head_dim) {
   const uint32_t *pairs = (const uint32_t *)qv;
   const int chunks = head_dim / 32;
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(group));
   for (int h = 0; h < heads; h++)
     for (int c = 0; c < chunks; c++)
-      for (int p = 0; p < 16; p++)
-        for (int n = 0; n < group; n++)
-          qb[((h * chunks + c) * 16 + p) * group + n] =
-              pairs[(h * group + n) * head_dim / 2 + 16 * c + p];
+      for (int n = 0; n < group; n++) {  // 16 pairs of query head n: a column of the tile
+        const __m512i x = _mm512_loadu_si512(pairs + (h * group + n) * head_dim / 2 + 16 * c);
+        _mm512_i32scatter_epi32(qb + (h * chunks + c) * 16 * group + n, rows, x, 4);
+      }
 }
 #define DPBF16_AMX 1
 #else
@@ -113,7 +149,8 @@ static inline void set_qb(uint32_t *qb, const void *qv, int heads, int group, in
 #define DPBF16_AMX 0
 static inline void set_qb(uint32_t *qb, const void *qv, int heads, int group, int head_dim) {}
 static inline void qk_keys_amx(const bf16_t *k, int64_t row_stride, const uint32_t *qb,
-                               int chunks, int group, float scale, float *s, int span) {}
+                               int heads, int head_dim, int group, float scale, float *scores,
+                               int span) {}
 #endif
 #define WIDEN_AMX 0
 
@@ -230,15 +267,16 @@ static inline void unpair(vf even, vf odd, vf *lo, vf *hi) {}
       const int parts = (n - i_begin + VW - 1) / VW * heads;                                  \
       for (int i = i_begin; i < n; i += VW) {                                                 \
         const int count = n - i < VW ? n - i : VW;                                            \
+        if (QK##_AMX && x->amx && count == VW) {                                              \
+          for (int h = h0; h < h1; h++)                                                       \
+            prefetch_part(stream, (i - i_begin) / VW * heads + h - h0, parts);                \
+          qk_keys_amx((const bf16_t *)(k_block + i * row_stride + h0 * (HD)), row_stride,     \
+                      x->qb, heads, HD, u.group, w->scale, x->scores + t0 + i - u.first,      \
+                      u.span);                                                                \
+          continue;                                                                           \
+        }                                                                                     \
         for (int h = h0; h < h1; h++) {                                                       \
           prefetch_part(stream, (i - i_begin) / VW * heads + h - h0, parts);                  \
-          if (QK##_AMX && x->amx && count == VW) {                                            \
-            qk_keys_amx((const bf16_t *)(k_block + i * row_stride + h * (HD)), row_stride,    \
-                        x->qb + (h - h0) * ((HD) / 2) * u.group, (HD) / 32, u.group,          \
-                        w->scale, x->scores + (h - h0) * u.group * u.span + t0 + i - u.first, \
-                        u.span);                                                              \
-            continue;                                                                         \
-          }                                                                                   \
           for (int g = 0; g < u.group; g++) {                                                 \
             const int r = (h - h0) * u.group + g;                                             \
             QK##_QK(KV, HD, qv + r * QK##_QN(HD), k_block + i * row_stride + h * (HD), count, \
