@@ -48,6 +48,7 @@
 
 #define MAX_THREADS 256
 #define CHUNKS_PER_THREAD 8  // the share of a call a thread claims at a time: 1 / 8 of its own
+#define MIN_CHUNK 2048       // context tokens x kv heads of a chunk at least (a chunk costs ~1 us)
 #define MAX_GROUP 128  // query heads per kv head (DeepSeek-V3's MLA: 128 to its one latent)
 #define PF_DIST 2     // blocks ahead that K is prefetched (see prefetch_block)
 
@@ -327,14 +328,16 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
 
   // Contiguous runs of units with about equal total context, the cost of a unit: several a
   // thread where there are several threads.
-  const int64_t max_chunks = num_threads == 1 ? 1 : (int64_t)num_threads * CHUNKS_PER_THREAD;
-  const int num_chunks = (int)(max_chunks < num_units ? max_chunks : num_units > 0 ? num_units : 1);
   int64_t total = 0;
   int max_context_len = 0;
   for (int64_t s = 0; s < num_seqs; s++) {
     total += (int64_t)context_lens[s] * num_kv_heads;
     max_context_len = context_lens[s] > max_context_len ? context_lens[s] : max_context_len;
   }
+  int64_t max_chunks = (int64_t)num_threads * CHUNKS_PER_THREAD;
+  if (max_chunks > total / MIN_CHUNK) max_chunks = total / MIN_CHUNK;
+  if (max_chunks < num_threads || num_threads == 1) max_chunks = num_threads;
+  const int num_chunks = (int)(max_chunks < num_units ? max_chunks : num_units > 0 ? num_units : 1);
   Work *chunks = (Work *)malloc(sizeof(Work) * (size_t)num_chunks);
   if (chunks == NULL) return 1;
   int64_t unit = 0, done = 0;
