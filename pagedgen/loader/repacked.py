@@ -169,13 +169,23 @@ def loaded_weights(
     keep_quantized: bool,
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """What the model's load_weights reads: with keep_quantized, each QuantizedWeight of a
-    linear layer as it is; every other QuantizedWeight (an embedding; all of them without
+    linear layer as it is, and the token embedding's of a model with an LM head (which, tied,
+    computes on the embedding's integers as llama.cpp does; load_checkpoint_weights
+    dequantizes it for the embedding); every other QuantizedWeight (all of them without
     keep_quantized) dequantized into dtype as it streams; dense tensors as they are."""
     modules = dict(model.named_modules()) if keep_quantized else {}
     for name, weight in weights:
-        if isinstance(weight, QuantizedWeight) and not _is_linear(modules, name):
+        if isinstance(weight, QuantizedWeight) and not (
+            _is_linear(modules, name) or _is_tied_embedding(modules, name)
+        ):
             weight = weight.dequantize().to(dtype)
         yield name, weight
+
+
+def _is_tied_embedding(modules: dict[str, nn.Module], name: str) -> bool:
+    return name.removeprefix("model.") == "embed_tokens.weight" and isinstance(
+        modules.get("lm_head"), Linear
+    )
 
 
 def _is_linear(modules: dict[str, nn.Module], name: str) -> bool:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pagedgen.layers.linear import Linear, load_param
+from pagedgen.layers.quantized_weight import QuantizedWeight
 from pagedgen.models.kv_scales import kv_scale_of, scale_value
 
 # checkpoint projection -> (our fused module, shard index)
@@ -36,7 +37,8 @@ def load_checkpoint_weights(
     derived_weights: Callable[[], set[str]],  # sets the parameters computed from loaded ones
 ) -> None:
     """Loads every tensor into its parameter (a fused projection's shard, a KV scale's
-    attribute); an untied LM head takes the embedding when the checkpoint has none. Raises
+    attribute); an untied LM head takes the embedding when the checkpoint has none (its
+    QuantizedWeight where loaded_weights kept one). Raises
     ValueError for a tensor the model has no place for, or a parameter left unset."""
     modules = dict(model.named_modules())
     names = {name for name, _ in model.named_parameters()}
@@ -48,7 +50,7 @@ def load_checkpoint_weights(
         for name, param in module.named_parameters(recurse=False)
     }
     loaded: set[str] = set()
-    embed = None
+    embed = embed_quantized = None
     for name, tensor in weights:
         name = name.removeprefix("model.")
         if "rotary_emb" in name:
@@ -65,6 +67,8 @@ def load_checkpoint_weights(
             modules[module_name].load_shard(param_name, tensor, None)
             loaded.add(name)
         elif name in params:
+            if isinstance(tensor, QuantizedWeight):  # an embedding kept for a tied LM head
+                embed_quantized, tensor = tensor, tensor.dequantize().to(params[name].dtype)
             load_param(params[name], tensor)
             loaded.add(name)
             if name == "embed_tokens.weight":  # (the parameter: the tensor may be freed)
@@ -72,7 +76,9 @@ def load_checkpoint_weights(
         else:
             raise ValueError(f"unexpected weight {name!r} in the checkpoint")
     if "lm_head.weight" not in loaded and embed is not None:
-        modules["lm_head"].load_shard("weight", embed)
+        modules["lm_head"].load_shard(
+            "weight", embed if embed_quantized is None else embed_quantized
+        )
         loaded.add("lm_head.weight")
     loaded |= derived_weights()
     missing = sorted(names - loaded)

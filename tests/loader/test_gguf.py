@@ -264,3 +264,7 @@ def test_the_converted_folder_keeps_the_weights_quantized(smollm2_weights, tmp_p
     assert kept["model.norm.weight"].dtype == torch.float32
     dense = dict(loaded_weights(two.items(), Model(), torch.float32, keep_quantized=False))
     assert torch.equal(dense[q_name], two[q_name].dequantize())
+    tied = Model()
+    tied.lm_head = Linear(576, 49152, bias=False)  # takes the embedding's integers, as llama.cpp
+    kept = dict(loaded_weights(two.items(), tied, torch.bfloat16, keep_quantized=True))
+    assert kept[embed] is two[embed]
