@@ -6,14 +6,20 @@
 // tile. K must be a multiple of 32 (every tile whole); the last rows' tiles are configured with
 // as many rows as x has left.
 //
-// Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and,
-// in a block, its pairs in chunks of up to W_CHUNK_BYTES: each pair of the chunk against every
-// whole group of 32 rows of the block in turn, into four float32 tiles (2 x 2 of 16 x 16), then a
-// last, partial group against the chunk again (in L2). A pair is read from memory once a block,
-// so a decode batch reads W once, and while the block's groups compute on a pair its next one
-// streams into L2 (7-9 % faster at 32-256 rows than 32 rows at a time over the chunk, which left
-// memory idle for the later groups). A prompt's rows write y in runs of a chunk's columns. (At 4,096 rows oneDNN's AMX
-// kernels are still 1.0-1.3x faster on SmolLM2's shapes; at decode batches this one is.)
+// Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and, in
+// a block, its pairs in chunks of up to W_CHUNK_BYTES: each pair of the chunk against every whole
+// group of 32 rows of the block in turn, into four float32 tiles (2 x 2 of 16 x 16), then a last,
+// partial group against the chunk again (in L2). A pair is read from memory once a block, so a
+// decode batch reads W once (7-9 % faster at 32-256 rows than 32 rows at a time over the chunk). A
+// decode batch of up to BATCH_ROWS rows is one block where x fits X_BATCH_BYTES and a pair the
+// chunk: at K = 8,192, 96-128 rows read W once, not twice (3-15 % faster, cold). A prompt's rows
+// write y in runs of a chunk's columns. (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x
+// faster on SmolLM2's shapes; at decode batches this one is.)
+// Cold, one core streams W only while the first group's tile loads ask for it: 64 rows take about
+// 1 row's time (the stream) plus the second group's compute. Neither x from L1, k in slices with
+// the sums reloaded, the next pair prefetched otherwise (T0/T1/T2, two pairs ahead, spread over
+// the groups) or touched by vector loads, nor 64 rows against one panel shortened that (a 2-core
+// KVM Sapphire Rapids-class Xeon, one thread).
 // Each row's sums run over k in the same order whatever the batch, so rows never depend on it.
 
 #include <stdint.h>
@@ -26,6 +32,8 @@
 #define KB 32                    // k per tile
 #define TILE_ELEMS (KB * NR)     // bfloat16 elements of a B tile: 16 pairs of 16 columns
 #define X_BLOCK_BYTES (1 << 20)  // x read per pass over W
+#define X_BATCH_BYTES (2 << 20)  // ... or all of x, up to this, at up to BATCH_ROWS rows
+#define BATCH_ROWS 128
 #define W_CHUNK_BYTES (512 << 10)  // W read for each 32 rows of x in a block
 
 typedef struct {
@@ -140,8 +148,12 @@ int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t 
   if (request_tiles()) return 3;
   const Out o = {y, bias, n, k};
   const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
-  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), 32);
   const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
+  const int64_t row_bytes = k * (int64_t)sizeof(uint16_t);
+  int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, row_bytes, 32);
+  const int one_pass =
+      m <= BATCH_ROWS && m * row_bytes <= X_BATCH_BYTES && pair_bytes <= W_CHUNK_BYTES;
+  if (one_pass && block_rows < m) block_rows = m;
   const int64_t chunk = W_CHUNK_BYTES / pair_bytes > 1 ? W_CHUNK_BYTES / pair_bytes : 1;
   int threads = num_threads < 1 ? 1 : num_threads;
   if (threads > pairs) threads = (int)pairs;

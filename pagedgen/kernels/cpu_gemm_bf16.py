@@ -28,6 +28,7 @@ from pagedgen.kernels.cpu_build import (
     load_cpu_library,
 )
 from pagedgen.kernels.cpu_features import kernel_march
+from pagedgen.kernels.huge_pages import empty_huge
 
 SOURCE = "cpu_gemm_bf16.c"
 AMX_SOURCE = "cpu_gemm_amx.c"
@@ -87,12 +88,12 @@ def packed_numel(out_features: int, in_features: int) -> int:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] bfloat16 -> the panels [ceil(N / 16)][ceil(K / 2)][16][2] that linear() reads, as
-    int16 bits."""
+    int16 bits, in huge pages where the weight fills one (see pagedgen.kernels.huge_pages)."""
     if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
         raise TypeError(f"expected a 2-D bfloat16 CPU weight, got {weight.dtype} {weight.shape}")
     weight = weight.contiguous()
     n, k = weight.shape
-    out = torch.empty(packed_numel(n, k), dtype=torch.int16)
+    out = empty_huge(packed_numel(n, k), torch.int16)
     _library(kernel_march()).pack_weight_bf16(out.data_ptr(), weight.data_ptr(), n, k)
     return out
 
