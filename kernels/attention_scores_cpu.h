@@ -80,10 +80,6 @@ static inline float max_of(const float *s, int n) {
 // alibi is not NULL); inv_sum[g] is 1 / the sum of row g's exponentials, applied to the output
 // instead of to every probability. A sink (sinks not NULL) adds exp(sinks[g]) to row g's sum and
 // takes no output.
-#if VW == 16
-// GCC's cost model picks 8 lanes for these loops on AVX-512 targets: 16 take half the time.
-__attribute__((target("prefer-vector-width=512")))
-#endif
 static void softmax_rows(float softcap, const float *sinks, const float *alibi, float *scores,
                          int group, int span, float *inv_sum) {
   for (int g = 0; g < group; g++) {

@@ -7,8 +7,7 @@
 // float (E4M3, E5M2), widened to float32 exactly as it is loaded (bfloat16 by a shift; float16
 // and the 8-bit floats by the F16C conversion where the target has it). With AVX512_BF16,
 // bfloat16 keys take dot-product instructions instead, over q rounded to bfloat16 (a bfloat16
-// model's q already is); with AMX, the sequence-major pass scores whole chunks of 16 such keys
-// on tiles (paged_attention_heads_cpu.h).
+// model's q already is).
 // The blocks of a context lie anywhere in the pool, so the kernel prefetches them itself. Where a
 // sequence has several kv heads of small groups, paged_attention_heads_cpu.h takes them together
 // instead, reading each block's rows whole.
@@ -28,7 +27,7 @@
 // MPT), head h's score of row t gains alibi_slopes[h] * (t - (context_len - 1)).
 //
 // Work is split into contiguous runs of (sequence, kv head) units of about equal context length,
-// CHUNKS_PER_THREAD per OpenMP thread, that the threads claim in turn. pagedgen.kernels.cpu compiles this file on first use with -fopenmp after
+// one per OpenMP thread. pagedgen.kernels.cpu compiles this file on first use with -fopenmp after
 // torch is loaded, so libgomp.so.1 resolves to the copy torch already runs: one thread pool for
 // the matmuls and this kernel (a second pool would spin against torch's on the same cores).
 // -O3 -march=native with reassociation allowed, so the reductions vectorize, but not
@@ -47,8 +46,6 @@
 #include "cpu_vec.h"
 
 #define MAX_THREADS 256
-#define CHUNKS_PER_THREAD 8  // the share of a call a thread claims at a time: 1 / 8 of its own
-#define MIN_CHUNK 2048       // context tokens x kv heads of a chunk at least (a chunk costs ~1 us)
 #define MAX_GROUP 128  // query heads per kv head (DeepSeek-V3's MLA: 128 to its one latent)
 #define PF_DIST 2     // blocks ahead that K is prefetched (see prefetch_block)
 
@@ -100,7 +97,7 @@ ATTEND_UNITS(e5m2, WIDEN)
 
 #include "paged_attention_heads_cpu.h"
 #define ATTEND_HEADS_ALL(KV, QK)                                                        \
-  V_ROWS(KV) ATTEND_HEADS(KV, 64, QK) ATTEND_HEADS(KV, 80, WIDEN) ATTEND_HEADS(KV, 96, QK)          \
+  ATTEND_HEADS(KV, 64, QK) ATTEND_HEADS(KV, 80, WIDEN) ATTEND_HEADS(KV, 96, QK)          \
   ATTEND_HEADS(KV, 128, QK) ATTEND_HEADS(KV, 256, QK)
 ATTEND_HEADS_ALL(f32, WIDEN)
 #if HAVE_DPBF16
@@ -130,7 +127,7 @@ ATTEND_HEADS_ALL(e5m2, WIDEN)
   return NULL;
 
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
-typedef void (*AttendHeads)(const Work *, int64_t, int, int, HeadsScratch *);
+typedef void (*AttendHeads)(const Work *, int64_t, int, int, const HeadsScratch *);
 
 #define PICK_HEADS(KV)                         \
   switch (head_dim) {                          \
@@ -164,130 +161,45 @@ static AttendUnit attend_unit_for(int kv_dtype, int head_dim) {
   PICK_BY_DTYPE(PICK_UNIT)
 }
 
-// The runs of kv heads h0 .. h1 of a sequence, MAX_ROWS query heads at most, that the
-// sequence-major pass takes in turn, from unit u on.
-static int64_t next_run(const Work *w, int64_t u, int64_t *seq, int *h0, int *h1) {
-  const int max_heads = MAX_ROWS / (w->num_heads / w->num_kv_heads);
-  *seq = u / w->num_kv_heads;
-  *h0 = (int)(u % w->num_kv_heads);
-  *h1 = w->num_kv_heads;
-  if (*h1 - *h0 > max_heads) *h1 = *h0 + max_heads;
-  if (*h1 - *h0 > w->unit_end - u) *h1 = *h0 + (int)(w->unit_end - u);
-  return u + *h1 - *h0;
-}
-
-// The blocks of the runs in the order the pass reads them (see Stream), or NULL.
-static BlockRows *stream_blocks(const Work *w, int elem_size, int64_t *num_blocks) {
-  int64_t count = 0, seq;
-  int h0, h1;
-  for (int64_t u = w->unit_begin; u < w->unit_end;) {
-    u = next_run(w, u, &seq, &h0, &h1);
-    const Unit unit = unit_of(w, seq, h0);
-    count += 2 * (unit.num_blocks - unit.first / w->block_size);
-  }
-  BlockRows *blocks = (BlockRows *)malloc(sizeof(BlockRows) * (size_t)(count + 1));
-  if (blocks == NULL) return NULL;
-  *num_blocks = 0;
-  for (int64_t u = w->unit_begin; u < w->unit_end;) {
-    u = next_run(w, u, &seq, &h0, &h1);
-    const Unit unit = unit_of(w, seq, h0);
-    for (int pass = 0; pass < 2; pass++) {
-      const char *cache = (const char *)(pass == 0 ? w->key_cache : w->value_cache);
-      FOR_EACH_BLOCK(w, unit, {
-        const int64_t row = (int64_t)unit.block_table[b] * w->block_size + i_begin;
-        BlockRows *at = &blocks[(*num_blocks)++];
-        at->rows = cache + (row * unit.row_stride + (int64_t)h0 * w->head_dim) * elem_size;
-        at->num_rows = n - i_begin;
-        at->bytes = (h1 - h0) * w->head_dim * elem_size;
-      })
-    }
-  }
-  return blocks;
-}
-
-// A call's work: chunks of units that the threads claim in turn, so that a thread the machine
-// holds back (other processes on its core) delays the call by a chunk, not by its share.
-typedef struct {
-  const Work *chunks;  // contiguous runs of units of about equal context
-  int num_chunks;
-  int next;  // the first chunk no thread has claimed
-  AttendUnit attend;
-  AttendHeads heads;  // NULL: the unit pass
-  int elem_size, amx, max_context_len;
-} Call;
-
-static int claim(Call *c) { return __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED); }
-
-// A thread's chunks through the sequence-major pass, each chunk's runs of a sequence's kv heads
-// in turn, the first blocks of its stream asked for before the first pass reads them.
-static int run_heads(Call *c) {
-  const Work *w = &c->chunks[0];
-  const size_t per_row = sizeof(float) * MAX_ROWS * (size_t)w->head_dim;
+// Runs of a sequence's kv heads, MAX_ROWS query heads at most, through the sequence-major pass.
+static int run_heads(const Work *w, AttendHeads attend, int max_context_len) {
+  const int group = w->num_heads / w->num_kv_heads;
+  const int max_heads = MAX_ROWS / group;
   HeadsScratch x;
-  x.amx = c->amx;
-  x.scores = (float *)malloc(sizeof(float) * MAX_ROWS * (size_t)(c->max_context_len + 1));
-  x.acc = (float *)aligned_alloc(64, per_row);
-  x.qv = aligned_alloc(64, per_row);
-  x.qb = (uint32_t *)aligned_alloc(64, per_row);
-  x.stream.row_bytes = (int64_t)w->num_kv_heads * w->head_dim * c->elem_size;
-  const int64_t block_bytes = (int64_t)w->block_size * w->head_dim * c->elem_size *
-                              (w->num_kv_heads < MAX_ROWS ? w->num_kv_heads : MAX_ROWS);
-  x.stream.lead = PF_LEAD / block_bytes > 1 ? PF_LEAD / block_bytes : 1;
-  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL || x.qb == NULL;
-#if HAVE_AMX_QK
-  if (x.amx) configure_qk_tiles(w->num_heads / w->num_kv_heads);
-#endif
-  for (int i; !status && (i = claim(c)) < c->num_chunks;) {
-    w = &c->chunks[i];
-    x.stream.blocks = stream_blocks(w, c->elem_size, &x.stream.num_blocks);
-    if (x.stream.blocks == NULL) status = 1;
-    for (x.stream.at = -x.stream.lead; x.stream.at < 0 && !status; x.stream.at++)
-      prefetch_part(&x.stream, 0, 1);
-    int64_t seq;
-    int h0, h1;
-    for (int64_t u = w->unit_begin; u < w->unit_end && !status;) {
-      u = next_run(w, u, &seq, &h0, &h1);
-      c->heads(w, seq, h0, h1, &x);
-    }
-    free(x.stream.blocks);
+  x.scores = (float *)malloc(sizeof(float) * MAX_ROWS * (size_t)(max_context_len + 1));
+  x.acc = (float *)aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
+  x.qv = aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
+  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL;
+  for (int64_t u = w->unit_begin; u < w->unit_end && !status;) {
+    const int64_t seq = u / w->num_kv_heads;
+    const int h0 = (int)(u % w->num_kv_heads);
+    int h1 = w->num_kv_heads;
+    if (h1 - h0 > max_heads) h1 = h0 + max_heads;
+    if (h1 - h0 > w->unit_end - u) h1 = h0 + (int)(w->unit_end - u);
+    attend(w, seq, h0, h1, &x);
+    u += h1 - h0;
   }
-#if HAVE_AMX_QK
-  if (x.amx) _tile_release();
-#endif
-  free(x.scores), free(x.acc), free(x.qv), free(x.qb);
+  free(x.scores), free(x.acc), free(x.qv);
   return status;
 }
 
-static int run_units(Call *c) {
-  if (c->heads != NULL) return run_heads(c);
-  const Work *w = &c->chunks[0];
+static int run_units(const Work *w, AttendUnit attend, AttendHeads heads) {
+  int max_context_len = 0;
+  for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
+    const int n = w->context_lens[u / w->num_kv_heads];
+    max_context_len = n > max_context_len ? n : max_context_len;
+  }
+  if (heads != NULL) return run_heads(w, heads, max_context_len);
   const int group = w->num_heads / w->num_kv_heads;
-  float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(c->max_context_len + 1));
+  float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(max_context_len + 1));
   if (scores == NULL) return 1;
-  for (int i; (i = claim(c)) < c->num_chunks;) {
-    w = &c->chunks[i];
-    for (int64_t u = w->unit_begin; u < w->unit_end; u++)
-      c->attend(w, u / w->num_kv_heads, (int)(u % w->num_kv_heads), scores);
+  for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
+    const int64_t seq = u / w->num_kv_heads;
+    const int kv_head = (int)(u % w->num_kv_heads);
+    attend(w, seq, kv_head, scores);
   }
   free(scores);
   return 0;
-}
-
-#define AMX_MIN_CONTEXT 256  // context tokens of a call, all sequences together
-
-static int64_t total_context(const int32_t *context_lens, int64_t num_seqs) {
-  int64_t total = 0;
-  for (int64_t s = 0; s < num_seqs; s++) total += context_lens[s];
-  return total;
-}
-
-// 1 where this build has AMX tiles for the q . k steps and Linux grants them, else 0.
-static int amx_granted(void) {
-#if HAVE_AMX_QK
-  return request_tiles() == 0;
-#else
-  return 0;
-#endif
 }
 
 // 1 where this build can load float16 caches, else 0.
@@ -315,54 +227,37 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
   if (attend == NULL) return 1;  // a cache dtype this build leaves out
   const AttendHeads heads =
       attend_heads_for(kv_dtype, head_dim, num_kv_heads, num_heads / num_kv_heads);
-  static const int elem_sizes[] = {4, 2, 2, 1, 1};
-  const int elem_size = elem_sizes[kv_dtype];
-  // bfloat16 keys of whole 32-element chunks on AMX tiles, where this build and Linux have them
-  // (not for a few blocks: configuring the tiles costs about what they save on those)
-  const int amx = HAVE_AMX_QK && kv_dtype == 1 && head_dim % 32 == 0 && heads != NULL &&
-                  total_context(context_lens, num_seqs) >= AMX_MIN_CONTEXT && amx_granted();
   if (num_threads < 1) num_threads = 1;
   if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
   const int64_t num_units = num_seqs * num_kv_heads;
   if (num_threads > num_units) num_threads = num_units > 0 ? (int)num_units : 1;
 
-  // Contiguous runs of units with about equal total context, the cost of a unit: several a
-  // thread where there are several threads.
+  // Contiguous runs of units with about equal total context, the cost of a unit.
   int64_t total = 0;
-  int max_context_len = 0;
-  for (int64_t s = 0; s < num_seqs; s++) {
-    total += (int64_t)context_lens[s] * num_kv_heads;
-    max_context_len = context_lens[s] > max_context_len ? context_lens[s] : max_context_len;
-  }
-  int64_t max_chunks = (int64_t)num_threads * CHUNKS_PER_THREAD;
-  if (max_chunks > total / MIN_CHUNK) max_chunks = total / MIN_CHUNK;
-  if (max_chunks < num_threads || num_threads == 1) max_chunks = num_threads;
-  const int num_chunks = (int)(max_chunks < num_units ? max_chunks : num_units > 0 ? num_units : 1);
-  Work *chunks = (Work *)malloc(sizeof(Work) * (size_t)num_chunks);
-  if (chunks == NULL) return 1;
+  for (int64_t s = 0; s < num_seqs; s++) total += (int64_t)context_lens[s] * num_kv_heads;
+  Work work[MAX_THREADS];
   int64_t unit = 0, done = 0;
-  for (int i = 0; i < num_chunks; i++) {
-    const int64_t target = total * (i + 1) / num_chunks;
-    chunks[i] = (Work){out,        query,        key_cache,  value_cache, block_tables,
-                       context_lens, query_seq_stride, block_table_stride, num_heads,
-                       num_kv_heads, head_dim,     block_size, scale,       sliding_window,
-                       softcap,      sinks,        alibi_slopes, unit,      unit,
-                       act_bf16};
-    while (unit < num_units && (done < target || i == num_chunks - 1)) {
+  for (int i = 0; i < num_threads; i++) {
+    const int64_t target = total * (i + 1) / num_threads;
+    work[i] = (Work){out,        query,        key_cache,  value_cache, block_tables,
+                     context_lens, query_seq_stride, block_table_stride, num_heads,
+                     num_kv_heads, head_dim,     block_size, scale,       sliding_window,
+                     softcap,      sinks,        alibi_slopes, unit,      unit,
+                     act_bf16};
+    while (unit < num_units && (done < target || i == num_threads - 1)) {
       done += context_lens[unit / num_kv_heads];
       unit++;
     }
-    chunks[i].unit_end = unit;
+    work[i].unit_end = unit;
   }
-  Call call = {chunks, num_chunks, 0, attend, heads, elem_size, amx, max_context_len};
 
   int status = 0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(num_threads) reduction(| : status)
-  status |= run_units(&call);
+  for (int i = omp_get_thread_num(); i < num_threads; i += omp_get_num_threads())
+    status |= run_units(&work[i], attend, heads);
 #else
-  status = run_units(&call);
+  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend, heads);
 #endif
-  free(chunks);
   return status;
 }

@@ -58,17 +58,7 @@ static inline void softmax_unit(const Work *w, const Unit *u, int kv_head, float
 static inline void store_out(const Work *w, const Unit *u, int64_t i, const float *v, int n) {
   if (w->act_bf16) {
     bf16_t *dst = (bf16_t *)w->out + u->out_offset + i;
-    int d = 0;
-    for (; d + VW <= n; d += VW) {  // float_to_bf16 lane by lane (GCC leaves its loop scalar)
-      vu32 bits;
-      memcpy(&bits, v + d, sizeof bits);
-      const vi32 nan = (vi32)((bits & 0x7fffffffu) > 0x7f800000u);
-      const vu32 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-      const vu16 h = __builtin_convertvector(
-          (vu32)select_vi32(nan, (vi32)((bits >> 16) | 0x40u), (vi32)rounded), vu16);
-      memcpy(dst + d, &h, sizeof h);
-    }
-    for (; d < n; d++) dst[d] = float_to_bf16(v[d]);
+    for (int d = 0; d < n; d++) dst[d] = float_to_bf16(v[d]);
   } else {
     memcpy((float *)w->out + u->out_offset + i, v, sizeof(float) * (size_t)n);
   }

@@ -18,11 +18,9 @@ pytestmark = pytest.mark.skipif(
 
 # Every build a machine of ours may run: its own, AVX2 (x86-64-v3, what an AVX-512 machine runs
 # under PAGEDGEN_MAX_CPU_ISA=avx2) and the x86-64 baseline (SSE2), so both ISAs' code paths are
-# tested whichever machine the tests run on; on a CPU with AMX also AVX-512 with avx512_bf16 but
-# no tiles (cooperlake), whose bfloat16 keys take the dot-product instructions instead.
+# tested whichever machine the tests run on.
 MARCHES = ["native"]
 if platform.machine() in ("x86_64", "AMD64"):
-    MARCHES += ["cooperlake"] * ("amx_bf16" in cpu_flags())
     MARCHES += ["x86-64-v3"] * ("avx2" in cpu_flags()) + ["x86-64"]
 
 
