@@ -97,7 +97,7 @@ ATTEND_UNITS(e5m2, WIDEN)
 
 #include "paged_attention_heads_cpu.h"
 #define ATTEND_HEADS_ALL(KV, QK)                                                        \
-  ATTEND_HEADS(KV, 64, QK) ATTEND_HEADS(KV, 80, WIDEN) ATTEND_HEADS(KV, 96, QK)          \
+  V_ROWS(KV) ATTEND_HEADS(KV, 64, QK) ATTEND_HEADS(KV, 80, WIDEN) ATTEND_HEADS(KV, 96, QK)          \
   ATTEND_HEADS(KV, 128, QK) ATTEND_HEADS(KV, 256, QK)
 ATTEND_HEADS_ALL(f32, WIDEN)
 #if HAVE_DPBF16
@@ -127,7 +127,7 @@ ATTEND_HEADS_ALL(e5m2, WIDEN)
   return NULL;
 
 typedef void (*AttendUnit)(const Work *, int64_t, int, float *);
-typedef void (*AttendHeads)(const Work *, int64_t, int, int, const HeadsScratch *);
+typedef void (*AttendHeads)(const Work *, int64_t, int, int, HeadsScratch *);
 
 #define PICK_HEADS(KV)                         \
   switch (head_dim) {                          \
@@ -161,35 +161,79 @@ static AttendUnit attend_unit_for(int kv_dtype, int head_dim) {
   PICK_BY_DTYPE(PICK_UNIT)
 }
 
-// Runs of a sequence's kv heads, MAX_ROWS query heads at most, through the sequence-major pass.
-static int run_heads(const Work *w, AttendHeads attend, int max_context_len) {
-  const int group = w->num_heads / w->num_kv_heads;
-  const int max_heads = MAX_ROWS / group;
+// The runs of kv heads h0 .. h1 of a sequence, MAX_ROWS query heads at most, that the
+// sequence-major pass takes in turn, from unit u on.
+static int64_t next_run(const Work *w, int64_t u, int64_t *seq, int *h0, int *h1) {
+  const int max_heads = MAX_ROWS / (w->num_heads / w->num_kv_heads);
+  *seq = u / w->num_kv_heads;
+  *h0 = (int)(u % w->num_kv_heads);
+  *h1 = w->num_kv_heads;
+  if (*h1 - *h0 > max_heads) *h1 = *h0 + max_heads;
+  if (*h1 - *h0 > w->unit_end - u) *h1 = *h0 + (int)(w->unit_end - u);
+  return u + *h1 - *h0;
+}
+
+// The blocks of the runs in the order the pass reads them (see Stream), or NULL.
+static BlockRows *stream_blocks(const Work *w, int elem_size, int64_t *num_blocks) {
+  int64_t count = 0, seq;
+  int h0, h1;
+  for (int64_t u = w->unit_begin; u < w->unit_end;) {
+    u = next_run(w, u, &seq, &h0, &h1);
+    const Unit unit = unit_of(w, seq, h0);
+    count += 2 * (unit.num_blocks - unit.first / w->block_size);
+  }
+  BlockRows *blocks = (BlockRows *)malloc(sizeof(BlockRows) * (size_t)(count + 1));
+  if (blocks == NULL) return NULL;
+  *num_blocks = 0;
+  for (int64_t u = w->unit_begin; u < w->unit_end;) {
+    u = next_run(w, u, &seq, &h0, &h1);
+    const Unit unit = unit_of(w, seq, h0);
+    for (int pass = 0; pass < 2; pass++) {
+      const char *cache = (const char *)(pass == 0 ? w->key_cache : w->value_cache);
+      FOR_EACH_BLOCK(w, unit, {
+        const int64_t row = (int64_t)unit.block_table[b] * w->block_size + i_begin;
+        BlockRows *at = &blocks[(*num_blocks)++];
+        at->rows = cache + (row * unit.row_stride + (int64_t)h0 * w->head_dim) * elem_size;
+        at->num_rows = n - i_begin;
+        at->bytes = (h1 - h0) * w->head_dim * elem_size;
+      })
+    }
+  }
+  return blocks;
+}
+
+// Runs of a sequence's kv heads through the sequence-major pass, the first blocks of the stream
+// asked for before the first pass reads them.
+static int run_heads(const Work *w, AttendHeads attend, int max_context_len, int elem_size) {
   HeadsScratch x;
   x.scores = (float *)malloc(sizeof(float) * MAX_ROWS * (size_t)(max_context_len + 1));
   x.acc = (float *)aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
   x.qv = aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)w->head_dim);
-  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL;
+  x.stream.blocks = stream_blocks(w, elem_size, &x.stream.num_blocks);
+  x.stream.row_bytes = (int64_t)w->num_kv_heads * w->head_dim * elem_size;
+  const int64_t block_bytes = (int64_t)w->block_size * w->head_dim * elem_size *
+                              (w->num_kv_heads < MAX_ROWS ? w->num_kv_heads : MAX_ROWS);
+  x.stream.lead = PF_LEAD / block_bytes > 1 ? PF_LEAD / block_bytes : 1;
+  int status = x.scores == NULL || x.acc == NULL || x.qv == NULL || x.stream.blocks == NULL;
+  for (x.stream.at = -x.stream.lead; x.stream.at < 0 && !status; x.stream.at++)
+    prefetch_part(&x.stream, 0, 1);
+  int64_t seq;
+  int h0, h1;
   for (int64_t u = w->unit_begin; u < w->unit_end && !status;) {
-    const int64_t seq = u / w->num_kv_heads;
-    const int h0 = (int)(u % w->num_kv_heads);
-    int h1 = w->num_kv_heads;
-    if (h1 - h0 > max_heads) h1 = h0 + max_heads;
-    if (h1 - h0 > w->unit_end - u) h1 = h0 + (int)(w->unit_end - u);
+    u = next_run(w, u, &seq, &h0, &h1);
     attend(w, seq, h0, h1, &x);
-    u += h1 - h0;
   }
-  free(x.scores), free(x.acc), free(x.qv);
+  free(x.scores), free(x.acc), free(x.qv), free(x.stream.blocks);
   return status;
 }
 
-static int run_units(const Work *w, AttendUnit attend, AttendHeads heads) {
+static int run_units(const Work *w, AttendUnit attend, AttendHeads heads, int elem_size) {
   int max_context_len = 0;
   for (int64_t u = w->unit_begin; u < w->unit_end; u++) {
     const int n = w->context_lens[u / w->num_kv_heads];
     max_context_len = n > max_context_len ? n : max_context_len;
   }
-  if (heads != NULL) return run_heads(w, heads, max_context_len);
+  if (heads != NULL) return run_heads(w, heads, max_context_len, elem_size);
   const int group = w->num_heads / w->num_kv_heads;
   float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(max_context_len + 1));
   if (scores == NULL) return 1;
@@ -227,6 +271,8 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
   if (attend == NULL) return 1;  // a cache dtype this build leaves out
   const AttendHeads heads =
       attend_heads_for(kv_dtype, head_dim, num_kv_heads, num_heads / num_kv_heads);
+  static const int elem_sizes[] = {4, 2, 2, 1, 1};
+  const int elem_size = elem_sizes[kv_dtype];
   if (num_threads < 1) num_threads = 1;
   if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
   const int64_t num_units = num_seqs * num_kv_heads;
@@ -255,9 +301,9 @@ int paged_attention_decode(int kv_dtype, int act_bf16, void *out, const void *qu
 #ifdef _OPENMP
 #pragma omp parallel num_threads(num_threads) reduction(| : status)
   for (int i = omp_get_thread_num(); i < num_threads; i += omp_get_num_threads())
-    status |= run_units(&work[i], attend, heads);
+    status |= run_units(&work[i], attend, heads, elem_size);
 #else
-  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend, heads);
+  for (int i = 0; i < num_threads; i++) status |= run_units(&work[i], attend, heads, elem_size);
 #endif
   return status;
 }

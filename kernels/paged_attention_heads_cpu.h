@@ -10,43 +10,58 @@
 // tokens, bfloat16 caches, 8 layers: MHA heads of 64 (BLOOM) 246 -> 113 ms, 32 heads of 128 on 8
 // kv heads (Llama 3 8B) 347 -> 143 ms, the unit way and this way.
 //
-// Blocks lie anywhere in the pool, so each pass asks for the next block's rows as it reads the
-// same rows of this one, a line asked for each line read, into L2 (prefetcht2: into L1, they
-// took fill buffers the loads of this block wait on). With a few vector ops a line, a loop over
-// scattered blocks streams at ~13.5 GB/s here without it and ~20 with it (a C test); SmolLM2's
-// heads, 32 x 2,048 tokens: 4.30 -> 3.48 ms a layer.
+// Blocks lie anywhere in the pool, so the passes ask for the rows of the blocks they read next
+// themselves (see Stream), into L2: with a few vector ops a line, a loop over scattered blocks
+// streams at ~13.5 GB/s here without it and ~20 with it (a C test); SmolLM2's heads, 32 x 2,048
+// tokens: 4.30 -> 3.48 ms a layer.
 //
 // Per (kv head, query head of its group) row r: scores as the unit pass computes them (the same
 // q . k steps, in the same order), the same softmax_rows, then the weighted sum of V rows kept in
-// acc[r] (float32, in L1) in position order, so a row's result does not depend on the heads
-// beside it.
+// acc[r] (float32, in L1; in registers over a block) in position order, so a row's result does
+// not depend on the heads beside it.
 
 #define MAX_ROWS 128  // query heads a call attends at most: scores and accumulators per row
+#define PF_LEAD 16384  // bytes of K/V the prefetches run ahead of the loads, a block at least
+
+// The rows of one block a pass reads: num_rows rows of bytes each, a cache row apart.
+typedef struct {
+  const char *rows;
+  int num_rows, bytes;
+} BlockRows;
+
+// Every block a thread reads in the order it reads them (each run's K blocks, then its V blocks),
+// and the one it reads now. Blocks lie anywhere in the pool, so the hardware prefetchers cannot
+// run ahead of a block table: the passes ask for the rows `lead` blocks on in this list, a part
+// of a block for each part of a block they compute, so memory streams without a break across
+// blocks, from the K pass to the V pass, and from one sequence to the next (asking at a pass's
+// own next blocks only, each pass and each sequence began on a cold block).
+typedef struct {
+  BlockRows *blocks;
+  int64_t num_blocks, at, lead;
+  int64_t row_bytes;  // bytes from one cache row to the next
+} Stream;
 
 typedef struct {
   float *scores;  // [MAX_ROWS][max context + 1]
   float *acc;     // [MAX_ROWS][head_dim], 64-byte aligned
   void *qv;       // [MAX_ROWS][query vectors], 64-byte aligned
+  Stream stream;
 } HeadsScratch;
 
-// Kv head h0's first element of block b + 1's rows in cache (K or V), or NULL after the last
-// block.
-static inline const char *next_block_rows(const Work *w, const Unit *u, const void *cache, int b,
-                                          int h0, int elem_size) {
-  if (b + 1 >= u->num_blocks) return NULL;
-  const int64_t row = (int64_t)u->block_table[b + 1] * w->block_size * u->row_stride;
-  return (const char *)cache + (row + (int64_t)h0 * w->head_dim) * elem_size;
-}
-
-// Rows r0 .. r1 of a block (bytes of each from rows, NULL: none) into L2. always_inline: see
-// prefetch_block.
-static inline __attribute__((always_inline)) void prefetch_rows_l2(const char *rows,
-                                                                    const Unit *u, int r0, int r1,
-                                                                    int bytes, int elem_size) {
-  if (rows == NULL) return;
-  for (int r = r0; r < r1; r++)
-    for (int c = 0; c < bytes; c += 64)
-      __builtin_prefetch(rows + r * u->row_stride * elem_size + c, 0, 1);
+// Part `part` of `parts` (by rows) of the block `lead` on into L2 (prefetcht2: into L1, they took
+// fill buffers the loads of this block wait on). always_inline: GCC 12 takes a function of
+// prefetches alone for one without side effects and drops its calls.
+static inline __attribute__((always_inline)) void prefetch_part(const Stream *s, int part,
+                                                                int parts) {
+  if (s->at + s->lead >= s->num_blocks) return;
+  const BlockRows *next = &s->blocks[s->at + s->lead];
+  const int r1 = (int)((int64_t)next->num_rows * (part + 1) / parts);
+  for (int r = (int)((int64_t)next->num_rows * part / parts); r < r1; r++) {
+    const char *row = next->rows + r * s->row_bytes;
+    const char *end = row + next->bytes;
+    for (const char *c = (const char *)((uintptr_t)row & ~(uintptr_t)63); c < end; c += 64)
+      __builtin_prefetch(c, 0, 1);
+  }
 }
 
 // The query rows as the q . k steps take them: float32 vectors, or bfloat16 pairs for dpbf16.
@@ -65,12 +80,36 @@ static inline __attribute__((always_inline)) void prefetch_rows_l2(const char *r
 #define DPBF16_QK(KV, HD, qv, k, count, s) \
   qk_keys_dpbf16_##HD(qv, k, row_stride, count, w->scale, s)
 
+// acc[g][j0 ..] += p[g][i] * v row i, for GT rows of accumulators (acc_stride floats apart) and
+// jt <= JT vectors, over `rows` rows of one kv head in a block: the accumulators stay in
+// registers over the block, each row of V loaded once for the GT query heads.
+#define V_ROWS(KV)                                                                            \
+  static inline __attribute__((always_inline)) void v_rows_##KV(                             \
+      const KV##_t *v, int64_t row_stride, int rows, const float *const *p, int GT, int jt,   \
+      float *acc, int acc_stride) {                                                           \
+    vf a[4][JT];                                                                              \
+    for (int g = 0; g < GT; g++)                                                              \
+      for (int j = 0; j < JT; j++)                                                            \
+        a[g][j] = j < jt ? load_vf_f32(acc + g * acc_stride + j * VW) : (vf){0};              \
+    for (int i = 0; i < rows; i++) {                                                          \
+      vf x[JT];                                                                               \
+      for (int j = 0; j < JT; j++) x[j] = j < jt ? load_vf_##KV(v + i * row_stride + j * VW) : (vf){0}; \
+      for (int g = 0; g < GT; g++) {                                                          \
+        const float pt = p[g][i];                                                             \
+        for (int j = 0; j < JT; j++) a[g][j] += pt * x[j];                                    \
+      }                                                                                       \
+    }                                                                                         \
+    for (int g = 0; g < GT; g++)                                                              \
+      for (int j = 0; j < jt; j++) store_vf(acc + g * acc_stride + j * VW, a[g][j]);          \
+  }
+
 #define ATTEND_HEADS(KV, HD, QK)                                                              \
   static void attend_heads_##KV##_##HD(const Work *w, int64_t seq, int h0, int h1,           \
-                                       const HeadsScratch *x) {                               \
+                                       HeadsScratch *x) {                                     \
     const Unit u = unit_of(w, seq, h0);                                                       \
     const int64_t row_stride = u.row_stride;                                                  \
-    const int rows = (h1 - h0) * u.group;                                                     \
+    const int rows = (h1 - h0) * u.group, heads = h1 - h0;                                    \
+    Stream *stream = &x->stream;                                                              \
     QK##_QTYPE *qv = (QK##_QTYPE *)x->qv;                                                     \
     for (int r = 0; r < rows; r++) {                                                          \
       float q[HD];                                                                            \
@@ -80,48 +119,53 @@ static inline __attribute__((always_inline)) void prefetch_rows_l2(const char *r
     FOR_EACH_BLOCK(w, u, {                                                                    \
       const KV##_t *k_block = (const KV##_t *)w->key_cache +                                  \
                               (int64_t)u.block_table[b] * w->block_size * row_stride;        \
-      const char *k_next = next_block_rows(w, &u, w->key_cache, b, h0, sizeof(KV##_t));       \
+      const int parts = (n - i_begin + VW - 1) / VW * heads;                                  \
       for (int i = i_begin; i < n; i += VW) {                                                 \
         const int count = n - i < VW ? n - i : VW;                                            \
-        prefetch_rows_l2(k_next, &u, i, i + count, (h1 - h0) * (HD) * sizeof(KV##_t),         \
-                         sizeof(KV##_t));                                                     \
-        for (int h = h0; h < h1; h++)                                                         \
+        for (int h = h0; h < h1; h++) {                                                       \
+          prefetch_part(stream, (i - i_begin) / VW * heads + h - h0, parts);                  \
           for (int g = 0; g < u.group; g++) {                                                 \
             const int r = (h - h0) * u.group + g;                                             \
             QK##_QK(KV, HD, qv + r * QK##_QN(HD), k_block + i * row_stride + h * (HD), count, \
                     x->scores + r * u.span + t0 + i - u.first);                               \
           }                                                                                   \
+        }                                                                                     \
       }                                                                                       \
+      stream->at++;                                                                           \
     })                                                                                        \
     float inv_sum[MAX_ROWS];                                                                  \
     softmax_rows(w->softcap, of_group(w, w->sinks, h0), of_group(w, w->alibi_slopes, h0),     \
                  x->scores, rows, u.span, inv_sum);                                           \
-    vf *acc = (vf *)x->acc;                                                                   \
-    for (int j = 0; j < rows * ((HD) / VW); j++) acc[j] = (vf){0};                            \
+    for (int j = 0; j < rows * (HD); j++) x->acc[j] = 0.0f;                                   \
     FOR_EACH_BLOCK(w, u, {                                                                    \
       const KV##_t *v_block = (const KV##_t *)w->value_cache +                                \
-                              (int64_t)u.block_table[b] * w->block_size * row_stride;        \
-      const char *v_next = next_block_rows(w, &u, w->value_cache, b, h0, sizeof(KV##_t));     \
-      for (int i = i_begin; i < n; i++) {                                                     \
-        const int t = t0 + i - u.first;                                                       \
-        prefetch_rows_l2(v_next, &u, i, i + 1, (h1 - h0) * (HD) * sizeof(KV##_t),             \
-                         sizeof(KV##_t));                                                     \
-        for (int h = h0; h < h1; h++) {                                                       \
-          vf v[(HD) / VW];                                                                    \
-          for (int j = 0; j < (HD) / VW; j++)                                                 \
-            v[j] = load_vf_##KV(v_block + i * row_stride + h * (HD) + j * VW);                \
-          for (int g = 0; g < u.group; g++) {                                                 \
-            const int r = (h - h0) * u.group + g;                                             \
-            const float p = x->scores[r * u.span + t];                                        \
-            vf *a = acc + r * ((HD) / VW);                                                    \
-            for (int j = 0; j < (HD) / VW; j++) a[j] += p * v[j];                             \
+                              ((int64_t)u.block_table[b] * w->block_size + i_begin) * row_stride; \
+      const int t = t0 + i_begin - u.first;                                                   \
+      for (int h = h0; h < h1; h++) {                                                         \
+        prefetch_part(stream, h - h0, heads);                                                 \
+        for (int g0 = 0; g0 < u.group; g0 += 4) {                                             \
+          const int gt = u.group - g0 < 4 ? u.group - g0 : 4;                                 \
+          const int r0 = (h - h0) * u.group + g0;                                             \
+          const float *p[4];                                                                  \
+          for (int g = 0; g < gt; g++) p[g] = x->scores + (r0 + g) * u.span + t;              \
+          for (int j0 = 0; j0 < (HD) / VW; j0 += JT) {                                        \
+            const int jt = (HD) / VW - j0 < JT ? (HD) / VW - j0 : JT;                         \
+            const KV##_t *v = v_block + h * (HD) + j0 * VW;                                   \
+            float *acc = x->acc + r0 * (HD) + j0 * VW;                                        \
+            switch (gt) { /* constant GTs: the accumulators stay in registers */              \
+              case 1: v_rows_##KV(v, row_stride, n - i_begin, p, 1, jt, acc, HD); break;      \
+              case 2: v_rows_##KV(v, row_stride, n - i_begin, p, 2, jt, acc, HD); break;      \
+              case 3: v_rows_##KV(v, row_stride, n - i_begin, p, 3, jt, acc, HD); break;      \
+              default: v_rows_##KV(v, row_stride, n - i_begin, p, 4, jt, acc, HD); break;    \
+            }                                                                                 \
           }                                                                                   \
         }                                                                                     \
       }                                                                                       \
+      stream->at++;                                                                           \
     })                                                                                        \
     for (int r = 0; r < rows; r++)                                                            \
       for (int j = 0; j < (HD) / VW; j++) {                                                   \
-        const vf o = acc[r * ((HD) / VW) + j] * inv_sum[r];                                   \
+        const vf o = load_vf_f32(x->acc + r * (HD) + j * VW) * inv_sum[r];                    \
         store_out(w, &u, (int64_t)r * (HD) + j * VW, (const float *)&o, VW);                  \
       }                                                                                       \
   }
