@@ -55,8 +55,8 @@ static inline __attribute__((always_inline)) void prefetch_part(const Stream *s,
                                                                 int parts) {
   if (s->at + s->lead >= s->num_blocks) return;
   const BlockRows *next = &s->blocks[s->at + s->lead];
-  const int r1 = (int)((int64_t)next->num_rows * (part + 1) / parts);
-  for (int r = (int)((int64_t)next->num_rows * part / parts); r < r1; r++) {
+  const int r1 = next->num_rows * (part + 1) / parts;  // rows <= block_size: no overflow
+  for (int r = next->num_rows * part / parts; r < r1; r++) {
     const char *row = next->rows + r * s->row_bytes;
     const char *end = row + next->bytes;
     for (const char *c = (const char *)((uintptr_t)row & ~(uintptr_t)63); c < end; c += 64)
