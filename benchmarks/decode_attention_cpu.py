@@ -3,7 +3,8 @@ K/V read, against a large tensor copy's GB/s, on a decode step of Llama-3.2-1B's
 (64 sequences of 112 tokens, 32/8 heads of 64, bfloat16 cache in blocks of 16, one cache per
 layer so that each call reads its K/V from memory as a model's step does):
 
-    python benchmarks/decode_attention_cpu.py [--seqs 64] [--context 112] [--baseline /work/main]
+    python benchmarks/decode_attention_cpu.py [--seqs 64] [--context 112] [--threads 2]
+        [--march native] [--baseline OTHER_TREE]
 
 With --baseline, the kernel of that source tree runs too, in turn with this one's, in the same
 process, and the ratio is printed.
@@ -19,14 +20,14 @@ import torch
 from pagedgen.kernels import cpu, cpu_build, source
 
 
-def kernel_of(kernels: Path | None) -> Callable[..., int]:
+def kernel_of(kernels: Path | None, march: str) -> Callable[..., int]:
     """The decode entry point built from kernels/ of a source tree (None: this one)."""
     if kernels is not None:
         source.kernel_dir = lambda: kernels  # noqa: E731 (the loader asks this module)
     source.kernel_source.cache_clear()
     cpu_build.load_cpu_library.cache_clear()
     cpu._library.cache_clear()
-    return cpu._library("native", cpu.KV_DTYPE_CODES[torch.bfloat16]).paged_attention_decode
+    return cpu._library(march, cpu.KV_DTYPE_CODES[torch.bfloat16]).paged_attention_decode
 
 
 def main() -> None:
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--march", default="native", help="the build: native, cooperlake, ...")
     parser.add_argument("--baseline", type=Path, help="a source tree whose kernel runs too")
     args = parser.parse_args()
 
@@ -64,9 +66,9 @@ def main() -> None:
         tail = cpu._trailing_args(query, k, d**-0.5, None, None, None, None, args.threads)
         calls.append((*head, lens.data_ptr(), n, *tail))
 
-    kernels = {"this": kernel_of(None)}
+    kernels = {"this": kernel_of(None, args.march)}
     if args.baseline is not None:
-        kernels["baseline"] = kernel_of(args.baseline / "kernels")
+        kernels["baseline"] = kernel_of(args.baseline / "kernels", args.march)
     outs = {}
     for name, kernel in kernels.items():
         assert kernel(*calls[0]) == 0
