@@ -66,14 +66,15 @@ def packed_as_loaded(
     compute_dtype: torch.dtype | None,
     quantization: str | None,
     after_layer: Callable[[], object] | None = None,
+    outside_layers: bool = True,
 ) -> Iterator[tuple[str, Weight]]:
     """weights as they stream to the model's load_weights, packing each decoder layer's Linears
-    (Linear.pack) as soon as the stream has moved past the layer, and a Linear outside the layers
-    (an untied LM head) once its tensors have passed, so that a model quantized at load never
-    holds more than one layer's dense weights. weights must come in layer order (a layer's
-    tensors together, as read_safetensors reads them; a tensor arriving for a Linear already
-    packed fails Linear.load_shard's assertion); the Llama family's load_weights loads each
-    tensor as it comes. after_layer runs after each group is packed."""
+    (Linear.pack) as soon as the stream has moved past the layer, and, with outside_layers, a
+    Linear outside the layers (an untied LM head) once its tensors have passed, so that a model
+    quantized at load never holds more than one layer's dense weights. weights must come in
+    layer order (a layer's tensors together, as read_safetensors reads them; a tensor arriving
+    for a Linear already packed fails Linear.load_shard's assertion); the Llama family's
+    load_weights loads each tensor as it comes. after_layer runs after each group is packed."""
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
     layers: dict[int | None, list[Linear]] = {}
     for name, linear in linears.items():
@@ -88,8 +89,10 @@ def packed_as_loaded(
             if after_layer is not None:
                 after_layer()
             current = index
-        if index is None and (
-            outside := linears.get(name.removeprefix("model.").rpartition(".")[0])
+        if (
+            outside_layers
+            and index is None
+            and (outside := linears.get(name.removeprefix("model.").rpartition(".")[0]))
         ):
             layers.setdefault(None, []).append(outside)
         yield name, weight
@@ -143,7 +146,11 @@ def load_model(
     keep = keeps_quantized(model, quantization, compute_dtype or dtype)
     weights = loaded_weights(checkpoint_weights(resolved, config), model, dtype, keep)
     if resolved.gguf_file is None and type(model).load_weights is LlamaForCausalLM.load_weights:
-        weights = packed_as_loaded(weights, model, compute_dtype, quantization, after_layer)
+        # (a model whose derived weights read its LM head, a classifier's score rows, packs it last)
+        head_read = type(model).derived_weights is not LlamaForCausalLM.derived_weights
+        weights = packed_as_loaded(
+            weights, model, compute_dtype, quantization, after_layer, not head_read
+        )
     model.load_weights(weights)
     # before the widening: panels stay bfloat16
     pack_linear_weights(model, compute_dtype, quantization)
