@@ -6,10 +6,10 @@ packed once into 16-column panels that a decode step streams at their stored siz
 x is quantized per row in blocks of the weight's granule (128, 64, 32 or 16 k: the largest that
 divides its group) to about 15 bits, two int8 digits, the integer dot products of both digits are
 exact and the float epilogue runs in a fixed order, so the AVX-512 VNNI, AVX2 and plain-C builds
-give the same bits and a row's output never depends on the batch. On a CPU with AMX-INT8 tiles the same source built
-with them runs batches of AMX_MIN_ROWS rows and more on the tiles, with the same bits.
-PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the layers then dequantize), as it does the float
-kernels."""
+give the same bits and a row's output never depends on the batch. On a CPU with AMX-INT8 tiles
+the same source built with them runs batches of AMX_MIN_ROWS rows and more on the tiles, with
+the same bits. PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the layers then dequantize), as it
+does the float kernels."""
 
 import ctypes
 import functools
