@@ -61,9 +61,6 @@ class _Entry:
     begin: int  # byte offsets in the file
     end: int
 
-    def order(self) -> int:
-        return layer_order(self.name)
-
 
 def read_safetensors(paths: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of the files by name, in layer order (see the module docstring). Every
@@ -77,7 +74,7 @@ def read_safetensors(paths: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             entries.append(
                 _Entry(name, path, info["dtype"], tuple(info["shape"]), start + begin, start + end)
             )
-    entries.sort(key=_Entry.order)  # stable: within a layer, the files' own order
+    entries.sort(key=lambda entry: layer_order(entry.name))  # stable: a layer keeps file order
     files = {path: path.open("rb") for path in paths}
     try:
         for entry in entries:

@@ -56,8 +56,9 @@ def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     items = [item for state in states for item in state.items()]
     del states
     items.sort(key=lambda item: layer_order(item[0]))
-    while items:  # (popped: a tensor the model has copied is freed)
-        yield items.pop(0)
+    items.reverse()
+    while items:  # (popped from the end: a tensor the model has copied is freed)
+        yield items.pop()
 
 
 def packed_as_loaded(
@@ -84,9 +85,10 @@ def packed_as_loaded(
     for name, weight in weights:
         index = layer_index(name)
         if index != current:  # load_weights has loaded all of the group before
-            for linear in layers.pop(current, []):
+            packed = layers.pop(current, [])
+            for linear in packed:
                 linear.pack(compute_dtype, quantization)
-            if after_layer is not None:
+            if packed and after_layer is not None:
                 after_layer()
             current = index
         if (
