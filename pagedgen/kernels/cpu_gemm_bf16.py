@@ -9,6 +9,12 @@ Zen 5, as fast at 512 rows. On a CPU with AMX tiles, kernels/cpu_gemm_amx.c take
 whose K is a multiple of 32 (the others keep the dot-product kernel): at decode batches it
 streams the weights 1.1-1.25x faster than oneDNN's AMX kernels.
 
+A float32 model whose weights are all bfloat16 values (a bfloat16 checkpoint run in float32) can
+keep them in these panels on a CPU with AMX: linear_float32() splits each row of x into three
+bfloat16 parts that hold all of its bits and sums their products in float32 on the tiles (a
+float32 matmul in an order of its own, at three times the bfloat16 work: still several times the
+float32 FMAs' speed), half the weight bytes of float32 panels.
+
 Used wherever the dot-product kernel builds (the target needs AVX512_BF16), except on a CPU with
 AMX where the AMX kernel does not build: oneDNN's AMX kernels are faster than ours without tiles.
 PAGEDGEN_DISABLE_CPU_GEMM=1 turns both off, as it does the float32 panel kernel."""
@@ -51,7 +57,8 @@ def _library(march: str) -> SimpleNamespace:
 
 @functools.cache
 def _amx_library() -> SimpleNamespace:
-    return declare(load_amx_library(AMX_SOURCE), {"linear_bf16_amx": LINEAR_TYPES})
+    signatures = {"linear_bf16_amx": LINEAR_TYPES, "linear_f32_amx": LINEAR_TYPES}
+    return declare(load_amx_library(AMX_SOURCE), signatures)
 
 
 @functools.cache
@@ -82,13 +89,30 @@ def enabled() -> bool:
     return not (amx and torch.bfloat16 in cpu_features.onednn_matmul_dtypes())
 
 
+def takes_float32(weight: torch.Tensor) -> bool:
+    """Whether linear_float32 computes a float32 model's layer of this [N, K] weight here: AMX,
+    K a multiple of 32, and every value of the weight a bfloat16 one (its low 16 bits zero)."""
+    return (
+        weight.dtype in (torch.float32, torch.bfloat16)
+        and weight.device.type == "cpu"
+        and weight.dim() == 2
+        and weight.shape[1] % AMX_K_MULTIPLE == 0
+        and enabled()
+        and amx_error() is None
+        and (weight.dtype == torch.bfloat16 or not (weight.view(torch.int32) & 0xFFFF).any())
+    )
+
+
 def packed_numel(out_features: int, in_features: int) -> int:
     return -(-out_features // PANEL_WIDTH) * PANEL_WIDTH * 2 * ((in_features + 1) // 2)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] bfloat16 -> the panels [ceil(N / 16)][ceil(K / 2)][16][2] that linear() reads, as
-    int16 bits, in huge pages where the weight fills one (see pagedgen.kernels.huge_pages)."""
+    int16 bits, in huge pages where the weight fills one (see pagedgen.kernels.huge_pages). A
+    float32 weight that takes_float32() packs as its bfloat16 values."""
+    if weight.dtype == torch.float32 and takes_float32(weight):
+        weight = weight.bfloat16()
     if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
         raise TypeError(f"expected a 2-D bfloat16 CPU weight, got {weight.dtype} {weight.shape}")
     weight = weight.contiguous()
@@ -103,8 +127,27 @@ def linear(
 ) -> torch.Tensor:
     """x @ W.T (+ bias) for x [..., K] bfloat16, W as pack() returned it; bfloat16 out. Runs for
     every projection of every layer, so its checks stay cheap."""
-    if x.dtype != torch.bfloat16 or x.device.type != "cpu":
-        raise TypeError(f"expected bfloat16 CPU activations, got {x.dtype} on {x.device}")
+    return _linear(x, packed, bias, out_features, torch.bfloat16)
+
+
+def linear_float32(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """x @ W.T (+ bias) for x [..., K] float32 on AMX, W as pack() returned it; float32 out (see
+    the module's docstring). K is a multiple of 32."""
+    return _linear(x, packed, bias, out_features, torch.float32)
+
+
+def _linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_features: int,
+    dtype: torch.dtype,  # x's, bias's and y's
+) -> torch.Tensor:
+    name = str(dtype).removeprefix("torch.")
+    if x.dtype != dtype or x.device.type != "cpu":
+        raise TypeError(f"expected {name} CPU activations, got {x.dtype} on {x.device}")
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -114,12 +157,14 @@ def linear(
             f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
         )
     if bias is not None:
-        if bias.dtype != torch.bfloat16 or bias.shape != (out_features,):
-            raise ValueError(f"bias must be bfloat16 [{out_features}]")
+        if bias.dtype != dtype or bias.shape != (out_features,):
+            raise ValueError(f"bias must be {name} [{out_features}]")
         bias = bias.contiguous()  # held: the C call reads it
-    y = torch.empty(m, out_features, dtype=torch.bfloat16)
+    y = torch.empty(m, out_features, dtype=dtype)
     if m:
-        if k % AMX_K_MULTIPLE == 0 and amx_error() is None:
+        if dtype == torch.float32:
+            kernel = _amx_library().linear_f32_amx
+        elif k % AMX_K_MULTIPLE == 0 and amx_error() is None:
             kernel = _amx_library().linear_bf16_amx
         else:
             kernel = _library(kernel_march()).linear_bf16

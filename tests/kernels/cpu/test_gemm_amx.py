@@ -1,7 +1,8 @@
 """Which bfloat16 layers the AMX matmul (kernels/cpu_gemm_amx.c) takes (K a multiple of 32, the
 dot-product kernel the others), and that its tiles never read past x's last row. Its other cases
 (accuracy, tails of 16-row tiles, rows independent of the batch) are the dot-product kernel's,
-which run on both kernels here (tests/kernels/cpu/test_gemm_bf16.py). Skipped without AMX."""
+which run on both kernels here (tests/kernels/cpu/test_gemm_bf16.py); then its float32 path
+(x in three bfloat16 parts). Skipped without AMX."""
 
 import ctypes
 import mmap
@@ -12,6 +13,7 @@ import torch
 from pagedgen.kernels import cpu_gemm_bf16
 from pagedgen.kernels.cpu_build import record_calls
 from pagedgen.kernels.cpu_features import has_amx_bf16, kernel_march
+from pagedgen.layers.linear import PAIR_PANELS_F32, PANELS, Linear
 from tests.kernels.cpu.test_gemm_bf16 import assert_rounded_once
 
 # Where the CPU has AMX, a kernel that fails to build fails these tests: it does not skip them.
@@ -82,3 +84,63 @@ def test_a_decode_batch_at_large_k_in_one_block_matches_its_rows_alone(rows):
     for r in (0, 63, 64, rows - 1):
         assert torch.equal(out[r : r + 1], cpu_gemm_bf16.linear(x[r : r + 1], packed, None, 80))
     assert_rounded_once(out, x, weight, None)
+
+
+def float32_error(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias) -> float:
+    """y's largest error against float64, relative to the sum of the terms' magnitudes."""
+    x64, w64 = x.double(), weight.double()
+    b64 = torch.zeros(weight.shape[0], dtype=torch.float64) if bias is None else bias.double()
+    scale = x64.abs() @ w64.abs().T + b64.abs()
+    return ((y.double() - (x64 @ w64.T + b64)).abs() / scale).max().item()
+
+
+@pytest.mark.parametrize(
+    "m, n, k, bias",
+    [(1, 40, 64, False), (15, 100, 576, True), (17, 33, 96, True), (61, 300, 2048, False)]
+    + [(100, 70, 8192, True), (300, 48, 2048, False)],
+)
+def test_float32_activations_over_bfloat16_panels_are_float32_accurate(m, n, k, bias):
+    """x split into three bfloat16 parts, their products summed in float32: as close to the
+    exact result as a float32 matmul (oneDNN's) is, with x over 6 decades."""
+    torch.manual_seed(m * n + k)
+    weight = torch.randn(n, k).bfloat16().float()
+    x = torch.randn(m, k) * torch.logspace(-3, 3, k)[torch.randperm(k)]
+    b = torch.randn(n) if bias else None
+    assert cpu_gemm_bf16.takes_float32(weight)
+    out = cpu_gemm_bf16.linear_float32(x, cpu_gemm_bf16.pack(weight), b, n)
+    assert out.dtype == torch.float32 and out.shape == (m, n)
+    reference = float32_error(torch.nn.functional.linear(x, weight, b), x, weight, b)
+    assert float32_error(out, x, weight, b) <= 2 * reference + 1e-7
+
+
+@pytest.mark.parametrize("k", [2048, 8192])
+def test_float32_rows_do_not_depend_on_the_batch(k):
+    """At K = 8,192 x's parts take blocks of 32 rows: every row as when it came alone."""
+    torch.manual_seed(k)
+    weight, x = torch.randn(50, k).bfloat16().float(), torch.randn(77, k)
+    packed = cpu_gemm_bf16.pack(weight)
+    out = cpu_gemm_bf16.linear_float32(x, packed, None, 50)
+    for r in (0, 31, 32, 63, 64, 76):
+        alone = cpu_gemm_bf16.linear_float32(x[r : r + 1], packed, None, 50)
+        assert torch.equal(out[r : r + 1], alone)
+
+
+def test_only_weights_of_bfloat16_values_take_the_float32_path():
+    weight = torch.randn(32, 64).bfloat16().float()
+    assert cpu_gemm_bf16.takes_float32(weight)
+    assert not cpu_gemm_bf16.takes_float32(weight[:, :48].contiguous())  # K not a multiple of 32
+    weight[3, 5] += 2**-20
+    assert not cpu_gemm_bf16.takes_float32(weight)
+
+
+def test_a_float32_layer_of_bfloat16_values_packs_for_the_float32_path():
+    layer, other = Linear(64, [32, 16], bias=True), Linear(64, 48)
+    layer.weight.data.copy_(torch.randn(48, 64).bfloat16().float())
+    layer.bias.data.normal_()
+    other.weight.data.normal_()
+    x = torch.randn(5, 64)
+    expected = torch.nn.functional.linear(x, layer.weight.data.clone(), layer.bias.data.clone())
+    assert layer.pack(torch.float32) and layer.layout == PAIR_PANELS_F32
+    assert layer.weight.dtype == torch.int16  # half the bytes of float32 panels
+    assert other.pack(torch.float32) and other.layout == PANELS
+    assert torch.allclose(layer(x), expected, rtol=1e-5, atol=1e-5)
