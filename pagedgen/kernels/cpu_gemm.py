@@ -52,6 +52,13 @@ def enabled() -> bool:
     return not envs.disable_cpu_gemm() and cpu_gemm_error(kernel_march()) is None
 
 
+def bfloat16_valued(weight: torch.Tensor) -> bool:
+    """Whether every value of a float32 weight is a bfloat16 one (its low 16 bits zero), as in a
+    bfloat16 checkpoint run in float32: packed as bfloat16, the kernel widens them back, so its
+    results are the same bits at half the bytes."""
+    return weight.dtype == torch.float32 and not (weight.view(torch.int32) & 0xFFFF).any()
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] float32 or bfloat16 -> the flat panel layout [ceil(N / 16) * K * 16] that linear()
     reads: float32, or int16 holding the bfloat16 bits."""

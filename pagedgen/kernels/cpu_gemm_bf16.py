@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 from pagedgen import envs
-from pagedgen.kernels import cpu_features
+from pagedgen.kernels import cpu_features, cpu_gemm
 from pagedgen.kernels.cpu_build import (
     build_error,
     declare,
@@ -99,7 +99,7 @@ def takes_float32(weight: torch.Tensor) -> bool:
         and weight.shape[1] % AMX_K_MULTIPLE == 0
         and enabled()
         and amx_error() is None
-        and (weight.dtype == torch.bfloat16 or not (weight.view(torch.int32) & 0xFFFF).any())
+        and (weight.dtype == torch.bfloat16 or cpu_gemm.bfloat16_valued(weight))
     )
 
 
@@ -109,10 +109,7 @@ def packed_numel(out_features: int, in_features: int) -> int:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] bfloat16 -> the panels [ceil(N / 16)][ceil(K / 2)][16][2] that linear() reads, as
-    int16 bits, in huge pages where the weight fills one (see pagedgen.kernels.huge_pages). A
-    float32 weight that takes_float32() packs as its bfloat16 values."""
-    if weight.dtype == torch.float32 and takes_float32(weight):
-        weight = weight.bfloat16()
+    int16 bits, in huge pages where the weight fills one (see pagedgen.kernels.huge_pages)."""
     if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
         raise TypeError(f"expected a 2-D bfloat16 CPU weight, got {weight.dtype} {weight.shape}")
     weight = weight.contiguous()

@@ -147,12 +147,14 @@ class Linear(nn.Module):
         if not on_cpu:
             return self.packed
         if compute_dtype == torch.float32 and cpu_gemm_bf16.takes_float32(weight):
-            weight, self.layout = cpu_gemm_bf16.pack(weight), PAIR_PANELS_F32
+            weight, self.layout = cpu_gemm_bf16.pack(weight.bfloat16()), PAIR_PANELS_F32
         elif (
             compute_dtype == torch.float32
             and weight.dtype in cpu_gemm.WEIGHT_DTYPES
             and cpu_gemm.enabled()
-        ):  # a bfloat16 weight keeps its dtype: the kernel widens it
+        ):  # a bfloat16 weight keeps its dtype, a float32 one of bfloat16 values takes it
+            if cpu_gemm.bfloat16_valued(weight):
+                weight = weight.bfloat16()
             weight, self.layout = cpu_gemm.pack(weight), PANELS
         elif compute_dtype == weight.dtype == torch.bfloat16 and cpu_gemm_bf16.enabled():
             weight, self.layout = cpu_gemm_bf16.pack(weight), PAIR_PANELS

@@ -7,6 +7,7 @@ from pagedgen.kernels import cpu_features, cpu_gemm, cpu_gemm_bf16
 from pagedgen.layers.linear import (
     ONEDNN,
     PAIR_PANELS,
+    PAIR_PANELS_F32,
     PANELS,
     TRANSPOSED,
     Linear,
@@ -250,3 +251,29 @@ def test_the_cpu_never_pads(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "pad", lambda *args, **kwargs: pytest.fail("padded"))
     x = torch.randn(33, 8)
     torch.testing.assert_close(dense_linear(x, torch.eye(8), None), x)
+
+
+@pytest.mark.skipif(cpu_gemm.cpu_gemm_error() is not None, reason="no panel kernel here")
+@pytest.mark.parametrize("isa", ["avx2", None])
+def test_float32_weights_of_bfloat16_values_pack_at_half_the_bytes(cpu_env, isa):
+    """A bfloat16 checkpoint run in float32: the panel kernel gets bfloat16 panels and gives the
+    float32 panels' bits (forced with PAGEDGEN_MAX_CPU_ISA=avx2 on a machine with more); where
+    the AMX kernel runs it takes the layer, float32 accurate."""
+    if isa:
+        cpu_env(PAGEDGEN_MAX_CPU_ISA=isa)
+    else:
+        cpu_env()
+    torch.manual_seed(1)
+    weight = torch.randn(48, 64).bfloat16().float()
+    layer = Linear(64, 48)
+    layer.load_shard("weight", weight)
+    x = torch.randn(70, 64)
+    assert layer.pack(torch.float32) and layer.weight.dtype == torch.int16
+    out = layer(x)
+    if layer.layout == PANELS:
+        assert torch.equal(out, cpu_gemm.linear(x, cpu_gemm.pack(weight), None, 48))
+    else:
+        assert layer.layout == PAIR_PANELS_F32 and cpu_gemm_bf16.amx_error() is None
+        torch.testing.assert_close(out, x @ weight.T, atol=1e-5, rtol=1e-5)
+    for rows in (1, 3, 64):
+        assert torch.equal(layer(x[:rows]), out[:rows])

@@ -107,7 +107,7 @@ def test_float32_activations_over_bfloat16_panels_are_float32_accurate(m, n, k, 
     x = torch.randn(m, k) * torch.logspace(-3, 3, k)[torch.randperm(k)]
     b = torch.randn(n) if bias else None
     assert cpu_gemm_bf16.takes_float32(weight)
-    out = cpu_gemm_bf16.linear_float32(x, cpu_gemm_bf16.pack(weight), b, n)
+    out = cpu_gemm_bf16.linear_float32(x, cpu_gemm_bf16.pack(weight.bfloat16()), b, n)
     assert out.dtype == torch.float32 and out.shape == (m, n)
     reference = float32_error(torch.nn.functional.linear(x, weight, b), x, weight, b)
     assert float32_error(out, x, weight, b) <= 2 * reference + 1e-7
@@ -117,7 +117,7 @@ def test_float32_activations_over_bfloat16_panels_are_float32_accurate(m, n, k, 
 def test_float32_rows_do_not_depend_on_the_batch(k):
     """At K = 8,192 x's parts take blocks of 32 rows: every row as when it came alone."""
     torch.manual_seed(k)
-    weight, x = torch.randn(50, k).bfloat16().float(), torch.randn(77, k)
+    weight, x = torch.randn(50, k).bfloat16(), torch.randn(77, k)
     packed = cpu_gemm_bf16.pack(weight)
     out = cpu_gemm_bf16.linear_float32(x, packed, None, 50)
     for r in (0, 31, 32, 63, 64, 76):
