@@ -39,20 +39,26 @@ static inline void store_scores(const vf *acc, int count, float scale, float *s)
 #if VW == 16 && defined(__AVX512BF16__)
 #define HAVE_DPBF16 1
 #define QK_KEYS_DPBF16(HD)                                                                    \
+  static inline __attribute__((always_inline)) vf dot_dpbf16_##HD(const __m512bh *q,         \
+                                                                  const bf16_t *kr) {         \
+    __m512 a = _mm512_setzero_ps();                                                           \
+    for (int j = 0; j < (HD) / 32; j++) {                                                     \
+      __m512bh k; /* memcpy: GCC 12 took a cast of _mm512_loadu_si512 through the stack */   \
+      memcpy(&k, kr + 32 * j, sizeof k);                                                      \
+      a = _mm512_dpbf16_ps(a, q[j], k);                                                       \
+    }                                                                                         \
+    return (vf)a;                                                                             \
+  }                                                                                           \
   static inline __attribute__((always_inline)) void qk_keys_dpbf16_##HD(                     \
       const __m512bh *q, const bf16_t *k, int64_t row_stride, int count, float scale,        \
       float *s) {                                                                             \
     vf acc[VW];                                                                               \
-    _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++) {                                   \
-      if (r < count) {                                                                        \
-        const bf16_t *kr = k + r * row_stride;                                                \
-        __m512 a = _mm512_setzero_ps();                                                       \
-        for (int j = 0; j < (HD) / 32; j++)                                                   \
-          a = _mm512_dpbf16_ps(a, q[j], (__m512bh)_mm512_loadu_si512(kr + 32 * j));           \
-        acc[r] = (vf)a;                                                                       \
-      } else {                                                                                \
-        acc[r] = (vf){0};                                                                     \
-      }                                                                                       \
+    if (count == VW) { /* no test per key where all are there */                          \
+      _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++)                                   \
+        acc[r] = dot_dpbf16_##HD(q, k + r * row_stride);                                      \
+    } else {                                                                                  \
+      _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++)                                   \
+        acc[r] = r < count ? dot_dpbf16_##HD(q, k + r * row_stride) : (vf){0};                \
     }                                                                                         \
     store_scores(acc, count, scale, s);                                                       \
   }

@@ -140,10 +140,55 @@ static inline vf load_vf_e4m3(const e4m3_t *p) {
 
 static inline void store_vf(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
+// 2 VW elements from p as two vectors. bfloat16: the even elements, then the odd ones (two vector
+// ops, where widening the halves in order takes four); the other types in order.
+#define PAIRED_bf16 1
+static inline void load_vf2_bf16(const bf16_t *p, vf *even, vf *odd) {
+  vu32 bits;
+  memcpy(&bits, p, sizeof bits);
+  const vu32 e = bits << 16, o = bits & 0xffff0000u;
+  memcpy(even, &e, sizeof e);
+  memcpy(odd, &o, sizeof o);
+}
+#define LOAD_VF2_IN_ORDER(KV)                                                  \
+  static inline void load_vf2_##KV(const KV##_t *p, vf *first, vf *second) { \
+    *first = load_vf_##KV(p);                                                  \
+    *second = load_vf_##KV(p + VW);                                            \
+  }
+#define PAIRED_f32 0
+#define PAIRED_f16 0
+#define PAIRED_e4m3 0
+#define PAIRED_e5m2 0
+LOAD_VF2_IN_ORDER(f32)
+LOAD_VF2_IN_ORDER(f16)
+LOAD_VF2_IN_ORDER(e4m3)
+LOAD_VF2_IN_ORDER(e5m2)
+
+// The 2 VW elements whose even ones are e and odd ones o, in order.
+static inline void interleave_vf(vf e, vf o, vf *lo, vf *hi) {
+  vi32 lo_lanes, hi_lanes;
+  for (int i = 0; i < VW / 2; i++) {
+    lo_lanes[2 * i] = i, lo_lanes[2 * i + 1] = VW + i;
+    hi_lanes[2 * i] = VW / 2 + i, hi_lanes[2 * i + 1] = VW + VW / 2 + i;
+  }
+  *lo = __builtin_shuffle(e, o, lo_lanes);
+  *hi = __builtin_shuffle(e, o, hi_lanes);
+}
+
 // Lane by lane, mask ? a : b, for a mask from a vector comparison (each lane all ones or zeros).
 static inline vi32 select_vi32(vi32 mask, vi32 a, vi32 b) { return (mask & a) | (~mask & b); }
 static inline vf select_vf(vi32 mask, vf a, vf b) {
   return (vf)select_vi32(mask, (vi32)a, (vi32)b);
+}
+
+// float_to_bf16 (cpu_math.h) lane by lane: round to nearest even, NaN stays NaN.
+static inline vu16 vf_to_bf16(vf v) {
+  vu32 bits;
+  memcpy(&bits, &v, sizeof bits);
+  const vi32 nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  const vu32 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const vu32 quiet = (bits >> 16) | 0x40u;
+  return __builtin_convertvector((vu32)select_vi32(nan, (vi32)quiet, (vi32)rounded), vu16);
 }
 
 // VW vectors -> one vector whose lane r holds the sum of a[r]'s lanes: a transpose-and-add tree,

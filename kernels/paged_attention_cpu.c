@@ -193,9 +193,15 @@ static BlockRows *stream_blocks(const Work *w, int elem_size, int64_t *num_block
       FOR_EACH_BLOCK(w, unit, {
         const int64_t row = (int64_t)unit.block_table[b] * w->block_size + i_begin;
         BlockRows *at = &blocks[(*num_blocks)++];
-        at->rows = cache + (row * unit.row_stride + (int64_t)h0 * w->head_dim) * elem_size;
+        const char *rows = cache + (row * unit.row_stride + (int64_t)h0 * w->head_dim) * elem_size;
+        const int64_t skew = (int64_t)((uintptr_t)rows & 63);
+        const int64_t bytes = (int64_t)(h1 - h0) * w->head_dim * elem_size;
+        // Rows a whole number of lines apart start at the same place in a line; others may
+        // start anywhere in one.
+        const int64_t start = unit.row_stride * elem_size % 64 == 0 ? skew : 63;
+        at->rows = rows - skew;
         at->num_rows = n - i_begin;
-        at->bytes = (h1 - h0) * w->head_dim * elem_size;
+        at->lines = (int)((start + bytes + 63) / 64);
       })
     }
   }
@@ -215,8 +221,10 @@ static int run_heads(const Work *w, AttendHeads attend, int max_context_len, int
                               (w->num_kv_heads < MAX_ROWS ? w->num_kv_heads : MAX_ROWS);
   x.stream.lead = PF_LEAD / block_bytes > 1 ? PF_LEAD / block_bytes : 1;
   int status = x.scores == NULL || x.acc == NULL || x.qv == NULL || x.stream.blocks == NULL;
-  for (x.stream.at = -x.stream.lead; x.stream.at < 0 && !status; x.stream.at++)
-    prefetch_part(&x.stream, 0, 1);
+  for (x.stream.at = -x.stream.lead - 1; x.stream.at < 0 && !status;) {
+    stream_advance(&x.stream);  // at -lead .. -1: the first blocks asked for whole; then 0
+    if (x.stream.at < 0) prefetch_lines(&x.stream, lines_ahead(&x.stream));
+  }
   int64_t seq;
   int h0, h1;
   for (int64_t u = w->unit_begin; u < w->unit_end && !status;) {

@@ -64,6 +64,16 @@ static inline void store_out(const Work *w, const Unit *u, int64_t i, const floa
   }
 }
 
+// One vector of output values from element i of the unit's output, as store_out.
+static inline void store_out_vf(const Work *w, const Unit *u, int64_t i, vf v) {
+  if (w->act_bf16) {
+    const vu16 h = vf_to_bf16(v);
+    memcpy((bf16_t *)w->out + u->out_offset + i, &h, sizeof h);
+  } else {
+    store_vf((float *)w->out + u->out_offset + i, v);
+  }
+}
+
 // Visits the rows t of unit u's context in block order: BODY sees b (the block's index in the
 // table), t0 (its first position) and i (the row in the block, t = t0 + i).
 #define FOR_EACH_BLOCK(w, u, BODY)                                                       \
@@ -85,6 +95,7 @@ static inline void store_out(const Work *w, const Unit *u, int64_t i, const floa
 #else
 #define JT 2
 #endif
+_Static_assert(JT % 2 == 0, "the sequence-major V pass loads vectors in pairs (see load_vf2)");
 #define V_TILE(KV)                                                                            \
   static inline __attribute__((always_inline)) void v_tile_##KV(                             \
       const Work *w, const Unit *u, const float *scores, const float *inv_sum, int g0, int GT, \
@@ -109,8 +120,8 @@ static inline void store_out(const Work *w, const Unit *u, int64_t i, const floa
     })                                                                                        \
     for (int g = 0; g < GT && g0 + g < u->group; g++)                                         \
       for (int j = 0; j < jt; j++) {                                                          \
-        const vf o = acc[g][j] * inv_sum[g0 + g];                                             \
-        store_out(w, u, (g0 + g) * w->head_dim + (j0 + j) * VW, (const float *)&o, VW);        \
+        store_out_vf(w, u, (g0 + g) * w->head_dim + (j0 + j) * VW,                           \
+                     acc[g][j] * inv_sum[g0 + g]);                                            \
       }                                                                                       \
   }
 

@@ -135,6 +135,47 @@ def test_bfloat16_query_and_output_are_the_float32_result_rounded(march, head_di
 
 
 @pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("options", ["plain", "window", "softcap_sinks_alibi"])
+def test_each_kv_head_alone_gives_the_same_bits(march, dtype, head_dim, options):
+    """Several kv heads of small groups take the sequence-major pass, one kv head alone the unit
+    pass: both sum each query head's scores, softmax and V rows in the same order, so every
+    output bit agrees, whatever the heads beside it and however the threads split the work."""
+    torch.manual_seed(head_dim)
+    num_heads, num_kv_heads, block_size = 32, 8, 16
+    group = num_heads // num_kv_heads
+    context_lens = [125, 1, 17, 300, 64, 125]
+    num_blocks = sum(-(-n // block_size) for n in context_lens) + 4
+    _, block_tables = scattered_tables(context_lens, block_size, num_blocks, head_dim)
+    key_cache, value_cache = (
+        torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype) for _ in range(2)
+    )
+    query = torch.randn(len(context_lens), num_heads, head_dim).to(dtype)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    kwargs = {}
+    if options == "window":
+        kwargs = {"window": 40}
+    elif options == "softcap_sinks_alibi":
+        kwargs = {
+            "softcap": 5.0,
+            "sinks": torch.randn(num_heads),
+            "alibi_slopes": torch.rand(num_heads),
+        }
+    args = (block_tables, lens, head_dim**-0.5)
+    out = paged_attention_decode(
+        torch.empty_like(query), query, key_cache, value_cache, *args, 3, march, **kwargs
+    )
+    for h in range(num_kv_heads):
+        heads = slice(h * group, (h + 1) * group)
+        alone = {k: v[heads] if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        k, v = (c[:, :, h : h + 1].contiguous() for c in (key_cache, value_cache))
+        q = query[:, heads].contiguous()
+        ref = paged_attention_decode(torch.empty_like(q), q, k, v, *args, 1, march, **alone)
+        assert torch.equal(out[:, heads], ref), f"kv head {h}"
+
+
+@pytest.mark.parametrize("march", MARCHES)
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("head_dim", [256, 64, 80, 32])  # 16-, 8- and 4-wide loads; scalar ones
 def test_every_fp8_code_widens_exactly(march, dtype, head_dim):
