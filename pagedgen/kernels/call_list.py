@@ -61,7 +61,7 @@ def can_list(fn: Callable[..., int]) -> bool:
 
 class CallList:
     """Calls of ctypes functions (each can_list) with recorded arguments and the status each
-    returned; run() makes them again, in order, and raises at the first other status."""
+    returned; calling it makes them again, in order, and raises at the first other status."""
 
     def __init__(self, calls: Sequence[tuple[Callable[..., int], tuple, int]]) -> None:
         self.fns = [fn for fn, _, _ in calls]
@@ -73,7 +73,7 @@ class CallList:
         for call, (fn, args, status) in zip(self.calls, calls):
             assert can_list(fn) and len(args) == len(fn.argtypes), fn
             address = ctypes.cast(fn, ctypes.c_void_p).value
-            call.fn, call.signature, call.first_slot, call.status = address, 0, slot, status
+            call.fn, call.first_slot, call.status = address, slot, status
             call.signature = index[tuple(fn.argtypes)]
             for argtype, value in zip(fn.argtypes, args):
                 setattr(self.slots[slot], C_TYPES[argtype][1], value)
