@@ -22,7 +22,11 @@
 #include "cpu_math.h"
 #include "cpu_vec.h"
 
-#define PARALLEL_MIN_ELEMENTS (1 << 15)  // below, one thread: waking the other costs more
+// Rows split over threads; one row, or fewer elements than this, run on the calling thread alone:
+// waking the others costs more (a region of one row would wait for a thread that has nothing).
+#define PARALLEL_MIN_ELEMENTS (1 << 15)
+#define PARALLEL_ROWS(rows, row_elements) \
+  ((rows) > 1 && (rows) * (row_elements) >= PARALLEL_MIN_ELEMENTS)
 
 // Activations come in float32 or bfloat16 (_f32 and _bf16 entry points). bfloat16 rows are
 // widened, computed in float32 and rounded to bfloat16 wherever the torch ops they replace round
@@ -87,7 +91,7 @@ static inline void norm_mul_bf16(bf16_t *out, const bf16_t *x, float s, const bf
 #define RMS_NORM(T)                                                                            \
   int rms_norm_##T(T##_t *out, const T##_t *x, int64_t x_row_stride, const T##_t *weight,      \
                    int64_t rows, int64_t dim, float eps) {                                     \
-    _Pragma("omp parallel for if (rows * dim >= PARALLEL_MIN_ELEMENTS) schedule(static)")     \
+    _Pragma("omp parallel for if (PARALLEL_ROWS(rows, dim)) schedule(static)")                 \
     for (int64_t r = 0; r < rows; r++) {                                                       \
       const T##_t *xr = x + r * x_row_stride;                                                  \
       T##_t *o = out + r * dim;                                                                \
@@ -99,7 +103,7 @@ static inline void norm_mul_bf16(bf16_t *out, const bf16_t *x, float s, const bf
 #define FUSED_ADD_RMS_NORM(T)                                                                  \
   int fused_add_rms_norm_##T(T##_t *x, T##_t *residual, const T##_t *weight, int64_t rows,     \
                              int64_t dim, float eps) {                                         \
-    _Pragma("omp parallel for if (rows * dim >= PARALLEL_MIN_ELEMENTS) schedule(static)")     \
+    _Pragma("omp parallel for if (PARALLEL_ROWS(rows, dim)) schedule(static)")                 \
     for (int64_t r = 0; r < rows; r++) {                                                       \
       T##_t *xr = x + r * dim, *res = residual + r * dim;                                      \
       add_##T(res, res, xr, dim);                                                              \
@@ -136,7 +140,7 @@ static inline void silu_mul_bf16(bf16_t *out, const bf16_t *gate, const bf16_t *
 
 #define SILU_AND_MUL(T)                                                                        \
   int silu_and_mul_##T(T##_t *out, const T##_t *gate_up, int64_t rows, int64_t d) {            \
-    _Pragma("omp parallel for if (rows * d >= PARALLEL_MIN_ELEMENTS) schedule(static)")       \
+    _Pragma("omp parallel for if (PARALLEL_ROWS(rows, d)) schedule(static)")                   \
     for (int64_t r = 0; r < rows; r++) {                                                       \
       const T##_t *gate = gate_up + r * 2 * d;                                                 \
       silu_mul_##T(out + r * d, gate, gate + d, d);                                            \
@@ -200,7 +204,7 @@ int rotary_embedding_and_cache_has_float16(void) {
     if (kv_dtype < 0 || kv_dtype > 4 || rotary_dim % 2 || rotary_dim > head_dim) return 1;      \
     if (kv_dtype == 2 && !rotary_embedding_and_cache_has_float16()) return 2;                   \
     const int half = rotary_dim / 2, kv_width = num_kv_heads * head_dim;                        \
-    _Pragma("omp parallel for if (num_tokens * qkv_row_stride >= PARALLEL_MIN_ELEMENTS) schedule(static)") \
+    _Pragma("omp parallel for if (PARALLEL_ROWS(num_tokens, qkv_row_stride)) schedule(static)") \
     for (int64_t t = 0; t < num_tokens; t++) {                                                  \
       T##_t *row = qkv + t * qkv_row_stride;                                                    \
       const float *c = cos + t * half, *s = sin + t * half;                                     \
@@ -248,7 +252,7 @@ int rotary_embedding_and_cache_has_float16(void) {
   }                                                                                            \
   int argmax_##T(int64_t *out, const T##_t *x, int64_t x_row_stride, int64_t rows, int64_t n) { \
     if (n < 1) return 1;                                                                       \
-    _Pragma("omp parallel for if (rows * n >= PARALLEL_MIN_ELEMENTS) schedule(static)")       \
+    _Pragma("omp parallel for if (PARALLEL_ROWS(rows, n)) schedule(static)")                   \
     for (int64_t r = 0; r < rows; r++) out[r] = argmax_row_##T(x + r * x_row_stride, n);       \
     return 0;                                                                                  \
   }

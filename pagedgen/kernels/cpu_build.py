@@ -52,7 +52,7 @@ def build_error(*builds: Callable[[], object]) -> str | None:
     return None
 
 
-def _compiler() -> str:
+def c_compiler() -> str:
     for name in (envs.cc(), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
@@ -85,7 +85,7 @@ def compile_source(compiler: str, name: str, source: str, flags: tuple[str, ...]
 @functools.cache
 def load_cpu_library(name: str, march: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     """kernels/<name> built for march; raises CpuKernelUnavailable or OSError where it can't be."""
-    compiler, source = _compiler(), kernel_source(name)
+    compiler, source = c_compiler(), kernel_source(name)
     flags = (*CFLAGS, *extra_flags, f"-march={march}")
     try:
         path = compile_source(compiler, name, source, flags + OPENMP_FLAGS)

@@ -4,7 +4,9 @@ At small batches a CPU decode step is mostly the weights streaming through the m
 fixed cost of Python between the kernel calls (module calls, argument checks, ~20 % of a
 batch-1 step of SmolLM2). A CpuGraph records one eager forward as the flat list of what it
 computed: each C kernel call (kernels/cpu_build.record_calls) and each torch op (a dispatch
-mode) in order. replay() runs that list again and nothing else.
+mode) in order. replay() runs that list again and nothing else, each run of consecutive kernel
+calls by one C loop (kernels/call_list.CallList): a batch-1 step of SmolLM2 is one such run of
+271 calls between a few torch ops.
 
 A recording holds only where every step is one of these:
 - a C kernel call: replayed with the same arguments (pointers into the same tensors);
@@ -32,7 +34,8 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pagedgen.kernels.cpu_build import record_calls
+from pagedgen.kernels.call_list import CallList, can_list
+from pagedgen.kernels.cpu_build import CpuKernelUnavailable, record_calls
 from pagedgen.worker.cuda_graphs import GraphCapture, graph_batch_sizes
 
 MAX_BATCH_SIZE = 64  # beyond, the Python between kernels is a few % of a step
@@ -138,6 +141,28 @@ class _KernelCall:
             raise RuntimeError(f"{self.fn.__name__} returned {status} in a CPU graph replay")
 
 
+def _listed(steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    """steps with each run of consecutive kernel calls made one CallList step (one call from
+    Python for the run), where the calls' signatures let it be built."""
+    out: list[Callable[[], None]] = []
+    run: list[_KernelCall] = []
+    for step in [*steps, None]:
+        if isinstance(step, _KernelCall) and can_list(step.fn):
+            run.append(step)
+            continue
+        if len(run) > 1:
+            try:
+                out.append(CallList([(call.fn, call.args, call.status) for call in run]))
+            except (CpuKernelUnavailable, OSError):
+                out.extend(run)
+        else:
+            out.extend(run)
+        run = []
+        if step is not None:
+            out.append(step)
+    return out
+
+
 class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -184,7 +209,7 @@ class CpuGraph:
         recorder = _Recorder(arena)
         with record_calls(recorder.kernel_call), recorder:
             self.output = run()
-        self.steps = recorder.steps
+        self.steps = _listed(recorder.steps)
         self.results = recorder.results
         self._validate()
 
@@ -249,7 +274,7 @@ class CpuPieces:
 
     def end(self) -> Callable[[], None]:
         self.stack.close()
-        steps = self.recorder.steps
+        steps = _listed(self.recorder.steps)
         self.results += self.recorder.results
 
         def replay() -> None:

@@ -10,6 +10,7 @@ import torch
 
 from pagedgen import LLM, SamplingParams
 from pagedgen.kernels import cpu_features, cpu_gemm, cpu_ops
+from pagedgen.kernels.call_list import CallList
 from pagedgen.kernels.cpu_build import record_calls
 from pagedgen.layers import linear
 from pagedgen.worker.cpu_graphs import (
@@ -63,6 +64,22 @@ def test_replay_recomputes_kernel_calls_and_torch_ops_from_new_inputs():
         graph.replay()
         assert torch.equal(graph.output, run())
     assert not torch.equal(graph.output[0], graph.output[1])
+
+
+@needs_cpu_ops
+@torch.inference_mode()
+def test_consecutive_kernel_calls_replay_as_one_call_list():
+    torch.manual_seed(0)
+    x, weight = torch.randn(4, 32), torch.randn(32)
+
+    def run() -> torch.Tensor:
+        return cpu_ops.rms_norm(cpu_ops.rms_norm(x, weight, 1e-6), weight, 1e-5) * 2.0
+
+    graph = CpuGraph(run)
+    assert [type(step) for step in graph.steps][:1] == [CallList]
+    x.copy_(torch.randn(4, 32))
+    graph.replay()
+    assert torch.equal(graph.output, run())
 
 
 @needs_cpu_ops
