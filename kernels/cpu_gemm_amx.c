@@ -7,14 +7,14 @@
 // as many rows as x has left.
 //
 // Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and, in
-// a block, its pairs in chunks of up to W_CHUNK_BYTES: each pair of the chunk against every whole
-// group of 32 rows of the block in turn, into four float32 tiles (2 x 2 of 16 x 16), then a last,
-// partial group against the chunk again (in L2). A pair is read from memory once a block, so a
-// decode batch reads W once (7-9 % faster at 32-256 rows than 32 rows at a time over the chunk). A
-// decode batch of up to BATCH_ROWS rows is one block where x fits X_BATCH_BYTES and a pair the
-// chunk: at K = 8,192, 96-128 rows read W once, not twice (3-15 % faster, cold). A prompt's rows
-// write y in runs of a chunk's columns. (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x
-// faster on SmolLM2's shapes; at decode batches this one is.)
+// a block, each of its pairs against every group of 32 rows of the block in turn, into four
+// float32 tiles (2 x 2 of 16 x 16), then against the last, partial group, with the tiles
+// configured for its rows and again for 32 at the next pair: at 33-61 rows 7-9 % faster (K =
+// 2,048) than a second pass of the partial group over W from L2. A pair is read from memory once
+// a block, so a decode batch reads W once. A decode batch of up to BATCH_ROWS rows is one block
+// where x fits X_BATCH_BYTES and a pair W_PAIR_BYTES: at K = 8,192, 96-128 rows read W once, not
+// twice (3-15 % faster, cold). (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x faster on
+// SmolLM2's shapes; at decode batches this one is.)
 // Cold, one core streams W only while the first group's tile loads ask for it: 64 rows take about
 // 1 row's time (the stream) plus the second group's compute. Neither x from L1, k in slices with
 // the sums reloaded, the next pair prefetched otherwise (T0/T1/T2, two pairs ahead, spread over
@@ -42,7 +42,7 @@
 #define X_BLOCK_BYTES (1 << 20)  // x read per pass over W
 #define X_BATCH_BYTES (2 << 20)  // ... or all of x, up to this, at up to BATCH_ROWS rows
 #define BATCH_ROWS 128
-#define W_CHUNK_BYTES (512 << 10)  // W read for each 32 rows of x in a block
+#define W_PAIR_BYTES (512 << 10)  // the largest pair a decode batch reads once (K = 8,192)
 #define PARTS 3                    // bfloat16 parts of a float32 x
 
 typedef struct {
@@ -97,10 +97,11 @@ static inline void prefetch_tile(const uint16_t *tile) {
 }
 
 // y rows [r, r + rows) for the panels b0 (and b1 when GB == 2) at column col, from x's rows a,
-// lda bytes apart, in GA tiles of up to 16 rows (as configured). next: the next pair's first
-// panel, to prefetch, or NULL.
+// lda bytes apart (their P parts pstride elements apart), in GA tiles of up to 16 rows (as
+// configured). next: the next pair's first panel, to prefetch, or NULL.
 static inline __attribute__((always_inline)) void tiles(const Out *o, const uint16_t *a,
-                                                        int64_t lda, const uint16_t *b0,
+                                                        int64_t lda, int64_t pstride,
+                                                        const uint16_t *b0,
                                                         int64_t panel, const uint16_t *next,
                                                         int64_t r, int rows, int64_t col,
                                                         float *c, const int GA, const int GB,
@@ -118,11 +119,11 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
     _tile_loadd(6, b0 + i * TILE_ELEMS, NR * 4);
     if (GB == 2) _tile_loadd(7, b1 + i * TILE_ELEMS, NR * 4);
     for (int p = 0; p < P; p++) {
-      _tile_loadd(4, a + p * o->part_stride + i * KB, lda);
+      _tile_loadd(4, a + p * pstride + i * KB, lda);
       _tile_dpbf16ps(0, 4, 6);
       if (GB == 2) _tile_dpbf16ps(1, 4, 7);
       if (GA == 2) {
-        _tile_loadd(5, a1 + p * o->part_stride + i * KB, lda);
+        _tile_loadd(5, a1 + p * pstride + i * KB, lda);
         _tile_dpbf16ps(2, 5, 6);
         if (GB == 2) _tile_dpbf16ps(3, 5, 7);
       }
@@ -141,31 +142,33 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
 
 // pair_rows for P parts of x a k step.
 static inline __attribute__((always_inline)) void pair_tiles(
-    const Out *o, const uint16_t *a, int64_t lda, const uint16_t *b0, int64_t panel,
-    const uint16_t *next, int64_t r, int rows, int64_t col, int gb, float *c, const int P) {
+    const Out *o, const uint16_t *a, int64_t lda, int64_t pstride, const uint16_t *b0,
+    int64_t panel, const uint16_t *next, int64_t r, int rows, int64_t col, int gb, float *c,
+    const int P) {
   if (rows > 16 && gb == 2)
-    tiles(o, a, lda, b0, panel, next, r, rows, col, c, 2, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 2, 2, P);
   else if (rows > 16)
-    tiles(o, a, lda, b0, panel, next, r, rows, col, c, 2, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 2, 1, P);
   else if (gb == 2)
-    tiles(o, a, lda, b0, panel, next, r, rows, col, c, 1, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 1, 2, P);
   else
-    tiles(o, a, lda, b0, panel, next, r, rows, col, c, 1, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 1, 1, P);
 }
 
-// y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q: its panels are
-// read with the next pair's asked into L2 when r is the block's first row (first).
-static inline void pair_rows(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
-                             int64_t panels, int64_t panel, int64_t q, int64_t q1, int64_t r,
-                             int64_t first, int rows, float *c) {
+// y rows [r, r + rows) (up to 32; the tiles configured for at least that many) for pair q from
+// a, x's row r or a copy of it, lda elements between rows and pstride between parts: the pair's
+// panels are read with the next pair's asked into L2 where prefetch says.
+static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64_t pstride,
+                             const uint16_t *w_packed, int64_t panels, int64_t panel, int64_t q,
+                             int64_t q1, int64_t r, int prefetch, int rows, float *c) {
   const int gb = panels - 2 * q < 2 ? 1 : 2;
-  const uint16_t *a = x + r * ldx, *b0 = w_packed + 2 * q * panel;
-  const uint16_t *next = r == first && q + 1 < q1 ? b0 + 2 * panel : NULL;
+  const uint16_t *b0 = w_packed + 2 * q * panel;
+  const uint16_t *next = prefetch && q + 1 < q1 ? b0 + 2 * panel : NULL;
   const int64_t col = 2 * q * NR;
   if (o->y32 != NULL)
-    pair_tiles(o, a, ldx * 2, b0, panel, next, r, rows, col, gb, c, PARTS);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, next, r, rows, col, gb, c, PARTS);
   else
-    pair_tiles(o, a, ldx * 2, b0, panel, next, r, rows, col, gb, c, 1);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, next, r, rows, col, gb, c, 1);
 }
 
 // Tiles 0-3: float32 sums for rows [0, 16) x panel 0, x panel 1, rows [16, 32) x panel 0, x panel
@@ -185,8 +188,6 @@ static void configure_rows(int rows) {
 static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
                        int64_t m, int64_t block_rows, int num_threads) {
   const int64_t panels = (o->n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = o->k / 2 * NR * 2;
-  const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
-  const int64_t chunk = W_CHUNK_BYTES / pair_bytes > 1 ? W_CHUNK_BYTES / pair_bytes : 1;
   int threads = num_threads < 1 ? 1 : num_threads;
   if (threads > pairs) threads = (int)pairs;
 #pragma omp parallel num_threads(threads)
@@ -197,24 +198,19 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
     int configured = -1;  // rows the tiles are configured for
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
       const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-      // The block's whole groups of 32 rows take each pair in turn, so a pair comes from
-      // memory once and serves them all while the next one streams in; a last, partial group
-      // then takes the chunk again from L2 (its tiles need a configuration of their own).
+      // Each pair serves every group of the block, the last one partial, while the next
+      // pair streams in: it comes from memory once.
       const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
-      for (int64_t from = q0; from < q1; from += chunk) {
-        const int64_t to = from + chunk < q1 ? from + chunk : q1;
-        if (full_end > m0) {
-          if (configured != 32) configure_rows(32), configured = 32;
-          for (int64_t q = from; q < to; q++)
-            for (int64_t r = m0; r < full_end; r += 32)
-              pair_rows(o, x, ldx, w_packed, panels, panel, q, q1, r, m0, 32, c);
-        }
-        if (full_end < m1) {
-          const int rows = (int)(m1 - full_end);
-          if (rows != configured) configure_rows(rows), configured = rows;
-          for (int64_t q = from; q < to; q++)
-            pair_rows(o, x, ldx, w_packed, panels, panel, q, q1, full_end, full_end == m0 ? m0 : -1,
-                      rows, c);
+      const int tail = (int)(m1 - full_end);
+      for (int64_t q = q0; q < q1; q++) {
+        if (full_end > m0 && configured != 32) configure_rows(32), configured = 32;
+        for (int64_t r = m0; r < full_end; r += 32)
+          pair_rows(o, x + r * ldx, ldx, o->part_stride, w_packed, panels, panel, q, q1, r,
+                    r == m0, 32, c);
+        if (tail) {
+          if (configured != tail) configure_rows(tail), configured = tail;
+          pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, panels, panel, q, q1,
+                    full_end, full_end == m0, tail, c);
         }
       }
     }
@@ -228,7 +224,7 @@ static int64_t block_rows_for(int64_t m, int64_t x_row_bytes, int64_t k) {
   const int64_t pair_bytes = 2 * (k / 2 * NR * 2) * (int64_t)sizeof(uint16_t);
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, x_row_bytes, 32);
   const int one_pass =
-      m <= BATCH_ROWS && m * x_row_bytes <= X_BATCH_BYTES && pair_bytes <= W_CHUNK_BYTES;
+      m <= BATCH_ROWS && m * x_row_bytes <= X_BATCH_BYTES && pair_bytes <= W_PAIR_BYTES;
   return one_pass && block_rows < m ? m : block_rows;
 }
 
