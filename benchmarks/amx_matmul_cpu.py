@@ -1,0 +1,76 @@
+"""The AMX bfloat16 matmul (kernels/cpu_gemm_amx.c) alone, its weights cold (copies rotated
+through more memory than the L3 holds, as a model's step reads its layers), at decode batch
+sizes on Llama-3.2-1B's layer shapes by default; with --baseline, the same kernel of another
+source tree runs in turn with this one's, in the same process, its outputs checked equal:
+
+    python benchmarks/amx_matmul_cpu.py [--rows 16,33,61,64] [--threads 2] [--baseline OTHER_TREE]
+"""
+
+import argparse
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from pagedgen.kernels import cpu_build, cpu_gemm_bf16, source
+
+SHAPES = [(2048, 16384), (8192, 2048), (2048, 3072), (2048, 2048)]  # K, N: gate/up, down, qkv, o
+ROTATED_BYTES = 700 << 20
+
+
+def library_of(kernels: Path | None) -> SimpleNamespace:
+    """The AMX library built from kernels/ of a source tree (None: this one)."""
+    if kernels is not None:
+        source.kernel_dir = lambda: kernels  # noqa: E731 (the loader asks this module)
+    source.kernel_source.cache_clear()
+    cpu_build.load_cpu_library.cache_clear()
+    cpu_gemm_bf16._amx_library.cache_clear()
+    return cpu_gemm_bf16._amx_library()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="1,16,33,61,64,128")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="a source tree whose kernel runs too")
+    args = parser.parse_args()
+    libraries = {"this": library_of(None)}
+    if args.baseline is not None:
+        libraries["baseline"] = library_of(args.baseline / "kernels")
+    for k, n in SHAPES:
+        copies = max(2, ROTATED_BYTES // (n * k * 2))
+        weights = [cpu_gemm_bf16.pack(torch.randn(n, k).bfloat16()) for _ in range(copies)]
+        for m in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(m, k).bfloat16()
+            outs = {name: torch.empty(m, n, dtype=torch.bfloat16) for name in libraries}
+            calls = {
+                name: [
+                    (y.data_ptr(), x.data_ptr(), k, w.data_ptr(), None, m, n, k, args.threads)
+                    for w in weights
+                ]
+                for name, y in outs.items()
+            }
+            for name, library in libraries.items():
+                assert library.linear_bf16_amx(*calls[name][0]) == 0
+            if len(outs) == 2:
+                assert torch.equal(outs["this"], outs["baseline"]), "outputs differ"
+            best = dict.fromkeys(libraries, float("inf"))
+            for _ in range(args.repeats):
+                for name, library in libraries.items():
+                    start = time.perf_counter()
+                    for call in calls[name]:
+                        library.linear_bf16_amx(*call)
+                    best[name] = min(best[name], (time.perf_counter() - start) / len(weights))
+            gb = n * k * 2 / 1e9
+            line = f"K {k:5d} N {n:5d} rows {m:4d}: {best['this'] * 1e3:7.3f} ms"
+            line += f" ({gb / best['this']:.1f} GB/s of W)"
+            if "baseline" in best:
+                ratio = best["baseline"] / best["this"]
+                line += f", baseline {best['baseline'] * 1e3:7.3f} ms: {ratio:.3f}x"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
