@@ -155,9 +155,9 @@ static inline __attribute__((always_inline)) void pair_tiles(
     tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 1, 1, P);
 }
 
-// y rows [r, r + rows) (up to 32; the tiles configured for at least that many) for pair q from
-// a, x's row r or a copy of it, lda elements between rows and pstride between parts: the pair's
-// panels are read with the next pair's asked into L2 where prefetch says.
+// y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q from a, x's row r,
+// lda elements between rows and pstride between parts: the pair's panels are read with the next
+// pair's asked into L2 where prefetch says.
 static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64_t pstride,
                              const uint16_t *w_packed, int64_t panels, int64_t panel, int64_t q,
                              int64_t q1, int64_t r, int prefetch, int rows, float *c) {
@@ -258,19 +258,6 @@ static void split_rows(uint16_t *parts, const float *x, int64_t ldx, int64_t row
   }
 }
 
-// A calling thread's scratch for x's parts, grown as needed and kept.
-static uint16_t *parts_scratch(int64_t elems) {
-  static __thread uint16_t *buffer = NULL;
-  static __thread int64_t capacity = 0;
-  if (elems > capacity) {
-    free(buffer);
-    const int64_t bytes = (elems * (int64_t)sizeof(uint16_t) + 63) / 64 * 64;
-    buffer = aligned_alloc(64, (size_t)bytes);
-    capacity = buffer == NULL ? 0 : elems;
-  }
-  return buffer;
-}
-
 // float32 y[M, N] = x[M, K] @ W^T (+ bias) over bfloat16 panels, x in three bfloat16 parts
 // (see the top). Returns 0; 2 where k is not a multiple of 32; 3 where Linux grants no tiles; 4
 // where no scratch memory is to be had.
@@ -279,7 +266,7 @@ int linear_f32_amx(float *y, const float *x, int64_t ldx, const uint16_t *w_pack
   if (k % KB || k <= 0) return 2;
   if (request_tiles()) return 3;
   const int64_t rows = block_rows_for(m, PARTS * k * (int64_t)sizeof(uint16_t), k);
-  uint16_t *parts = parts_scratch(PARTS * rows * k);
+  uint16_t *parts = aligned_alloc(64, (size_t)(PARTS * rows * k) * sizeof(uint16_t));
   if (parts == NULL) return 4;
   for (int64_t m0 = 0; m0 < m; m0 += rows) {
     const int64_t mb = m0 + rows < m ? rows : m - m0;
@@ -287,5 +274,6 @@ int linear_f32_amx(float *y, const float *x, int64_t ldx, const uint16_t *w_pack
     const Out o = {NULL, NULL, y + m0 * n, bias, n, k, mb * k};
     amx_linear(&o, parts, k, w_packed, mb, mb, num_threads);
   }
+  free(parts);
   return 0;
 }

@@ -89,16 +89,20 @@ def enabled() -> bool:
     return not (amx and torch.bfloat16 in cpu_features.onednn_matmul_dtypes())
 
 
+def float32_amx(in_features: int) -> bool:
+    """Whether linear_float32 runs here for a layer of in_features inputs: AMX, and K a multiple
+    of 32."""
+    return in_features % AMX_K_MULTIPLE == 0 and enabled() and amx_error() is None
+
+
 def takes_float32(weight: torch.Tensor) -> bool:
-    """Whether linear_float32 computes a float32 model's layer of this [N, K] weight here: AMX,
-    K a multiple of 32, and every value of the weight a bfloat16 one (its low 16 bits zero)."""
+    """Whether linear_float32 computes a float32 model's layer of this [N, K] weight here:
+    float32_amx, and every value of the weight a bfloat16 one (its low 16 bits zero)."""
     return (
         weight.dtype in (torch.float32, torch.bfloat16)
         and weight.device.type == "cpu"
         and weight.dim() == 2
-        and weight.shape[1] % AMX_K_MULTIPLE == 0
-        and enabled()
-        and amx_error() is None
+        and float32_amx(weight.shape[1])
         and (weight.dtype == torch.bfloat16 or cpu_gemm.bfloat16_valued(weight))
     )
 

@@ -146,14 +146,17 @@ class Linear(nn.Module):
                 return self._pack_quantized([quantized])
         if not on_cpu:
             return self.packed
-        if compute_dtype == torch.float32 and cpu_gemm_bf16.takes_float32(weight):
+        bfloat16_values = compute_dtype == torch.float32 and (
+            weight.dtype == torch.bfloat16 or cpu_gemm.bfloat16_valued(weight)
+        )  # one pass over the weight, for either kernel below
+        if bfloat16_values and cpu_gemm_bf16.float32_amx(weight.shape[1]):
             weight, self.layout = cpu_gemm_bf16.pack(weight.bfloat16()), PAIR_PANELS_F32
         elif (
             compute_dtype == torch.float32
             and weight.dtype in cpu_gemm.WEIGHT_DTYPES
             and cpu_gemm.enabled()
         ):  # a bfloat16 weight keeps its dtype, a float32 one of bfloat16 values takes it
-            if cpu_gemm.bfloat16_valued(weight):
+            if bfloat16_values:
                 weight = weight.bfloat16()
             weight, self.layout = cpu_gemm.pack(weight), PANELS
         elif compute_dtype == weight.dtype == torch.bfloat16 and cpu_gemm_bf16.enabled():
