@@ -247,8 +247,6 @@ def describe_cpu_compute(dtype: torch.dtype) -> str:
     matmuls = "oneDNN" if compute in onednn_matmul_dtypes() else "torch"
     if compute == torch.float32 and cpu_gemm.enabled():
         matmuls = "AVX-512 panel" if has_avx512() else "AVX2 panel"
-        if cpu_gemm_bf16.enabled() and cpu_gemm_bf16.amx_error() is None:
-            matmuls = f"AMX (weights of bfloat16 values) and {matmuls}"
     if compute == torch.bfloat16 and cpu_gemm_bf16.enabled():
         matmuls = "AMX panel" if cpu_gemm_bf16.amx_error() is None else "AVX512_BF16 panel"
     name = str(compute).removeprefix("torch.")
@@ -272,8 +270,10 @@ def describe_weights(model: nn.Module) -> str:
         for f in m.quant.formats
     }
     floats = {str(p.dtype).removeprefix("torch.") for p in params if p.is_floating_point()}
-    if any(isinstance(m, Linear) and m.weight.dtype == torch.int16 for m in model.modules()):
-        floats.add("bfloat16")  # panels of bfloat16 bits
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    if any(m.weight.dtype == torch.int16 for m in linears):  # panels of bfloat16 bits
+        on_amx = any(m.layout == PAIR_PANELS_F32 for m in linears)
+        floats.add("bfloat16 (float32 matmuls on AMX)" if on_amx else "bfloat16")
     names = sorted(floats)
     if formats:
         names = [f"{', '.join(sorted(formats))} ({cpu_gemm_quant.path_name()})", *names]
