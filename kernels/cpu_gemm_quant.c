@@ -25,8 +25,13 @@
 //
 //     panel p: ints   [K / 4][16][4] int8 (8 bits: a quad of k per column, one vpdpbusd operand)
 //                     [K / 8][16][4] uint8 (4 bits: the low nibbles are k quad 2i, high quad 2i + 1)
-//              scales [K / group][16] float32
-//              mins   [K / group][16] float32 (only where the weight has mins)
+//              scales [K / group][16] float32, or float16 where every scale and min is one
+//              mins   [K / group][16] the same (only where the weight has mins)
+//              (zero up to a multiple of 64 bytes)
+//
+// float16 parameters (GGUF's own: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 store their scales and mins so) are
+// widened exactly, so they give the same bits as float32 ones; at one row a Q4_1 panel is then 0.625
+// bytes a weight, not 0.75.
 //
 // VNNI: vpdpbusd is unsigned x signed. 4-bit weights (0..15) are the unsigned side, x's digits the
 // signed one. 8-bit weights are the signed side and the digits are offset by 128 (^ 0x80), so each
@@ -49,7 +54,7 @@
 #include <immintrin.h>
 #define PATH 2  // AVX-512 VNNI
 #define MR 8
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 #define PATH 1  // AVX2
 #define MR 4
@@ -66,27 +71,53 @@ int cpu_gemm_quant_path(void) { return PATH; }
 
 typedef struct {
   int64_t n, k, group, granule, groups, kblocks;
-  int bits, has_mins;
-  int64_t panel_bytes, int_bytes;
+  int bits, has_mins, half;  // half: the scales and mins are float16
+  int64_t panel_bytes, int_bytes, mins_offset;  // mins_offset: bytes from a panel's scales
 } Shape;
 
-static Shape shape_of(int64_t n, int64_t k, int bits, int64_t group, int has_mins) {
+static Shape shape_of(int64_t n, int64_t k, int bits, int64_t group, int has_mins, int half) {
   Shape s;
-  s.n = n, s.k = k, s.group = group, s.bits = bits, s.has_mins = has_mins;
+  s.n = n, s.k = k, s.group = group, s.bits = bits, s.has_mins = has_mins, s.half = half;
   s.granule = group % 128 == 0 ? 128 : group % 64 == 0 ? 64 : group % 32 == 0 ? 32 : 16;
   s.groups = k / group, s.kblocks = k / s.granule;
   s.int_bytes = k * NR * bits / 8;
-  s.panel_bytes = s.int_bytes + s.groups * NR * (int64_t)sizeof(float) * (1 + has_mins);
+  s.mins_offset = s.groups * NR * (half ? 2 : 4);
+  s.panel_bytes = (s.int_bytes + s.mins_offset * (1 + has_mins) + 63) / 64 * 64;
   return s;
 }
 
-int64_t quant_panel_bytes(int64_t k, int bits, int64_t group, int has_mins) {
-  return shape_of(0, k, bits, group, has_mins).panel_bytes;
+int64_t quant_panel_bytes(int64_t k, int bits, int64_t group, int has_mins, int half) {
+  return shape_of(0, k, bits, group, has_mins, half).panel_bytes;
+}
+
+// Element i of float16 bits, exactly (no F16C on the plain-C build).
+static inline float half_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24
+    const float f = ldexpf((float)man, -24);
+    return sign ? -f : f;
+  }
+  const uint32_t bits = sign | (exp == 31 ? 0x7F800000u : (exp + 112) << 23) | man << 13;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// A panel's parameter i (scales, or mins at mins_offset) as float.
+static inline float param_at(const Shape *s, const uint8_t *params, int64_t i) {
+  if (s->half) {
+    uint16_t h;
+    memcpy(&h, params + 2 * i, sizeof h);
+    return half_to_float(h);
+  }
+  float f;
+  memcpy(&f, params + 4 * i, sizeof f);
+  return f;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Packing: out [ceil(n / 16)][panel_bytes] from q (int8 [n, k], or uint8 [n, k / 2] of nibbles,
-// QuantizedWeight's layout), scales and mins float32 [n, k / group].
+// QuantizedWeight's layout), scales and mins [n, k / group], float32 or (half) float16 bits.
 
 // The 4-bit values k = 8i .. 8i + 7 of a row as one panel word: byte b holds k = 8i + b in its low
 // nibble, k = 8i + 4 + b in its high one. in: the row's 4 bytes from 8i, two values a byte.
@@ -98,20 +129,22 @@ static inline uint32_t oct_word(const uint8_t *in) {
   return word;
 }
 
-int pack_weight_quant(uint8_t *out, const uint8_t *q, const float *scales, const float *mins,
-                      int64_t n, int64_t k, int bits, int64_t group) {
-  const Shape s = shape_of(n, k, bits, group, mins != NULL);
-  const int64_t panels = (n + NR - 1) / NR, row_bytes = k * bits / 8;
+int pack_weight_quant(uint8_t *out, const uint8_t *q, const uint8_t *scales, const uint8_t *mins,
+                      int64_t n, int64_t k, int bits, int64_t group, int half) {
+  const Shape s = shape_of(n, k, bits, group, mins != NULL, half);
+  const int64_t panels = (n + NR - 1) / NR, row_bytes = k * bits / 8, size = half ? 2 : 4;
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < panels; p++) {
     uint8_t *ints = out + p * s.panel_bytes;
-    float *sc = (float *)(ints + s.int_bytes), *mn = sc + s.groups * NR;
+    uint8_t *sc = ints + s.int_bytes, *mn = sc + s.mins_offset;
+    memset(sc, 0, (size_t)(s.panel_bytes - s.int_bytes));
     for (int64_t j = 0; j < NR; j++) {
       const int64_t row = p * NR + j;
       const int live = row < n;
-      for (int64_t g = 0; g < s.groups; g++) {
-        sc[g * NR + j] = live ? scales[row * s.groups + g] : 0.0f;
-        if (s.has_mins) mn[g * NR + j] = live ? mins[row * s.groups + g] : 0.0f;
+      for (int64_t g = 0; live && g < s.groups; g++) {
+        memcpy(sc + (g * NR + j) * size, scales + (row * s.groups + g) * size, (size_t)size);
+        if (s.has_mins)
+          memcpy(mn + (g * NR + j) * size, mins + (row * s.groups + g) * size, (size_t)size);
       }
       // One word a quad (8 bits) or an oct (4 bits) of k: [k / 4 or k / 8][16][4 bytes].
       for (int64_t i = 0; i < row_bytes / 4; i++) {
@@ -179,28 +212,123 @@ int quantize_weight(uint8_t *q, float *scales, float *mins, const void *w, int w
 // [m][kblocks], xsum float [m][groups] (with mins).
 
 // A block of x as integers v = round(x / e), e = max|x| / 32512, in two base-255 digits:
-// v = 255 * hi + lo, hi and lo in -127..127 (32512 = 127 * 256 = 255 * 127 + 127).
+// v = 255 * hi + lo, hi and lo in -127..127 (32512 = 127 * 256 = 255 * 127 + 127). A NaN (or an
+// infinite x, whose block's e is infinite) gives v = 0. Every step is exact or one IEEE rounding
+// of one element, so the vector loops below give the scalar loop's bits.
+
+// v's digits as int32: hi = floor((v + 127) / 255), lo = v - 255 * hi; (n + 1) * 257 >> 16 is
+// n / 255 for 0 <= n < 2^16 (n = v + 32767 here).
+static inline int32_t high_digit(int32_t v) { return (((v + 32768) * 257) >> 16) - 128; }
+
+#if PATH == 2
+static inline __m512 load16(const void *x, int x_bf16, int64_t i) {
+  if (!x_bf16) return _mm512_loadu_ps((const float *)x + i);
+  const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#elif PATH == 1
+static inline __m256 load8(const void *x, int x_bf16, int64_t i) {
+  if (!x_bf16) return _mm256_loadu_ps((const float *)x + i);
+  const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// The low bytes of v's 8 int32 lanes, in order, at out.
+static inline void store_bytes8(int8_t *out, __m256i v) {
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i b = _mm256_shuffle_epi8(v, pick);
+  const int32_t words[2] = {_mm256_extract_epi32(b, 0), _mm256_extract_epi32(b, 4)};
+  memcpy(out, words, sizeof words);
+}
+#endif
+
+// max |x[i]| over [k0, k1) (a NaN is passed over, as fmaxf does).
+static float block_amax(const void *x, int x_bf16, int64_t k0, int64_t k1) {
+  float amax = 0.0f;
+  int64_t i = k0;
+#if PATH == 2
+  __m512 m = _mm512_setzero_ps();
+  for (; i + 16 <= k1; i += 16) m = _mm512_max_ps(_mm512_abs_ps(load16(x, x_bf16, i)), m);
+  amax = _mm512_reduce_max_ps(m);
+#elif PATH == 1
+  __m256 m = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (; i + 8 <= k1; i += 8) m = _mm256_max_ps(_mm256_and_ps(load8(x, x_bf16, i), abs_mask), m);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m);
+  for (int j = 0; j < 8; j++) amax = fmaxf(amax, lanes[j]);
+#endif
+  for (; i < k1; i++) amax = fmaxf(amax, fabsf(x_at(x, x_bf16, i)));
+  return amax;
+}
+
+// Digits of x[i] * inv for i in [k0, k1): high ones at hi[i], low ones at lo[i].
+static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, float inv, int8_t *hi,
+                         int8_t *lo) {
+  int64_t i = k0;
+#if PATH == 2
+  const __m512 levels = _mm512_set1_ps((float)X_LEVELS), scale = _mm512_set1_ps(inv);
+  for (; i + 16 <= k1; i += 16) {
+    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(load16(x, x_bf16, i), scale),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, levels, _CMP_GT_OQ), levels);
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, -levels, _CMP_LT_OQ), -levels);
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_setzero_ps());
+    const __m512i vi = _mm512_cvttps_epi32(v);
+    const __m512i h = _mm512_sub_epi32(
+        _mm512_srai_epi32(_mm512_mullo_epi32(_mm512_add_epi32(vi, _mm512_set1_epi32(32768)),
+                                             _mm512_set1_epi32(257)),
+                          16),
+        _mm512_set1_epi32(128));
+    const __m512i l = _mm512_sub_epi32(vi, _mm512_mullo_epi32(h, _mm512_set1_epi32(255)));
+    _mm_storeu_si128((__m128i *)(hi + i), _mm512_cvtepi32_epi8(h));
+    _mm_storeu_si128((__m128i *)(lo + i), _mm512_cvtepi32_epi8(l));
+  }
+#elif PATH == 1
+  const __m256 levels = _mm256_set1_ps((float)X_LEVELS), scale = _mm256_set1_ps(inv);
+  const __m256 low_levels = _mm256_set1_ps(-(float)X_LEVELS);
+  for (; i + 8 <= k1; i += 8) {
+    __m256 v = _mm256_round_ps(_mm256_mul_ps(load8(x, x_bf16, i), scale),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_blendv_ps(v, levels, _mm256_cmp_ps(v, levels, _CMP_GT_OQ));
+    v = _mm256_blendv_ps(v, low_levels, _mm256_cmp_ps(v, low_levels, _CMP_LT_OQ));
+    v = _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i vi = _mm256_cvttps_epi32(v);
+    const __m256i h = _mm256_sub_epi32(
+        _mm256_srai_epi32(_mm256_mullo_epi32(_mm256_add_epi32(vi, _mm256_set1_epi32(32768)),
+                                             _mm256_set1_epi32(257)),
+                          16),
+        _mm256_set1_epi32(128));
+    store_bytes8(hi + i, h);
+    store_bytes8(lo + i, _mm256_sub_epi32(vi, _mm256_mullo_epi32(h, _mm256_set1_epi32(255))));
+  }
+#endif
+  for (; i < k1; i++) {
+    float v = nearbyintf(x_at(x, x_bf16, i) * inv);
+    v = v > X_LEVELS ? X_LEVELS : v < -X_LEVELS ? -X_LEVELS : v;
+    const int32_t vi = v == v ? (int32_t)v : 0, h = high_digit(vi);
+    hi[i] = (int8_t)h, lo[i] = (int8_t)(vi - 255 * h);
+  }
+}
+
 static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *e,
                          float *xsum) {
   for (int64_t b = 0; b < s->kblocks; b++) {
     const int64_t k0 = b * s->granule, k1 = k0 + s->granule;
-    float amax = 0.0f;
-    for (int64_t i = k0; i < k1; i++) amax = fmaxf(amax, fabsf(x_at(x, x_bf16, i)));
+    const float amax = block_amax(x, x_bf16, k0, k1);
     const float step = amax / (float)X_LEVELS, inv = amax > 0.0f ? 1.0f / step : 0.0f;
     e[b] = step;
-    for (int64_t i = k0; i < k1; i++) {
-      const float v = nearbyintf(x_at(x, x_bf16, i) * inv);
-      const int vi = (int)(v > X_LEVELS ? X_LEVELS : v < -X_LEVELS ? -X_LEVELS : v);
-      const int hi = (vi + 127 + 255 * 128) / 255 - 128;  // floor((v + 127) / 255)
-      xq[i] = (int8_t)hi, xq[s->k + i] = (int8_t)(vi - 255 * hi);
-    }
+    block_digits(x, x_bf16, k0, k1, inv, xq, xq + s->k);
   }
-  if (xsum != NULL)
-    for (int64_t g = 0; g < s->groups; g++) {
-      double sum = 0.0;
-      for (int64_t i = g * s->group; i < (g + 1) * s->group; i++) sum += x_at(x, x_bf16, i);
-      xsum[g] = (float)sum;
-    }
+  if (xsum == NULL) return;
+  // Each group's sum in k order; 8 groups at a time, whose sums are independent chains.
+  for (int64_t g0 = 0; g0 < s->groups; g0 += 8) {
+    const int64_t ng = s->groups - g0 < 8 ? s->groups - g0 : 8;
+    double sum[8] = {0.0};
+    for (int64_t i = 0; i < s->group; i++)
+      for (int64_t j = 0; j < ng; j++) sum[j] += x_at(x, x_bf16, (g0 + j) * s->group + i);
+    for (int64_t j = 0; j < ng; j++) xsum[g0 + j] = (float)sum[j];
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -346,6 +474,16 @@ static inline VI dot2_u4s8(VI acc, VI even, VI odd, const int8_t *p) {
 #endif
 #define NV (NR / VC)
 
+// VC of a panel's parameters from i on (scales, or mins at mins_offset), widened where float16.
+static inline VF load_params(const Shape *s, const uint8_t *params, int64_t i) {
+#if PATH == 2
+  if (s->half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(params + 2 * i)));
+#else
+  if (s->half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(params + 2 * i)));
+#endif
+  return LOADF((const float *)params + i);
+}
+
 // The granule's int32 sum of w * v from the sums of its digits: 255 * hi + lo. Exact: |v| <= 32512,
 // |w| <= 128 and a granule of at most 128 k keep it below 2^29.
 static inline VI combine(VI hi, VI lo) { return ADDI(SUBI(SLLI32(hi, 8), hi), lo); }
@@ -359,14 +497,13 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
   VF acc[MR][NV];
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = ZEROF();
-  const float *scales = (const float *)(panel + s->int_bytes);
-  const float *mins = scales + s->groups * NR;
+  const uint8_t *scales = panel + s->int_bytes, *mins = scales + s->mins_offset;
   const int64_t granules = s->group / s->granule, quads = s->granule / 4, k = s->k;
   const int64_t granule_bytes = s->granule * NR * s->bits / 8;
   const uint8_t *w = panel;
   for (int64_t g = 0; g < s->groups; g++) {
     VF ws[NV];
-    for (int v = 0; v < NV; v++) ws[v] = LOADF(scales + g * NR + v * VC);
+    for (int v = 0; v < NV; v++) ws[v] = load_params(s, scales, g * NR + v * VC);
     for (int64_t gi = 0; gi < granules; gi++, w += granule_bytes) {
       if (prefetch != NULL)
         for (int64_t o = 0; o < granule_bytes; o += 64)
@@ -442,7 +579,7 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
     }
     if (s->has_mins)
       for (int v = 0; v < NV; v++) {
-        const VF wm = LOADF(mins + g * NR + v * VC);
+        const VF wm = load_params(s, mins, g * NR + v * VC);
         for (int r = 0; r < R; r++)
           acc[r][v] = ADDF(acc[r][v], MULF(wm, SET1F(a->xsum[(r0 + r) * s->groups + g])));
       }
@@ -457,8 +594,7 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
 static inline void tile(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
                         const uint8_t *prefetch, float *out, const int R) {
   (void)prefetch;
-  const float *scales = (const float *)(panel + s->int_bytes);
-  const float *mins = scales + s->groups * NR;
+  const uint8_t *scales = panel + s->int_bytes, *mins = scales + s->mins_offset;
   const int64_t granules = s->group / s->granule;
   for (int r = 0; r < R; r++) {
     const int8_t *xr = a->xq + (r0 + r) * 2 * s->k;
@@ -480,9 +616,11 @@ static inline void tile(const Shape *s, const Activations *a, int64_t r0, const 
             hi += wq * xr[kk], lo += wq * xr[s->k + kk];
           }
           const int32_t isum = 255 * hi + lo;
-          acc = acc + (float)isum * (a->e[(r0 + r) * s->kblocks + block] * scales[g * NR + j]);
+          acc = acc + (float)isum * (a->e[(r0 + r) * s->kblocks + block] *
+                                     param_at(s, scales, g * NR + j));
         }
-        if (s->has_mins) acc = acc + mins[g * NR + j] * a->xsum[(r0 + r) * s->groups + g];
+        if (s->has_mins)
+          acc = acc + param_at(s, mins, g * NR + j) * a->xsum[(r0 + r) * s->groups + g];
       }
       out[r * NR + j] = acc;
     }
@@ -536,9 +674,9 @@ static int valid(int bits, int64_t group, int64_t k) {
 // Returns 0, 1 for a shape the packing does not take, 2 where memory runs out.
 int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
                  const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
-                 int bits, int64_t group, int has_mins, int num_threads) {
+                 int bits, int64_t group, int has_mins, int half, int num_threads) {
   if (!valid(bits, group, k)) return 1;
-  const Shape s = shape_of(n, k, bits, group, has_mins);
+  const Shape s = shape_of(n, k, bits, group, has_mins, half);
   Activations a;
   if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a)) {
     free_activations(&a);
@@ -658,11 +796,11 @@ static inline __attribute__((always_inline)) void amx_rows(const Shape *s,
     if (j + 1 < total) AMX_DP(j + 1);
     const int64_t g = j / per_group, gi = j % per_group;
     for (int p = 0; p < NP; p++) {
-      const float *scales = (const float *)(panel[p] + s->int_bytes);
-      if (gi == 0) ws[p] = _mm512_loadu_ps(scales + g * NR);
+      const uint8_t *scales = panel[p] + s->int_bytes;
+      if (gi == 0) ws[p] = load_params(s, scales, g * NR);
       amx_epilogue(s, a, r0, rows, c[p][0], c[p][1], j, ws[p], acc[p]);
       if (s->has_mins && gi == per_group - 1) {
-        const __m512 wm = _mm512_loadu_ps(scales + s->groups * NR + g * NR);
+        const __m512 wm = load_params(s, scales + s->mins_offset, g * NR);
 #pragma GCC unroll 16
         for (int r = 0; r < rows; r++)
           acc[p][r] = _mm512_add_ps(
@@ -701,10 +839,10 @@ static void widen_panel(const Shape *s, const uint8_t *panel, int8_t *b) {
 // As linear_quant, on AMX tiles; 3 where Linux grants no tiles.
 int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
                      const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
-                     int bits, int64_t group, int has_mins, int num_threads) {
+                     int bits, int64_t group, int has_mins, int half, int num_threads) {
   if (!valid(bits, group, k)) return 1;
   if (request_tiles()) return 3;
-  const Shape s = shape_of(n, k, bits, group, has_mins);
+  const Shape s = shape_of(n, k, bits, group, has_mins, half);
   const int64_t panels = (n + NR - 1) / NR, quad_bytes = k * NR;  // a panel's ints as int8
   const int64_t chunk = W_CHUNK_BYTES / quad_bytes > 1 ? W_CHUNK_BYTES / quad_bytes : 1;
   int threads = num_threads < 1 ? 1 : num_threads;

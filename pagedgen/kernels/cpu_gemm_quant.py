@@ -1,7 +1,8 @@
 """Matmul over quantized weights on CPUs (kernels/cpu_gemm_quant.c): y = x @ W.T (+ bias) for x
 float32 or bfloat16 [M, K], W 4- or 8-bit integers in groups along K with a float32 scale (and
 optionally a minimum) each, as pagedgen.layers.quantized_weight.QuantizedWeight holds them,
-packed once into 16-column panels that a decode step streams at their stored size.
+packed once into 16-column panels that a decode step streams at their stored size (the scales
+and minimums in float16 where they all are float16 values, as GGUF's are).
 
 x is quantized per row in blocks of the weight's granule (128, 64, 32 or 16 k: the largest that
 divides its group) to about 15 bits, two int8 digits, the integer dot products of both digits are
@@ -37,7 +38,7 @@ ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 AMX_MIN_ROWS = {8: 2, 4: 6}
 LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
-LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
 
 
 @functools.cache
@@ -46,11 +47,11 @@ def _library(march: str) -> SimpleNamespace:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures = {
         "cpu_gemm_quant_path": [],
-        "pack_weight_quant": [p, p, p, p, i64, i64, i32, i64],
+        "pack_weight_quant": [p, p, p, p, i64, i64, i32, i64, i32],
         "quantize_weight": [p, p, p, p, i32, i64, i64, i32, i64],
         "linear_quant": LINEAR_TYPES,
     }
-    lib.quant_panel_bytes.argtypes = [i64, i32, i64, i32]
+    lib.quant_panel_bytes.argtypes = [i64, i32, i64, i32, i32]
     lib.quant_panel_bytes.restype = i64
     namespace = declare(lib, signatures)
     namespace.quant_panel_bytes = lib.quant_panel_bytes
@@ -89,12 +90,15 @@ def path_name(march: str | None = None) -> str:
     return name + (", AMX-INT8" if march is None and amx_error() is None else "")
 
 
-def packed_numel(
-    out_features: int, in_features: int, bits: int, group_size: int, mins: bool
-) -> int:
-    """Bytes of the packed weight."""
-    panels = -(-out_features // PANEL_WIDTH)
-    return panels * _library(kernel_march()).quant_panel_bytes(in_features, bits, group_size, mins)
+def float16_params(scales: torch.Tensor, mins: torch.Tensor | None) -> bool:
+    """Whether every scale and minimum is a finite float16 value: then the panels hold them in
+    float16 (widened exactly, the same outputs from fewer bytes)."""
+    for part in (scales, mins):
+        if part is not None:
+            half = part.to(torch.float16)
+            if not (half.isfinite().all() and torch.equal(half.float(), part.float())):
+                return False
+    return True
 
 
 def check_format(in_features: int, bits: int, group_size: int) -> None:
@@ -111,19 +115,23 @@ def pack(
     mins: torch.Tensor | None,  # float32 [N, K // group_size] or None
     bits: int,
     group_size: int,
+    half: bool = False,  # scales and mins in float16: they must be float16_params
     march: str | None = None,
 ) -> torch.Tensor:
     """The weight as linear() reads it: uint8 [ceil(N / 16) * panel bytes]."""
     n = qweight.shape[0]
     k = qweight.shape[1] * (2 if bits == 4 else 1)
     check_format(k, bits, group_size)
+    if half and not float16_params(scales, mins):
+        raise ValueError("scales or mins that are not float16 values cannot be packed as float16")
     lib = _library(march or kernel_march())
     out = torch.empty(
-        -(-n // PANEL_WIDTH) * lib.quant_panel_bytes(k, bits, group_size, mins is not None),
+        -(-n // PANEL_WIDTH) * lib.quant_panel_bytes(k, bits, group_size, mins is not None, half),
         dtype=torch.uint8,
     )
-    qweight, scales = qweight.contiguous(), scales.float().contiguous()
-    mins = None if mins is None else mins.float().contiguous()
+    dtype = torch.float16 if half else torch.float32
+    qweight, scales = qweight.contiguous(), scales.to(dtype).contiguous()
+    mins = None if mins is None else mins.to(dtype).contiguous()
     status = lib.pack_weight_quant(
         out.data_ptr(),
         qweight.data_ptr(),
@@ -133,6 +141,7 @@ def pack(
         k,
         bits,
         group_size,
+        half,
     )
     assert status == 0, status
     return out
@@ -180,6 +189,7 @@ def linear(
     bits: int,
     group_size: int,
     has_mins: bool,
+    half: bool = False,  # as pack() was given it
     out: torch.Tensor | None = None,  # [M, >= N] in x's dtype, unit column stride: y goes there
     march: str | None = None,  # a build apart from the machine's (tests); never AMX
 ) -> torch.Tensor:
@@ -196,7 +206,7 @@ def linear(
     m, k = rows.shape
     lib = _library(march or kernel_march())
     expected = -(-out_features // PANEL_WIDTH) * lib.quant_panel_bytes(
-        k, bits, group_size, has_mins
+        k, bits, group_size, has_mins, half
     )
     if packed.dtype != torch.uint8 or packed.numel() != expected:
         raise ValueError(
@@ -225,6 +235,7 @@ def linear(
             bits,
             group_size,
             has_mins,
+            half,
             torch.get_num_threads(),
         )
         if status != 0:

@@ -36,6 +36,7 @@ class Segment(NamedTuple):
     bits: int
     group_size: int
     has_mins: bool
+    half: bool  # scales and mins packed in float16 (cpu_gemm_quant.float16_params)
 
     def format(self, in_features: int) -> str:
         """e.g. "int4 g32 +mins", "int8 per row"."""
@@ -89,12 +90,13 @@ class QuantizedPanels(nn.Module):
         start = 0
         for run in runs:
             weight = concat_rows(run)
-            size = weight.shape[0]
+            size, mins = weight.shape[0], weight.mins
+            half = cpu_gemm_quant.float16_params(weight.scales, mins)
             self.segments.append(
-                Segment(start, size, weight.bits, weight.group_size, weight.mins is not None)
+                Segment(start, size, weight.bits, weight.group_size, mins is not None, half)
             )
             packed = cpu_gemm_quant.pack(
-                weight.qweight, weight.scales, weight.mins, weight.bits, weight.group_size
+                weight.qweight, weight.scales, mins, weight.bits, weight.group_size, half
             )
             self.packed.append(nn.Parameter(packed, requires_grad=False))
             start += size
@@ -108,7 +110,9 @@ class QuantizedPanels(nn.Module):
         if len(self.segments) == 1:
             s = self.segments[0]
             packed = self.packed[0]
-            return cpu_gemm_quant.linear(x, packed, bias, s.size, s.bits, s.group_size, s.has_mins)
+            return cpu_gemm_quant.linear(
+                x, packed, bias, s.size, s.bits, s.group_size, s.has_mins, s.half
+            )
         rows = x.reshape(-1, x.shape[-1])
         y = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
         for s, packed in zip(self.segments, self.packed):
@@ -116,7 +120,7 @@ class QuantizedPanels(nn.Module):
             b = None if bias is None else bias[columns]
             out = y[:, columns]
             cpu_gemm_quant.linear(
-                rows, packed, b, s.size, s.bits, s.group_size, s.has_mins, out=out
+                rows, packed, b, s.size, s.bits, s.group_size, s.has_mins, s.half, out=out
             )
         return y.view(*x.shape[:-1], self.out_features)
 

@@ -35,8 +35,17 @@ def random_weight(n: int, k: int, bits: int, group_size: int | None, mins: bool,
     )
 
 
-def pack(qw: QuantizedWeight, march: str | None = None) -> torch.Tensor:
-    return cpu_gemm_quant.pack(qw.qweight, qw.scales, qw.mins, qw.bits, qw.group_size, march)
+def pack(qw: QuantizedWeight, march: str | None = None, half: bool = False) -> torch.Tensor:
+    args = (qw.qweight, qw.scales, qw.mins, qw.bits, qw.group_size)
+    return cpu_gemm_quant.pack(*args, half=half, march=march)
+
+
+def float16_valued(qw: QuantizedWeight) -> QuantizedWeight:
+    """qw with its scales and mins rounded to float16 values, some of them subnormal."""
+    scales = qw.scales.half()
+    scales[0] = torch.arange(1, scales.shape[1] + 1) * 2**-24  # subnormal float16
+    mins = None if qw.mins is None else qw.mins.half().float()
+    return QuantizedWeight(qw.bits, qw.group_size, qw.qweight, scales.float(), mins)
 
 
 @pytest.fixture(autouse=True)
@@ -44,10 +53,10 @@ def amx_from_one_row(monkeypatch):
     monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 1, 8: 1})
 
 
-def run(x, qw, packed, bias=None, march=None, out=None):
+def run(x, qw, packed, bias=None, march=None, out=None, half=False):
     """The machine's kernel (AMX where it has the tiles), or march's build ("amx": the tiles)."""
     n = qw.shape[0]
-    args = (n, qw.bits, qw.group_size, qw.mins is not None)
+    args = (n, qw.bits, qw.group_size, qw.mins is not None, half)
     march = None if march == "amx" else march or "native"
     return cpu_gemm_quant.linear(x, packed, bias, *args, out=out, march=march)
 
@@ -113,22 +122,48 @@ def assert_close_to_dequantized(y, x, qw, bias):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype):
+@pytest.mark.parametrize("half", [False, True], ids=["float32 params", "float16 params"])
+def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype, half):
     bits, group_size, mins = fmt
     n = 37  # past whole panels
     k = 336 if group_size == 48 else 384  # 336: 48 * 7, not a multiple of 32
     qw = random_weight(n, k, bits, group_size, mins, seed=bits + k)
+    if half:
+        qw = float16_valued(qw)
+        assert cpu_gemm_quant.float16_params(qw.scales, qw.mins)
     bias = torch.randn(n).to(dtype)
-    packs = {march: pack(qw, march) for march in MARCHES}
+    packs = {march: pack(qw, march, half) for march in MARCHES}
     assert all(torch.equal(p, packs["native"]) for p in packs.values())  # one layout
     for rows in ROWS:
         x = (torch.randn(rows, k) * torch.rand(rows, 1) * 4).to(dtype)
         x[0, :5] = 0  # a block's zeros quantize to zero
         ref = scheme_reference(x, qw, bias)
         for march in BUILDS:
-            y = run(x, qw, packs["native"], bias, march)
+            y = run(x, qw, packs["native"], bias, march, half=half)
             assert y.dtype == dtype and torch.equal(y, ref), (march, rows)
         assert_close_to_dequantized(y, x, qw, bias)
+
+
+@pytest.mark.parametrize("fmt", [(4, 32, True), (8, 32, False), (8, None, False)])
+def test_float16_params_take_fewer_bytes_for_the_same_outputs(fmt):
+    qw = float16_valued(random_weight(40, 256, *fmt, seed=6))
+    wide, narrow = pack(qw), pack(qw, half=True)
+    ints, params = 16 * 256 * fmt[0] // 8, 16 * (256 // (fmt[1] or 256)) * (1 + fmt[2])
+    assert wide.numel() == 3 * (ints + 4 * params)  # 3 panels of 16 columns
+    assert narrow.numel() == 3 * (-(-(ints + 2 * params) // 64) * 64)  # each a multiple of 64
+    x = torch.randn(5, 256)
+    for march in BUILDS:
+        y = run(x, qw, narrow, march=march, half=True)
+        assert torch.equal(y, run(x, qw, wide, march=march))
+
+
+def test_only_float16_values_pack_as_float16():
+    qw = random_weight(16, 64, 4, 32, True, seed=7)
+    assert not cpu_gemm_quant.float16_params(qw.scales, qw.mins)
+    assert not cpu_gemm_quant.float16_params(torch.full((2, 2), 1e5), None)  # past float16's range
+    assert cpu_gemm_quant.float16_params(qw.scales.half().float(), None)
+    with pytest.raises(ValueError, match="not float16 values"):
+        pack(qw, half=True)
 
 
 @pytest.mark.parametrize("k", [64 * 3 + 32, 48])  # a multiple of 32 not of 64; of 16 only
@@ -150,6 +185,19 @@ def test_an_all_zero_row_and_a_zero_weight():
     x[1] = 0
     for march in BUILDS:
         assert torch.equal(run(x, qw, pack(qw), march=march), scheme_reference(x, qw, None))
+
+
+def test_a_nan_in_x_counts_as_zero_and_every_build_agrees_on_infinities():
+    qw = random_weight(32, 256, 8, 32, False, seed=8)  # no mins: x's sums play no part
+    x = torch.randn(3, 256)
+    zeroed = x.clone()
+    x[0, 40], zeroed[0, 40] = float("nan"), 0.0
+    x[1, 200], x[2, 7] = float("inf"), -float("inf")
+    packed = pack(qw)
+    outputs = [run(x, qw, packed, march=march) for march in BUILDS]
+    assert torch.equal(outputs[0][0], run(zeroed, qw, packed)[0])
+    for y in outputs:
+        torch.testing.assert_close(y, outputs[0], rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("fmt", [(4, 128, True), (8, None, False)])
