@@ -161,7 +161,20 @@ int pack_weight_quant(uint8_t *out, const uint8_t *q, const uint8_t *scales, con
 // ---------------------------------------------------------------------------------------------
 // Online quantization of a float weight w [n, k] (float32, or bfloat16 bits with w_bf16), one pass
 // a row, into QuantizedWeight's layout. 8 bits (mins NULL): q = round(w / s), s = max|w| / 127 over
-// the group. 4 bits: q = round((w - min) / s), s = (max - min) / 15, two values a byte.
+// the group. 4 bits: q = round((w - min) / s), s = (max - min) / 15, two values a byte. s and min
+// are taken to their nearest float16 values first (s where that is a normal float16, min where it
+// is finite), so the panels hold them in half the bytes; q is rounded against them.
+
+// f's nearest float16 value where that is finite and, unless subnormal_ok, zero or normal; else f.
+static inline float float16_near(float f, int subnormal_ok) {
+#ifdef __FLT16_MAX__
+  const float h = (float)(_Float16)f, a = fabsf(h);
+  if (a <= 65504.0f && (subnormal_ok || a == 0.0f || a >= 6.103515625e-05f)) return h;
+#else
+  (void)subnormal_ok;
+#endif
+  return f;
+}
 
 // Element i of float32 data, or of bfloat16 bits with bf16.
 static inline float x_at(const void *x, int x_bf16, int64_t i) {
@@ -186,7 +199,8 @@ int quantize_weight(uint8_t *q, float *scales, float *mins, const void *w, int w
         const float v = x_at(w, w_bf16, i);
         low = fminf(low, v), high = fmaxf(high, v), amax = fmaxf(amax, fabsf(v));
       }
-      const float scale = bits == 8 ? amax / 127.0f : (high - low) / 15.0f;
+      if (bits == 4) low = float16_near(low, 1);
+      const float scale = float16_near(bits == 8 ? amax / 127.0f : (high - low) / 15.0f, 0);
       const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
       scales[row * groups + g] = scale;
       if (bits == 8) {
@@ -200,7 +214,8 @@ int quantize_weight(uint8_t *q, float *scales, float *mins, const void *w, int w
       for (int64_t i = k0; i < k0 + group; i += 2) {
         float v0 = nearbyintf((x_at(w, w_bf16, i) - low) * inv);
         float v1 = nearbyintf((x_at(w, w_bf16, i + 1) - low) * inv);
-        v0 = v0 > 15.0f ? 15.0f : v0, v1 = v1 > 15.0f ? 15.0f : v1;  // never below 0
+        v0 = v0 > 15.0f ? 15.0f : v0 < 0.0f ? 0.0f : v0;  // (min rounded: either end)
+        v1 = v1 > 15.0f ? 15.0f : v1 < 0.0f ? 0.0f : v1;
         q[i / 2] = (uint8_t)((int)v0 | (int)v1 << 4);
       }
     }

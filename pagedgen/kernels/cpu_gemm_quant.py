@@ -154,7 +154,9 @@ def quantize(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Online quantization in one pass a row: (qweight, scales, mins) as QuantizedWeight holds
     them. 8 bits: symmetric, q = round(w / s) in -127..127, s = max|w| / 127 a group, no mins.
-    4 bits: q = round((w - min) / s) in 0..15, s = (max - min) / 15 a group."""
+    4 bits: q = round((w - min) / s) in 0..15, s = (max - min) / 15 a group. s and min are their
+    nearest float16 values (where those are finite, and normal for s), so pack() holds them in
+    float16."""
     if weight.dtype not in ACTIVATION_DTYPES:
         weight = weight.float()
     weight = weight.contiguous()

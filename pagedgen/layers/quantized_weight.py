@@ -88,9 +88,10 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
 # Online quantization of a float checkpoint (EngineConfig.quantization), by cpu_gemm_quant's
 # one-pass quantizer (tests/layers/test_quantized_linear.py holds its torch twin): int8 one group a
 # row, symmetric; int4 in groups of 128 with a minimum each, the 16 levels spanning the group's own
-# range. On SmolLM2-135M's text NLL (float 3.489 over 8.6k tokens) this int4 gave 4.004, symmetric
-# int4 (Q4_0's levels) 4.070, and a least-squares fit of scale and minimum (llama.cpp's
-# make_qkx2_quants, unweighted) 4.025: lower weight error, worse predictions.
+# range; scales and minimums float16 values. On SmolLM2-135M's text NLL (float 3.489 over 8.6k
+# tokens) this int4 gave 4.004, symmetric int4 (Q4_0's levels) 4.070, and a least-squares fit of
+# scale and minimum (llama.cpp's make_qkx2_quants, unweighted) 4.025: lower weight error, worse
+# predictions.
 INT4_GROUP_SIZE = 128
 
 

@@ -143,17 +143,24 @@ def test_online_quantization_of_a_float_layer(quantization):
     assert error < (0.015 if quantization == "int8" else 0.13), error  # int4: ~0.1 rms a step
 
 
+def float16_near(x: torch.Tensor, subnormal_ok: bool) -> torch.Tensor:
+    """x's nearest float16 values where finite and (unless subnormal_ok) zero or normal."""
+    h = x.half().float()
+    keep = h.isfinite() & (subnormal_ok | (h == 0) | (h.abs() >= 2**-14))
+    return torch.where(keep, h, x)
+
+
 def torch_quantize(weight: torch.Tensor, bits: int, group_size: int):
     """The one-pass C quantizer's twin: (qweight values, scales, mins)."""
     n, k = weight.shape
     w = weight.float().reshape(n, k // group_size, group_size)
     if bits == 8:
-        scale = w.abs().amax(dim=-1) / 127
+        scale = float16_near(w.abs().amax(dim=-1) / 127, False)
         inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
         q = (w * inverse[..., None]).round().clamp(-127, 127)
         return q.reshape(n, k), scale, None
-    low, high = w.amin(dim=-1), w.amax(dim=-1)
-    scale = (high - low) / 15
+    low, high = float16_near(w.amin(dim=-1), True), w.amax(dim=-1)
+    scale = float16_near((high - low) / 15, False)
     inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
     q = ((w - low[..., None]) * inverse[..., None]).round().clamp(0, 15)
     return q.reshape(n, k), scale, low
@@ -169,13 +176,18 @@ def test_quantizers_match_their_torch_twin_and_round_trip_within_half_a_step(dty
     values, scales, _ = torch_quantize(weight, 8, 256)
     assert q8.group_size == 256 and q8.mins is None
     assert torch.equal(q8.values(), values.short()) and torch.equal(q8.scales, scales)
-    assert ((q8.dequantize() - weight.float()).abs() <= q8.scales / 2 + 1e-6).all()
+    step = q8.scales
+    assert ((q8.dequantize() - weight.float()).abs() <= step / 2 + 127 * step * 2**-11).all()
     q4 = quantize_int4(weight)
     values, scales, mins = torch_quantize(weight, 4, 128)
     assert q4.group_size == 128 and torch.equal(q4.mins, mins)
     assert torch.equal(q4.values(), values.short()) and torch.equal(q4.scales, scales)
     step = q4.scales.repeat_interleave(128, dim=1)
-    assert ((q4.dequantize() - weight.float()).abs() <= step / 2 + 1e-6).all()
+    # (+ the parameters' float16 rounding: half an ulp of the minimum and of 15 steps)
+    slack = (q4.mins.abs().repeat_interleave(128, dim=1) + 15 * step) * 2**-11 + 1e-6
+    assert ((q4.dequantize() - weight.float()).abs() <= step / 2 + slack).all()
+    assert cpu_gemm_quant.float16_params(q4.scales, q4.mins)
+    assert cpu_gemm_quant.float16_params(q8.scales, None)
     assert quantize_int4(torch.randn(4, 96)).group_size == 32
 
 
