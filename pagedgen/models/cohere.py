@@ -70,7 +70,7 @@ class CohereForCausalLM(LlamaForCausalLM):
         return bool(config.attention_bias), bool(config.attention_bias)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (self.lm_head(hidden) * self.logit_scale).float()
+        return self.lm_head(hidden) * self.logit_scale
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(self._pairs_to_halves(weights))

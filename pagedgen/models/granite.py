@@ -31,4 +31,4 @@ class GraniteForCausalLM(LlamaForCausalLM):
         return self.embed_tokens(input_ids) * self.config.embedding_multiplier
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (self.lm_head(hidden) / self.config.logits_scaling).float()
+        return self.lm_head(hidden) / self.config.logits_scaling

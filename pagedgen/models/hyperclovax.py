@@ -46,4 +46,4 @@ class HyperCLOVAXForCausalLM(GraniteForCausalLM):
     decoder_layer_cls = HyperCLOVAXDecoderLayer
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (self.lm_head(hidden) * self.config.logits_scaling).float()
+        return self.lm_head(hidden) * self.config.logits_scaling

@@ -191,7 +191,8 @@ class LlamaForCausalLM(nn.Module):
     to their window only.
 
     forward() takes the flattened varlen batch and returns hidden states for every token;
-    compute_logits() is applied by the runner to the rows it samples from only.
+    compute_logits() is applied by the runner to the rows it samples from only; its logits stay
+    in the model's dtype, which the sampler widens to float32 where it needs more than an argmax.
     """
 
     attention_cls = LlamaAttention
@@ -258,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
         return self.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden)
 
     def derived_weights(self) -> set[str]:
         """Sets parameters computed from loaded ones (after every checkpoint tensor, the LM head
