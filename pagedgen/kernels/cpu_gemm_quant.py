@@ -26,6 +26,7 @@ from pagedgen.kernels.cpu_build import (
     load_cpu_library,
 )
 from pagedgen.kernels.cpu_features import kernel_march
+from pagedgen.kernels.huge_pages import empty_huge
 
 SOURCE = "cpu_gemm_quant.c"
 # Bit for bit across ISAs: no reassociation, no fused multiply-adds the source does not write.
@@ -118,16 +119,17 @@ def pack(
     half: bool = False,  # scales and mins in float16: they must be float16_params
     march: str | None = None,
 ) -> torch.Tensor:
-    """The weight as linear() reads it: uint8 [ceil(N / 16) * panel bytes]."""
+    """The weight as linear() reads it: uint8 [ceil(N / 16) * panel bytes], in huge pages where
+    it fills one (pagedgen.kernels.huge_pages)."""
     n = qweight.shape[0]
     k = qweight.shape[1] * (2 if bits == 4 else 1)
     check_format(k, bits, group_size)
     if half and not float16_params(scales, mins):
         raise ValueError("scales or mins that are not float16 values cannot be packed as float16")
     lib = _library(march or kernel_march())
-    out = torch.empty(
+    out = empty_huge(
         -(-n // PANEL_WIDTH) * lib.quant_panel_bytes(k, bits, group_size, mins is not None, half),
-        dtype=torch.uint8,
+        torch.uint8,
     )
     dtype = torch.float16 if half else torch.float32
     qweight, scales = qweight.contiguous(), scales.to(dtype).contiguous()
