@@ -223,130 +223,6 @@ int quantize_weight(uint8_t *q, float *scales, float *mins, const void *w, int w
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activations: xq int8 [m][2][k] (each row's high digits, then its low ones), e float
-// [m][kblocks], xsum float [m][groups] (with mins).
-
-// A block of x as integers v = round(x / e), e = max|x| / 32512, in two base-255 digits:
-// v = 255 * hi + lo, hi and lo in -127..127 (32512 = 127 * 256 = 255 * 127 + 127). A NaN (or an
-// infinite x, whose block's e is infinite) gives v = 0. Every step is exact or one IEEE rounding
-// of one element, so the vector loops below give the scalar loop's bits.
-
-// v's digits as int32: hi = floor((v + 127) / 255), lo = v - 255 * hi; (n + 1) * 257 >> 16 is
-// n / 255 for 0 <= n < 2^16 (n = v + 32767 here).
-static inline int32_t high_digit(int32_t v) { return (((v + 32768) * 257) >> 16) - 128; }
-
-#if PATH == 2
-static inline __m512 load16(const void *x, int x_bf16, int64_t i) {
-  if (!x_bf16) return _mm512_loadu_ps((const float *)x + i);
-  const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-#elif PATH == 1
-static inline __m256 load8(const void *x, int x_bf16, int64_t i) {
-  if (!x_bf16) return _mm256_loadu_ps((const float *)x + i);
-  const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-// The low bytes of v's 8 int32 lanes, in order, at out.
-static inline void store_bytes8(int8_t *out, __m256i v) {
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i b = _mm256_shuffle_epi8(v, pick);
-  const int32_t words[2] = {_mm256_extract_epi32(b, 0), _mm256_extract_epi32(b, 4)};
-  memcpy(out, words, sizeof words);
-}
-#endif
-
-// max |x[i]| over [k0, k1) (a NaN is passed over, as fmaxf does).
-static float block_amax(const void *x, int x_bf16, int64_t k0, int64_t k1) {
-  float amax = 0.0f;
-  int64_t i = k0;
-#if PATH == 2
-  __m512 m = _mm512_setzero_ps();
-  for (; i + 16 <= k1; i += 16) m = _mm512_max_ps(_mm512_abs_ps(load16(x, x_bf16, i)), m);
-  amax = _mm512_reduce_max_ps(m);
-#elif PATH == 1
-  __m256 m = _mm256_setzero_ps();
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  for (; i + 8 <= k1; i += 8) m = _mm256_max_ps(_mm256_and_ps(load8(x, x_bf16, i), abs_mask), m);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, m);
-  for (int j = 0; j < 8; j++) amax = fmaxf(amax, lanes[j]);
-#endif
-  for (; i < k1; i++) amax = fmaxf(amax, fabsf(x_at(x, x_bf16, i)));
-  return amax;
-}
-
-// Digits of x[i] * inv for i in [k0, k1): high ones at hi[i], low ones at lo[i].
-static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, float inv, int8_t *hi,
-                         int8_t *lo) {
-  int64_t i = k0;
-#if PATH == 2
-  const __m512 levels = _mm512_set1_ps((float)X_LEVELS), scale = _mm512_set1_ps(inv);
-  for (; i + 16 <= k1; i += 16) {
-    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(load16(x, x_bf16, i), scale),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, levels, _CMP_GT_OQ), levels);
-    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, -levels, _CMP_LT_OQ), -levels);
-    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_setzero_ps());
-    const __m512i vi = _mm512_cvttps_epi32(v);
-    const __m512i h = _mm512_sub_epi32(
-        _mm512_srai_epi32(_mm512_mullo_epi32(_mm512_add_epi32(vi, _mm512_set1_epi32(32768)),
-                                             _mm512_set1_epi32(257)),
-                          16),
-        _mm512_set1_epi32(128));
-    const __m512i l = _mm512_sub_epi32(vi, _mm512_mullo_epi32(h, _mm512_set1_epi32(255)));
-    _mm_storeu_si128((__m128i *)(hi + i), _mm512_cvtepi32_epi8(h));
-    _mm_storeu_si128((__m128i *)(lo + i), _mm512_cvtepi32_epi8(l));
-  }
-#elif PATH == 1
-  const __m256 levels = _mm256_set1_ps((float)X_LEVELS), scale = _mm256_set1_ps(inv);
-  const __m256 low_levels = _mm256_set1_ps(-(float)X_LEVELS);
-  for (; i + 8 <= k1; i += 8) {
-    __m256 v = _mm256_round_ps(_mm256_mul_ps(load8(x, x_bf16, i), scale),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm256_blendv_ps(v, levels, _mm256_cmp_ps(v, levels, _CMP_GT_OQ));
-    v = _mm256_blendv_ps(v, low_levels, _mm256_cmp_ps(v, low_levels, _CMP_LT_OQ));
-    v = _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    const __m256i vi = _mm256_cvttps_epi32(v);
-    const __m256i h = _mm256_sub_epi32(
-        _mm256_srai_epi32(_mm256_mullo_epi32(_mm256_add_epi32(vi, _mm256_set1_epi32(32768)),
-                                             _mm256_set1_epi32(257)),
-                          16),
-        _mm256_set1_epi32(128));
-    store_bytes8(hi + i, h);
-    store_bytes8(lo + i, _mm256_sub_epi32(vi, _mm256_mullo_epi32(h, _mm256_set1_epi32(255))));
-  }
-#endif
-  for (; i < k1; i++) {
-    float v = nearbyintf(x_at(x, x_bf16, i) * inv);
-    v = v > X_LEVELS ? X_LEVELS : v < -X_LEVELS ? -X_LEVELS : v;
-    const int32_t vi = v == v ? (int32_t)v : 0, h = high_digit(vi);
-    hi[i] = (int8_t)h, lo[i] = (int8_t)(vi - 255 * h);
-  }
-}
-
-static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *e,
-                         float *xsum) {
-  for (int64_t b = 0; b < s->kblocks; b++) {
-    const int64_t k0 = b * s->granule, k1 = k0 + s->granule;
-    const float amax = block_amax(x, x_bf16, k0, k1);
-    const float step = amax / (float)X_LEVELS, inv = amax > 0.0f ? 1.0f / step : 0.0f;
-    e[b] = step;
-    block_digits(x, x_bf16, k0, k1, inv, xq, xq + s->k);
-  }
-  if (xsum == NULL) return;
-  // Each group's sum in k order; 8 groups at a time, whose sums are independent chains.
-  for (int64_t g0 = 0; g0 < s->groups; g0 += 8) {
-    const int64_t ng = s->groups - g0 < 8 ? s->groups - g0 : 8;
-    double sum[8] = {0.0};
-    for (int64_t i = 0; i < s->group; i++)
-      for (int64_t j = 0; j < ng; j++) sum[j] += x_at(x, x_bf16, (g0 + j) * s->group + i);
-    for (int64_t j = 0; j < ng; j++) xsum[g0 + j] = (float)sum[j];
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Output: rows [r, r + rows) of the tile acc [rows][16] at column col, plus bias, rounded once.
 
 typedef struct {
@@ -446,6 +322,32 @@ typedef __m512 VF;
 #define ADDF _mm512_add_ps
 #define MULF _mm512_mul_ps
 #define CVTF _mm512_cvtepi32_ps
+#define CVTTI _mm512_cvttps_epi32
+#define MAXF _mm512_max_ps
+#define ABSF _mm512_abs_ps
+#define SRAI32 _mm512_srai_epi32
+#define MULLOI _mm512_mullo_epi32
+static inline float max_lanes(VF v) { return _mm512_reduce_max_ps(v); }
+static inline VF round_even(VF v) {
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+// v clamped to [-levels, levels] as the scalar loop clamps (a NaN lane compares false), then a
+// NaN lane 0.
+static inline VF clamp_levels(VF v, VF levels) {
+  v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, levels, _CMP_GT_OQ), levels);
+  v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, -levels, _CMP_LT_OQ), -levels);
+  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), ZEROF());
+}
+// The low bytes of v's lanes, in order, at out.
+static inline void store_low_bytes(int8_t *out, VI v) {
+  _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(v));
+}
+// VC elements of x (float32, or bfloat16 bits with x_bf16) from i, as float.
+static inline VF load_x(const void *x, int x_bf16, int64_t i) {
+  if (!x_bf16) return _mm512_loadu_ps((const float *)x + i);
+  const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 static inline VI dot_u8s8(VI acc, VI u, VI s) { return _mm512_dpbusd_epi32(acc, u, s); }
 // acc + u . (x's word at p, in every lane), the broadcast folded into the instruction: in asm,
 // as GCC 12 broadcasts apart and moves the accumulator through a spare register (19 instructions
@@ -473,6 +375,38 @@ typedef __m256 VF;
 #define ADDF _mm256_add_ps
 #define MULF _mm256_mul_ps
 #define CVTF _mm256_cvtepi32_ps
+#define CVTTI _mm256_cvttps_epi32
+#define MAXF _mm256_max_ps
+#define SRAI32 _mm256_srai_epi32
+#define MULLOI _mm256_mullo_epi32
+static inline VF ABSF(VF v) { return _mm256_and_ps(v, _mm256_castsi256_ps(SET1I(0x7fffffff))); }
+static inline float max_lanes(VF v) {
+  float lanes[VC], m = 0.0f;
+  _mm256_storeu_ps(lanes, v);
+  for (int j = 0; j < VC; j++) m = fmaxf(m, lanes[j]);
+  return m;
+}
+static inline VF round_even(VF v) {
+  return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline VF clamp_levels(VF v, VF levels) {  // as the AVX-512 one
+  const VF low = _mm256_sub_ps(ZEROF(), levels);
+  v = _mm256_blendv_ps(v, levels, _mm256_cmp_ps(v, levels, _CMP_GT_OQ));
+  v = _mm256_blendv_ps(v, low, _mm256_cmp_ps(v, low, _CMP_LT_OQ));
+  return _mm256_blendv_ps(v, ZEROF(), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+static inline void store_low_bytes(int8_t *out, VI v) {
+  const VI pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                   0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const VI b = _mm256_shuffle_epi8(v, pick);
+  const int32_t words[2] = {_mm256_extract_epi32(b, 0), _mm256_extract_epi32(b, 4)};
+  memcpy(out, words, sizeof words);
+}
+static inline VF load_x(const void *x, int x_bf16, int64_t i) {
+  if (!x_bf16) return _mm256_loadu_ps((const float *)x + i);
+  const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
 static inline VI dot_u8s8(VI acc, VI u, VI s) {
   const VI pairs = _mm256_maddubs_epi16(u, s);  // exact: every pair sum is below 2^15 here
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
@@ -659,6 +593,73 @@ static const Tile TILES[MR + 1] = {0, tile_1, tile_2, tile_3, tile_4,
                                    tile_5, tile_6, tile_7, tile_8
 #endif
 };
+
+// ---------------------------------------------------------------------------------------------
+// Activations: xq int8 [m][2][k] (each row's high digits, then its low ones), e float
+// [m][kblocks], xsum float [m][groups] (with mins).
+
+// A block of x as integers v = round(x / e), e = max|x| / 32512, in two base-255 digits:
+// v = 255 * hi + lo, hi and lo in -127..127 (32512 = 127 * 256 = 255 * 127 + 127). A NaN (or an
+// infinite x, whose block's e is infinite) gives v = 0. Every step is exact or one IEEE rounding
+// of one element, so the vector loops (VC elements a step) give the scalar loop's bits.
+
+// v's digits as int32: hi = floor((v + 127) / 255), lo = v - 255 * hi; (n + 1) * 257 >> 16 is
+// n / 255 for 0 <= n < 2^16 (n = v + 32767 here).
+static inline int32_t high_digit(int32_t v) { return (((v + 32768) * 257) >> 16) - 128; }
+
+// max |x[i]| over [k0, k1) (a NaN is passed over, as fmaxf does).
+static float block_amax(const void *x, int x_bf16, int64_t k0, int64_t k1) {
+  float amax = 0.0f;
+  int64_t i = k0;
+#if PATH > 0
+  VF m = ZEROF();
+  for (; i + VC <= k1; i += VC) m = MAXF(ABSF(load_x(x, x_bf16, i)), m);
+  amax = max_lanes(m);
+#endif
+  for (; i < k1; i++) amax = fmaxf(amax, fabsf(x_at(x, x_bf16, i)));
+  return amax;
+}
+
+// Digits of x[i] * inv for i in [k0, k1): high ones at hi[i], low ones at lo[i].
+static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, float inv, int8_t *hi,
+                         int8_t *lo) {
+  int64_t i = k0;
+#if PATH > 0
+  const VF levels = SET1F((float)X_LEVELS), scale = SET1F(inv);
+  for (; i + VC <= k1; i += VC) {
+    const VI v = CVTTI(clamp_levels(round_even(MULF(load_x(x, x_bf16, i), scale)), levels));
+    const VI h = SUBI(SRAI32(MULLOI(ADDI(v, SET1I(32768)), SET1I(257)), 16), SET1I(128));
+    store_low_bytes(hi + i, h);
+    store_low_bytes(lo + i, SUBI(v, MULLOI(h, SET1I(255))));
+  }
+#endif
+  for (; i < k1; i++) {
+    float v = nearbyintf(x_at(x, x_bf16, i) * inv);
+    v = v > X_LEVELS ? X_LEVELS : v < -X_LEVELS ? -X_LEVELS : v;
+    const int32_t vi = v == v ? (int32_t)v : 0, h = high_digit(vi);
+    hi[i] = (int8_t)h, lo[i] = (int8_t)(vi - 255 * h);
+  }
+}
+
+static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *e,
+                         float *xsum) {
+  for (int64_t b = 0; b < s->kblocks; b++) {
+    const int64_t k0 = b * s->granule, k1 = k0 + s->granule;
+    const float amax = block_amax(x, x_bf16, k0, k1);
+    const float step = amax / (float)X_LEVELS, inv = amax > 0.0f ? 1.0f / step : 0.0f;
+    e[b] = step;
+    block_digits(x, x_bf16, k0, k1, inv, xq, xq + s->k);
+  }
+  if (xsum == NULL) return;
+  // Each group's sum in k order; 8 groups at a time, whose sums are independent chains.
+  for (int64_t g0 = 0; g0 < s->groups; g0 += 8) {
+    const int64_t ng = s->groups - g0 < 8 ? s->groups - g0 : 8;
+    double sum[8] = {0.0};
+    for (int64_t i = 0; i < s->group; i++)
+      for (int64_t j = 0; j < ng; j++) sum[j] += x_at(x, x_bf16, (g0 + j) * s->group + i);
+    for (int64_t j = 0; j < ng; j++) xsum[g0 + j] = (float)sum[j];
+  }
+}
 
 // The activations of rows [0, m): malloc'd, freed by free_activations. NULL where memory runs out.
 static int quantize_activations(const void *x, int x_bf16, int64_t ldx, int64_t m, const Shape *s,
