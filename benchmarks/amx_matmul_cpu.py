@@ -1,9 +1,11 @@
 """The AMX bfloat16 matmul (kernels/cpu_gemm_amx.c) alone, its weights cold (copies rotated
 through more memory than the L3 holds, as a model's step reads its layers), at decode batch
-sizes on Llama-3.2-1B's layer shapes by default; with --baseline, the same kernel of another
+sizes on Llama-3.2-1B's layer shapes by default (--shapes K x N, ...; --rotated-mib 100 keeps
+SmolLM2's layers in the L3 as its steps find them); with --baseline, the same kernel of another
 source tree runs in turn with this one's, in the same process, its outputs checked equal:
 
     python benchmarks/amx_matmul_cpu.py [--rows 16,33,61,64] [--threads 2] [--baseline OTHER_TREE]
+        [--shapes 576x3072,1536x576,576x960,576x576 --rotated-mib 100]
 """
 
 import argparse
@@ -15,8 +17,7 @@ import torch
 
 from pagedgen.kernels import cpu_build, cpu_gemm_bf16, source
 
-SHAPES = [(2048, 16384), (8192, 2048), (2048, 3072), (2048, 2048)]  # K, N: gate/up, down, qkv, o
-ROTATED_BYTES = 700 << 20
+SHAPES = "2048x16384,8192x2048,2048x3072,2048x2048"  # K x N: gate/up, down, qkv, o
 
 
 def library_of(kernels: Path | None) -> SimpleNamespace:
@@ -35,12 +36,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="a source tree whose kernel runs too")
+    parser.add_argument("--shapes", default=SHAPES, help="K x N of each weight, comma-separated")
+    parser.add_argument(
+        "--rotated-mib", type=int, default=700, help="MiB of copies of a weight read in turn"
+    )
     args = parser.parse_args()
     libraries = {"this": library_of(None)}
     if args.baseline is not None:
         libraries["baseline"] = library_of(args.baseline / "kernels")
-    for k, n in SHAPES:
-        copies = max(2, ROTATED_BYTES // (n * k * 2))
+    for shape in args.shapes.split(","):
+        k, n = (int(d) for d in shape.split("x"))
+        copies = max(2, (args.rotated_mib << 20) // (n * k * 2))
         weights = [cpu_gemm_bf16.pack(torch.randn(n, k).bfloat16()) for _ in range(copies)]
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k).bfloat16()

@@ -5,6 +5,9 @@ kernels (cpu_gemm_quant) on the same activations. Default shape: Llama-3.2-1B's 
 N 8192).
 
     python benchmarks/quant_matmul.py --threads 2 --rows 1 64
+
+--march runs the quantized kernels in the named builds side by side instead of the machine's own
+(AMX-INT8 included): x86-64-v3 (AVX2), x86-64-v3+avxvnni (AVX2 with AVX-VNNI), x86-64 (plain C).
 """
 
 import argparse
@@ -42,6 +45,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--min-time", type=float, default=0.2)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--march", nargs="+", help="builds of the quantized kernel to compare")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -59,13 +63,17 @@ def main() -> None:
         q = quantized
         qpacked = cpu_gemm_quant.pack(q.qweight, q.scales, q.mins, q.bits, q.group_size)
         has_mins = q.mins is not None
+        for march in args.march or [None]:
 
-        def run(x: torch.Tensor, q=q, qpacked=qpacked, has_mins=has_mins) -> torch.Tensor:
-            return cpu_gemm_quant.linear(x, qpacked, None, n, q.bits, q.group_size, has_mins)
+            def run(x: torch.Tensor, q=q, qpacked=qpacked, has_mins=has_mins, march=march):
+                args = (n, q.bits, q.group_size, has_mins)
+                return cpu_gemm_quant.linear(x, qpacked, None, *args, march=march)
 
-        kernels[name] = (qpacked.numel(), run)
+            label = name if march is None else f"{name} {cpu_gemm_quant.path_name(march)}"
+            kernels[label] = (qpacked.numel(), run)
+    paths = ", ".join(cpu_gemm_quant.path_name(march) for march in args.march or [None])
     print(
-        f"{isa_name()}, {args.threads} threads, quantized path {cpu_gemm_quant.path_name()}; "
+        f"{isa_name()}, {args.threads} threads, quantized path {paths}; "
         f"y[M, {n}] = x[M, {k}] @ W.T, {str(x_dtype).removeprefix('torch.')} x"
     )
     for rows in args.rows:
@@ -74,7 +82,7 @@ def main() -> None:
         times = best_ms(runs, args.min_time, args.repeats)
         for (name, (nbytes, _)), ms in zip(kernels.items(), times):
             print(
-                f"M {rows:4d} {name:5s} {nbytes / 2**20:7.1f} MiB  {ms:8.3f} ms  "
+                f"M {rows:4d} {name:21s} {nbytes / 2**20:7.1f} MiB  {ms:8.3f} ms  "
                 f"{nbytes / ms / 1e6:7.1f} GB/s"
             )
 

@@ -38,7 +38,8 @@
 // digit's dot product over-counts 128 * sum(w), which a second vpdpbusd of 0x80 against the same
 // weights (once per row tile, not per row) takes back. AVX2: maddubs + madd with ones (exact
 // below 2^15: for 8-bit weights |w| (<= 128) is the unsigned side and digit * sign(w) (<= 127)
-// the signed one).
+// the signed one); where the target has AVX-VNNI (AVX2 cores without AVX-512: Intel's since
+// Alder Lake, Sierra Forest Xeons), one 256-bit vpdpbusd on the same operands.
 //
 // Threads split the panels; each panel is read from memory once for all rows of x (in blocks of
 // X_BLOCK_BYTES of x's digits) while the first row tile prefetches the next panel.
@@ -56,7 +57,7 @@
 #define MR 8
 #elif defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
-#define PATH 1  // AVX2
+#define PATH 1  // AVX2, with AVX-VNNI's vpdpbusd (256 bits) where the target has it
 #define MR 4
 #else
 #define PATH 0  // plain C
@@ -67,7 +68,14 @@
 #define X_LEVELS 32512           // |x| / e, x's integer scale (two digits of base 255)
 #define X_BLOCK_BYTES (4 << 20)  // quantized x read per pass over W
 
-int cpu_gemm_quant_path(void) { return PATH; }
+#if PATH == 2 || (PATH == 1 && defined(__AVXVNNI__))
+#define VNNI 1  // vpdpbusd: four u8 x s8 products summed into each int32 lane, exactly
+#else
+#define VNNI 0
+#endif
+
+// 2 AVX-512 VNNI, 1 AVX2, 3 AVX2 with AVX-VNNI, 0 plain C.
+int cpu_gemm_quant_path(void) { return PATH == 1 && VNNI ? 3 : PATH; }
 
 typedef struct {
   int64_t n, k, group, granule, groups, kblocks;
@@ -407,6 +415,13 @@ static inline VF load_x(const void *x, int x_bf16, int64_t i) {
   const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+#if VNNI
+static inline VI dot_u8s8(VI acc, VI u, VI s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+// acc + u . (x's word at p, in every lane).
+static inline VI dot_u8_word(VI acc, VI u, const int8_t *p) {
+  return _mm256_dpbusd_avx_epi32(acc, u, SET1I(x_word(p, 0)));
+}
+#else
 static inline VI dot_u8s8(VI acc, VI u, VI s) {
   const VI pairs = _mm256_maddubs_epi16(u, s);  // exact: every pair sum is below 2^15 here
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
@@ -420,6 +435,7 @@ static inline VI dot2_u4s8(VI acc, VI even, VI odd, const int8_t *p) {
                                     _mm256_maddubs_epi16(odd, SET1I(w[1])));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
+#endif
 #endif
 #define NV (NR / VC)
 
@@ -462,27 +478,28 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
         // Each digit's sums on chain 0, and on VNNI at 1 or 2 rows, where few chains would leave
         // vpdpbusd waiting on its own latency, odd quads (pairs of quads) on chain 1: exact, so
         // added in any order.
-        const int c1 = PATH == 2 && R <= 2;
+        const int c1 = VNNI && R <= 2;
         VI hi[2][MR], lo[2][MR];
         for (int c = 0; c <= c1; c++)
           for (int r = 0; r < R; r++) hi[c][r] = ZEROI(), lo[c][r] = ZEROI();
         if (s->bits == 8) {
-#if PATH == 2
-          VI corr = ZEROI();
+#if VNNI
+          VI corr[2] = {ZEROI(), ZEROI()};  // two chains: one would wait on its own latency
           for (int64_t i = 0; i < quads; i += 2)
 #pragma GCC unroll 2
             for (int u = 0; u < 2; u++) {
-              const VI wv = LOADI(w + (i + u) * 64);
+              const VI wv = LOADI(w + (i + u) * 64 + v * VC * 4);
               const int c = c1 ? u : 0;
-              corr = dot_u8s8(corr, SET1I((int32_t)0x80808080u), wv);
+              corr[u] = dot_u8s8(corr[u], SET1I((int32_t)0x80808080u), wv);
               for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
                 const int8_t *xr = a->xq + (r0 + r) * 2 * k;
                 hi[c][r] = dot_u8s8(hi[c][r], SET1I(x_word(xr, kq + i + u)), wv);
                 lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);
               }
             }
+          const VI both = ADDI(corr[0], corr[1]);
           for (int r = 0; r < R; r++)  // (chain 0 takes both corrections)
-            hi[0][r] = SUBI(hi[0][r], corr), lo[0][r] = SUBI(lo[0][r], corr);
+            hi[0][r] = SUBI(hi[0][r], both), lo[0][r] = SUBI(lo[0][r], both);
 #else
           for (int64_t i = 0; i < quads; i += 2)
 #pragma GCC unroll 2
@@ -505,7 +522,7 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
             for (int r = 0; r < R; r++) {
               const int8_t *xr = a->xq + (r0 + r) * 2 * k;
               const int64_t q = kq + 2 * i;
-#if PATH == 2
+#if VNNI
               hi[0][r] = dot_u8_word(hi[0][r], even, xr + 4 * q);
               lo[0][r] = dot_u8_word(lo[0][r], even, xr + k + 4 * q);
               hi[c1][r] = dot_u8_word(hi[c1][r], odd, xr + 4 * q + 4);
@@ -698,7 +715,7 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
     free_activations(&a);
     return 2;
   }
-#if PATH == 2
+#if VNNI
   if (bits == 8)  // the unsigned side of vpdpbusd: x's digits + 128
     for (int64_t i = 0; i < m * 2 * k; i++) ((int8_t *)a.xq)[i] ^= (int8_t)0x80;
 #endif

@@ -82,11 +82,19 @@ def compile_source(compiler: str, name: str, source: str, flags: tuple[str, ...]
     return path
 
 
+def march_flags(march: str) -> tuple[str, ...]:
+    """-march for march, and -m for each feature after a "+": "x86-64-v3+avxvnni" is AVX2 with
+    AVX-VNNI (as an AVX2 machine that has it builds natively)."""
+    base, *features = march.split("+")
+    return (f"-march={base}", *(f"-m{feature}" for feature in features))
+
+
 @functools.cache
 def load_cpu_library(name: str, march: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """kernels/<name> built for march; raises CpuKernelUnavailable or OSError where it can't be."""
+    """kernels/<name> built for march (see march_flags); raises CpuKernelUnavailable or OSError
+    where it can't be."""
     compiler, source = c_compiler(), kernel_source(name)
-    flags = (*CFLAGS, *extra_flags, f"-march={march}")
+    flags = (*CFLAGS, *extra_flags, *march_flags(march))
     try:
         path = compile_source(compiler, name, source, flags + OPENMP_FLAGS)
     except CpuKernelUnavailable:  # no OpenMP (Apple clang): one thread

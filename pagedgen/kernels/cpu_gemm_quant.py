@@ -32,7 +32,7 @@ SOURCE = "cpu_gemm_quant.c"
 # Bit for bit across ISAs: no reassociation, no fused multiply-adds the source does not write.
 EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off")
 PANEL_WIDTH = 16  # NR in the source
-PATHS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C"}
+PATHS = {2: "AVX-512 VNNI", 3: "AVX2 + AVX-VNNI", 1: "AVX2", 0: "plain C"}
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 # Rows from which the AMX build is the faster, by bits (K 2048, N 8192, one Sapphire Rapids core;
 # 4-bit panels are widened to int8 for the tiles, which costs).
@@ -86,7 +86,8 @@ def enabled() -> bool:
 
 
 def path_name(march: str | None = None) -> str:
-    """The build's instruction path: "AVX-512 VNNI", "AVX2" or "plain C" (+ "AMX" for prompts)."""
+    """The build's instruction path: "AVX-512 VNNI", "AVX2 + AVX-VNNI", "AVX2" or "plain C" (+
+    "AMX-INT8" for prompts)."""
     name = PATHS[_library(march or kernel_march()).cpu_gemm_quant_path()]
     return name + (", AMX-INT8" if march is None and amx_error() is None else "")
 

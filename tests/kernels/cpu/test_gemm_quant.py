@@ -1,17 +1,22 @@
 """The quantized matmul (kernels/cpu_gemm_quant.c) against two references: its own scheme in torch
 (x quantized to 15-bit integers in blocks of the weight's granule, exact integer sums per block,
 the float epilogue in the kernel's order), which every build must match bit for bit (AVX-512 VNNI
-where the machine has it, AVX2 as x86-64-v3, plain C as x86-64); and the dequantized weight in
-float32, which it must match within the error of quantizing x. On a CPU with AMX-INT8 its tile
-build runs the same cases (from one row: it runs from AMX_MIN_ROWS in use)."""
+where the machine has it, AVX2 as x86-64-v3, with AVX-VNNI where it has that, plain C as x86-64);
+and the dequantized weight in float32, which it must match within the error of quantizing x. On
+a CPU with AMX-INT8 its tile build runs the same cases (from one row: it runs from AMX_MIN_ROWS
+in use)."""
 
 import pytest
 import torch
 
 from pagedgen.kernels import cpu_gemm_quant
+from pagedgen.kernels.cpu_features import cpu_flags
 from pagedgen.layers.quantized_weight import QuantizedWeight, pack_int4
 from tests.kernels.cpu.test_paged_attention import MARCHES
 
+# AVX2 with AVX-VNNI's 256-bit vpdpbusd (what an AVX2 machine that has it builds natively), where
+# this CPU can run it.
+MARCHES = MARCHES + ["x86-64-v3+avxvnni"] * ({"avx2", "avx_vnni"} <= cpu_flags())
 BUILDS = MARCHES + ["amx"] * (cpu_gemm_quant.amx_error() is None)
 
 # (bits, group_size, mins): online int4 and int8; Q4_0 / Q4_K (groups of 32, mins); Q6_K and
