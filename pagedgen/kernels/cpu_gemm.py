@@ -74,17 +74,23 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def activation_rows(x: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
+    """x [..., K] as the rows [M, K] a matmul kernel reads (unit column stride), once it is a CPU
+    tensor of one of dtypes."""
+    if x.dtype not in dtypes or x.device.type != "cpu":
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"expected {names} CPU activations, got {x.dtype} on {x.device}")
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
     """x @ W.T (+ bias) for x [..., K] float32, W as pack() returned it; float32 out.
     Runs for every projection of every layer, so its checks stay cheap: at batch 1 they cost
     about as much as the matmul of a small projection."""
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise TypeError(f"expected float32 CPU activations, got {x.dtype} on {x.device}")
-    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = activation_rows(x, (torch.float32,))
     m, k = rows.shape
     if packed.numel() != -(-out_features // PANEL_WIDTH) * PANEL_WIDTH * k:
         raise ValueError(f"packed weight of {packed.numel()} floats is not {out_features} x {k}")

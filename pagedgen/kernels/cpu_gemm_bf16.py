@@ -34,6 +34,7 @@ from pagedgen.kernels.cpu_build import (
     load_cpu_library,
 )
 from pagedgen.kernels.cpu_features import kernel_march
+from pagedgen.kernels.cpu_gemm import activation_rows
 from pagedgen.kernels.huge_pages import empty_huge
 
 SOURCE = "cpu_gemm_bf16.c"
@@ -147,11 +148,7 @@ def _linear(
     dtype: torch.dtype,  # x's, bias's and y's
 ) -> torch.Tensor:
     name = str(dtype).removeprefix("torch.")
-    if x.dtype != dtype or x.device.type != "cpu":
-        raise TypeError(f"expected {name} CPU activations, got {x.dtype} on {x.device}")
-    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = activation_rows(x, (dtype,))
     m, k = rows.shape
     if packed.dtype != torch.int16 or packed.numel() != packed_numel(out_features, k):
         raise ValueError(

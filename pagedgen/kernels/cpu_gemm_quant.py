@@ -26,6 +26,7 @@ from pagedgen.kernels.cpu_build import (
     load_cpu_library,
 )
 from pagedgen.kernels.cpu_features import kernel_march
+from pagedgen.kernels.cpu_gemm import activation_rows
 from pagedgen.kernels.huge_pages import empty_huge
 
 SOURCE = "cpu_gemm_quant.c"
@@ -201,13 +202,7 @@ def linear(
     """x @ W.T (+ bias) in x's dtype ([..., N]); with out, written into out[:, :N] instead (a
     column range of a wider output: a fused layer's shard of another format). Runs for every
     projection of every layer, so its checks stay cheap."""
-    if x.dtype not in ACTIVATION_DTYPES or x.device.type != "cpu":
-        raise TypeError(
-            f"expected float32 or bfloat16 CPU activations, got {x.dtype} on {x.device}"
-        )
-    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = activation_rows(x, ACTIVATION_DTYPES)
     m, k = rows.shape
     lib = _library(march or kernel_march())
     expected = -(-out_features // PANEL_WIDTH) * lib.quant_panel_bytes(

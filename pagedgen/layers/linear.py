@@ -9,6 +9,7 @@ from pagedgen.kernels.cpu_features import cpu_compute_dtype, has_avx512, onednn_
 from pagedgen.layers.quantized_linear import (
     ONLINE_QUANTIZERS,
     QuantizedPanels,
+    bf16_tiles_take,
     dequantize_into,
     kernel_takes,
     quantize_online,
@@ -135,15 +136,19 @@ class Linear(nn.Module):
         if self.quantized_shards:
             shards = [self.quantized_shards[start] for start in sorted(self.quantized_shards)]
             whole = sum(s.shape[0] for s in shards) == self.out_features
-            if whole and on_cpu and quantization != "none" and kernel_takes(shards, compute_dtype):
-                return self._pack_quantized(shards)
+            # By default a bfloat16 model keeps only what runs on bfloat16 tiles (the dense bits)
+            native = quantization is not None or compute_dtype != torch.bfloat16
+            native = native or bf16_tiles_take(shards)
+            usable = whole and on_cpu and quantization != "none" and native
+            if usable and kernel_takes(shards, compute_dtype):
+                return self._pack_quantized(shards, compute_dtype)
             for start, shard in self.quantized_shards.items():
                 dequantize_into(weight.data[start : start + shard.shape[0]], [shard])
             self.quantized_shards = {}
         elif quantization in ONLINE_QUANTIZERS and on_cpu and kernel_takes([], compute_dtype):
             quantized = quantize_online(weight, quantization)
             if quantized is not None:
-                return self._pack_quantized([quantized])
+                return self._pack_quantized([quantized], compute_dtype)
         if not on_cpu:
             return self.packed
         bfloat16_values = compute_dtype == torch.float32 and (
@@ -171,8 +176,8 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         return self.packed
 
-    def _pack_quantized(self, shards: list[QuantizedWeight]) -> bool:
-        self.quant = QuantizedPanels(shards)
+    def _pack_quantized(self, shards: list[QuantizedWeight], dtype: torch.dtype) -> bool:
+        self.quant = QuantizedPanels(shards, dtype)
         self.quantized_shards = {}
         empty = torch.empty(0, self.in_features, dtype=self.weight.dtype)
         self.weight = nn.Parameter(empty, requires_grad=False)  # the point: no dense copy
@@ -275,6 +280,9 @@ def describe_weights(model: nn.Module) -> str:
         on_amx = any(m.layout == PAIR_PANELS_F32 for m in linears)
         floats.add("bfloat16 (float32 matmuls on AMX)" if on_amx else "bfloat16")
     names = sorted(floats)
-    if formats:
-        names = [f"{', '.join(sorted(formats))} ({cpu_gemm_quant.path_name()})", *names]
+    tiles = sorted(f for f in formats if f.endswith(" on bfloat16 tiles"))
+    integers = sorted(formats.difference(tiles))
+    if integers:
+        names = [f"{', '.join(integers)} ({cpu_gemm_quant.path_name()})", *names]
+    names = tiles + names
     return f"weights {' and '.join(names)}, {nbytes / 2**30:.3g} GiB"

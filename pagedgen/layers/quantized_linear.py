@@ -6,14 +6,19 @@ run of them is its own segment of output columns, computed by its own kernel cal
 range of one output. Requantizing the shards to a common format instead would be lossless only
 upward (Q4_K into int8 in groups of 16), doubling their bytes, which is what the layer exists to
 save; a segment costs one more call per step, and shards of one format (the common case) are one
-segment."""
+segment.
+
+In a bfloat16 model on AMX, 4-bit segments in groups of a multiple of 32 run on
+cpu_gemm_quant_bf16 instead: the dense bfloat16 path's bits over the dequantized weight (the
+integers feed bfloat16 tiles), 1.0-1.7x that path's speed from 1 to 64 rows; other segments keep
+cpu_gemm_quant's integer scheme."""
 
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from pagedgen.kernels import cpu_gemm_quant
+from pagedgen.kernels import cpu_gemm_quant, cpu_gemm_quant_bf16
 from pagedgen.layers.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 
 # EngineConfig.quantization: online quantization of a float checkpoint's linear layers
@@ -37,11 +42,13 @@ class Segment(NamedTuple):
     group_size: int
     has_mins: bool
     half: bool  # scales and mins packed in float16 (cpu_gemm_quant.float16_params)
+    bf16_tiles: bool  # packed for cpu_gemm_quant_bf16 (bfloat16 activations)
 
     def format(self, in_features: int) -> str:
-        """e.g. "int4 g32 +mins", "int8 per row"."""
+        """e.g. "int4 g32 +mins", "int8 per row", "int4 g128 +mins on bfloat16 tiles"."""
         groups = "per row" if self.group_size == in_features else f"g{self.group_size}"
-        return f"int{self.bits} {groups}" + (" +mins" if self.has_mins else "")
+        mins = " +mins" if self.has_mins else ""
+        return f"int{self.bits} {groups}{mins}" + (" on bfloat16 tiles" if self.bf16_tiles else "")
 
 
 def same_format(a: QuantizedWeight, b: QuantizedWeight) -> bool:
@@ -71,12 +78,18 @@ def kernel_takes(shards: list[QuantizedWeight], dtype: torch.dtype) -> bool:
     )
 
 
+def bf16_tiles_take(shards: list[QuantizedWeight]) -> bool:
+    """Whether cpu_gemm_quant_bf16 computes every one of these shards here (for bfloat16
+    activations: the dense bfloat16 path's bits)."""
+    return all(cpu_gemm_quant_bf16.takes(s.bits, s.group_size, s.shape[1]) for s in shards)
+
+
 class QuantizedPanels(nn.Module):
     """A layer's quantized weight packed into cpu_gemm_quant's panels, one packed tensor per
     segment (uint8 parameters: counted among the model's weights at their size, left alone by
     .to(dtype))."""
 
-    def __init__(self, shards: list[QuantizedWeight]) -> None:
+    def __init__(self, shards: list[QuantizedWeight], dtype: torch.dtype) -> None:
         super().__init__()
         runs: list[list[QuantizedWeight]] = []
         for shard in shards:
@@ -90,14 +103,20 @@ class QuantizedPanels(nn.Module):
         start = 0
         for run in runs:
             weight = concat_rows(run)
-            size, mins = weight.shape[0], weight.mins
-            half = cpu_gemm_quant.float16_params(weight.scales, mins)
+            size, mins, group_size = weight.shape[0], weight.mins, weight.group_size
+            tiles = dtype == torch.bfloat16 and cpu_gemm_quant_bf16.takes(
+                weight.bits, group_size, self.in_features
+            )
+            half = not tiles and cpu_gemm_quant.float16_params(weight.scales, mins)
             self.segments.append(
-                Segment(start, size, weight.bits, weight.group_size, mins is not None, half)
+                Segment(start, size, weight.bits, group_size, mins is not None, half, tiles)
             )
-            packed = cpu_gemm_quant.pack(
-                weight.qweight, weight.scales, mins, weight.bits, weight.group_size, half
-            )
+            if tiles:
+                packed = cpu_gemm_quant_bf16.pack(weight.qweight, weight.scales, mins, group_size)
+            else:
+                packed = cpu_gemm_quant.pack(
+                    weight.qweight, weight.scales, mins, weight.bits, group_size, half
+                )
             self.packed.append(nn.Parameter(packed, requires_grad=False))
             start += size
         self.out_features = start
@@ -108,21 +127,30 @@ class QuantizedPanels(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if len(self.segments) == 1:
-            s = self.segments[0]
-            packed = self.packed[0]
-            return cpu_gemm_quant.linear(
-                x, packed, bias, s.size, s.bits, s.group_size, s.has_mins, s.half
-            )
+            return self._segment(self.segments[0], self.packed[0], x, bias)
         rows = x.reshape(-1, x.shape[-1])
         y = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
         for s, packed in zip(self.segments, self.packed):
             columns = slice(s.start, s.start + s.size)
             b = None if bias is None else bias[columns]
-            out = y[:, columns]
-            cpu_gemm_quant.linear(
-                rows, packed, b, s.size, s.bits, s.group_size, s.has_mins, s.half, out=out
-            )
+            self._segment(s, packed, rows, b, out=y[:, columns])
         return y.view(*x.shape[:-1], self.out_features)
+
+    @staticmethod
+    def _segment(
+        s: Segment,
+        packed: torch.Tensor,
+        x: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if s.bf16_tiles:
+            return cpu_gemm_quant_bf16.linear(
+                x, packed, bias, s.size, s.group_size, s.has_mins, out=out
+            )
+        return cpu_gemm_quant.linear(
+            x, packed, bias, s.size, s.bits, s.group_size, s.has_mins, s.half, out=out
+        )
 
 
 def dequantize_into(weight: torch.Tensor, shards: list[QuantizedWeight]) -> None:

@@ -7,6 +7,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedgen.attention import AttentionBackend
+from pagedgen.kernels import cpu_gemm_quant_bf16
 from pagedgen.layers.linear import Linear, pack_linear_weights
 from pagedgen.layers.quantized_weight import QuantizedWeight
 from pagedgen.loader.model_files import load_config, load_tokenizer  # noqa: F401 (re-exported)
@@ -21,19 +22,19 @@ from pagedgen.models.registry import get_model_class
 def keeps_quantized(model: nn.Module, quantization: str | None, compute_dtype: torch.dtype) -> bool:
     """Whether a linear layer's QuantizedWeight reaches its Linear.load_shard as it is (its
     pack() then computes on it, or dequantizes it where no kernel takes it): with quantization
-    int8 or int4 (integers asked for), or by default where the model computes in float32, in
-    which the integer kernels run faster at every batch; by default in bfloat16 the AMX and
-    AVX512_BF16 kernels still run batches faster over dequantized weights (SmolLM2-135M Q4_1,
-    ShareGPT-64: 1,075 against 548 output tok/s; at batch 1 the integers are 2.2x faster), and
-    with "none" it is always dequantized. Only for a model whose load_weights hands checkpoint
-    tensors to its layers unchanged, the Llama family's own: models that transpose, split or
-    reorder tensors as they load (GPT-2's Conv1D, fused q/k/v of other layouts) get them
-    dequantized as they stream."""
+    int8 or int4 (integers asked for); by default where the model computes in float32, in which
+    the integer kernels run faster at every batch, and in bfloat16 where AMX runs 4-bit weights
+    on bfloat16 tiles (cpu_gemm_quant_bf16: the dense path's bits, faster up to 64 rows; Linear.pack
+    keeps a bfloat16 layer quantized only where they take all of it); with "none" it is always
+    dequantized. Only for a model whose load_weights hands checkpoint tensors to its layers
+    unchanged, the Llama family's own: models that transpose, split or reorder tensors as they
+    load (GPT-2's Conv1D, fused q/k/v of other layouts) get them dequantized as they stream."""
     if type(model).load_weights is not LlamaForCausalLM.load_weights:
         return False
-    return quantization in ("int8", "int4") or (
-        quantization is None and compute_dtype == torch.float32
-    )
+    if quantization in ("int8", "int4"):
+        return True
+    bf16_tiles = compute_dtype == torch.bfloat16 and cpu_gemm_quant_bf16.error() is None
+    return quantization is None and (compute_dtype == torch.float32 or bf16_tiles)
 
 
 def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -8,7 +8,7 @@ import torch
 
 from pagedgen import LLM, SamplingParams
 from pagedgen.entrypoints.bench.roofline import model_costs
-from pagedgen.kernels import cpu_features, cpu_gemm_quant
+from pagedgen.kernels import cpu_features, cpu_gemm_quant, cpu_gemm_quant_bf16
 from pagedgen.layers.linear import QUANTIZED, Linear, describe_weights
 from pagedgen.layers.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from tests.kernels.cpu.test_gemm_quant import random_weight
@@ -45,12 +45,17 @@ def no_quant_kernel(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shards_of_different_formats_are_each_computed_at_their_size(dtype):
+    """(In bfloat16 on AMX the 4-bit segment runs on bfloat16 tiles, the rest on the integers;
+    by default a bfloat16 layer keeps its integers only where the tiles take all of them, so
+    "int4" is asked for here.)"""
     shards = qkv_shards()
     bias = torch.randn(64).to(dtype)
     layer = load(Linear(64, SIZES, bias=True).to(dtype), shards, bias)
-    assert layer.pack() and layer.layout == QUANTIZED
+    assert layer.pack(quantization="int4") and layer.layout == QUANTIZED
     assert layer.weight.numel() == 0  # no dense copy
-    assert layer.quant.formats == ["int4 g32 +mins", "int8 g16"]  # q and k: one segment
+    tiles = dtype == torch.bfloat16 and cpu_gemm_quant_bf16.takes(4, 32, 64)
+    int4 = "int4 g32 +mins" + (" on bfloat16 tiles" if tiles else "")
+    assert layer.quant.formats == [int4, "int8 g16"]  # q and k: one segment
     packed_bytes = sum(p.numel() for p in layer.quant.packed)
     assert packed_bytes < 64 * 64  # under a byte a weight
     x = torch.randn(5, 64).to(dtype)
@@ -58,19 +63,44 @@ def test_shards_of_different_formats_are_each_computed_at_their_size(dtype):
     start = 0
     for shard in shards:
         cols = slice(start, start + shard.shape[0])
-        packed = cpu_gemm_quant.pack(
-            shard.qweight, shard.scales, shard.mins, shard.bits, shard.group_size
-        )
-        alone = cpu_gemm_quant.linear(
-            x, packed, bias[cols], *(shard.shape[0], shard.bits, shard.group_size),
-            shard.mins is not None,
-        )  # fmt: skip
+        if tiles and shard.bits == 4:
+            packed = cpu_gemm_quant_bf16.pack(shard.qweight, shard.scales, shard.mins, 32)
+            alone = cpu_gemm_quant_bf16.linear(x, packed, bias[cols], shard.shape[0], 32, True)
+        else:
+            packed = cpu_gemm_quant.pack(
+                shard.qweight, shard.scales, shard.mins, shard.bits, shard.group_size
+            )
+            alone = cpu_gemm_quant.linear(
+                x, packed, bias[cols], *(shard.shape[0], shard.bits, shard.group_size),
+                shard.mins is not None,
+            )  # fmt: skip
         assert torch.equal(y[:, cols], alone)
         start += shard.shape[0]
     dense = torch.cat([s.dequantize() for s in shards])
     ref = x.float() @ dense.T + bias.float()
     assert torch.allclose(y.float(), ref, rtol=0.02, atol=0.02 * ref.abs().max().item())
     assert "int4 g32 +mins" in describe_weights(layer) and "GiB" in describe_weights(layer)
+
+
+@pytest.mark.skipif(cpu_gemm_quant_bf16.error() is not None, reason="no bfloat16 tiles here")
+def test_a_bfloat16_layer_keeps_4_bit_weights_on_bfloat16_tiles_with_the_dense_bits():
+    """By default: the dense bfloat16 layer's outputs, to the bit, from the integers; a layer with
+    a shard the tiles do not take (8 bits) is dequantized whole instead."""
+    shards = qkv_shards()[:2]  # q and k: 4 bits in groups of 32
+    bias = torch.randn(64).bfloat16()
+    layer = load(Linear(64, [32, 16], bias=True).bfloat16(), shards, bias)
+    assert layer.pack() and layer.layout == QUANTIZED
+    assert layer.quant.formats == ["int4 g32 +mins on bfloat16 tiles"]
+    dense = Linear(64, [32, 16], bias=True).bfloat16()
+    dense.weight.data.copy_(torch.cat([s.dequantize() for s in shards]))
+    dense.bias.data.copy_(bias[:48])
+    dense.pack()
+    for rows in (1, 17, 64, 65):
+        x = torch.randn(rows, 64).bfloat16()
+        assert torch.equal(layer(x), dense(x)), rows
+    mixed = load(Linear(64, SIZES).bfloat16(), qkv_shards())
+    mixed.pack()
+    assert mixed.layout != QUANTIZED and mixed.weight.dtype == torch.int16  # bfloat16 panels
 
 
 def assert_computes_in_float(layer: Linear, dense: torch.Tensor) -> None:

@@ -1,0 +1,303 @@
+// Matmul over 4-bit weights for models computing in bfloat16, on AMX tiles: y[M, N] = x[M, K] @
+// W[N, K]^T (+ bias), x, bias and y bfloat16, with the bits of the dense bfloat16 path
+// (cpu_gemm_amx.c) on the dequantized weight
+//
+//     W_bf16[n, k] = bfloat16(q[n, k] * scale[n, g] (+ min[n, g]))   (float32, product then sum,
+//                                                                      to nearest even)
+//
+// while W streams from memory at its stored size.
+//
+// The weight is the A operand and x the B one: y^T = W x^T. An A tile is 16 output columns by 32
+// k, one column a row, so a column's 32 weights of one group are one table lookup: its 16
+// possible bfloat16 values (q = 0..15) computed from its scale and minimum, then one vpermw by
+// its nibbles (two columns share a 32-word table). tdpbf16ps sums each element's products in the
+// same order whichever operand holds W (its products are exact and its sums run over k pairs in
+// order; checked bit for bit in the tests), so y is the dense kernel's. x is packed once a call
+// into B tiles of 16 k pairs by 16 rows ([row tile][k step][16][16][2]), rows past M zero.
+//
+// Threads split the panels. Rows of x go in passes of up to 64 (four B tiles, four float32 C
+// tiles of 16 columns by 16 rows); each pass dequantizes each k step's A tile into a small
+// scratch just before its tile steps, so the dequantizing (vector ports) runs beside the tile
+// steps and W's nibbles stream in by ordinary loads, which do not wait on the tiles.
+//
+// W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
+//
+//     panel p, for each group g: nibbles [group / 32][16][16] uint8 (column j of a k step of 32:
+//                                byte b holds k = b in its low nibble, k = b + 16 in its high one)
+//                                scales [16] float32, then mins [16] float32 (with mins)
+//
+// Built with -ffp-contract=off (the product and the sum of a dequantized value round apart).
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx_tiles.h"
+#include "cpu_gemm_loop.h"
+
+#define NR 16        // output columns per panel (an A tile's rows)
+#define KB 32        // k per tile step
+#define SUB_TILES 4  // row tiles of x the tile steps take at once: four B tiles, four sums
+#define TILE_BYTES 1024
+#define X_BLOCK_BYTES (1 << 20)  // x^T read per pass over W
+
+typedef struct {
+  int64_t k, group, groups, group_bytes, panel_bytes;
+  int has_mins;
+} Shape;
+
+static Shape shape_of(int64_t k, int64_t group, int has_mins) {
+  Shape s;
+  s.k = k, s.group = group, s.groups = k / group, s.has_mins = has_mins;
+  s.group_bytes = group / KB * NR * 16 + NR * (int64_t)sizeof(float) * (1 + has_mins);
+  s.panel_bytes = s.groups * s.group_bytes;
+  return s;
+}
+
+int64_t quant_bf16_panel_bytes(int64_t k, int64_t group, int has_mins) {
+  return shape_of(k, group, has_mins).panel_bytes;
+}
+
+static int valid(int64_t k, int64_t group) { return group > 0 && group % KB == 0 && k % group == 0; }
+
+// out [ceil(n / 16)][panel_bytes] from q (uint8 [n, k / 2]: k even in the low nibble of byte
+// k / 2, odd in the high one), scales and mins (or NULL) float32 [n, k / group]. Returns 0, or 1
+// for a group that is no multiple of 32 or does not divide k.
+int pack_weight_quant_bf16(uint8_t *out, const uint8_t *q, const float *scales, const float *mins,
+                           int64_t n, int64_t k, int64_t group) {
+  if (!valid(k, group)) return 1;
+  const Shape s = shape_of(k, group, mins != NULL);
+  const int64_t panels = (n + NR - 1) / NR;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < panels; p++) {
+    uint8_t *panel = out + p * s.panel_bytes;
+    memset(panel, 0, (size_t)s.panel_bytes);
+    for (int64_t g = 0; g < s.groups; g++) {
+      uint8_t *nibbles = panel + g * s.group_bytes;
+      float *sc = (float *)(nibbles + group / KB * NR * 16), *mn = sc + NR;
+      for (int j = 0; j < NR && p * NR + j < n; j++) {
+        const int64_t row = p * NR + j;
+        const uint8_t *qr = q + row * (k / 2);
+        sc[j] = scales[row * s.groups + g];
+        if (mins != NULL) mn[j] = mins[row * s.groups + g];
+        for (int64_t c = 0; c < group / KB; c++)
+          for (int b = 0; b < 16; b++) {
+            const int64_t k0 = g * group + c * KB + b, k1 = k0 + 16;
+            const uint8_t lo = (qr[k0 / 2] >> (4 * (k0 % 2))) & 0xF;
+            const uint8_t hi = (qr[k1 / 2] >> (4 * (k1 % 2))) & 0xF;
+            nibbles[(c * NR + j) * 16 + b] = (uint8_t)(lo | hi << 4);
+          }
+      }
+    }
+  }
+  return 0;
+}
+
+// The A tile of a panel's k step: 16 rows, one a column, of 32 bfloat16 weights, at out (1 KB).
+// nibbles: the step's [16][16] bytes; sc, mn: its group's scales and mins (mn NULL: none).
+static inline __attribute__((always_inline)) void dequantize_tile(const uint8_t *nibbles,
+                                                                  const float *sc, const float *mn,
+                                                                  uint16_t *out) {
+  const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004,
+                                           0x0004000400040004, 0x0004000400040004);
+  const __m512i low = _mm512_set1_epi16(0xF), second = _mm512_set1_epi16(16);
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; j += 2) {
+    __m512 a = _mm512_mul_ps(levels, _mm512_set1_ps(sc[j]));
+    __m512 b = _mm512_mul_ps(levels, _mm512_set1_ps(sc[j + 1]));
+    if (mn != NULL) {
+      a = _mm512_add_ps(a, _mm512_set1_ps(mn[j]));
+      b = _mm512_add_ps(b, _mm512_set1_ps(mn[j + 1]));
+    }
+    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // column j's in words 0-15
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      const __m128i bytes = _mm_loadu_si128((const __m128i *)(nibbles + (j + h) * 16));
+      const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
+      __m512i index = _mm512_and_si512(_mm512_srlv_epi16(words, shifts), low);
+      if (h) index = _mm512_or_si512(index, second);
+      _mm512_store_si512((__m512i *)(out + (j + h) * KB), _mm512_permutexvar_epi16(index, table));
+    }
+  }
+}
+
+// The 16 x 16 dwords at rows[0..15] transposed into t[0..15] (t[c] dword r = rows[r] dword c).
+static inline void transpose16(const __m512i r[16], __m512i t[16]) {
+  __m512i a[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+  }
+  // u[4q + j], lane l: dword 4l + j of rows 4q .. 4q + 3
+  for (int j = 0; j < 4; j++) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+    t[j] = _mm512_shuffle_i32x4(v0, v1, 0x88);
+    t[8 + j] = _mm512_shuffle_i32x4(v0, v1, 0xDD);
+    t[4 + j] = _mm512_shuffle_i32x4(w0, w1, 0x88);
+    t[12 + j] = _mm512_shuffle_i32x4(w0, w1, 0xDD);
+  }
+}
+
+// x's rows [16 rt, 16 rt + 16) (those below m; zeros past it), k step ks, as a B tile at out: k
+// pair i of row r at out[(i * 16 + r) * 2].
+static void pack_x_tile(uint16_t *out, const uint16_t *x, int64_t ldx, int64_t m, int64_t rt,
+                        int64_t ks) {
+  __m512i rows[16], t[16];
+  for (int r = 0; r < 16; r++) {
+    const int64_t row = rt * 16 + r;
+    rows[r] = row < m ? _mm512_loadu_si512((const void *)(x + row * ldx + ks * KB))
+                      : _mm512_setzero_si512();
+  }
+  transpose16(rows, t);
+  for (int i = 0; i < 16; i++) _mm512_store_si512((__m512i *)(out + i * 32), t[i]);
+}
+
+// y rows [r0, r0 + rows) and columns [col, col + 16) clipped at n, from the float32 tile c (16
+// columns by 16 rows): plus bias, rounded to bfloat16 once, as cpu_gemm_amx.c rounds.
+static void store_columns(uint16_t *y, int64_t ldy, const uint16_t *bias, const float *c,
+                          int64_t r0, int rows, int64_t col, int64_t n) {
+  __m512i cols[16], t[16];
+  for (int j = 0; j < 16; j++) cols[j] = _mm512_load_si512((const void *)(c + j * 16));
+  transpose16(cols, t);
+  const int64_t width = n - col < NR ? n - col : NR;
+  const __mmask16 mask = (__mmask16)((1u << width) - 1);
+  __m512 b = _mm512_setzero_ps();
+  if (bias != NULL) {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, bias + col);
+    b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  for (int r = 0; r < rows; r++) {
+    const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(t[r]), b);
+    _mm256_mask_storeu_epi16(y + (r0 + r) * ldy + col, mask, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
+// The tile steps of one panel against rows tiles [rt, rt + tiles) of x^T (tiles <= 4): each k
+// step's A tile dequantized into a (the scratch pair, or where the panel's dequantized tiles are
+// kept, the step's slot of keep) or, with from_keep, read from keep. Tiles 0-3: the sums of the
+// row tiles; 4: A; 5 and 6: B, in turn.
+static inline __attribute__((always_inline)) void panel_steps(
+    const Shape *s, const uint8_t *panel, const uint16_t *xt, int64_t steps, int64_t rt,
+    int tiles, uint16_t *scratch, uint16_t *keep, int from_keep) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t ks = 0; ks < steps; ks++) {
+    uint16_t *a = keep != NULL ? keep + ks * (TILE_BYTES / 2) : scratch + (ks & 1) * (TILE_BYTES / 2);
+    if (!from_keep) {
+      const int64_t per_group = s->group / KB, g = ks / per_group;
+      const uint8_t *grp = panel + g * s->group_bytes;
+      const float *sc = (const float *)(grp + per_group * NR * 16);
+      dequantize_tile(grp + (ks - g * per_group) * NR * 16, sc, s->has_mins ? sc + NR : NULL, a);
+    }
+    _tile_loadd(4, a, 64);
+    const uint16_t *b = xt + (rt * steps + ks) * (TILE_BYTES / 2);
+    _tile_loadd(5, b, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if (tiles > 1) {
+      _tile_loadd(6, b + steps * (TILE_BYTES / 2), 64);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if (tiles > 2) {
+      _tile_loadd(5, b + 2 * steps * (TILE_BYTES / 2), 64);
+      _tile_dpbf16ps(2, 4, 5);
+    }
+    if (tiles > 3) {
+      _tile_loadd(6, b + 3 * steps * (TILE_BYTES / 2), 64);
+      _tile_dpbf16ps(3, 4, 6);
+    }
+  }
+}
+
+// The whole weight dequantized into cpu_gemm_bf16's panels at out ([ceil(n / 16)][k / 2][16][2]
+// bfloat16, the same values the tiles above take), for prompt-sized batches, which the dense AMX
+// kernel's 2 x 2 tiles then run faster than the tile steps here. Returns 0, or 1 for a bad group.
+int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, int64_t k,
+                             int64_t group, int has_mins, int num_threads) {
+  if (!valid(k, group)) return 1;
+  const Shape s = shape_of(k, group, has_mins);
+  const int64_t steps = k / KB, panels = (n + NR - 1) / NR, per_group = group / KB;
+#pragma omp parallel for num_threads(num_threads < 1 ? 1 : num_threads) schedule(static)
+  for (int64_t p = 0; p < panels; p++) {
+    uint16_t a[TILE_BYTES / 2] __attribute__((aligned(64)));
+    __m512i rows[16], t[16];
+    for (int64_t ks = 0; ks < steps; ks++) {
+      const int64_t g = ks / per_group;
+      const uint8_t *grp = w_packed + p * s.panel_bytes + g * s.group_bytes;
+      const float *sc = (const float *)(grp + per_group * NR * 16);
+      dequantize_tile(grp + (ks - g * per_group) * NR * 16, sc, has_mins ? sc + NR : NULL, a);
+      for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
+      transpose16(rows, t);  // a column's k pairs -> a k pair's columns
+      uint16_t *dst = out + (p * steps + ks) * (TILE_BYTES / 2);
+      for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(dst + i * 32), t[i]);
+    }
+  }
+  return 0;
+}
+
+// Returns 0; 1 for a bad group; 2 where k is not a multiple of 32; 3 where Linux grants no tiles;
+// 4 where no scratch memory is to be had.
+int linear_quant_bf16_amx(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,
+                          const uint8_t *w_packed, const uint16_t *bias, int64_t m, int64_t n,
+                          int64_t k, int64_t group, int has_mins, int num_threads) {
+  if (!valid(k, group)) return 1;
+  if (k % KB) return 2;
+  if (request_tiles()) return 3;
+  const Shape s = shape_of(k, group, has_mins);
+  const int64_t steps = k / KB, row_tiles = (m + 15) / 16, panels = (n + NR - 1) / NR;
+  // Row tiles a pass: x^T's block stays in L2 (up to X_BLOCK_BYTES) while each panel, dequantized
+  // once a pass, serves all of them.
+  int64_t pass_tiles = X_BLOCK_BYTES / (16 * k * 2);
+  pass_tiles = pass_tiles < SUB_TILES ? SUB_TILES : pass_tiles / SUB_TILES * SUB_TILES;
+  const int keep_tiles = row_tiles > SUB_TILES;
+  uint16_t *xt = aligned_alloc(64, (size_t)(row_tiles * steps * TILE_BYTES));
+  if (xt == NULL) return 4;
+  int threads = num_threads < 1 ? 1 : num_threads, status = 0;
+#pragma omp parallel num_threads(threads) reduction(| : status)
+  {
+    GEMM_THREAD_IDS;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < row_tiles * steps; i++)
+      pack_x_tile(xt + i * (TILE_BYTES / 2), x, ldx, m, i / steps, i % steps);
+    configure_tiles();
+    uint16_t scratch[TILE_BYTES] __attribute__((aligned(64)));  // two A tiles, in turn
+    float c[16 * 16] __attribute__((aligned(64)));
+    uint16_t *keep = keep_tiles ? aligned_alloc(64, (size_t)(steps * TILE_BYTES)) : NULL;
+    status = keep_tiles && keep == NULL;
+    const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
+    for (int64_t pass = 0; pass < row_tiles && !status; pass += pass_tiles) {
+      const int64_t pass_end = pass + pass_tiles < row_tiles ? pass + pass_tiles : row_tiles;
+      for (int64_t p = p0; p < p1; p++) {
+        const uint8_t *panel = w_packed + p * s.panel_bytes;
+        for (int64_t rt = pass; rt < pass_end; rt += SUB_TILES) {
+          const int tiles = pass_end - rt < SUB_TILES ? (int)(pass_end - rt) : SUB_TILES;
+          panel_steps(&s, panel, xt, steps, rt, tiles, scratch, keep, rt != pass);
+          for (int i = 0; i < tiles; i++) {
+            if (i == 0) _tile_stored(0, c, 64);
+            if (i == 1) _tile_stored(1, c, 64);
+            if (i == 2) _tile_stored(2, c, 64);
+            if (i == 3) _tile_stored(3, c, 64);
+            const int64_t r0 = (rt + i) * 16;
+            const int rows = m - r0 < 16 ? (int)(m - r0) : 16;
+            store_columns(y, ldy, bias, c, r0, rows, p * NR, n);
+          }
+        }
+      }
+    }
+    free(keep);
+    _tile_release();
+  }
+  free(xt);
+  return status ? 4 : 0;
+}

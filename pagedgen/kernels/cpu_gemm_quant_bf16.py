@@ -1,0 +1,171 @@
+"""Matmul over 4-bit weights for bfloat16 models on AMX (kernels/cpu_gemm_quant_bf16.c): y = x @
+W.T (+ bias) for x bfloat16 [M, K], W 4-bit integers in groups of a multiple of 32 along K with a
+float32 scale (and optionally a minimum) each, as pagedgen.layers.quantized_weight.QuantizedWeight
+holds them; y is bit for bit the dense bfloat16 path's (cpu_gemm_bf16 on AMX) over the weight
+dequantized in float32 and rounded to bfloat16, while the weight streams at its stored size."""
+
+import ctypes
+import functools
+from types import SimpleNamespace
+
+import torch
+
+from pagedgen import envs
+from pagedgen.kernels import cpu_gemm_bf16
+from pagedgen.kernels.cpu_build import build_error, declare, load_amx_library
+from pagedgen.kernels.cpu_gemm import activation_rows
+from pagedgen.kernels.huge_pages import empty_huge
+
+SOURCE = "cpu_gemm_quant_bf16.c"
+EXTRA_FLAGS = ("-ffp-contract=off",)  # a dequantized weight's product and sum round apart
+PANEL_WIDTH = 16  # NR in the source
+K_MULTIPLE = 32  # k a tile step
+# Rows from which the weight is dequantized whole into the dense kernel's panels and that kernel
+# runs (its 2 x 2 tiles beat the tile steps here on prompts; SmolLM2's and Llama-3.2-1B's shapes,
+# 2 threads of a Sapphire Rapids-class Xeon: 0.73-0.94x at 256-1,024 rows, 1.0-1.7x up to 64).
+DENSE_MIN_ROWS = 512
+_scratch: list[torch.Tensor] = []  # the dense panels' scratch, grown as needed, kept
+
+
+@functools.cache
+def _library() -> SimpleNamespace:
+    lib = load_amx_library(SOURCE, extra_flags=EXTRA_FLAGS)
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    namespace = declare(
+        lib,
+        {
+            "pack_weight_quant_bf16": [p, p, p, p, i64, i64, i64],
+            "linear_quant_bf16_amx": [p, i64, p, i64, p, p, i64, i64, i64, i64, i32, i32],
+            "unpack_weight_quant_bf16": [p, p, i64, i64, i64, i32, i32],
+        },
+    )
+    lib.quant_bf16_panel_bytes.argtypes = [i64, i64, i32]
+    lib.quant_bf16_panel_bytes.restype = i64
+    namespace.panel_bytes = lib.quant_bf16_panel_bytes
+    return namespace
+
+
+@functools.cache
+def error() -> str | None:
+    """None when the kernel runs here (AMX-BF16, not disabled, and the dense bfloat16 path it
+    matches is the AMX one), else why not."""
+    if envs.disable_cpu_gemm():
+        return "disabled by PAGEDGEN_DISABLE_CPU_GEMM"
+    dense = cpu_gemm_bf16.amx_error()
+    if dense is not None or not cpu_gemm_bf16.enabled():
+        return dense or "the bfloat16 panel kernel is off"
+    return build_error(_library)
+
+
+def takes(bits: int, group_size: int, in_features: int) -> bool:
+    """Whether the kernel runs a layer of this format here."""
+    return (
+        bits == 4
+        and group_size % K_MULTIPLE == 0
+        and in_features % group_size == 0
+        and error() is None
+    )
+
+
+def pack(
+    qweight: torch.Tensor,  # uint8 [N, K // 2] of two 4-bit values a byte
+    scales: torch.Tensor,  # float32 [N, K // group_size]
+    mins: torch.Tensor | None,  # float32 [N, K // group_size] or None
+    group_size: int,
+) -> torch.Tensor:
+    """The weight as linear() reads it: uint8 [ceil(N / 16) * panel bytes], in huge pages where
+    it fills one."""
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    lib = _library()
+    out = empty_huge(
+        -(-n // PANEL_WIDTH) * lib.panel_bytes(k, group_size, mins is not None), torch.uint8
+    )
+    qweight, scales = qweight.contiguous(), scales.float().contiguous()
+    mins = None if mins is None else mins.float().contiguous()
+    status = lib.pack_weight_quant_bf16(
+        out.data_ptr(),
+        qweight.data_ptr(),
+        scales.data_ptr(),
+        None if mins is None else mins.data_ptr(),
+        n,
+        k,
+        group_size,
+    )
+    if status != 0:
+        raise ValueError(f"4-bit weights in groups of {group_size} over {k} inputs: not packable")
+    return out
+
+
+def linear(
+    x: torch.Tensor,  # [..., K] bfloat16
+    packed: torch.Tensor,  # uint8, as pack() returned it
+    bias: torch.Tensor | None,  # [N] bfloat16
+    out_features: int,
+    group_size: int,
+    has_mins: bool,
+    out: torch.Tensor | None = None,  # [M, >= N] bfloat16, unit column stride: y goes there
+) -> torch.Tensor:
+    """x @ W.T (+ bias), bfloat16 [..., N]; with out, written into out[:, :N] instead. Runs for
+    every projection of every layer, so its checks stay cheap."""
+    rows = activation_rows(x, (torch.bfloat16,))
+    m, k = rows.shape
+    lib = _library()
+    expected = -(-out_features // PANEL_WIDTH) * lib.panel_bytes(k, group_size, has_mins)
+    if packed.dtype != torch.uint8 or packed.numel() != expected:
+        raise ValueError(
+            f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
+        )
+    if bias is not None:
+        if bias.dtype != torch.bfloat16 or bias.shape != (out_features,):
+            raise ValueError(f"bias must be bfloat16 [{out_features}]")
+        bias = bias.contiguous()  # held: the C call reads it
+    if m >= DENSE_MIN_ROWS:
+        dense = _dense_panels(packed, out_features, k, group_size, has_mins)
+        y = cpu_gemm_bf16.linear(rows, dense, bias, out_features)
+        if out is None:
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
+        out[:, :out_features] = y
+        return out
+    y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
+    assert y.dtype == torch.bfloat16 and y.stride(-1) == 1 and y.shape[0] == m, y.shape
+    if m:
+        status = lib.linear_quant_bf16_amx(
+            y.data_ptr(),
+            y.stride(0),
+            rows.data_ptr(),
+            rows.stride(0),
+            packed.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            m,
+            out_features,
+            k,
+            group_size,
+            has_mins,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"linear_quant_bf16_amx failed with status {status}")
+    if out is not None:
+        return out
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
+
+
+def _dense_panels(
+    packed: torch.Tensor, out_features: int, k: int, group_size: int, has_mins: bool
+) -> torch.Tensor:
+    """The weight dequantized into cpu_gemm_bf16's panels, in the kept scratch."""
+    numel = cpu_gemm_bf16.packed_numel(out_features, k)
+    if not _scratch or _scratch[0].numel() < numel:
+        _scratch[:] = [torch.empty(numel, dtype=torch.int16)]
+    dense = _scratch[0][:numel]
+    status = _library().unpack_weight_quant_bf16(
+        dense.data_ptr(),
+        packed.data_ptr(),
+        out_features,
+        k,
+        group_size,
+        has_mins,
+        torch.get_num_threads(),
+    )
+    assert status == 0, status
+    return dense
