@@ -40,6 +40,10 @@
 #define SUB_TILES 4  // row tiles of x the tile steps take at once: four B tiles, four sums
 #define TILE_BYTES 1024
 #define X_BLOCK_BYTES (1 << 20)  // x^T read per pass over W
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048  // bytes of W ahead of a k step's that it prefetches
+#endif
+#define PREFETCH_LINES 6  // lines a k step prefetches (a step of Q4_1: 256 + 128 bytes)
 
 typedef struct {
   int64_t k, group, groups, group_bytes, panel_bytes;
@@ -94,31 +98,24 @@ int pack_weight_quant_bf16(uint8_t *out, const uint8_t *q, const float *scales, 
 }
 
 // The A tile of a panel's k step: 16 rows, one a column, of 32 bfloat16 weights, at out (1 KB).
-// nibbles: the step's [16][16] bytes; sc, mn: its group's scales and mins (mn NULL: none).
+// nibbles: the step's [16][16] bytes; sc, mn: its group's scales and mins (mn NULL: none). A
+// column's table holds its 16 values twice, so an index's bit 4 may be anything: its low half
+// indexes by the whole byte, its high half by the byte shifted down 4.
 static inline __attribute__((always_inline)) void dequantize_tile(const uint8_t *nibbles,
                                                                   const float *sc, const float *mn,
                                                                   uint16_t *out) {
   const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004,
                                            0x0004000400040004, 0x0004000400040004);
-  const __m512i low = _mm512_set1_epi16(0xF), second = _mm512_set1_epi16(16);
-#pragma GCC unroll 8
-  for (int j = 0; j < NR; j += 2) {
-    __m512 a = _mm512_mul_ps(levels, _mm512_set1_ps(sc[j]));
-    __m512 b = _mm512_mul_ps(levels, _mm512_set1_ps(sc[j + 1]));
-    if (mn != NULL) {
-      a = _mm512_add_ps(a, _mm512_set1_ps(mn[j]));
-      b = _mm512_add_ps(b, _mm512_set1_ps(mn[j + 1]));
-    }
-    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // column j's in words 0-15
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-      const __m128i bytes = _mm_loadu_si128((const __m128i *)(nibbles + (j + h) * 16));
-      const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
-      __m512i index = _mm512_and_si512(_mm512_srlv_epi16(words, shifts), low);
-      if (h) index = _mm512_or_si512(index, second);
-      _mm512_store_si512((__m512i *)(out + (j + h) * KB), _mm512_permutexvar_epi16(index, table));
-    }
+#pragma GCC unroll 16
+  for (int j = 0; j < NR; j++) {
+    __m512 v = _mm512_mul_ps(levels, _mm512_set1_ps(sc[j]));
+    if (mn != NULL) v = _mm512_add_ps(v, _mm512_set1_ps(mn[j]));
+    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(v, v);
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)(nibbles + j * 16));
+    const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
+    const __m512i index = _mm512_srlv_epi16(words, shifts);
+    _mm512_store_si512((__m512i *)(out + j * KB), _mm512_permutexvar_epi16(index, table));
   }
 }
 
@@ -199,7 +196,10 @@ static inline __attribute__((always_inline)) void panel_steps(
       const int64_t per_group = s->group / KB, g = ks / per_group;
       const uint8_t *grp = panel + g * s->group_bytes;
       const float *sc = (const float *)(grp + per_group * NR * 16);
-      dequantize_tile(grp + (ks - g * per_group) * NR * 16, sc, s->has_mins ? sc + NR : NULL, a);
+      const uint8_t *nibbles = grp + (ks - g * per_group) * NR * 16;
+      for (int l = 0; l < PREFETCH_LINES; l++)  // W, PF_AHEAD on: its loads wait on nothing
+        _mm_prefetch((const char *)(nibbles + PF_AHEAD + 64 * l), _MM_HINT_T0);
+      dequantize_tile(nibbles, sc, s->has_mins ? sc + NR : NULL, a);
     }
     _tile_loadd(4, a, 64);
     const uint16_t *b = xt + (rt * steps + ks) * (TILE_BYTES / 2);
