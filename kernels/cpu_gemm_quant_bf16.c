@@ -97,26 +97,53 @@ int pack_weight_quant_bf16(uint8_t *out, const uint8_t *q, const float *scales, 
   return 0;
 }
 
-// The A tile of a panel's k step: 16 rows, one a column, of 32 bfloat16 weights, at out (1 KB).
-// nibbles: the step's [16][16] bytes; sc, mn: its group's scales and mins (mn NULL: none). A
-// column's table holds its 16 values twice, so an index's bit 4 may be anything: its low half
-// indexes by the whole byte, its high half by the byte shifted down 4.
-static inline __attribute__((always_inline)) void dequantize_tile(const uint8_t *nibbles,
-                                                                  const float *sc, const float *mn,
-                                                                  uint16_t *out) {
+// Column j's table: its 16 bfloat16 values, twice (so an index's bit 4 may be anything), from its
+// group's scales sc and mins mn (NULL: none).
+static inline __attribute__((always_inline)) __m512i column_table(const float *sc, const float *mn,
+                                                                  int j) {
   const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512 v = _mm512_mul_ps(levels, _mm512_set1_ps(sc[j]));
+  if (mn != NULL) v = _mm512_add_ps(v, _mm512_set1_ps(mn[j]));
+  return (__m512i)_mm512_cvtne2ps_pbh(v, v);
+}
+
+// Row j of a k step's A tile (column j's 32 weights) at out, looked up in its table by its 16
+// bytes of nibbles: the low half by the whole byte, the high half by the byte shifted down 4.
+static inline __attribute__((always_inline)) void lookup_row(const uint8_t *bytes16,
+                                                             __m512i table, uint16_t *out) {
   const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004,
                                            0x0004000400040004, 0x0004000400040004);
+  const __m128i bytes = _mm_loadu_si128((const __m128i *)bytes16);
+  const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
+  _mm512_store_si512((__m512i *)out, _mm512_permutexvar_epi16(_mm512_srlv_epi16(words, shifts), table));
+}
+
+// The A tile of a k step at out (1 KB): 16 rows, one a column, of 32 bfloat16 weights. Groups of
+// 32 build each column's table where they use it; larger ones keep a group's 16 tables in tables
+// (built at its first step, first_step) for its other steps.
+static inline __attribute__((always_inline)) void dequantize_tile(const uint8_t *nibbles,
+                                                                  const float *sc, const float *mn,
+                                                                  int64_t group, int first_step,
+                                                                  __m512i tables[NR],
+                                                                  uint16_t *out) {
 #pragma GCC unroll 16
   for (int j = 0; j < NR; j++) {
-    __m512 v = _mm512_mul_ps(levels, _mm512_set1_ps(sc[j]));
-    if (mn != NULL) v = _mm512_add_ps(v, _mm512_set1_ps(mn[j]));
-    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(v, v);
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)(nibbles + j * 16));
-    const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
-    const __m512i index = _mm512_srlv_epi16(words, shifts);
-    _mm512_store_si512((__m512i *)(out + j * KB), _mm512_permutexvar_epi16(index, table));
+    if (group == KB) {
+      lookup_row(nibbles + j * 16, column_table(sc, mn, j), out + j * KB);
+    } else {
+      if (first_step) tables[j] = column_table(sc, mn, j);
+      lookup_row(nibbles + j * 16, tables[j], out + j * KB);
+    }
   }
+}
+
+// The step's group's scales (its mins follow them), and the step's nibbles.
+static inline const float *group_scales(const Shape *s, const uint8_t *panel, int64_t g) {
+  return (const float *)(panel + g * s->group_bytes + s->group / KB * NR * 16);
+}
+static inline const uint8_t *step_nibbles(const Shape *s, const uint8_t *panel, int64_t ks) {
+  const int64_t per_group = s->group / KB, g = ks / per_group;
+  return panel + g * s->group_bytes + (ks - g * per_group) * NR * 16;
 }
 
 // The 16 x 16 dwords at rows[0..15] transposed into t[0..15] (t[c] dword r = rows[r] dword c).
@@ -190,16 +217,16 @@ static inline __attribute__((always_inline)) void panel_steps(
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
+  __m512i tables[NR];
   for (int64_t ks = 0; ks < steps; ks++) {
     uint16_t *a = keep != NULL ? keep + ks * (TILE_BYTES / 2) : scratch + (ks & 1) * (TILE_BYTES / 2);
     if (!from_keep) {
-      const int64_t per_group = s->group / KB, g = ks / per_group;
-      const uint8_t *grp = panel + g * s->group_bytes;
-      const float *sc = (const float *)(grp + per_group * NR * 16);
-      const uint8_t *nibbles = grp + (ks - g * per_group) * NR * 16;
+      const float *sc = group_scales(s, panel, ks * KB / s->group);
+      const uint8_t *nibbles = step_nibbles(s, panel, ks);
       for (int l = 0; l < PREFETCH_LINES; l++)  // W, PF_AHEAD on: its loads wait on nothing
         _mm_prefetch((const char *)(nibbles + PF_AHEAD + 64 * l), _MM_HINT_T0);
-      dequantize_tile(nibbles, sc, s->has_mins ? sc + NR : NULL, a);
+      dequantize_tile(nibbles, sc, s->has_mins ? sc + NR : NULL, s->group,
+                      ks * KB % s->group == 0, tables, a);
     }
     _tile_loadd(4, a, 64);
     const uint16_t *b = xt + (rt * steps + ks) * (TILE_BYTES / 2);
@@ -227,16 +254,16 @@ int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, 
                              int64_t group, int has_mins, int num_threads) {
   if (!valid(k, group)) return 1;
   const Shape s = shape_of(k, group, has_mins);
-  const int64_t steps = k / KB, panels = (n + NR - 1) / NR, per_group = group / KB;
+  const int64_t steps = k / KB, panels = (n + NR - 1) / NR;
 #pragma omp parallel for num_threads(num_threads < 1 ? 1 : num_threads) schedule(static)
   for (int64_t p = 0; p < panels; p++) {
     uint16_t a[TILE_BYTES / 2] __attribute__((aligned(64)));
-    __m512i rows[16], t[16];
+    __m512i rows[16], t[16], tables[NR];
+    const uint8_t *panel = w_packed + p * s.panel_bytes;
     for (int64_t ks = 0; ks < steps; ks++) {
-      const int64_t g = ks / per_group;
-      const uint8_t *grp = w_packed + p * s.panel_bytes + g * s.group_bytes;
-      const float *sc = (const float *)(grp + per_group * NR * 16);
-      dequantize_tile(grp + (ks - g * per_group) * NR * 16, sc, has_mins ? sc + NR : NULL, a);
+      const float *sc = group_scales(&s, panel, ks * KB / group);
+      dequantize_tile(step_nibbles(&s, panel, ks), sc, has_mins ? sc + NR : NULL, group,
+                      ks * KB % group == 0, tables, a);
       for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
       transpose16(rows, t);  // a column's k pairs -> a k pair's columns
       uint16_t *dst = out + (p * steps + ks) * (TILE_BYTES / 2);
