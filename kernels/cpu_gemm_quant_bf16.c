@@ -1,4 +1,4 @@
-// Matmul over 4-bit weights for models computing in bfloat16, on AMX tiles: y[M, N] = x[M, K] @
+// Matmul over 4- and 8-bit weights for models computing in bfloat16, on AMX tiles: y[M, N] = x[M, K] @
 // W[N, K]^T (+ bias), x, bias and y bfloat16, with the bits of the dense bfloat16 path
 // (cpu_gemm_amx.c) on the dequantized weight
 //
@@ -8,9 +8,9 @@
 // while W streams from memory at its stored size.
 //
 // The weight is the A operand and x the B one: y^T = W x^T. An A tile is 16 output columns by 32
-// k, one column a row, so a column's 32 weights of one group are one table lookup: its 16
+// k, one column a row, so a column's 32 4-bit weights of one group are one table lookup: its 16
 // possible bfloat16 values (q = 0..15) computed from its scale and minimum, then one vpermw by
-// its nibbles (two columns share a 32-word table). tdpbf16ps sums each element's products in the
+// its nibbles; 8-bit weights are widened and scaled 16 at a time. tdpbf16ps sums each element's products in the
 // same order whichever operand holds W (its products are exact and its sums run over k pairs in
 // order; checked bit for bit in the tests), so y is the dense kernel's. x is packed once a call
 // into B tiles of 16 k pairs by 16 rows ([row tile][k step][16][16][2]), rows past M zero.
@@ -22,8 +22,9 @@
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
 //
-//     panel p, for each group g: nibbles [group / 32][16][16] uint8 (column j of a k step of 32:
-//                                byte b holds k = b in its low nibble, k = b + 16 in its high one)
+//     panel p, for each group g: 4 bits: nibbles [group / 32][16][16] uint8 (column j of a k
+//                                step of 32: byte b holds k = b in its low nibble, k = b + 16 in
+//                                its high one); 8 bits: [group / 32][16][32] int8 (column j's k)
 //                                scales [16] float32, then mins [16] float32 (with mins)
 //
 // Built with -ffp-contract=off (the product and the sum of a dequantized value round apart).
@@ -43,54 +44,63 @@
 #ifndef PF_AHEAD
 #define PF_AHEAD 2048  // bytes of W ahead of a k step's that it prefetches
 #endif
-#define PREFETCH_LINES 6  // lines a k step prefetches (a step of Q4_1: 256 + 128 bytes)
 
 typedef struct {
-  int64_t k, group, groups, group_bytes, panel_bytes;
-  int has_mins;
+  int64_t k, group, groups, step_bytes, group_bytes, panel_bytes;  // step: a k step's integers
+  int bits, has_mins;
 } Shape;
 
-static Shape shape_of(int64_t k, int64_t group, int has_mins) {
+static Shape shape_of(int64_t k, int bits, int64_t group, int has_mins) {
   Shape s;
-  s.k = k, s.group = group, s.groups = k / group, s.has_mins = has_mins;
-  s.group_bytes = group / KB * NR * 16 + NR * (int64_t)sizeof(float) * (1 + has_mins);
+  s.k = k, s.bits = bits, s.group = group, s.groups = k / group, s.has_mins = has_mins;
+  s.step_bytes = NR * KB * bits / 8;
+  s.group_bytes = group / KB * s.step_bytes + NR * (int64_t)sizeof(float) * (1 + has_mins);
   s.panel_bytes = s.groups * s.group_bytes;
   return s;
 }
 
-int64_t quant_bf16_panel_bytes(int64_t k, int64_t group, int has_mins) {
-  return shape_of(k, group, has_mins).panel_bytes;
+int64_t quant_bf16_panel_bytes(int64_t k, int bits, int64_t group, int has_mins) {
+  return shape_of(k, bits, group, has_mins).panel_bytes;
 }
 
-static int valid(int64_t k, int64_t group) { return group > 0 && group % KB == 0 && k % group == 0; }
+static int valid(int64_t k, int bits, int64_t group) {
+  return (bits == 4 || bits == 8) && group > 0 && group % KB == 0 && k % group == 0;
+}
 
-// out [ceil(n / 16)][panel_bytes] from q (uint8 [n, k / 2]: k even in the low nibble of byte
-// k / 2, odd in the high one), scales and mins (or NULL) float32 [n, k / group]. Returns 0, or 1
-// for a group that is no multiple of 32 or does not divide k.
+// out [ceil(n / 16)][panel_bytes] from q (4 bits: uint8 [n, k / 2], k even in the low nibble of
+// byte k / 2, odd in the high one; 8 bits: int8 [n, k]), scales and mins (or NULL) float32 [n, k /
+// group]. Returns 0, or 1 for other bits or a group that is no multiple of 32 or does not divide k.
 int pack_weight_quant_bf16(uint8_t *out, const uint8_t *q, const float *scales, const float *mins,
-                           int64_t n, int64_t k, int64_t group) {
-  if (!valid(k, group)) return 1;
-  const Shape s = shape_of(k, group, mins != NULL);
+                           int64_t n, int64_t k, int bits, int64_t group) {
+  if (!valid(k, bits, group)) return 1;
+  const Shape s = shape_of(k, bits, group, mins != NULL);
   const int64_t panels = (n + NR - 1) / NR;
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < panels; p++) {
     uint8_t *panel = out + p * s.panel_bytes;
     memset(panel, 0, (size_t)s.panel_bytes);
     for (int64_t g = 0; g < s.groups; g++) {
-      uint8_t *nibbles = panel + g * s.group_bytes;
-      float *sc = (float *)(nibbles + group / KB * NR * 16), *mn = sc + NR;
+      uint8_t *ints = panel + g * s.group_bytes;
+      float *sc = (float *)(ints + group / KB * s.step_bytes), *mn = sc + NR;
       for (int j = 0; j < NR && p * NR + j < n; j++) {
         const int64_t row = p * NR + j;
-        const uint8_t *qr = q + row * (k / 2);
         sc[j] = scales[row * s.groups + g];
         if (mins != NULL) mn[j] = mins[row * s.groups + g];
-        for (int64_t c = 0; c < group / KB; c++)
-          for (int b = 0; b < 16; b++) {
-            const int64_t k0 = g * group + c * KB + b, k1 = k0 + 16;
-            const uint8_t lo = (qr[k0 / 2] >> (4 * (k0 % 2))) & 0xF;
-            const uint8_t hi = (qr[k1 / 2] >> (4 * (k1 % 2))) & 0xF;
-            nibbles[(c * NR + j) * 16 + b] = (uint8_t)(lo | hi << 4);
+        for (int64_t c = 0; c < group / KB; c++) {
+          uint8_t *dst = ints + c * s.step_bytes + j * (s.step_bytes / NR);
+          const int64_t k0 = g * group + c * KB;
+          if (bits == 8) {
+            memcpy(dst, q + row * k + k0, KB);
+            continue;
           }
+          const uint8_t *qr = q + row * (k / 2);
+          for (int b = 0; b < 16; b++) {
+            const int64_t lo_k = k0 + b, hi_k = lo_k + 16;
+            const uint8_t lo = (qr[lo_k / 2] >> (4 * (lo_k % 2))) & 0xF;
+            const uint8_t hi = (qr[hi_k / 2] >> (4 * (hi_k % 2))) & 0xF;
+            dst[b] = (uint8_t)(lo | hi << 4);
+          }
+        }
       }
     }
   }
@@ -118,14 +128,38 @@ static inline __attribute__((always_inline)) void lookup_row(const uint8_t *byte
   _mm512_store_si512((__m512i *)out, _mm512_permutexvar_epi16(_mm512_srlv_epi16(words, shifts), table));
 }
 
-// The A tile of a k step at out (1 KB): 16 rows, one a column, of 32 bfloat16 weights. Groups of
-// 32 build each column's table where they use it; larger ones keep a group's 16 tables in tables
-// (built at its first step, first_step) for its other steps.
-static inline __attribute__((always_inline)) void dequantize_tile(const uint8_t *nibbles,
+// Row j of a k step's A tile from column j's 32 8-bit integers: widened, scaled (and offset) in
+// float32, rounded to bfloat16.
+static inline __attribute__((always_inline)) void scale_row(const int8_t *q, const float *sc,
+                                                            const float *mn, int j,
+                                                            uint16_t *out) {
+  const __m512 d = _mm512_set1_ps(sc[j]);
+  const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
+  const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
+  __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d), hi = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+  if (mn != NULL) {
+    const __m512 m = _mm512_set1_ps(mn[j]);
+    lo = _mm512_add_ps(lo, m), hi = _mm512_add_ps(hi, m);
+  }
+  _mm512_store_si512((__m512i *)out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// The A tile of a k step at out (1 KB): 16 rows, one a column, of 32 bfloat16 weights, from the
+// step's integers. 4-bit groups of 32 build each column's table where they use it; larger ones
+// keep a group's 16 tables in tables (built at its first step, first_step) for its other steps.
+static inline __attribute__((always_inline)) void dequantize_tile(const Shape *s,
+                                                                  const uint8_t *ints,
                                                                   const float *sc, const float *mn,
-                                                                  int64_t group, int first_step,
+                                                                  int first_step,
                                                                   __m512i tables[NR],
                                                                   uint16_t *out) {
+  const int64_t group = s->group;
+  if (s->bits == 8) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; j++) scale_row((const int8_t *)ints + j * KB, sc, mn, j, out + j * KB);
+    return;
+  }
+  const uint8_t *nibbles = ints;
 #pragma GCC unroll 16
   for (int j = 0; j < NR; j++) {
     if (group == KB) {
@@ -137,13 +171,13 @@ static inline __attribute__((always_inline)) void dequantize_tile(const uint8_t 
   }
 }
 
-// The step's group's scales (its mins follow them), and the step's nibbles.
+// The step's group's scales (its mins follow them), and the step's integers.
 static inline const float *group_scales(const Shape *s, const uint8_t *panel, int64_t g) {
-  return (const float *)(panel + g * s->group_bytes + s->group / KB * NR * 16);
+  return (const float *)(panel + g * s->group_bytes + s->group / KB * s->step_bytes);
 }
-static inline const uint8_t *step_nibbles(const Shape *s, const uint8_t *panel, int64_t ks) {
+static inline const uint8_t *step_ints(const Shape *s, const uint8_t *panel, int64_t ks) {
   const int64_t per_group = s->group / KB, g = ks / per_group;
-  return panel + g * s->group_bytes + (ks - g * per_group) * NR * 16;
+  return panel + g * s->group_bytes + (ks - g * per_group) * s->step_bytes;
 }
 
 // The 16 x 16 dwords at rows[0..15] transposed into t[0..15] (t[c] dword r = rows[r] dword c).
@@ -222,11 +256,11 @@ static inline __attribute__((always_inline)) void panel_steps(
     uint16_t *a = keep != NULL ? keep + ks * (TILE_BYTES / 2) : scratch + (ks & 1) * (TILE_BYTES / 2);
     if (!from_keep) {
       const float *sc = group_scales(s, panel, ks * KB / s->group);
-      const uint8_t *nibbles = step_nibbles(s, panel, ks);
-      for (int l = 0; l < PREFETCH_LINES; l++)  // W, PF_AHEAD on: its loads wait on nothing
-        _mm_prefetch((const char *)(nibbles + PF_AHEAD + 64 * l), _MM_HINT_T0);
-      dequantize_tile(nibbles, sc, s->has_mins ? sc + NR : NULL, s->group,
-                      ks * KB % s->group == 0, tables, a);
+      const uint8_t *ints = step_ints(s, panel, ks);
+      for (int l = 0; l < s->step_bytes / 64 + 2; l++)  // W, PF_AHEAD on: its loads wait on nothing
+        _mm_prefetch((const char *)(ints + PF_AHEAD + 64 * l), _MM_HINT_T0);
+      dequantize_tile(s, ints, sc, s->has_mins ? sc + NR : NULL, ks * KB % s->group == 0, tables,
+                      a);
     }
     _tile_loadd(4, a, 64);
     const uint16_t *b = xt + (rt * steps + ks) * (TILE_BYTES / 2);
@@ -251,9 +285,9 @@ static inline __attribute__((always_inline)) void panel_steps(
 // bfloat16, the same values the tiles above take), for prompt-sized batches, which the dense AMX
 // kernel's 2 x 2 tiles then run faster than the tile steps here. Returns 0, or 1 for a bad group.
 int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, int64_t k,
-                             int64_t group, int has_mins, int num_threads) {
-  if (!valid(k, group)) return 1;
-  const Shape s = shape_of(k, group, has_mins);
+                             int bits, int64_t group, int has_mins, int num_threads) {
+  if (!valid(k, bits, group)) return 1;
+  const Shape s = shape_of(k, bits, group, has_mins);
   const int64_t steps = k / KB, panels = (n + NR - 1) / NR;
 #pragma omp parallel for num_threads(num_threads < 1 ? 1 : num_threads) schedule(static)
   for (int64_t p = 0; p < panels; p++) {
@@ -262,7 +296,7 @@ int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, 
     const uint8_t *panel = w_packed + p * s.panel_bytes;
     for (int64_t ks = 0; ks < steps; ks++) {
       const float *sc = group_scales(&s, panel, ks * KB / group);
-      dequantize_tile(step_nibbles(&s, panel, ks), sc, has_mins ? sc + NR : NULL, group,
+      dequantize_tile(&s, step_ints(&s, panel, ks), sc, has_mins ? sc + NR : NULL,
                       ks * KB % group == 0, tables, a);
       for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
       transpose16(rows, t);  // a column's k pairs -> a k pair's columns
@@ -277,11 +311,11 @@ int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, 
 // 4 where no scratch memory is to be had.
 int linear_quant_bf16_amx(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,
                           const uint8_t *w_packed, const uint16_t *bias, int64_t m, int64_t n,
-                          int64_t k, int64_t group, int has_mins, int num_threads) {
-  if (!valid(k, group)) return 1;
+                          int64_t k, int bits, int64_t group, int has_mins, int num_threads) {
+  if (!valid(k, bits, group)) return 1;
   if (k % KB) return 2;
   if (request_tiles()) return 3;
-  const Shape s = shape_of(k, group, has_mins);
+  const Shape s = shape_of(k, bits, group, has_mins);
   const int64_t steps = k / KB, row_tiles = (m + 15) / 16, panels = (n + NR - 1) / NR;
   // Row tiles a pass: x^T's block stays in L2 (up to X_BLOCK_BYTES) while each panel, dequantized
   // once a pass, serves all of them.

@@ -1,8 +1,8 @@
-"""Matmul over 4-bit weights for bfloat16 models on AMX (kernels/cpu_gemm_quant_bf16.c): y = x @
-W.T (+ bias) for x bfloat16 [M, K], W 4-bit integers in groups of a multiple of 32 along K with a
-float32 scale (and optionally a minimum) each, as pagedgen.layers.quantized_weight.QuantizedWeight
-holds them; y is bit for bit the dense bfloat16 path's (cpu_gemm_bf16 on AMX) over the weight
-dequantized in float32 and rounded to bfloat16, while the weight streams at its stored size."""
+"""Matmul over quantized weights for bfloat16 models on AMX (kernels/cpu_gemm_quant_bf16.c): y = x
+@ W.T (+ bias) for x bfloat16 [M, K], W 4- or 8-bit integers in groups of a multiple of 32 along K
+with a float32 scale (and optionally a minimum) each, as QuantizedWeight holds them; y is bit for
+bit the dense bfloat16 path's (cpu_gemm_bf16 on AMX) over the weight dequantized in float32 and
+rounded to bfloat16, while the weight streams at its stored size."""
 
 import ctypes
 import functools
@@ -34,12 +34,12 @@ def _library() -> SimpleNamespace:
     namespace = declare(
         lib,
         {
-            "pack_weight_quant_bf16": [p, p, p, p, i64, i64, i64],
-            "linear_quant_bf16_amx": [p, i64, p, i64, p, p, i64, i64, i64, i64, i32, i32],
-            "unpack_weight_quant_bf16": [p, p, i64, i64, i64, i32, i32],
+            "pack_weight_quant_bf16": [p, p, p, p, i64, i64, i32, i64],
+            "linear_quant_bf16_amx": [p, i64, p, i64, p, p, i64, i64, i64, i32, i64, i32, i32],
+            "unpack_weight_quant_bf16": [p, p, i64, i64, i32, i64, i32, i32],
         },
     )
-    lib.quant_bf16_panel_bytes.argtypes = [i64, i64, i32]
+    lib.quant_bf16_panel_bytes.argtypes = [i64, i32, i64, i32]
     lib.quant_bf16_panel_bytes.restype = i64
     namespace.panel_bytes = lib.quant_bf16_panel_bytes
     return namespace
@@ -60,7 +60,7 @@ def error() -> str | None:
 def takes(bits: int, group_size: int, in_features: int) -> bool:
     """Whether the kernel runs a layer of this format here."""
     return (
-        bits == 4
+        bits in (4, 8)
         and group_size % K_MULTIPLE == 0
         and in_features % group_size == 0
         and error() is None
@@ -68,17 +68,18 @@ def takes(bits: int, group_size: int, in_features: int) -> bool:
 
 
 def pack(
-    qweight: torch.Tensor,  # uint8 [N, K // 2] of two 4-bit values a byte
+    qweight: torch.Tensor,  # int8 [N, K], or uint8 [N, K // 2] of two 4-bit values a byte
     scales: torch.Tensor,  # float32 [N, K // group_size]
     mins: torch.Tensor | None,  # float32 [N, K // group_size] or None
+    bits: int,
     group_size: int,
 ) -> torch.Tensor:
     """The weight as linear() reads it: uint8 [ceil(N / 16) * panel bytes], in huge pages where
     it fills one."""
-    n, k = qweight.shape[0], qweight.shape[1] * 2
+    n, k = qweight.shape[0], qweight.shape[1] * (2 if bits == 4 else 1)
     lib = _library()
     out = empty_huge(
-        -(-n // PANEL_WIDTH) * lib.panel_bytes(k, group_size, mins is not None), torch.uint8
+        -(-n // PANEL_WIDTH) * lib.panel_bytes(k, bits, group_size, mins is not None), torch.uint8
     )
     qweight, scales = qweight.contiguous(), scales.float().contiguous()
     mins = None if mins is None else mins.float().contiguous()
@@ -89,10 +90,13 @@ def pack(
         None if mins is None else mins.data_ptr(),
         n,
         k,
+        bits,
         group_size,
     )
     if status != 0:
-        raise ValueError(f"4-bit weights in groups of {group_size} over {k} inputs: not packable")
+        raise ValueError(
+            f"{bits}-bit weights in groups of {group_size} over {k} inputs: not packable"
+        )
     return out
 
 
@@ -101,6 +105,7 @@ def linear(
     packed: torch.Tensor,  # uint8, as pack() returned it
     bias: torch.Tensor | None,  # [N] bfloat16
     out_features: int,
+    bits: int,
     group_size: int,
     has_mins: bool,
     out: torch.Tensor | None = None,  # [M, >= N] bfloat16, unit column stride: y goes there
@@ -110,7 +115,7 @@ def linear(
     rows = activation_rows(x, (torch.bfloat16,))
     m, k = rows.shape
     lib = _library()
-    expected = -(-out_features // PANEL_WIDTH) * lib.panel_bytes(k, group_size, has_mins)
+    expected = -(-out_features // PANEL_WIDTH) * lib.panel_bytes(k, bits, group_size, has_mins)
     if packed.dtype != torch.uint8 or packed.numel() != expected:
         raise ValueError(
             f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
@@ -120,7 +125,7 @@ def linear(
             raise ValueError(f"bias must be bfloat16 [{out_features}]")
         bias = bias.contiguous()  # held: the C call reads it
     if m >= DENSE_MIN_ROWS:
-        dense = _dense_panels(packed, out_features, k, group_size, has_mins)
+        dense = _dense_panels(packed, out_features, k, bits, group_size, has_mins)
         y = cpu_gemm_bf16.linear(rows, dense, bias, out_features)
         if out is None:
             return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
@@ -139,6 +144,7 @@ def linear(
             m,
             out_features,
             k,
+            bits,
             group_size,
             has_mins,
             torch.get_num_threads(),
@@ -151,7 +157,7 @@ def linear(
 
 
 def _dense_panels(
-    packed: torch.Tensor, out_features: int, k: int, group_size: int, has_mins: bool
+    packed: torch.Tensor, out_features: int, k: int, bits: int, group_size: int, has_mins: bool
 ) -> torch.Tensor:
     """The weight dequantized into cpu_gemm_bf16's panels, in the kept scratch."""
     numel = cpu_gemm_bf16.packed_numel(out_features, k)
@@ -163,6 +169,7 @@ def _dense_panels(
         packed.data_ptr(),
         out_features,
         k,
+        bits,
         group_size,
         has_mins,
         torch.get_num_threads(),

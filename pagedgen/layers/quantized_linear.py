@@ -112,7 +112,9 @@ class QuantizedPanels(nn.Module):
                 Segment(start, size, weight.bits, group_size, mins is not None, half, tiles)
             )
             if tiles:
-                packed = cpu_gemm_quant_bf16.pack(weight.qweight, weight.scales, mins, group_size)
+                packed = cpu_gemm_quant_bf16.pack(
+                    weight.qweight, weight.scales, mins, weight.bits, group_size
+                )
             else:
                 packed = cpu_gemm_quant.pack(
                     weight.qweight, weight.scales, mins, weight.bits, group_size, half
@@ -146,7 +148,7 @@ class QuantizedPanels(nn.Module):
     ) -> torch.Tensor:
         if s.bf16_tiles:
             return cpu_gemm_quant_bf16.linear(
-                x, packed, bias, s.size, s.group_size, s.has_mins, out=out
+                x, packed, bias, s.size, s.bits, s.group_size, s.has_mins, out=out
             )
         return cpu_gemm_quant.linear(
             x, packed, bias, s.size, s.bits, s.group_size, s.has_mins, s.half, out=out

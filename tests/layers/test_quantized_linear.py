@@ -64,8 +64,8 @@ def test_shards_of_different_formats_are_each_computed_at_their_size(dtype):
     for shard in shards:
         cols = slice(start, start + shard.shape[0])
         if tiles and shard.bits == 4:
-            packed = cpu_gemm_quant_bf16.pack(shard.qweight, shard.scales, shard.mins, 32)
-            alone = cpu_gemm_quant_bf16.linear(x, packed, bias[cols], shard.shape[0], 32, True)
+            packed = cpu_gemm_quant_bf16.pack(shard.qweight, shard.scales, shard.mins, 4, 32)
+            alone = cpu_gemm_quant_bf16.linear(x, packed, bias[cols], shard.shape[0], 4, 32, True)
         else:
             packed = cpu_gemm_quant.pack(
                 shard.qweight, shard.scales, shard.mins, shard.bits, shard.group_size

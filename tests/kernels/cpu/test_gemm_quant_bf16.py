@@ -1,7 +1,7 @@
-"""The 4-bit matmul on bfloat16 tiles (kernels/cpu_gemm_quant_bf16.c) against the dense bfloat16
-path (cpu_gemm_bf16 on AMX) over the same weight dequantized in float32 and rounded to bfloat16:
-equal to the bit, for every batch size (the tile steps up to DENSE_MIN_ROWS rows, the dense
-kernel on the weight dequantized whole from there), group, tail and stride."""
+"""The 4- and 8-bit matmul on bfloat16 tiles (kernels/cpu_gemm_quant_bf16.c) against the dense
+bfloat16 path (cpu_gemm_bf16 on AMX) over the same weight dequantized in float32 and rounded to
+bfloat16: equal to the bit, for every batch size (the tile steps up to DENSE_MIN_ROWS rows, the
+dense kernel on the weight dequantized whole from there), group, tail and stride."""
 
 import pytest
 import torch
@@ -18,17 +18,28 @@ ROWS = [1, 3, 16, 17, 64, 65, 130]
 
 
 def random_weight(
-    n: int, k: int, group: int, mins: bool, seed: int, spread: int = 0, half: bool = True
+    n: int,
+    k: int,
+    group: int,
+    mins: bool,
+    seed: int,
+    spread: int = 0,
+    half: bool = True,
+    bits: int = 4,
 ):
     """Scales over 2^-spread .. 2^spread of their base; with half, scales and mins are float16
-    values, as GGUF's are (then q * scale is exact), else any float32."""
+    values, as GGUF's are (then a 4-bit q * scale is exact), else any float32."""
     torch.manual_seed(seed)
     groups = k // group
     scales = torch.rand(n, groups) * 0.02 * 2.0 ** torch.randint(-spread, spread + 1, (n, groups))
     mins = -torch.rand(n, groups) * 0.1 if mins else None
     if half:
         scales, mins = scales.half().float(), None if mins is None else mins.half().float()
-    return QuantizedWeight(4, group, pack_int4(torch.randint(0, 16, (n, k))), scales, mins)
+    if bits == 8:
+        qweight = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    else:
+        qweight = pack_int4(torch.randint(0, 16, (n, k)))
+    return QuantizedWeight(bits, group, qweight, scales, mins)
 
 
 def dense_reference(x, qw, bias):
@@ -37,8 +48,8 @@ def dense_reference(x, qw, bias):
 
 
 def run(x, qw, bias=None, out=None):
-    packed = cpu_gemm_quant_bf16.pack(qw.qweight, qw.scales, qw.mins, qw.group_size)
-    args = (qw.shape[0], qw.group_size, qw.mins is not None)
+    packed = cpu_gemm_quant_bf16.pack(qw.qweight, qw.scales, qw.mins, qw.bits, qw.group_size)
+    args = (qw.shape[0], qw.bits, qw.group_size, qw.mins is not None)
     return cpu_gemm_quant_bf16.linear(x, packed, bias, *args, out=out)
 
 
@@ -51,10 +62,11 @@ def dense_min_rows(request, monkeypatch):
 @pytest.mark.parametrize("group,k", [(32, 576), (64, 192), (128, 256)])
 @pytest.mark.parametrize("mins", [True, False], ids=["mins", "no mins"])
 @pytest.mark.parametrize("half", [True, False], ids=["float16 params", "float32 params"])
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.usefixtures("dense_min_rows")
-def test_the_dense_bfloat16_bits_at_every_batch(group, k, mins, half):
+def test_the_dense_bfloat16_bits_at_every_batch(group, k, mins, half, bits):
     n = 37  # past whole panels
-    qw = random_weight(n, k, group, mins, seed=group + k, spread=8, half=half)
+    qw = random_weight(n, k, group, mins, seed=group + k, spread=8, half=half, bits=bits)
     bias = torch.randn(n).bfloat16()
     for rows in ROWS:
         x = (torch.randn(rows, k) * 2.0 ** torch.randint(-6, 7, (rows, 1))).bfloat16()
@@ -62,8 +74,9 @@ def test_the_dense_bfloat16_bits_at_every_batch(group, k, mins, half):
 
 
 @pytest.mark.usefixtures("dense_min_rows")
-def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read():
-    qw = random_weight(48, 128, 32, True, seed=3)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(bits):
+    qw = random_weight(48, 128, 32, True, seed=3, bits=bits)
     wide = torch.randn(130, 160).bfloat16()
     x = wide[:, 16:144]  # rows 160 apart
     full = run(x, qw)
@@ -86,8 +99,10 @@ def test_out_takes_a_column_range_of_a_wider_output():
 
 def test_only_groups_of_a_multiple_of_32_are_taken():
     assert cpu_gemm_quant_bf16.takes(4, 32, 64) and cpu_gemm_quant_bf16.takes(4, 128, 256)
+    assert cpu_gemm_quant_bf16.takes(8, 64, 64)  # int8 per row
     assert not cpu_gemm_quant_bf16.takes(4, 16, 64)  # a k step is 32
-    assert not cpu_gemm_quant_bf16.takes(8, 32, 64)  # 4 bits only
+    assert not cpu_gemm_quant_bf16.takes(8, 16, 64)  # Q6_K's groups
     qw = random_weight(16, 96, 32, True, seed=5)
+    scales = qw.scales.repeat_interleave(3, 1)[:, :2]
     with pytest.raises(ValueError, match="groups of 48"):
-        cpu_gemm_quant_bf16.pack(qw.qweight, qw.scales.repeat_interleave(3, 1)[:, :2], None, 48)
+        cpu_gemm_quant_bf16.pack(qw.qweight, scales, None, 4, 48)
