@@ -24,6 +24,7 @@ K_MULTIPLE = 32  # k a tile step
 # runs (its 2 x 2 tiles beat the tile steps here on prompts; SmolLM2's and Llama-3.2-1B's shapes,
 # 2 threads of a Sapphire Rapids-class Xeon: 0.73-0.94x at 256-1,024 rows, 1.0-1.7x up to 64).
 DENSE_MIN_ROWS = 512
+DENSE_SCRATCH_BYTES = 64 << 20  # the dense panels a run of columns takes at most
 _scratch: list[torch.Tensor] = []  # the dense panels' scratch, grown as needed, kept
 
 
@@ -125,15 +126,11 @@ def linear(
             raise ValueError(f"bias must be bfloat16 [{out_features}]")
         bias = bias.contiguous()  # held: the C call reads it
     if m >= DENSE_MIN_ROWS:
-        dense = _dense_panels(packed, out_features, k, bits, group_size, has_mins)
-        y = cpu_gemm_bf16.linear(rows, dense, bias, out_features)
-        if out is None:
-            return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
-        out[:, :out_features] = y
-        return out
-    y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
+        y = _dense_linear(rows, packed, bias, out_features, bits, group_size, has_mins, out)
+    else:
+        y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
     assert y.dtype == torch.bfloat16 and y.stride(-1) == 1 and y.shape[0] == m, y.shape
-    if m:
+    if 0 < m < DENSE_MIN_ROWS:
         status = lib.linear_quant_bf16_amx(
             y.data_ptr(),
             y.stride(0),
@@ -156,23 +153,46 @@ def linear(
     return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
 
 
-def _dense_panels(
-    packed: torch.Tensor, out_features: int, k: int, bits: int, group_size: int, has_mins: bool
+def _dense_linear(
+    rows: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_features: int,
+    bits: int,
+    group_size: int,
+    has_mins: bool,
+    out: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The weight dequantized into cpu_gemm_bf16's panels, in the kept scratch."""
-    numel = cpu_gemm_bf16.packed_numel(out_features, k)
-    if not _scratch or _scratch[0].numel() < numel:
-        _scratch[:] = [torch.empty(numel, dtype=torch.int16)]
-    dense = _scratch[0][:numel]
-    status = _library().unpack_weight_quant_bf16(
-        dense.data_ptr(),
-        packed.data_ptr(),
-        out_features,
-        k,
-        bits,
-        group_size,
-        has_mins,
-        torch.get_num_threads(),
-    )
-    assert status == 0, status
-    return dense
+    """linear() for prompt-sized batches: the weight dequantized into cpu_gemm_bf16's panels a
+    run of output columns at a time (at most DENSE_SCRATCH_BYTES of them, in a kept scratch),
+    each run computed by the dense kernel into its columns of y."""
+    m, k = rows.shape
+    lib = _library()
+    y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
+    panel_bytes = lib.panel_bytes(k, bits, group_size, has_mins)
+    run = max(PANEL_WIDTH, DENSE_SCRATCH_BYTES // (2 * k) // PANEL_WIDTH * PANEL_WIDTH)
+    for start in range(0, out_features, run):
+        width = min(run, out_features - start)
+        numel = cpu_gemm_bf16.packed_numel(width, k)
+        if not _scratch or _scratch[0].numel() < numel:
+            _scratch[:] = [torch.empty(numel, dtype=torch.int16)]
+        dense = _scratch[0][:numel]
+        first = start // PANEL_WIDTH * panel_bytes
+        status = lib.unpack_weight_quant_bf16(
+            dense.data_ptr(),
+            packed.data_ptr() + first,
+            width,
+            k,
+            bits,
+            group_size,
+            has_mins,
+            torch.get_num_threads(),
+        )
+        assert status == 0, status
+        b = None if bias is None else bias[start : start + width]
+        part = cpu_gemm_bf16.linear(rows, dense, b, width)
+        if out is None and width == out_features:
+            y = part
+        else:
+            y[:, start : start + width] = part
+    return y

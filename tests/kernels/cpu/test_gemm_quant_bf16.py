@@ -53,10 +53,12 @@ def run(x, qw, bias=None, out=None):
     return cpu_gemm_quant_bf16.linear(x, packed, bias, *args, out=out)
 
 
-@pytest.fixture(params=["tile steps", "dense from 100 rows"])
+@pytest.fixture(params=["tile steps", "dense from 100 rows", "dense in runs of 32 columns"])
 def dense_min_rows(request, monkeypatch):
     if request.param != "tile steps":
         monkeypatch.setattr(cpu_gemm_quant_bf16, "DENSE_MIN_ROWS", 100)
+    if request.param == "dense in runs of 32 columns":
+        monkeypatch.setattr(cpu_gemm_quant_bf16, "DENSE_SCRATCH_BYTES", 32 * 2 * 256)
 
 
 @pytest.mark.parametrize("group,k", [(32, 576), (64, 192), (128, 256)])
