@@ -8,9 +8,9 @@ upward (Q4_K into int8 in groups of 16), doubling their bytes, which is what the
 save; a segment costs one more call per step, and shards of one format (the common case) are one
 segment.
 
-In a bfloat16 model on AMX, 4-bit segments in groups of a multiple of 32 run on
-cpu_gemm_quant_bf16 instead: the dense bfloat16 path's bits over the dequantized weight (the
-integers feed bfloat16 tiles), 1.0-1.7x that path's speed from 1 to 64 rows; other segments keep
+In a bfloat16 model on AMX, segments in groups of a multiple of 32 run on cpu_gemm_quant_bf16
+instead: the dense bfloat16 path's bits over the dequantized weight (the integers feed bfloat16
+tiles), 1.0-1.7x that path's speed from 1 to 64 rows; others (Q6_K's groups of 16) keep
 cpu_gemm_quant's integer scheme."""
 
 from typing import NamedTuple

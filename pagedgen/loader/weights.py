@@ -23,7 +23,7 @@ def keeps_quantized(model: nn.Module, quantization: str | None, compute_dtype: t
     """Whether a linear layer's QuantizedWeight reaches its Linear.load_shard as it is (its
     pack() then computes on it, or dequantizes it where no kernel takes it): with quantization
     int8 or int4 (integers asked for); by default where the model computes in float32, in which
-    the integer kernels run faster at every batch, and in bfloat16 where AMX runs 4-bit weights
+    the integer kernels run faster at every batch, and in bfloat16 where AMX runs quantized weights
     on bfloat16 tiles (cpu_gemm_quant_bf16: the dense path's bits, faster up to 64 rows; Linear.pack
     keeps a bfloat16 layer quantized only where they take all of it); with "none" it is always
     dequantized. Only for a model whose load_weights hands checkpoint tensors to its layers
