@@ -8,6 +8,7 @@ from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16, cpu_gemm_quant
 from pagedgen.kernels.cpu_features import cpu_compute_dtype, has_avx512, onednn_matmul_dtypes
 from pagedgen.layers.quantized_linear import (
     ONLINE_QUANTIZERS,
+    TILES_SUFFIX,
     QuantizedPanels,
     bf16_tiles_take,
     dequantize_into,
@@ -280,9 +281,11 @@ def describe_weights(model: nn.Module) -> str:
         on_amx = any(m.layout == PAIR_PANELS_F32 for m in linears)
         floats.add("bfloat16 (float32 matmuls on AMX)" if on_amx else "bfloat16")
     names = sorted(floats)
-    tiles = sorted(f for f in formats if f.endswith(" on bfloat16 tiles"))
-    integers = sorted(formats.difference(tiles))
+    on_tiles = {f for f in formats if f.endswith(TILES_SUFFIX)}
+    integers = sorted(formats.difference(on_tiles))
     if integers:
         names = [f"{', '.join(integers)} ({cpu_gemm_quant.path_name()})", *names]
-    names = tiles + names
+    if on_tiles:
+        tiles = sorted(f.removesuffix(TILES_SUFFIX) for f in on_tiles)
+        names = [f"{', '.join(tiles)} (on bfloat16 tiles)", *names]
     return f"weights {' and '.join(names)}, {nbytes / 2**30:.3g} GiB"

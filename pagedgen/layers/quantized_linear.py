@@ -21,6 +21,7 @@ from torch import nn
 from pagedgen.kernels import cpu_gemm_quant, cpu_gemm_quant_bf16
 from pagedgen.layers.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 
+TILES_SUFFIX = " on bfloat16 tiles"  # a segment's format, computed by cpu_gemm_quant_bf16
 # EngineConfig.quantization: online quantization of a float checkpoint's linear layers
 ONLINE_QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4}
 
@@ -48,7 +49,7 @@ class Segment(NamedTuple):
         """e.g. "int4 g32 +mins", "int8 per row", "int4 g128 +mins on bfloat16 tiles"."""
         groups = "per row" if self.group_size == in_features else f"g{self.group_size}"
         mins = " +mins" if self.has_mins else ""
-        return f"int{self.bits} {groups}{mins}" + (" on bfloat16 tiles" if self.bf16_tiles else "")
+        return f"int{self.bits} {groups}{mins}" + (TILES_SUFFIX if self.bf16_tiles else "")
 
 
 def same_format(a: QuantizedWeight, b: QuantizedWeight) -> bool:

@@ -91,6 +91,7 @@ def test_a_bfloat16_layer_keeps_4_bit_weights_on_bfloat16_tiles_with_the_dense_b
     layer = load(Linear(64, [32, 16], bias=True).bfloat16(), shards, bias)
     assert layer.pack() and layer.layout == QUANTIZED
     assert layer.quant.formats == ["int4 g32 +mins on bfloat16 tiles"]
+    assert describe_weights(layer).startswith("weights int4 g32 +mins (on bfloat16 tiles) and")
     dense = Linear(64, [32, 16], bias=True).bfloat16()
     dense.weight.data.copy_(torch.cat([s.dequantize() for s in shards]))
     dense.bias.data.copy_(bias[:48])
