@@ -41,6 +41,10 @@
 #define SUB_TILES 4  // row tiles of x the tile steps take at once: four B tiles, four sums
 #define TILE_BYTES 1024
 #define X_BLOCK_BYTES (1 << 20)  // x^T read per pass over W
+#ifndef AHEAD
+#define AHEAD 2
+#endif
+#define RING (AHEAD + 2)
 #ifndef PF_AHEAD
 #define PF_AHEAD 2048  // bytes of W ahead of a k step's that it prefetches
 #endif
@@ -252,16 +256,23 @@ static inline __attribute__((always_inline)) void panel_steps(
   _tile_zero(2);
   _tile_zero(3);
   __m512i tables[NR];
-  for (int64_t ks = 0; ks < steps; ks++) {
-    uint16_t *a = keep != NULL ? keep + ks * (TILE_BYTES / 2) : scratch + (ks & 1) * (TILE_BYTES / 2);
-    if (!from_keep) {
-      const float *sc = group_scales(s, panel, ks * KB / s->group);
-      const uint8_t *ints = step_ints(s, panel, ks);
+  // Step ks's A tile is dequantized AHEAD steps before its tile steps (into a ring of AHEAD + 2
+  // in scratch, or keep), so its tile load finds the stores long done.
+  for (int64_t ks = -AHEAD; ks < steps; ks++) {
+    const int64_t d = ks + AHEAD;  // the step dequantized now
+    if (!from_keep && d < steps) {
+      uint16_t *out = keep != NULL ? keep + d * (TILE_BYTES / 2)
+                                   : scratch + (d % RING) * (TILE_BYTES / 2);
+      const float *sc = group_scales(s, panel, d * KB / s->group);
+      const uint8_t *ints = step_ints(s, panel, d);
       for (int l = 0; l < s->step_bytes / 64 + 2; l++)  // W, PF_AHEAD on: its loads wait on nothing
         _mm_prefetch((const char *)(ints + PF_AHEAD + 64 * l), _MM_HINT_T0);
-      dequantize_tile(s, ints, sc, s->has_mins ? sc + NR : NULL, ks * KB % s->group == 0, tables,
-                      a);
+      dequantize_tile(s, ints, sc, s->has_mins ? sc + NR : NULL, d * KB % s->group == 0, tables,
+                      out);
     }
+    if (ks < 0) continue;
+    const uint16_t *a = keep != NULL ? keep + ks * (TILE_BYTES / 2)
+                                     : scratch + (ks % RING) * (TILE_BYTES / 2);
     _tile_loadd(4, a, 64);
     const uint16_t *b = xt + (rt * steps + ks) * (TILE_BYTES / 2);
     _tile_loadd(5, b, 64);
@@ -332,7 +343,7 @@ int linear_quant_bf16_amx(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t l
     for (int64_t i = 0; i < row_tiles * steps; i++)
       pack_x_tile(xt + i * (TILE_BYTES / 2), x, ldx, m, i / steps, i % steps);
     configure_tiles();
-    uint16_t scratch[TILE_BYTES] __attribute__((aligned(64)));  // two A tiles, in turn
+    uint16_t scratch[RING * TILE_BYTES / 2] __attribute__((aligned(64)));  // a ring of A tiles
     float c[16 * 16] __attribute__((aligned(64)));
     uint16_t *keep = keep_tiles ? aligned_alloc(64, (size_t)(steps * TILE_BYTES)) : NULL;
     status = keep_tiles && keep == NULL;
