@@ -112,6 +112,11 @@ static inline void norm_mul_bf16(bf16_t *out, const bf16_t *x, float s, const bf
     return 0;                                                                                  \
   }
 
+// The SiLU loops in 512-bit vectors where the target has them (GCC otherwise keeps to 256 bits
+// on Intel): elementwise, so the same bits, 1.4x faster (64 x 1,536, 2 threads, Xeon AMX).
+#pragma GCC push_options
+#pragma GCC target("prefer-vector-width=512")
+
 // silu(g) = g / (1 + exp(-g)), evaluated with exp of -|g| only, so nothing overflows and no
 // subnormal appears (torch's gives -3.7e-42 at g = -100, a subnormal that slows every later op).
 static inline float silu(float g) {
@@ -137,6 +142,7 @@ static inline void silu_mul_bf16(bf16_t *out, const bf16_t *gate, const bf16_t *
 #endif
   for (; i < n; i++) st_bf16(out + i, rnd_bf16(silu(ld_bf16(gate + i))) * ld_bf16(up + i));
 }
+#pragma GCC pop_options
 
 #define SILU_AND_MUL(T)                                                                        \
   int silu_and_mul_##T(T##_t *out, const T##_t *gate_up, int64_t rows, int64_t d) {            \
