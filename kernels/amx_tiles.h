@@ -17,13 +17,20 @@ typedef struct {
   uint8_t rows[16];
 } TileConfig;
 
+// ldtilecfg of cfg, its 64 bytes the asm's operand: GCC 12's _tile_loadconfig names only a
+// pointer's 8 bytes as read, so at -O2 it may drop the stores that fill the rest (a stack config
+// filled in main then faults).
+static inline void load_tile_config(const TileConfig *cfg) {
+  __asm__ volatile("ldtilecfg %0" : : "m"(*cfg));
+}
+
 // Per thread, before its first tile instruction: the configuration is a thread's state.
 static void configure_tiles(void) {
   TileConfig cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.palette_id = 1;
   for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
+  load_tile_config(&cfg);
 }
 
 // Linux hands out AMX state on request; the permission is the process's, asked once.

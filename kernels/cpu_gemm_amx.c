@@ -181,7 +181,7 @@ static void configure_rows(int rows) {
   const int first = rows < 16 ? rows : 16, second = rows - first;
   const uint8_t tile_rows[8] = {first, first, second, second, first, second, 16, 16};
   for (int t = 0; t < 8; t++) cfg.colsb[t] = tile_rows[t] ? 64 : 0, cfg.rows[t] = tile_rows[t];
-  _tile_loadconfig(&cfg);
+  load_tile_config(&cfg);
 }
 
 // y rows [0, m) for x's rows (their parts o->part_stride apart) in blocks of block_rows.

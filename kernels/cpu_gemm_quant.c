@@ -760,7 +760,7 @@ static void configure_quant(int rows, int step) {
   for (int i = 0; i < 4; i++) cfg.rows[sums[i]] = (uint8_t)rows, cfg.colsb[sums[i]] = 64;
   for (int i = 0; i < 2; i++) cfg.rows[digits[i]] = (uint8_t)rows, cfg.colsb[digits[i]] = step;
   for (int i = 0; i < 2; i++) cfg.rows[weights[i]] = (uint8_t)(step / 4), cfg.colsb[weights[i]] = 64;
-  _tile_loadconfig(&cfg);
+  load_tile_config(&cfg);
 }
 
 // The granule's epilogue for rows [r0, r0 + rows) from the int32 tiles hi and lo.
