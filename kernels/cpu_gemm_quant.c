@@ -29,9 +29,9 @@
 //              mins   [K / group][16] the same (only where the weight has mins)
 //              (zero up to a multiple of 64 bytes)
 //
-// float16 parameters (GGUF's own: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 store their scales and mins so) are
-// widened exactly, so they give the same bits as float32 ones; at one row a Q4_1 panel is then 0.625
-// bytes a weight, not 0.75.
+// float16 parameters (GGUF's own: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 store their scales and mins so)
+// are widened exactly, so they give the same bits as float32 ones; at one row a Q4_1 panel is then
+// 0.625 bytes a weight, not 0.75.
 //
 // VNNI: vpdpbusd is unsigned x signed. 4-bit weights (0..15) are the unsigned side, x's digits the
 // signed one. 8-bit weights are the signed side and the digits are offset by 128 (^ 0x80), so each

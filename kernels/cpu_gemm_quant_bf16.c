@@ -1,5 +1,5 @@
-// Matmul over 4- and 8-bit weights for models computing in bfloat16, on AMX tiles: y[M, N] = x[M, K] @
-// W[N, K]^T (+ bias), x, bias and y bfloat16, with the bits of the dense bfloat16 path
+// Matmul over 4- and 8-bit weights for models computing in bfloat16, on AMX tiles: y[M, N] =
+// x[M, K] @ W[N, K]^T (+ bias), x, bias and y bfloat16, with the bits of the dense bfloat16 path
 // (cpu_gemm_amx.c) on the dequantized weight
 //
 //     W_bf16[n, k] = bfloat16(q[n, k] * scale[n, g] (+ min[n, g]))   (float32, product then sum,
@@ -10,15 +10,17 @@
 // The weight is the A operand and x the B one: y^T = W x^T. An A tile is 16 output columns by 32
 // k, one column a row, so a column's 32 4-bit weights of one group are one table lookup: its 16
 // possible bfloat16 values (q = 0..15) computed from its scale and minimum, then one vpermw by
-// its nibbles; 8-bit weights are widened and scaled 16 at a time. tdpbf16ps sums each element's products in the
-// same order whichever operand holds W (its products are exact and its sums run over k pairs in
-// order; checked bit for bit in the tests), so y is the dense kernel's. x is packed once a call
-// into B tiles of 16 k pairs by 16 rows ([row tile][k step][16][16][2]), rows past M zero.
+// its nibbles; 8-bit weights are widened and scaled 16 at a time. tdpbf16ps sums each element's
+// products in the same order whichever operand holds W (its products are exact and its sums run
+// over k pairs in order; checked bit for bit in the tests), so y is the dense kernel's. x is
+// packed once a call into B tiles of 16 k pairs by 16 rows ([row tile][k step][16][16][2]), rows
+// past M zero.
 //
-// Threads split the panels. Rows of x go in passes of up to 64 (four B tiles, four float32 C
-// tiles of 16 columns by 16 rows); each pass dequantizes each k step's A tile into a small
-// scratch just before its tile steps, so the dequantizing (vector ports) runs beside the tile
-// steps and W's nibbles stream in by ordinary loads, which do not wait on the tiles.
+// Threads split the panels. Rows of x go in passes whose x^T stays in L2 (X_BLOCK_BYTES), four
+// row tiles at a time (four B tiles, four float32 C tiles of 16 columns by 16 rows). A panel's k
+// steps are dequantized AHEAD steps before their tile steps, into a small ring (or, where a pass
+// has more than four row tiles, into keep, which its other row tiles then read), so W's integers
+// stream in by ordinary loads, which do not wait on the tiles.
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
 //
@@ -41,13 +43,9 @@
 #define SUB_TILES 4  // row tiles of x the tile steps take at once: four B tiles, four sums
 #define TILE_BYTES 1024
 #define X_BLOCK_BYTES (1 << 20)  // x^T read per pass over W
-#ifndef AHEAD
-#define AHEAD 2
-#endif
-#define RING (AHEAD + 2)
-#ifndef PF_AHEAD
-#define PF_AHEAD 2048  // bytes of W ahead of a k step's that it prefetches
-#endif
+#define AHEAD 2          // k steps a step's A tile is dequantized before its tile steps
+#define RING (AHEAD + 2)  // A tiles in the scratch ring
+#define PF_AHEAD 2048     // bytes of W ahead of a k step's that it prefetches
 
 typedef struct {
   int64_t k, group, groups, step_bytes, group_bytes, panel_bytes;  // step: a k step's integers
@@ -129,7 +127,8 @@ static inline __attribute__((always_inline)) void lookup_row(const uint8_t *byte
                                            0x0004000400040004, 0x0004000400040004);
   const __m128i bytes = _mm_loadu_si128((const __m128i *)bytes16);
   const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
-  _mm512_store_si512((__m512i *)out, _mm512_permutexvar_epi16(_mm512_srlv_epi16(words, shifts), table));
+  const __m512i index = _mm512_srlv_epi16(words, shifts);
+  _mm512_store_si512((__m512i *)out, _mm512_permutexvar_epi16(index, table));
 }
 
 // Row j of a k step's A tile from column j's 32 8-bit integers: widened, scaled (and offset) in
@@ -140,7 +139,8 @@ static inline __attribute__((always_inline)) void scale_row(const int8_t *q, con
   const __m512 d = _mm512_set1_ps(sc[j]);
   const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
   const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
-  __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d), hi = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+  __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+  __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
   if (mn != NULL) {
     const __m512 m = _mm512_set1_ps(mn[j]);
     lo = _mm512_add_ps(lo, m), hi = _mm512_add_ps(hi, m);
@@ -244,10 +244,10 @@ static void store_columns(uint16_t *y, int64_t ldy, const uint16_t *bias, const 
   }
 }
 
-// The tile steps of one panel against rows tiles [rt, rt + tiles) of x^T (tiles <= 4): each k
-// step's A tile dequantized into a (the scratch pair, or where the panel's dequantized tiles are
-// kept, the step's slot of keep) or, with from_keep, read from keep. Tiles 0-3: the sums of the
-// row tiles; 4: A; 5 and 6: B, in turn.
+// The tile steps of one panel against row tiles [rt, rt + tiles) of x^T (tiles <= 4): each k
+// step's A tile dequantized into the scratch ring or, where keep is given, the step's slot of it;
+// with from_keep, read from keep as an earlier call left it. Tiles 0-3: the sums of the row tiles;
+// 4: A; 5 and 6: B, in turn.
 static inline __attribute__((always_inline)) void panel_steps(
     const Shape *s, const uint8_t *panel, const uint16_t *xt, int64_t steps, int64_t rt,
     int tiles, uint16_t *scratch, uint16_t *keep, int from_keep) {
@@ -256,8 +256,7 @@ static inline __attribute__((always_inline)) void panel_steps(
   _tile_zero(2);
   _tile_zero(3);
   __m512i tables[NR];
-  // Step ks's A tile is dequantized AHEAD steps before its tile steps (into a ring of AHEAD + 2
-  // in scratch, or keep), so its tile load finds the stores long done.
+  // (A tile load finds its tile's stores long done.)
   for (int64_t ks = -AHEAD; ks < steps; ks++) {
     const int64_t d = ks + AHEAD;  // the step dequantized now
     if (!from_keep && d < steps) {
@@ -318,13 +317,12 @@ int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, 
   return 0;
 }
 
-// Returns 0; 1 for a bad group; 2 where k is not a multiple of 32; 3 where Linux grants no tiles;
-// 4 where no scratch memory is to be had.
+// Returns 0; 1 for bits or a group it does not take (a group is a multiple of 32, so k is); 3
+// where Linux grants no tiles; 4 where no scratch memory is to be had.
 int linear_quant_bf16_amx(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,
                           const uint8_t *w_packed, const uint16_t *bias, int64_t m, int64_t n,
                           int64_t k, int bits, int64_t group, int has_mins, int num_threads) {
   if (!valid(k, bits, group)) return 1;
-  if (k % KB) return 2;
   if (request_tiles()) return 3;
   const Shape s = shape_of(k, bits, group, has_mins);
   const int64_t steps = k / KB, row_tiles = (m + 15) / 16, panels = (n + NR - 1) / NR;

@@ -130,7 +130,7 @@ def linear(
     else:
         y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
     assert y.dtype == torch.bfloat16 and y.stride(-1) == 1 and y.shape[0] == m, y.shape
-    if 0 < m < DENSE_MIN_ROWS:
+    if 0 < m < DENSE_MIN_ROWS:  # (the dense kernel wrote y above)
         status = lib.linear_quant_bf16_amx(
             y.data_ptr(),
             y.stride(0),
@@ -168,9 +168,11 @@ def _dense_linear(
     each run computed by the dense kernel into its columns of y."""
     m, k = rows.shape
     lib = _library()
-    y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
     panel_bytes = lib.panel_bytes(k, bits, group_size, has_mins)
     run = max(PANEL_WIDTH, DENSE_SCRATCH_BYTES // (2 * k) // PANEL_WIDTH * PANEL_WIDTH)
+    y = out  # None: the dense kernel's own output, where one run takes every column
+    if y is None and run < out_features:
+        y = torch.empty(m, out_features, dtype=torch.bfloat16)
     for start in range(0, out_features, run):
         width = min(run, out_features - start)
         numel = cpu_gemm_bf16.packed_numel(width, k)
@@ -191,8 +193,9 @@ def _dense_linear(
         assert status == 0, status
         b = None if bias is None else bias[start : start + width]
         part = cpu_gemm_bf16.linear(rows, dense, b, width)
-        if out is None and width == out_features:
+        if y is None:
             y = part
         else:
             y[:, start : start + width] = part
+    assert y is not None
     return y

@@ -138,10 +138,12 @@ class Linear(nn.Module):
             shards = [self.quantized_shards[start] for start in sorted(self.quantized_shards)]
             whole = sum(s.shape[0] for s in shards) == self.out_features
             # By default a bfloat16 model keeps only what runs on bfloat16 tiles (the dense bits)
-            native = quantization is not None or compute_dtype != torch.bfloat16
-            native = native or bf16_tiles_take(shards)
-            usable = whole and on_cpu and quantization != "none" and native
-            if usable and kernel_takes(shards, compute_dtype):
+            keep = quantization != "none" and (
+                quantization is not None
+                or compute_dtype != torch.bfloat16
+                or bf16_tiles_take(shards)
+            )
+            if whole and on_cpu and keep and kernel_takes(shards, compute_dtype):
                 return self._pack_quantized(shards, compute_dtype)
             for start, shard in self.quantized_shards.items():
                 dequantize_into(weight.data[start : start + shard.shape[0]], [shard])
