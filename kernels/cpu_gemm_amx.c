@@ -15,11 +15,13 @@
 // where x fits X_BATCH_BYTES and a pair W_PAIR_BYTES: at K = 8,192, 96-128 rows read W once, not
 // twice (3-15 % faster, cold). (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x faster on
 // SmolLM2's shapes; at decode batches this one is.)
-// Cold, one core streams W only while the first group's tile loads ask for it: 64 rows take about
-// 1 row's time (the stream) plus the second group's compute. Neither x from L1, k in slices with
-// the sums reloaded, the next pair prefetched otherwise (T0/T1/T2, two pairs ahead, spread over
-// the groups) or touched by vector loads, nor 64 rows against one panel shortened that (a 2-core
-// KVM Sapphire Rapids-class Xeon, one thread).
+// Cold W: a tile load that waits on memory holds every later tile instruction, so a pair that
+// only its first group's loads ask for streams in at their pace, and the other groups' compute
+// comes on top. Every group of a pass of PF_MIN_ROWS or more therefore asks its share of the next
+// pair (up to PF_MAX_BYTES) into L2, a few lines between tile products (bunched, they would wait
+// behind a tile load): 3-11 % faster at 24-512 rows at K = 2,048; about even at K = 8,192, whose
+// 512 KB pairs and 1 MB of x fill L2; below 17 rows the hardware prefetcher alone streams faster
+// (a 2-core KVM Sapphire Rapids-class Xeon).
 // Each row's sums run over k in the same order whatever the batch, so rows never depend on it.
 //
 // float32 x over the same panels (linear_f32_amx, for a float32 model whose weights are all
@@ -43,6 +45,8 @@
 #define X_BATCH_BYTES (2 << 20)  // ... or all of x, up to this, at up to BATCH_ROWS rows
 #define BATCH_ROWS 128
 #define W_PAIR_BYTES (512 << 10)  // the largest pair a decode batch reads once (K = 8,192)
+#define PF_MAX_BYTES (128 << 10)  // of the next pair asked into L2 while a pair is read
+#define PF_MIN_ROWS 17             // rows of a pass from which it asks (fewer: the stream alone)
 #define PARTS 3                    // bfloat16 parts of a float32 x
 
 typedef struct {
@@ -91,42 +95,48 @@ static void store_tiles(const Out *o, const float *c0, const float *c1, int64_t 
   }
 }
 
-// Prefetch of a B tile's 16 lines into L2.
-static inline void prefetch_tile(const uint16_t *tile) {
-  for (int i = 0; i < TILE_ELEMS; i += 32) _mm_prefetch((const char *)(tile + i), _MM_HINT_T1);
+// Lines [from, min(from + count, end)) of pf asked into L2. always_inline: GCC 12 takes a
+// function that only prefetches for a const one and drops its calls.
+static inline __attribute__((always_inline)) void prefetch_lines(const char *pf, int64_t from,
+                                                                 int64_t count, int64_t end) {
+  const int64_t to = from + count < end ? from + count : end;
+  for (int64_t l = from; l < to; l++) _mm_prefetch(pf + l * 64, _MM_HINT_T1);
 }
 
 // y rows [r, r + rows) for the panels b0 (and b1 when GB == 2) at column col, from x's rows a,
 // lda bytes apart (their P parts pstride elements apart), in GA tiles of up to 16 rows (as
-// configured). next: the next pair's first panel, to prefetch, or NULL.
+// configured). pf: pf_lines lines of the next pair to ask into L2 over the k steps, a few between
+// each two tile products (NULL: none).
 static inline __attribute__((always_inline)) void tiles(const Out *o, const uint16_t *a,
                                                         int64_t lda, int64_t pstride,
-                                                        const uint16_t *b0,
-                                                        int64_t panel, const uint16_t *next,
+                                                        const uint16_t *b0, int64_t panel,
+                                                        const char *pf, int64_t pf_lines,
                                                         int64_t r, int rows, int64_t col,
                                                         float *c, const int GA, const int GB,
                                                         const int P) {
   const uint16_t *b1 = b0 + panel, *a1 = a + 16 * (lda / 2);
+  const int64_t steps = o->k / KB;
   _tile_zero(0);
   if (GB == 2) _tile_zero(1);
   if (GA == 2) _tile_zero(2);
   if (GA == 2 && GB == 2) _tile_zero(3);
-  for (int64_t i = 0; i < o->k / KB; i++) {
-    if (next != NULL) {
-      prefetch_tile(next + i * TILE_ELEMS);
-      if (GB == 2) prefetch_tile(next + panel + i * TILE_ELEMS);
-    }
+  // Each k step asks for its share of pf's lines, a quarter before each tile product.
+  const int64_t quarter = (pf_lines + 4 * steps - 1) / (4 * steps);
+  for (int64_t i = 0; i < steps; i++) {
+    const int64_t l = 4 * i * quarter;
     _tile_loadd(6, b0 + i * TILE_ELEMS, NR * 4);
     if (GB == 2) _tile_loadd(7, b1 + i * TILE_ELEMS, NR * 4);
     for (int p = 0; p < P; p++) {
       _tile_loadd(4, a + p * pstride + i * KB, lda);
+      if (p == 0) prefetch_lines(pf, l, quarter, pf_lines);
       _tile_dpbf16ps(0, 4, 6);
+      if (p == 0) prefetch_lines(pf, l + 1 * quarter, quarter, pf_lines);
       if (GB == 2) _tile_dpbf16ps(1, 4, 7);
-      if (GA == 2) {
-        _tile_loadd(5, a1 + p * pstride + i * KB, lda);
-        _tile_dpbf16ps(2, 5, 6);
-        if (GB == 2) _tile_dpbf16ps(3, 5, 7);
-      }
+      if (GA == 2) _tile_loadd(5, a1 + p * pstride + i * KB, lda);
+      if (p == 0) prefetch_lines(pf, l + 2 * quarter, quarter, pf_lines);
+      if (GA == 2) _tile_dpbf16ps(2, 5, 6);
+      if (p == 0) prefetch_lines(pf, l + 3 * quarter, quarter, pf_lines);
+      if (GA == 2 && GB == 2) _tile_dpbf16ps(3, 5, 7);
     }
   }
   const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
@@ -143,32 +153,42 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
 // pair_rows for P parts of x a k step.
 static inline __attribute__((always_inline)) void pair_tiles(
     const Out *o, const uint16_t *a, int64_t lda, int64_t pstride, const uint16_t *b0,
-    int64_t panel, const uint16_t *next, int64_t r, int rows, int64_t col, int gb, float *c,
-    const int P) {
+    int64_t panel, const char *pf, int64_t pf_lines, int64_t r, int rows, int64_t col, int gb,
+    float *c, const int P) {
   if (rows > 16 && gb == 2)
-    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 2, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 2, 2, P);
   else if (rows > 16)
-    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 2, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 2, 1, P);
   else if (gb == 2)
-    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 1, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 1, 2, P);
   else
-    tiles(o, a, lda, pstride, b0, panel, next, r, rows, col, c, 1, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 1, 1, P);
 }
 
 // y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q from a, x's row r,
-// lda elements between rows and pstride between parts: the pair's panels are read with the next
-// pair's asked into L2 where prefetch says.
+// lda elements between rows and pstride between parts. This is group `group` of the `groups`
+// that read the pair in turn: it asks its share of the next pair (up to q1) into L2, so that W
+// streams in while the tiles work (a tile load that waits on memory holds every later tile
+// instruction, and prefetches bunched behind one wait with it).
 static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64_t pstride,
                              const uint16_t *w_packed, int64_t panels, int64_t panel, int64_t q,
-                             int64_t q1, int64_t r, int prefetch, int rows, float *c) {
+                             int64_t q1, int64_t r, int group, int groups, int rows, float *c) {
   const int gb = panels - 2 * q < 2 ? 1 : 2;
   const uint16_t *b0 = w_packed + 2 * q * panel;
-  const uint16_t *next = prefetch && q + 1 < q1 ? b0 + 2 * panel : NULL;
   const int64_t col = 2 * q * NR;
+  const char *pf = NULL;
+  int64_t pf_lines = 0;
+  if (groups > 0 && q + 1 < q1) {
+    const int gb_next = panels - 2 * (q + 1) < 2 ? 1 : 2;
+    int64_t lines = gb_next * panel * (int64_t)sizeof(uint16_t) / 64;
+    if (lines > PF_MAX_BYTES / 64) lines = PF_MAX_BYTES / 64;
+    const int64_t from = lines * group / groups, to = lines * (group + 1) / groups;
+    pf = (const char *)(b0 + 2 * panel) + from * 64, pf_lines = to - from;
+  }
   if (o->y32 != NULL)
-    pair_tiles(o, a, lda * 2, pstride, b0, panel, next, r, rows, col, gb, c, PARTS);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, r, rows, col, gb, c, PARTS);
   else
-    pair_tiles(o, a, lda * 2, pstride, b0, panel, next, r, rows, col, gb, c, 1);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, r, rows, col, gb, c, 1);
 }
 
 // Tiles 0-3: float32 sums for rows [0, 16) x panel 0, x panel 1, rows [16, 32) x panel 0, x panel
@@ -202,15 +222,17 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
       // pair streams in: it comes from memory once.
       const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
       const int tail = (int)(m1 - full_end);
+      const int full = (int)((full_end - m0) / 32);
+      const int groups = m1 - m0 >= PF_MIN_ROWS ? full + (tail > 0) : 0;  // 0: no prefetch
       for (int64_t q = q0; q < q1; q++) {
         if (full_end > m0 && configured != 32) configure_rows(32), configured = 32;
-        for (int64_t r = m0; r < full_end; r += 32)
-          pair_rows(o, x + r * ldx, ldx, o->part_stride, w_packed, panels, panel, q, q1, r,
-                    r == m0, 32, c);
+        for (int g = 0; g < full; g++)
+          pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, panels, panel, q,
+                    q1, m0 + 32 * g, g, groups, 32, c);
         if (tail) {
           if (configured != tail) configure_rows(tail), configured = tail;
           pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, panels, panel, q, q1,
-                    full_end, full_end == m0, tail, c);
+                    full_end, full, groups, tail, c);
         }
       }
     }
