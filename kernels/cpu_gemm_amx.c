@@ -14,7 +14,10 @@
 // a block, so a decode batch reads W once. A decode batch of up to BATCH_ROWS rows is one block
 // where x fits X_BATCH_BYTES and a pair W_PAIR_BYTES: at K = 8,192, 96-128 rows read W once, not
 // twice (3-15 % faster, cold). (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x faster on
-// SmolLM2's shapes; at decode batches this one is.)
+// SmolLM2's shapes; at decode batches this one is.) Where a block has several groups, they take
+// a pair SLICE_STEPS k steps at a time, each group's sums stored and reloaded between slices (k in
+// the same order: the same bits), so the later groups find the slice still in L2: at K = 8,192
+// (a 512 KB pair beside up to 1 MB of x) 48-96 rows 6-11 % faster; at K = 2,048 one slice.
 // Cold W: a tile load that waits on memory holds every later tile instruction, so a pair that
 // only its first group's loads ask for streams in at their pace, and the other groups' compute
 // comes on top. Every group of a pass of PF_MIN_ROWS or more therefore asks its share of the next
@@ -47,6 +50,8 @@
 #define W_PAIR_BYTES (512 << 10)  // the largest pair a decode batch reads once (K = 8,192)
 #define PF_MAX_BYTES (128 << 10)  // of the next pair asked into L2 while a pair is read
 #define PF_MIN_ROWS 17             // rows of a pass from which it asks (fewer: the stream alone)
+#define SLICE_STEPS 64  // k steps of a pair that its groups take in turn (K = 2,048: 128 KB)
+#define SLICE_GROUPS 8  // groups of a block that do (a block of 1 MB of x at K > 2,048 has <= 8)
 #define PARTS 3                    // bfloat16 parts of a float32 x
 
 typedef struct {
@@ -105,25 +110,34 @@ static inline __attribute__((always_inline)) void prefetch_lines(const char *pf,
 
 // y rows [r, r + rows) for the panels b0 (and b1 when GB == 2) at column col, from x's rows a,
 // lda bytes apart (their P parts pstride elements apart), in GA tiles of up to 16 rows (as
-// configured). pf: pf_lines lines of the next pair to ask into L2 over the k steps, a few between
-// each two tile products (NULL: none).
+// configured), over k steps [k0, k1): the sums start at zero (k0 = 0) or from acc, and end in y
+// (k1 the last) or in acc. pf: pf_lines lines of the next pair to ask into L2 over the steps, a
+// few between each two tile products (NULL: none).
 static inline __attribute__((always_inline)) void tiles(const Out *o, const uint16_t *a,
                                                         int64_t lda, int64_t pstride,
                                                         const uint16_t *b0, int64_t panel,
                                                         const char *pf, int64_t pf_lines,
+                                                        int64_t k0, int64_t k1, float *acc,
                                                         int64_t r, int rows, int64_t col,
                                                         float *c, const int GA, const int GB,
                                                         const int P) {
   const uint16_t *b1 = b0 + panel, *a1 = a + 16 * (lda / 2);
-  const int64_t steps = o->k / KB;
-  _tile_zero(0);
-  if (GB == 2) _tile_zero(1);
-  if (GA == 2) _tile_zero(2);
-  if (GA == 2 && GB == 2) _tile_zero(3);
+  const int64_t steps = k1 - k0;
+  if (k0 == 0) {
+    _tile_zero(0);
+    if (GB == 2) _tile_zero(1);
+    if (GA == 2) _tile_zero(2);
+    if (GA == 2 && GB == 2) _tile_zero(3);
+  } else {
+    _tile_loadd(0, acc, NR * 4);
+    if (GB == 2) _tile_loadd(1, acc + 256, NR * 4);
+    if (GA == 2) _tile_loadd(2, acc + 512, NR * 4);
+    if (GA == 2 && GB == 2) _tile_loadd(3, acc + 768, NR * 4);
+  }
   // Each k step asks for its share of pf's lines, a quarter before each tile product.
   const int64_t quarter = (pf_lines + 4 * steps - 1) / (4 * steps);
-  for (int64_t i = 0; i < steps; i++) {
-    const int64_t l = 4 * i * quarter;
+  for (int64_t i = k0; i < k1; i++) {
+    const int64_t l = 4 * (i - k0) * quarter;
     _tile_loadd(6, b0 + i * TILE_ELEMS, NR * 4);
     if (GB == 2) _tile_loadd(7, b1 + i * TILE_ELEMS, NR * 4);
     for (int p = 0; p < P; p++) {
@@ -139,6 +153,13 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
       if (GA == 2 && GB == 2) _tile_dpbf16ps(3, 5, 7);
     }
   }
+  if (k1 * KB < o->k) {
+    _tile_stored(0, acc, NR * 4);
+    if (GB == 2) _tile_stored(1, acc + 256, NR * 4);
+    if (GA == 2) _tile_stored(2, acc + 512, NR * 4);
+    if (GA == 2 && GB == 2) _tile_stored(3, acc + 768, NR * 4);
+    return;
+  }
   const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
   _tile_stored(0, c, NR * 4);
   if (GB == 2) _tile_stored(1, c + 256, NR * 4);
@@ -153,26 +174,28 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
 // pair_rows for P parts of x a k step.
 static inline __attribute__((always_inline)) void pair_tiles(
     const Out *o, const uint16_t *a, int64_t lda, int64_t pstride, const uint16_t *b0,
-    int64_t panel, const char *pf, int64_t pf_lines, int64_t r, int rows, int64_t col, int gb,
-    float *c, const int P) {
+    int64_t panel, const char *pf, int64_t pf_lines, int64_t k0, int64_t k1, float *acc, int64_t r,
+    int rows, int64_t col, int gb, float *c, const int P) {
   if (rows > 16 && gb == 2)
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 2, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 2, 2, P);
   else if (rows > 16)
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 2, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 2, 1, P);
   else if (gb == 2)
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 1, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 1, 2, P);
   else
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, r, rows, col, c, 1, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 1, 1, P);
 }
 
 // y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q from a, x's row r,
-// lda elements between rows and pstride between parts. This is group `group` of the `groups`
-// that read the pair in turn: it asks its share of the next pair (up to q1) into L2, so that W
+// lda elements between rows and pstride between parts, over k steps [k0, k1) (sums between
+// slices in acc). This is call `group` of the `groups` that read the pair in turn: it asks its
+// share of the next pair (up to q1) into L2, so that W
 // streams in while the tiles work (a tile load that waits on memory holds every later tile
 // instruction, and prefetches bunched behind one wait with it).
 static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64_t pstride,
                              const uint16_t *w_packed, int64_t panels, int64_t panel, int64_t q,
-                             int64_t q1, int64_t r, int group, int groups, int rows, float *c) {
+                             int64_t q1, int64_t k0, int64_t k1, float *acc, int64_t r,
+                             int group, int groups, int rows, float *c) {
   const int gb = panels - 2 * q < 2 ? 1 : 2;
   const uint16_t *b0 = w_packed + 2 * q * panel;
   const int64_t col = 2 * q * NR;
@@ -186,9 +209,11 @@ static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64
     pf = (const char *)(b0 + 2 * panel) + from * 64, pf_lines = to - from;
   }
   if (o->y32 != NULL)
-    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, r, rows, col, gb, c, PARTS);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, gb, c,
+               PARTS);
   else
-    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, r, rows, col, gb, c, 1);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, gb, c,
+               1);
 }
 
 // Tiles 0-3: float32 sums for rows [0, 16) x panel 0, x panel 1, rows [16, 32) x panel 0, x panel
@@ -215,6 +240,7 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
     GEMM_THREAD_IDS;
     const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
     float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
+    float acc[SLICE_GROUPS * 4 * 16 * NR] __attribute__((aligned(64)));  // each group's 4 tiles
     int configured = -1;  // rows the tiles are configured for
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
       const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
@@ -222,17 +248,25 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
       // pair streams in: it comes from memory once.
       const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
       const int tail = (int)(m1 - full_end);
-      const int full = (int)((full_end - m0) / 32);
-      const int groups = m1 - m0 >= PF_MIN_ROWS ? full + (tail > 0) : 0;  // 0: no prefetch
+      const int full = (int)((full_end - m0) / 32), groups = full + (tail > 0);
+      // Several groups take a pair a slice of k at a time (one slice: the whole of k).
+      const int sliced = groups > 1 && groups <= SLICE_GROUPS;
+      const int64_t steps = o->k / KB, slice = sliced ? SLICE_STEPS : steps;
+      const int64_t slices = (steps + slice - 1) / slice;
+      // The (slice, group) calls of a pair, each asking its share of the next pair (0: none).
+      const int calls = m1 - m0 >= PF_MIN_ROWS ? groups * (int)slices : 0;
       for (int64_t q = q0; q < q1; q++) {
-        if (full_end > m0 && configured != 32) configure_rows(32), configured = 32;
-        for (int g = 0; g < full; g++)
-          pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, panels, panel, q,
-                    q1, m0 + 32 * g, g, groups, 32, c);
-        if (tail) {
-          if (configured != tail) configure_rows(tail), configured = tail;
-          pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, panels, panel, q, q1,
-                    full_end, full, groups, tail, c);
+        for (int64_t sl = 0; sl < slices; sl++) {
+          const int64_t k0 = sl * slice, k1 = k0 + slice < steps ? k0 + slice : steps;
+          if (full_end > m0 && configured != 32) configure_rows(32), configured = 32;
+          for (int g = 0; g < full; g++)
+            pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, panels, panel, q,
+                      q1, k0, k1, acc + g * 1024, m0 + 32 * g, (int)sl * groups + g, calls, 32, c);
+          if (tail) {
+            if (configured != tail) configure_rows(tail), configured = tail;
+            pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, panels, panel, q, q1,
+                      k0, k1, acc + full * 1024, full_end, (int)sl * groups + full, calls, tail, c);
+          }
         }
       }
     }
