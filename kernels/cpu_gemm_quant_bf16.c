@@ -10,7 +10,7 @@
 // The weight is the A operand and x the B one: y^T = W x^T. An A tile is 16 output columns by 32
 // k, one column a row, so a column's 32 4-bit weights of one group are one table lookup: its 16
 // possible bfloat16 values (q = 0..15) computed from its scale and minimum, then one vpermw by
-// its nibbles; 8-bit weights are widened and scaled 16 at a time. tdpbf16ps sums each element's
+// its nibbles (shifted down from the word its quad of columns shares); 8-bit weights are widened and scaled 16 at a time. tdpbf16ps sums each element's
 // products in the same order whichever operand holds W (its products are exact and its sums run
 // over k pairs in order; checked bit for bit in the tests), so y is the dense kernel's. x is
 // packed once a call into B tiles of 16 k pairs by 16 rows ([row tile][k step][16][16][2]), rows
@@ -24,9 +24,10 @@
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
 //
-//     panel p, for each group g: 4 bits: nibbles [group / 32][16][16] uint8 (column j of a k
-//                                step of 32: byte b holds k = b in its low nibble, k = b + 16 in
-//                                its high one); 8 bits: [group / 32][16][32] int8 (column j's k)
+//     panel p, for each group g: 4 bits: [group / 32][4][32] uint16 (a k step of 32, its columns
+//                                in quads: word i of quad c holds k = i of column 4c + t in bits
+//                                4t .. 4t + 3, so one load serves four columns' lookups, each
+//                                its own shift); 8 bits: [group / 32][16][32] int8 (column j's k)
 //                                scales [16] float32, then mins [16] float32 (with mins)
 //
 // Built with -ffp-contract=off (the product and the sum of a dequantized value round apart).
@@ -89,18 +90,19 @@ int pack_weight_quant_bf16(uint8_t *out, const uint8_t *q, const float *scales, 
         sc[j] = scales[row * s.groups + g];
         if (mins != NULL) mn[j] = mins[row * s.groups + g];
         for (int64_t c = 0; c < group / KB; c++) {
-          uint8_t *dst = ints + c * s.step_bytes + j * (s.step_bytes / NR);
+          uint8_t *step = ints + c * s.step_bytes;
           const int64_t k0 = g * group + c * KB;
           if (bits == 8) {
-            memcpy(dst, q + row * k + k0, KB);
+            memcpy(step + j * KB, q + row * k + k0, KB);
             continue;
           }
+          // Word i of column j's quad holds its k0 + i in bits 4 (j % 4) .. 4 (j % 4) + 3.
           const uint8_t *qr = q + row * (k / 2);
-          for (int b = 0; b < 16; b++) {
-            const int64_t lo_k = k0 + b, hi_k = lo_k + 16;
-            const uint8_t lo = (qr[lo_k / 2] >> (4 * (lo_k % 2))) & 0xF;
-            const uint8_t hi = (qr[hi_k / 2] >> (4 * (hi_k % 2))) & 0xF;
-            dst[b] = (uint8_t)(lo | hi << 4);
+          uint16_t *words = (uint16_t *)(step + j / 4 * 64);
+          for (int i = 0; i < KB; i++) {
+            const int64_t kk = k0 + i;
+            const uint16_t v = (qr[kk / 2] >> (4 * (kk % 2))) & 0xF;
+            words[i] |= (uint16_t)(v << (4 * (j % 4)));
           }
         }
       }
@@ -119,15 +121,12 @@ static inline __attribute__((always_inline)) __m512i column_table(const float *s
   return (__m512i)_mm512_cvtne2ps_pbh(v, v);
 }
 
-// Row j of a k step's A tile (column j's 32 weights) at out, looked up in its table by its 16
-// bytes of nibbles: the low half by the whole byte, the high half by the byte shifted down 4.
-static inline __attribute__((always_inline)) void lookup_row(const uint8_t *bytes16,
-                                                             __m512i table, uint16_t *out) {
-  const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004,
-                                           0x0004000400040004, 0x0004000400040004);
-  const __m128i bytes = _mm_loadu_si128((const __m128i *)bytes16);
-  const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
-  const __m512i index = _mm512_srlv_epi16(words, shifts);
+// Row j of a k step's A tile (column j's 32 weights) at out, looked up in its table by the 32
+// words of its quad of columns shifted down 4 (j % 4): bits 0-3 its nibble, bit 4 the next
+// column's (the table's two halves are alike).
+static inline __attribute__((always_inline)) void lookup_row(__m512i quad, int j, __m512i table,
+                                                             uint16_t *out) {
+  const __m512i index = j % 4 == 0 ? quad : _mm512_srli_epi16(quad, 4 * (j % 4));
   _mm512_store_si512((__m512i *)out, _mm512_permutexvar_epi16(index, table));
 }
 
@@ -163,14 +162,14 @@ static inline __attribute__((always_inline)) void dequantize_tile(const Shape *s
     for (int j = 0; j < NR; j++) scale_row((const int8_t *)ints + j * KB, sc, mn, j, out + j * KB);
     return;
   }
-  const uint8_t *nibbles = ints;
 #pragma GCC unroll 16
   for (int j = 0; j < NR; j++) {
+    const __m512i quad = _mm512_loadu_si512((const void *)(ints + j / 4 * 64));
     if (group == KB) {
-      lookup_row(nibbles + j * 16, column_table(sc, mn, j), out + j * KB);
+      lookup_row(quad, j, column_table(sc, mn, j), out + j * KB);
     } else {
       if (first_step) tables[j] = column_table(sc, mn, j);
-      lookup_row(nibbles + j * 16, tables[j], out + j * KB);
+      lookup_row(quad, j, tables[j], out + j * KB);
     }
   }
 }
@@ -244,6 +243,26 @@ static void store_columns(uint16_t *y, int64_t ldy, const uint16_t *bias, const 
   }
 }
 
+// Where a panel's dequantizing stands: the group of its next k step (its bytes), the step's place
+// in the group, and (groups of 64 or more) the group's 16 tables.
+typedef struct {
+  const uint8_t *group;
+  int64_t c;
+  __m512i tables[NR];
+} Cursor;
+
+// The cursor's k step dequantized into the A tile at out, and the cursor on to the next step (no
+// divisions on the way to its loads).
+static inline __attribute__((always_inline)) void dequantize_next(const Shape *s, Cursor *at,
+                                                                  uint16_t *out) {
+  const float *sc = (const float *)(at->group + s->group / KB * s->step_bytes);
+  const uint8_t *ints = at->group + at->c * s->step_bytes;
+  for (int l = 0; l < s->step_bytes / 64 + 2; l++)  // W, PF_AHEAD on: its loads wait on nothing
+    _mm_prefetch((const char *)(ints + PF_AHEAD + 64 * l), _MM_HINT_T0);
+  dequantize_tile(s, ints, sc, s->has_mins ? sc + NR : NULL, at->c == 0, at->tables, out);
+  if (++at->c == s->group / KB) at->c = 0, at->group += s->group_bytes;
+}
+
 // The tile steps of one panel against row tiles [rt, rt + tiles) of x^T (tiles <= 4): each k
 // step's A tile dequantized into the scratch ring or, where keep is given, the step's slot of it;
 // with from_keep, read from keep as an earlier call left it. Tiles 0-3: the sums of the row tiles;
@@ -255,20 +274,13 @@ static inline __attribute__((always_inline)) void panel_steps(
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  __m512i tables[NR];
+  Cursor at = {.group = panel, .c = 0};
   // (A tile load finds its tile's stores long done.)
   for (int64_t ks = -AHEAD; ks < steps; ks++) {
     const int64_t d = ks + AHEAD;  // the step dequantized now
-    if (!from_keep && d < steps) {
-      uint16_t *out = keep != NULL ? keep + d * (TILE_BYTES / 2)
-                                   : scratch + (d % RING) * (TILE_BYTES / 2);
-      const float *sc = group_scales(s, panel, d * KB / s->group);
-      const uint8_t *ints = step_ints(s, panel, d);
-      for (int l = 0; l < s->step_bytes / 64 + 2; l++)  // W, PF_AHEAD on: its loads wait on nothing
-        _mm_prefetch((const char *)(ints + PF_AHEAD + 64 * l), _MM_HINT_T0);
-      dequantize_tile(s, ints, sc, s->has_mins ? sc + NR : NULL, d * KB % s->group == 0, tables,
-                      out);
-    }
+    if (!from_keep && d < steps)
+      dequantize_next(s, &at, keep != NULL ? keep + d * (TILE_BYTES / 2)
+                                           : scratch + (d % RING) * (TILE_BYTES / 2));
     if (ks < 0) continue;
     const uint16_t *a = keep != NULL ? keep + ks * (TILE_BYTES / 2)
                                      : scratch + (ks % RING) * (TILE_BYTES / 2);
