@@ -18,6 +18,8 @@
 // a pair SLICE_STEPS k steps at a time, each group's sums stored and reloaded between slices (k in
 // the same order: the same bits), so the later groups find the slice still in L2: at K = 8,192
 // (a 512 KB pair beside up to 1 MB of x) 48-96 rows 6-11 % faster; at K = 2,048 one slice.
+// Past K = 8,192, where one group of bfloat16 x would fill X_BLOCK_BYTES, blocks of SLICE_GROUPS
+// groups (x from L3) read W once for all of them: K = 14,336 1.3-1.6x at 61-1,600 rows.
 // Cold W: a tile load that waits on memory holds every later tile instruction, so a pair that
 // only its first group's loads ask for streams in at their pace, and the other groups' compute
 // comes on top. Every group of a pass of PF_MIN_ROWS or more therefore asks its share of the next
@@ -278,7 +280,12 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
 // each) fits X_BATCH_BYTES; else blocks of X_BLOCK_BYTES.
 static int64_t block_rows_for(int64_t m, int64_t x_row_bytes, int64_t k) {
   const int64_t pair_bytes = 2 * (k / 2 * NR * 2) * (int64_t)sizeof(uint16_t);
-  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, x_row_bytes, 32);
+  int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, x_row_bytes, 32);
+  // Where one group's x fills the block (bfloat16 x at K > 8,192), SLICE_GROUPS groups share each
+  // pair a slice at a time, their x from L3: W read once for them, not once a group, where a
+  // group's x is no more bytes than the pair (float32 x's three parts are more).
+  if (k > SLICE_STEPS * KB && block_rows <= 32 && 32 * x_row_bytes <= pair_bytes)
+    block_rows = SLICE_GROUPS * 32;
   const int one_pass =
       m <= BATCH_ROWS && m * x_row_bytes <= X_BATCH_BYTES && pair_bytes <= W_PAIR_BYTES;
   return one_pass && block_rows < m ? m : block_rows;

@@ -87,6 +87,22 @@ def test_a_decode_batch_at_large_k_in_one_block_matches_its_rows_alone(rows):
     assert_rounded_once(out, x, weight, None)
 
 
+@pytest.mark.parametrize("rows", [61, 300])
+def test_rows_at_k_past_8192_in_blocks_of_256_match_their_rows_alone(rows):
+    """Past K = 8,192 a group of 32 rows would fill a block of x: blocks of 256 rows take each
+    pair a slice of k at a time instead (300 rows: 256, then 44). Each row as when it came
+    alone, and rounded once."""
+    torch.manual_seed(rows)
+    k = 9216
+    weight, x = torch.randn(48, k).bfloat16(), torch.randn(rows, k).bfloat16()
+    packed = cpu_gemm_bf16.pack(weight)
+    out, names = kernels_called(x, packed, None, 48)
+    assert names == ["linear_bf16_amx"]
+    for r in sorted({0, 31, 32, 255, 256, rows - 1} & set(range(rows))):
+        assert torch.equal(out[r : r + 1], cpu_gemm_bf16.linear(x[r : r + 1], packed, None, 48))
+    assert_rounded_once(out, x, weight, None)
+
+
 def float32_error(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias) -> float:
     """y's largest error against float64, relative to the sum of the terms' magnitudes."""
     x64, w64 = x.double(), weight.double()
