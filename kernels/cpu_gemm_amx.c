@@ -22,11 +22,11 @@
 // groups (x from L3) read W once for all of them: K = 14,336 1.3-1.6x at 61-1,600 rows.
 // Cold W: a tile load that waits on memory holds every later tile instruction, so a pair that
 // only its first group's loads ask for streams in at their pace, and the other groups' compute
-// comes on top. Every group of a pass of PF_MIN_ROWS or more therefore asks its share of the next
-// pair (up to PF_MAX_BYTES) into L2, a few lines between tile products (bunched, they would wait
-// behind a tile load): 3-11 % faster at 24-512 rows at K = 2,048; about even at K = 8,192, whose
-// 512 KB pairs and 1 MB of x fill L2; below 17 rows the hardware prefetcher alone streams faster
-// (a 2-core KVM Sapphire Rapids-class Xeon).
+// comes on top. Every group (each slice of it) of a pass of PF_MIN_ROWS or more therefore asks its
+// share of the next pair (up to PF_MAX_BYTES) into L2, a few lines between tile products
+// (bunched, they would wait behind a tile load): 3-11 % faster at 24-512 rows at K = 2,048; about
+// even at K = 8,192, whose 512 KB pairs and 1 MB of x fill L2; below 17 rows the hardware
+// prefetcher alone streams faster (a 2-core KVM Sapphire Rapids-class Xeon).
 // Each row's sums run over k in the same order whatever the batch, so rows never depend on it.
 //
 // float32 x over the same panels (linear_f32_amx, for a float32 model whose weights are all
@@ -190,10 +190,10 @@ static inline __attribute__((always_inline)) void pair_tiles(
 
 // y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q from a, x's row r,
 // lda elements between rows and pstride between parts, over k steps [k0, k1) (sums between
-// slices in acc). This is call `group` of the `groups` that read the pair in turn: it asks its
-// share of the next pair (up to q1) into L2, so that W
-// streams in while the tiles work (a tile load that waits on memory holds every later tile
-// instruction, and prefetches bunched behind one wait with it).
+// slices in acc). This is call `group` of the `groups` (slices times groups of rows) that read
+// the pair in turn: it asks its share of the next pair (up to q1) into L2, so that W streams in
+// while the tiles work (a tile load that waits on memory holds every later tile instruction, and
+// prefetches bunched behind one wait with it). groups 0: none asks.
 static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64_t pstride,
                              const uint16_t *w_packed, int64_t panels, int64_t panel, int64_t q,
                              int64_t q1, int64_t k0, int64_t k1, float *acc, int64_t r,

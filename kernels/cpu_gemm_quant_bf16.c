@@ -10,11 +10,11 @@
 // The weight is the A operand and x the B one: y^T = W x^T. An A tile is 16 output columns by 32
 // k, one column a row, so a column's 32 4-bit weights of one group are one table lookup: its 16
 // possible bfloat16 values (q = 0..15) computed from its scale and minimum, then one vpermw by
-// its nibbles (shifted down from the word its quad of columns shares); 8-bit weights are widened and scaled 16 at a time. tdpbf16ps sums each element's
-// products in the same order whichever operand holds W (its products are exact and its sums run
-// over k pairs in order; checked bit for bit in the tests), so y is the dense kernel's. x is
-// packed once a call into B tiles of 16 k pairs by 16 rows ([row tile][k step][16][16][2]), rows
-// past M zero.
+// its nibbles (shifted down from the words its quad of columns shares); 8-bit weights are widened
+// and scaled 16 at a time. tdpbf16ps sums each element's products in the same order whichever
+// operand holds W (its products are exact and its sums run over k pairs in order; checked bit for
+// bit in the tests), so y is the dense kernel's. x is packed once a call into B tiles of 16 k
+// pairs by 16 rows ([row tile][k step][16][16][2]), rows past M zero.
 //
 // Threads split the panels. Rows of x go in passes whose x^T stays in L2 (X_BLOCK_BYTES), four
 // row tiles at a time (four B tiles, four float32 C tiles of 16 columns by 16 rows). A panel's k
