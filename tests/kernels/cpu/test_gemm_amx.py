@@ -130,9 +130,10 @@ def test_float32_activations_over_bfloat16_panels_are_float32_accurate(m, n, k, 
     assert float32_error(out, x, weight, b) <= 2 * reference + 1e-7
 
 
-@pytest.mark.parametrize("k", [2048, 8192])
+@pytest.mark.parametrize("k", [2048, 2560, 8192])
 def test_float32_rows_do_not_depend_on_the_batch(k):
-    """At K = 8,192 x's parts take blocks of 32 rows: every row as when it came alone."""
+    """At K = 8,192 x's parts take blocks of 32 rows; at K = 2,560 all 77 rows are one block,
+    whose three groups take each pair a slice of k at a time: every row as when it came alone."""
     torch.manual_seed(k)
     weight, x = torch.randn(50, k).bfloat16(), torch.randn(77, k)
     packed = cpu_gemm_bf16.pack(weight)
