@@ -174,15 +174,6 @@ static inline __attribute__((always_inline)) void dequantize_tile(const Shape *s
   }
 }
 
-// The step's group's scales (its mins follow them), and the step's integers.
-static inline const float *group_scales(const Shape *s, const uint8_t *panel, int64_t g) {
-  return (const float *)(panel + g * s->group_bytes + s->group / KB * s->step_bytes);
-}
-static inline const uint8_t *step_ints(const Shape *s, const uint8_t *panel, int64_t ks) {
-  const int64_t per_group = s->group / KB, g = ks / per_group;
-  return panel + g * s->group_bytes + (ks - g * per_group) * s->step_bytes;
-}
-
 // The 16 x 16 dwords at rows[0..15] transposed into t[0..15] (t[c] dword r = rows[r] dword c).
 static inline void transpose16(const __m512i r[16], __m512i t[16]) {
   __m512i a[16], u[16];
@@ -314,12 +305,10 @@ int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, 
 #pragma omp parallel for num_threads(num_threads < 1 ? 1 : num_threads) schedule(static)
   for (int64_t p = 0; p < panels; p++) {
     uint16_t a[TILE_BYTES / 2] __attribute__((aligned(64)));
-    __m512i rows[16], t[16], tables[NR];
-    const uint8_t *panel = w_packed + p * s.panel_bytes;
+    __m512i rows[16], t[16];
+    Cursor at = {.group = w_packed + p * s.panel_bytes, .c = 0};
     for (int64_t ks = 0; ks < steps; ks++) {
-      const float *sc = group_scales(&s, panel, ks * KB / group);
-      dequantize_tile(&s, step_ints(&s, panel, ks), sc, has_mins ? sc + NR : NULL,
-                      ks * KB % group == 0, tables, a);
+      dequantize_next(&s, &at, a);
       for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
       transpose16(rows, t);  // a column's k pairs -> a k pair's columns
       uint16_t *dst = out + (p * steps + ks) * (TILE_BYTES / 2);

@@ -84,6 +84,27 @@ def activation_rows(x: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> torch.T
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
+def check_packed(
+    packed: torch.Tensor, dtype: torch.dtype, numel: int, out_features: int, k: int
+) -> None:
+    """Raises ValueError unless packed has the dtype and size a weight of out_features x k packs
+    to."""
+    if packed.dtype != dtype or packed.numel() != numel:
+        raise ValueError(
+            f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
+        )
+
+
+def output_of(
+    y: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """A kernel's y [M, N] as its caller gets it: out where the caller gave one (y was written
+    there), else y in x's leading shape."""
+    if out is not None:
+        return out
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
+
+
 def linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
@@ -117,4 +138,4 @@ def linear(
         )
         if status != 0:
             raise RuntimeError(f"cpu_gemm linear failed with status {status}")
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
+    return output_of(y, x, None, out_features)

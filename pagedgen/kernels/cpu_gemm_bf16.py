@@ -34,7 +34,7 @@ from pagedgen.kernels.cpu_build import (
     load_cpu_library,
 )
 from pagedgen.kernels.cpu_features import kernel_march
-from pagedgen.kernels.cpu_gemm import activation_rows
+from pagedgen.kernels.cpu_gemm import activation_rows, check_packed, output_of
 from pagedgen.kernels.huge_pages import empty_huge
 
 SOURCE = "cpu_gemm_bf16.c"
@@ -150,10 +150,7 @@ def _linear(
     name = str(dtype).removeprefix("torch.")
     rows = activation_rows(x, (dtype,))
     m, k = rows.shape
-    if packed.dtype != torch.int16 or packed.numel() != packed_numel(out_features, k):
-        raise ValueError(
-            f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
-        )
+    check_packed(packed, torch.int16, packed_numel(out_features, k), out_features, k)
     if bias is not None:
         if bias.dtype != dtype or bias.shape != (out_features,):
             raise ValueError(f"bias must be {name} [{out_features}]")
@@ -179,4 +176,4 @@ def _linear(
         )
         if status != 0:
             raise RuntimeError(f"{kernel.fn.__name__} failed with status {status}")
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
+    return output_of(y, x, None, out_features)

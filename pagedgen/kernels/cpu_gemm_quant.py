@@ -26,7 +26,7 @@ from pagedgen.kernels.cpu_build import (
     load_cpu_library,
 )
 from pagedgen.kernels.cpu_features import kernel_march
-from pagedgen.kernels.cpu_gemm import activation_rows
+from pagedgen.kernels.cpu_gemm import activation_rows, check_packed, output_of
 from pagedgen.kernels.huge_pages import empty_huge
 
 SOURCE = "cpu_gemm_quant.c"
@@ -205,13 +205,10 @@ def linear(
     rows = activation_rows(x, ACTIVATION_DTYPES)
     m, k = rows.shape
     lib = _library(march or kernel_march())
-    expected = -(-out_features // PANEL_WIDTH) * lib.quant_panel_bytes(
-        k, bits, group_size, has_mins, half
+    panel_bytes = lib.quant_panel_bytes(k, bits, group_size, has_mins, half)
+    check_packed(
+        packed, torch.uint8, -(-out_features // PANEL_WIDTH) * panel_bytes, out_features, k
     )
-    if packed.dtype != torch.uint8 or packed.numel() != expected:
-        raise ValueError(
-            f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
-        )
     if bias is not None:
         bias = bias.float().contiguous()  # held: the C call reads it
     y = torch.empty(m, out_features, dtype=x.dtype) if out is None else out
@@ -240,6 +237,4 @@ def linear(
         )
         if status != 0:
             raise RuntimeError(f"{kernel.fn.__name__} failed with status {status}")
-    if out is not None:
-        return out
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
+    return output_of(y, x, out, out_features)

@@ -13,7 +13,7 @@ import torch
 from pagedgen import envs
 from pagedgen.kernels import cpu_gemm_bf16
 from pagedgen.kernels.cpu_build import build_error, declare, load_amx_library
-from pagedgen.kernels.cpu_gemm import activation_rows
+from pagedgen.kernels.cpu_gemm import activation_rows, check_packed, output_of
 from pagedgen.kernels.huge_pages import empty_huge
 
 SOURCE = "cpu_gemm_quant_bf16.c"
@@ -116,21 +116,20 @@ def linear(
     rows = activation_rows(x, (torch.bfloat16,))
     m, k = rows.shape
     lib = _library()
-    expected = -(-out_features // PANEL_WIDTH) * lib.panel_bytes(k, bits, group_size, has_mins)
-    if packed.dtype != torch.uint8 or packed.numel() != expected:
-        raise ValueError(
-            f"packed weight of {packed.numel()} {packed.dtype} is not {out_features} x {k}"
-        )
+    panel_bytes = lib.panel_bytes(k, bits, group_size, has_mins)
+    check_packed(
+        packed, torch.uint8, -(-out_features // PANEL_WIDTH) * panel_bytes, out_features, k
+    )
     if bias is not None:
         if bias.dtype != torch.bfloat16 or bias.shape != (out_features,):
             raise ValueError(f"bias must be bfloat16 [{out_features}]")
         bias = bias.contiguous()  # held: the C call reads it
     if m >= DENSE_MIN_ROWS:
         y = _dense_linear(rows, packed, bias, out_features, bits, group_size, has_mins, out)
-    else:
-        y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
+        return output_of(y, x, out, out_features)
+    y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
     assert y.dtype == torch.bfloat16 and y.stride(-1) == 1 and y.shape[0] == m, y.shape
-    if 0 < m < DENSE_MIN_ROWS:  # (the dense kernel wrote y above)
+    if m:
         status = lib.linear_quant_bf16_amx(
             y.data_ptr(),
             y.stride(0),
@@ -148,9 +147,7 @@ def linear(
         )
         if status != 0:
             raise RuntimeError(f"linear_quant_bf16_amx failed with status {status}")
-    if out is not None:
-        return out
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], out_features)
+    return output_of(y, x, out, out_features)
 
 
 def _dense_linear(

@@ -70,21 +70,27 @@ def test_no_tile_reads_past_the_last_row_of_x(rows):
         libc.mprotect(guard, page, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
+def rows_alone(k: int, n: int, rows: int, checked: set[int]) -> tuple[torch.Tensor, ...]:
+    """x [rows, k] @ W [n, k] in one call on the AMX kernel: the checked rows as each came alone,
+    all rounded once. Returns the output, x and the packed weight."""
+    torch.manual_seed(rows)
+    weight, x = torch.randn(n, k).bfloat16(), torch.randn(rows, k).bfloat16()
+    packed = cpu_gemm_bf16.pack(weight)
+    out, names = kernels_called(x, packed, None, n)
+    assert names == ["linear_bf16_amx"]
+    for r in sorted(checked & set(range(rows))):
+        assert torch.equal(out[r : r + 1], cpu_gemm_bf16.linear(x[r : r + 1], packed, None, n))
+    assert_rounded_once(out, x, weight, None)
+    return out, x, packed
+
+
 @pytest.mark.parametrize("rows", [61, 96, 100, 128])
 def test_a_decode_batch_at_large_k_in_one_block_matches_its_rows_alone(rows):
     """At K = 8,192 a block of x holds 64 rows; up to 128 take one block, its groups of 32 rows
     (the last one partial) taking each pair a slice of k at a time, their sums stored and
     reloaded. Each row as when it came alone or with the first 64, and rounded once."""
-    torch.manual_seed(rows)
-    k = 8192
-    weight, x = torch.randn(80, k).bfloat16(), torch.randn(rows, k).bfloat16()
-    packed = cpu_gemm_bf16.pack(weight)
-    out, names = kernels_called(x, packed, None, 80)
-    assert names == ["linear_bf16_amx"]
+    out, x, packed = rows_alone(8192, 80, rows, {0, 32, 63, 64, rows - 1})
     assert torch.equal(out[:64], cpu_gemm_bf16.linear(x[:64], packed, None, 80))
-    for r in sorted({0, 32, 63, 64, rows - 1} & set(range(rows))):
-        assert torch.equal(out[r : r + 1], cpu_gemm_bf16.linear(x[r : r + 1], packed, None, 80))
-    assert_rounded_once(out, x, weight, None)
 
 
 @pytest.mark.parametrize("rows", [61, 300])
@@ -92,15 +98,7 @@ def test_rows_at_k_past_8192_in_blocks_of_256_match_their_rows_alone(rows):
     """Past K = 8,192 a group of 32 rows would fill a block of x: blocks of 256 rows take each
     pair a slice of k at a time instead (300 rows: 256, then 44). Each row as when it came
     alone, and rounded once."""
-    torch.manual_seed(rows)
-    k = 9216
-    weight, x = torch.randn(48, k).bfloat16(), torch.randn(rows, k).bfloat16()
-    packed = cpu_gemm_bf16.pack(weight)
-    out, names = kernels_called(x, packed, None, 48)
-    assert names == ["linear_bf16_amx"]
-    for r in sorted({0, 31, 32, 255, 256, rows - 1} & set(range(rows))):
-        assert torch.equal(out[r : r + 1], cpu_gemm_bf16.linear(x[r : r + 1], packed, None, 48))
-    assert_rounded_once(out, x, weight, None)
+    rows_alone(9216, 48, rows, {0, 31, 32, 255, 256, rows - 1})
 
 
 def float32_error(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias) -> float:
