@@ -289,7 +289,8 @@ int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weig
 #if SUPPORTED
   const int64_t panels = (n + NR - 1) / NR, units = (panels + UNIT_PANELS - 1) / UNIT_PANELS;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(float), TILE_ROWS);
-  GEMM_THREAD_LOOP(num_threads, units, m, block_rows, {
+  const int64_t unit_bytes = UNIT_PANELS * k * NR * (weight_bf16 ? 2 : 4);
+  GEMM_THREAD_LOOP(num_threads, units, unit_bytes, m, block_rows, {
     unit_rows(y, x, ldx, w_packed, weight_bf16, bias, m0, m1, m, n, k, q * UNIT_PANELS, panels);
   });
   return 0;

@@ -8,8 +8,8 @@
 //
 // The micro-kernel holds up to 12 rows x 2 panels (32 columns) of y in 24 zmm accumulators, as
 // the float32 panel kernel (cpu_gemm.c) does; threads split the panel pairs, each pair is read
-// once for all rows of x (up to X_BLOCK_BYTES of them) and the first row tile prefetches the next
-// pair. Where oneDNN's bfloat16 kernels reach ~65 % of the dot-product peak at decode batches
+// once for all rows of x (up to X_BLOCK_BYTES of them) and the first row tile prefetches the pair
+// read next. Where oneDNN's bfloat16 kernels reach ~65 % of the dot-product peak at decode batches
 // (32-96 rows), this reaches ~85 %.
 //
 // Built with -march=native (pagedgen.kernels.cpu_build); where the target lacks AVX512_BF16,
@@ -140,12 +140,13 @@ int linear_bf16(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t *w_p
   const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2;
   const int64_t panel_elems = (k + 1) / 2 * NR * 2;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
-  GEMM_THREAD_LOOP(num_threads, pairs, m, block_rows, {
+  const int64_t pair_bytes = 2 * panel_elems * (int64_t)sizeof(uint16_t);
+  GEMM_THREAD_LOOP(num_threads, pairs, pair_bytes, m, block_rows, {
     const int np = panels - 2 * q < 2 ? 1 : 2;
     const uint16_t *panel = w_packed + 2 * q * panel_elems;
     for (int64_t r = m0; r < m1; r += MR) {
       const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
-      const uint16_t *next = r == m0 ? panel + 2 * panel_elems : NULL;
+      const uint16_t *next = r == m0 && q_next >= 0 ? w_packed + 2 * q_next * panel_elems : NULL;
       TILES_BY_NP[np - 1][rows](y + r * n, x + r * ldx, ldx, panel, k, bias, n, 2 * q * NR, next);
     }
   });

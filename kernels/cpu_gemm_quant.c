@@ -722,12 +722,12 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
   const Out o = {y, y_bf16, ldy, bias};
   const int64_t panels = (n + NR - 1) / NR;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, 2 * k, MR);
-  GEMM_THREAD_LOOP(num_threads, panels, m, block_rows, {
+  GEMM_THREAD_LOOP(num_threads, panels, s.panel_bytes, m, block_rows, {
     const uint8_t *panel = w_packed + q * s.panel_bytes;
     float out[MR * NR] __attribute__((aligned(64)));
     for (int64_t r = m0; r < m1; r += MR) {
       const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
-      const uint8_t *next = r == m0 && q + 1 < q1 ? panel + s.panel_bytes : NULL;
+      const uint8_t *next = r == m0 && q_next >= 0 ? w_packed + q_next * s.panel_bytes : NULL;
       TILES[rows](&s, &a, r, panel, next, out);
       store_rows(&o, &s, out, r, rows, q * NR);
     }

@@ -71,6 +71,18 @@ def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(march):
     assert cpu_gemm.linear(x[:0], packed, None, 200).shape == (0, 200)
 
 
+def test_rows_of_several_passes_taking_the_weight_in_chunks_match_their_rows_alone(march):
+    """Rows past one pass over W (348 at K = 3000) take a thread's panels a chunk (2 MB) at a
+    time, every pass in turn (1,000 columns: 12 MB of W). Each two rows as when they came alone
+    (one row alone takes AVX-512 oneDNN's one-row order)."""
+    torch.manual_seed(2)
+    weight, x = torch.randn(1000, 3000), torch.randn(700, 3000)
+    packed = cpu_gemm.pack(weight)
+    out = cpu_gemm.linear(x, packed, None, 1000)
+    for r in (0, 346, 348, 698):
+        assert torch.equal(cpu_gemm.linear(x[r : r + 2], packed, None, 1000), out[r : r + 2])
+
+
 def test_one_thread_gives_the_same_result(march):
     torch.manual_seed(1)
     weight, x = torch.randn(640, 576), torch.randn(59, 576)

@@ -82,6 +82,18 @@ def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(k):
 
 
 @needs_kernel
+def test_rows_of_several_passes_taking_the_weight_in_chunks_match_their_rows_alone():
+    """Rows past one pass over W (696 at K = 3000) take a thread's pairs a chunk (2 MB) at a time,
+    every pass in turn (1,000 columns: 6 MB of W). Each row as when it came alone."""
+    torch.manual_seed(2)
+    weight, x = torch.randn(1000, 3000).bfloat16(), torch.randn(800, 3000).bfloat16()
+    packed = cpu_gemm_bf16.pack(weight)
+    out = cpu_gemm_bf16.linear(x, packed, None, 1000)
+    for r in (0, 695, 696, 799):
+        assert torch.equal(cpu_gemm_bf16.linear(x[r : r + 1], packed, None, 1000), out[r : r + 1])
+
+
+@needs_kernel
 def test_one_thread_gives_the_same_result():
     torch.manual_seed(1)
     weight, x = torch.randn(640, 576).bfloat16(), torch.randn(59, 576).bfloat16()
