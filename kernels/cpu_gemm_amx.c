@@ -14,7 +14,11 @@
 // a block, so a decode batch reads W once. Where x takes several blocks, every block takes a
 // chunk of the thread's pairs (W_CHUNK_BYTES) before the next chunk, so a pair comes from memory
 // once and from L3 for the later blocks: at 1,600 rows Llama-3-8B's gate/up (K 4,096, N 28,672,
-// 235 MB, past what L3 kept of it) 1.3x, down 1.13x; weights L3 kept anyway as fast as before. A decode batch of up to BATCH_ROWS rows is one block
+// 235 MB, past what L3 kept of it) 1.3x, down 1.13x; weights L3 kept anyway as fast as before.
+// In a call of one block (a decode batch) a thread that is done with its own pairs takes the
+// others' from their ends (gemm_take), so a core slowed by another process does not hold the
+// call: with a busy loop on one of the two cores, 1.1-2.5x at 16-64 rows; on a quiet machine as
+// fast as equal shares. A decode batch of up to BATCH_ROWS rows is one block
 // where x fits X_BATCH_BYTES and a pair W_PAIR_BYTES: at K = 8,192, 96-128 rows read W once, not
 // twice (3-15 % faster, cold). (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x faster on
 // SmolLM2's shapes; at decode batches this one is.) Where a block has several groups, they take
@@ -57,7 +61,7 @@
 #define PF_MIN_ROWS 17             // rows of a pass from which it asks (fewer: the stream alone)
 #define SLICE_STEPS 64  // k steps of a pair that its groups take in turn (K = 2,048: 128 KB)
 #define SLICE_GROUPS 8  // groups of a block that do (a block of 1 MB of x at K > 2,048 has <= 8)
-#define W_CHUNK_BYTES (2 << 20)  // of a thread's pairs that x's blocks take in turn (0.5-8 MB: even)
+#define W_CHUNK_BYTES (2 << 20)  // of a thread's pairs x's blocks take in turn (0.5-8 MB: even)
 #define PARTS 3                    // bfloat16 parts of a float32 x
 
 typedef struct {
@@ -235,6 +239,35 @@ static void configure_rows(int rows) {
   load_tile_config(&cfg);
 }
 
+// Pair q against every group of x's rows [m0, m1) (the last one partial), the tiles configured
+// for each group's rows as they come (configured: the rows they are configured for), asking for
+// pair next (< 0: none) while it streams in.
+static void block_pair(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
+                       int64_t panels, int64_t panel, int64_t m0, int64_t m1, int64_t q,
+                       int64_t next, float *acc, float *c, int *configured) {
+  const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
+  const int tail = (int)(m1 - full_end);
+  const int full = (int)((full_end - m0) / 32), groups = full + (tail > 0);
+  // Several groups take a pair a slice of k at a time (one slice: the whole of k).
+  const int sliced = groups > 1 && groups <= SLICE_GROUPS;
+  const int64_t steps = o->k / KB, slice = sliced ? SLICE_STEPS : steps;
+  const int64_t slices = (steps + slice - 1) / slice;
+  // The (slice, group) calls of a pair, each asking its share of the next pair (0: none).
+  const int calls = m1 - m0 >= PF_MIN_ROWS ? groups * (int)slices : 0;
+  for (int64_t sl = 0; sl < slices; sl++) {
+    const int64_t k0 = sl * slice, k1 = k0 + slice < steps ? k0 + slice : steps;
+    if (full_end > m0 && *configured != 32) configure_rows(32), *configured = 32;
+    for (int g = 0; g < full; g++)
+      pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, panels, panel, q, next,
+                k0, k1, acc + g * 1024, m0 + 32 * g, (int)sl * groups + g, calls, 32, c);
+    if (tail) {
+      if (*configured != tail) configure_rows(tail), *configured = tail;
+      pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, panels, panel, q, next, k0,
+                k1, acc + full * 1024, full_end, (int)sl * groups + full, calls, tail, c);
+    }
+  }
+}
+
 // y rows [0, m) for x's rows (their parts o->part_stride apart) in blocks of block_rows.
 static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
                        int64_t m, int64_t block_rows, int num_threads) {
@@ -242,6 +275,9 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
   const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
   int threads = num_threads < 1 ? 1 : num_threads;
   if (threads > pairs) threads = (int)pairs;
+  if (threads > GEMM_MAX_THREADS) threads = GEMM_MAX_THREADS;
+  uint64_t shares[GEMM_MAX_THREADS];
+  gemm_shares(shares, pairs, threads);
 #pragma omp parallel num_threads(threads)
   {
     GEMM_THREAD_IDS;
@@ -249,41 +285,28 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
     float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
     float acc[SLICE_GROUPS * 4 * 16 * NR] __attribute__((aligned(64)));  // each group's 4 tiles
     int configured = -1;  // rows the tiles are configured for
-    // Where x takes several blocks, they all take a chunk of the thread's pairs before the next
-    // chunk: a pair comes from memory once, for the first block, and from L3 for the others.
-    const int64_t chunk = m > block_rows ? W_CHUNK_BYTES / pair_bytes + 1 : q1 - q0;
-    for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
-      const int64_t c1 = c0 + chunk < q1 ? c0 + chunk : q1;
-      for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
-        const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-        // Each pair serves every group of the block, the last one partial, while the next
-        // pair streams in.
-        const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
-        const int tail = (int)(m1 - full_end);
-        const int full = (int)((full_end - m0) / 32), groups = full + (tail > 0);
-        // Several groups take a pair a slice of k at a time (one slice: the whole of k).
-        const int sliced = groups > 1 && groups <= SLICE_GROUPS;
-        const int64_t steps = o->k / KB, slice = sliced ? SLICE_STEPS : steps;
-        const int64_t slices = (steps + slice - 1) / slice;
-        // The (slice, group) calls of a pair, each asking its share of the next pair (0: none).
-        const int calls = m1 - m0 >= PF_MIN_ROWS ? groups * (int)slices : 0;
-        for (int64_t q = c0; q < c1; q++) {
-          // The pair read after q: the chunk's next, its first for the next block, or the
-          // next chunk's first.
-          const int64_t next = q + 1 < c1 ? q + 1 : m1 < m ? c0 : c1 < q1 ? c1 : -1;
-          for (int64_t sl = 0; sl < slices; sl++) {
-            const int64_t k0 = sl * slice, k1 = k0 + slice < steps ? k0 + slice : steps;
-            if (full_end > m0 && configured != 32) configure_rows(32), configured = 32;
-            for (int g = 0; g < full; g++)
-              pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, panels, panel,
-                        q, next, k0, k1, acc + g * 1024, m0 + 32 * g, (int)sl * groups + g,
-                        calls, 32, c);
-            if (tail) {
-              if (configured != tail) configure_rows(tail), configured = tail;
-              pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, panels, panel, q,
-                        next, k0, k1, acc + full * 1024, full_end, (int)sl * groups + full,
-                        calls, tail, c);
-            }
+    if (m <= block_rows && nt == threads) {
+      // One block: the thread's own pairs from the front, then the others' from their backs.
+      for (int u = 0; u < nt; u++) {
+        uint64_t *share = &shares[(t + u) % nt];
+        for (int64_t q; (q = gemm_take(share, u > 0)) >= 0;)
+          block_pair(o, x, ldx, w_packed, panels, panel, 0, m, q, gemm_after(share, u > 0), acc,
+                     c, &configured);
+      }
+    } else {
+      // Where x takes several blocks, they all take a chunk of the thread's pairs before the
+      // next chunk: a pair comes from memory once, for the first block, and from L3 for the
+      // others.
+      const int64_t chunk = m > block_rows ? W_CHUNK_BYTES / pair_bytes + 1 : q1 - q0;
+      for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
+        const int64_t c1 = c0 + chunk < q1 ? c0 + chunk : q1;
+        for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
+          const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
+          for (int64_t q = c0; q < c1; q++) {
+            // The pair read after q: the chunk's next, its first for the next block, or the
+            // next chunk's first.
+            const int64_t next = q + 1 < c1 ? q + 1 : m1 < m ? c0 : c1 < q1 ? c1 : -1;
+            block_pair(o, x, ldx, w_packed, panels, panel, m0, m1, q, next, acc, c, &configured);
           }
         }
       }

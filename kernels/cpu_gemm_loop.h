@@ -14,10 +14,46 @@ static inline int64_t gemm_block_rows(int64_t x_block_bytes, int64_t row_bytes, 
   return fit > tile_rows ? fit : tile_rows;
 }
 
-// Runs the statements after it for each unit q of this thread's share and rows [m0, m1) of x,
-// on at most num_threads threads (one per unit at most). Where x takes several blocks, every
-// block takes a chunk of the thread's units (GEMM_CHUNK_BYTES of W) before the next chunk, so a
-// unit comes from memory once and from L3 for the later blocks, where W is more than L3 keeps
+// A thread's share of W's units in a call of one block of x (a decode batch): [front, back)
+// packed in one word, its owner taking units from the front and a thread done with its own from
+// the back, one at a time (compare-and-swap: each unit goes to one thread, and a unit's outputs
+// do not depend on which), so that the threads end together however their speeds differ on a
+// shared machine.
+#define GEMM_MAX_THREADS 256
+static inline uint64_t gemm_share(int64_t front, int64_t back) {
+  return (uint64_t)front | (uint64_t)back << 32;
+}
+
+// Equal contiguous shares of units for threads threads.
+static inline void gemm_shares(uint64_t *shares, int64_t units, int threads) {
+  for (int t = 0; t < threads; t++)
+    shares[t] = gemm_share(units * t / threads, units * (t + 1) / threads);
+}
+
+// The unit taken from share's front (from_back 0) or back, or -1 where none is left.
+static inline int64_t gemm_take(uint64_t *share, int from_back) {
+  uint64_t old = __atomic_load_n(share, __ATOMIC_RELAXED);
+  for (;;) {
+    const int64_t front = (uint32_t)old, back = (uint32_t)(old >> 32);
+    if (front >= back) return -1;
+    const uint64_t taken = from_back ? gemm_share(front, back - 1) : gemm_share(front + 1, back);
+    if (__atomic_compare_exchange_n(share, &old, taken, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      return from_back ? back - 1 : front;
+  }
+}
+
+// The unit the thread taking from share's front (or back) would take next, or -1 for none.
+static inline int64_t gemm_after(const uint64_t *share, int from_back) {
+  const uint64_t now = __atomic_load_n(share, __ATOMIC_RELAXED);
+  const int64_t front = (uint32_t)now, back = (uint32_t)(now >> 32);
+  return front >= back ? -1 : from_back ? back - 1 : front;
+}
+
+// Runs the statements after it for each unit q and rows [m0, m1) of x, on at most num_threads
+// threads (one per unit at most). x of one block: each thread takes its share's units, then the
+// others' (see gemm_take). x of several blocks: each thread takes its share, every block taking
+// a chunk of the share's units (GEMM_CHUNK_BYTES of W) before the next chunk, so a unit comes
+// from memory once and from L3 for the later blocks, where W is more than L3 keeps
 // (Llama-3-8B's gate/up: 235 MB). q_next: the unit read after q (-1: none), for a kernel that
 // asks for it ahead.
 #define GEMM_CHUNK_BYTES (2 << 20)
@@ -30,18 +66,34 @@ static inline int64_t gemm_block_rows(int64_t x_block_bytes, int64_t row_bytes, 
   do {                                                                                       \
     int threads_ = (num_threads) < 1 ? 1 : (num_threads);                                    \
     if (threads_ > (units)) threads_ = (int)(units);                                         \
+    if (threads_ > GEMM_MAX_THREADS) threads_ = GEMM_MAX_THREADS;                            \
+    uint64_t shares_[GEMM_MAX_THREADS];                                                      \
+    gemm_shares(shares_, (units), threads_);                                                 \
     _Pragma("omp parallel num_threads(threads_)") {                                          \
       GEMM_THREAD_IDS;                                                                       \
       const int64_t q0 = (units) * t / nt, q1 = (units) * (t + 1) / nt;                      \
-      const int64_t chunk_ = (m) > (block_rows) ? GEMM_CHUNK_BYTES / (unit_bytes) + 1 : q1 - q0; \
-      for (int64_t c0_ = q0; c0_ < q1; c0_ += chunk_) {                                      \
-        const int64_t c1_ = c0_ + chunk_ < q1 ? c0_ + chunk_ : q1;                           \
-        for (int64_t m0 = 0; m0 < (m); m0 += (block_rows)) {                                 \
-          const int64_t m1 = m0 + (block_rows) < (m) ? m0 + (block_rows) : (m);              \
-          for (int64_t q = c0_; q < c1_; q++) {                                              \
-            const int64_t q_next = q + 1 < c1_ ? q + 1 : m1 < (m) ? c0_ : c1_ < q1 ? c1_ : -1; \
-            (void)q_next;                                                                    \
+      if ((m) <= (block_rows) && nt == threads_) {                                           \
+        const int64_t m0 = 0, m1 = (m);                                                      \
+        for (int u_ = 0; u_ < nt; u_++) {                                                    \
+          uint64_t *share_ = &shares_[(t + u_) % nt];                                        \
+          for (int64_t q; (q = gemm_take(share_, u_ > 0)) >= 0;) {                           \
+            const int64_t q_next = gemm_after(share_, u_ > 0);                               \
+            (void)q_next, (void)m0, (void)m1;                                                \
             __VA_ARGS__                                                                      \
+          }                                                                                  \
+        }                                                                                    \
+      } else {                                                                               \
+        const int64_t chunk_ = (m) > (block_rows) ? GEMM_CHUNK_BYTES / (unit_bytes) + 1 : 1;  \
+        for (int64_t c0_ = q0; c0_ < q1; c0_ += chunk_) {                                    \
+          const int64_t c1_ = c0_ + chunk_ < q1 ? c0_ + chunk_ : q1;                         \
+          for (int64_t m0 = 0; m0 < (m); m0 += (block_rows)) {                               \
+            const int64_t m1 = m0 + (block_rows) < (m) ? m0 + (block_rows) : (m);            \
+            for (int64_t q = c0_; q < c1_; q++) {                                            \
+              const int64_t q_next =                                                         \
+                  q + 1 < c1_ ? q + 1 : m1 < (m) ? c0_ : c1_ < q1 ? c1_ : -1;                \
+              (void)q_next;                                                                  \
+              __VA_ARGS__                                                                    \
+            }                                                                                \
           }                                                                                  \
         }                                                                                    \
       }                                                                                      \
