@@ -20,7 +20,9 @@
 // row tiles at a time (four B tiles, four float32 C tiles of 16 columns by 16 rows). A panel's k
 // steps are dequantized AHEAD steps before their tile steps, into a small ring (or, where a pass
 // has more than four row tiles, into keep, which its other row tiles then read), so W's integers
-// stream in by ordinary loads, which do not wait on the tiles.
+// stream in by ordinary loads, which do not wait on the tiles. Prompts
+// (linear_quant_bf16_amx_dense) run the dense kernel's passes (amx_gemm.h) over the weight
+// dequantized a chunk at a time.
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
 //
@@ -36,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx_gemm.h"
 #include "amx_tiles.h"
 #include "cpu_gemm_loop.h"
 
@@ -294,28 +297,79 @@ static inline __attribute__((always_inline)) void panel_steps(
   }
 }
 
-// The whole weight dequantized into cpu_gemm_bf16's panels at out ([ceil(n / 16)][k / 2][16][2]
-// bfloat16, the same values the tiles above take), for prompt-sized batches, which the dense AMX
-// kernel's 2 x 2 tiles then run faster than the tile steps here. Returns 0, or 1 for a bad group.
+// Panel p of the weight dequantized into cpu_gemm_bf16's layout at out ([k / 2][16][2] bfloat16,
+// the same values the tiles above take).
+static void unpack_panel(uint16_t *out, const uint8_t *w_packed, const Shape *s, int64_t p,
+                         int64_t k) {
+  uint16_t a[TILE_BYTES / 2] __attribute__((aligned(64)));
+  __m512i rows[16], t[16];
+  Cursor at = {.group = w_packed + p * s->panel_bytes, .c = 0};
+  for (int64_t ks = 0; ks < k / KB; ks++) {
+    dequantize_next(s, &at, a);
+    for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
+    transpose16(rows, t);  // a column's k pairs -> a k pair's columns
+    uint16_t *dst = out + ks * (TILE_BYTES / 2);
+    for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(dst + i * 32), t[i]);
+  }
+}
+
+// The whole weight dequantized into cpu_gemm_bf16's panels at out ([ceil(n / 16)][k / 2][16][2]).
+// Returns 0, or 1 for a bad group.
 int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, int64_t k,
                              int bits, int64_t group, int has_mins, int num_threads) {
   if (!valid(k, bits, group)) return 1;
   const Shape s = shape_of(k, bits, group, has_mins);
-  const int64_t steps = k / KB, panels = (n + NR - 1) / NR;
+  const int64_t panels = (n + NR - 1) / NR;
 #pragma omp parallel for num_threads(num_threads < 1 ? 1 : num_threads) schedule(static)
-  for (int64_t p = 0; p < panels; p++) {
-    uint16_t a[TILE_BYTES / 2] __attribute__((aligned(64)));
-    __m512i rows[16], t[16];
-    Cursor at = {.group = w_packed + p * s.panel_bytes, .c = 0};
-    for (int64_t ks = 0; ks < steps; ks++) {
-      dequantize_next(&s, &at, a);
-      for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
-      transpose16(rows, t);  // a column's k pairs -> a k pair's columns
-      uint16_t *dst = out + (p * steps + ks) * (TILE_BYTES / 2);
-      for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(dst + i * 32), t[i]);
-    }
-  }
+  for (int64_t p = 0; p < panels; p++) unpack_panel(out + p * (k / 2 * NR * 2), w_packed, &s, p, k);
   return 0;
+}
+
+// y [m, n] (rows ldy apart) for prompt-sized x, which the dense AMX passes (amx_gemm.h) run
+// faster than the tile steps here: each thread dequantizes a chunk of its pairs of panels
+// (W_CHUNK_BYTES) into panels of its own and every block of x takes them from there, so the
+// dequantized weight never goes to memory; the dense path's bits (the same values, the same
+// passes). Returns 0; 1 for bits or a group it does not take; 3 where Linux grants no tiles; 4
+// where no scratch memory is to be had.
+int linear_quant_bf16_amx_dense(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,
+                                const uint8_t *w_packed, const uint16_t *bias, int64_t m,
+                                int64_t n, int64_t k, int bits, int64_t group, int has_mins,
+                                int num_threads) {
+  if (!valid(k, bits, group)) return 1;
+  if (request_tiles()) return 3;
+  const Shape s = shape_of(k, bits, group, has_mins);
+  const Out o = {y, bias, NULL, NULL, n, k, ldy, 0};
+  const int64_t block_rows = block_rows_for(m, k * (int64_t)sizeof(uint16_t), k);
+  const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
+  const int64_t chunk = W_CHUNK_BYTES / (2 * panel * (int64_t)sizeof(uint16_t)) + 1;
+  int threads = num_threads < 1 ? 1 : num_threads, status = 0;
+  if (threads > pairs) threads = (int)pairs;
+#pragma omp parallel num_threads(threads) reduction(| : status)
+  {
+    GEMM_THREAD_IDS;
+    const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
+    float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
+    float acc[SLICE_GROUPS * 4 * 16 * NR] __attribute__((aligned(64)));  // each group's 4 tiles
+    int configured = -1;  // rows the tiles are configured for
+    uint16_t *w = aligned_alloc(64, (size_t)(2 * chunk * panel) * sizeof(uint16_t));
+    status = w == NULL ? 4 : 0;
+    for (int64_t c0 = q0; c0 < q1 && w != NULL; c0 += chunk) {
+      const int64_t c1 = c0 + chunk < q1 ? c0 + chunk : q1;
+      const int64_t p1 = 2 * c1 < panels ? 2 * c1 : panels;
+      for (int64_t p = 2 * c0; p < p1; p++)
+        unpack_panel(w + (p - 2 * c0) * panel, w_packed, &s, p, k);
+      for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
+        const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
+        for (int64_t q = c0; q < c1; q++) {
+          const int64_t next = q + 1 < c1 ? q + 1 : m1 < m ? c0 : -1;  // the chunk's pairs only
+          block_pair(&o, x, ldx, w, c0, panels, panel, m0, m1, q, next, acc, c, &configured);
+        }
+      }
+    }
+    free(w);
+    _tile_release();
+  }
+  return status;
 }
 
 // Returns 0; 1 for bits or a group it does not take (a group is a multiple of 32, so k is); 3

@@ -20,12 +20,10 @@ SOURCE = "cpu_gemm_quant_bf16.c"
 EXTRA_FLAGS = ("-ffp-contract=off",)  # a dequantized weight's product and sum round apart
 PANEL_WIDTH = 16  # NR in the source
 K_MULTIPLE = 32  # k a tile step
-# Rows from which the weight is dequantized whole into the dense kernel's panels and that kernel
-# runs (its 2 x 2 tiles beat the tile steps here on prompts; SmolLM2's and Llama-3.2-1B's shapes,
+# Rows from which the dense kernel's passes run over the weight dequantized a chunk at a time
+# (their 2 x 2 tiles beat the tile steps here on prompts; SmolLM2's and Llama-3.2-1B's shapes,
 # 2 threads of a Sapphire Rapids-class Xeon: 0.73-0.94x at 256-1,024 rows, 1.0-1.7x up to 64).
 DENSE_MIN_ROWS = 512
-DENSE_SCRATCH_BYTES = 64 << 20  # the dense panels a run of columns takes at most
-_scratch: list[torch.Tensor] = []  # the dense panels' scratch, grown as needed, kept
 
 
 @functools.cache
@@ -37,6 +35,21 @@ def _library() -> SimpleNamespace:
         {
             "pack_weight_quant_bf16": [p, p, p, p, i64, i64, i32, i64],
             "linear_quant_bf16_amx": [p, i64, p, i64, p, p, i64, i64, i64, i32, i64, i32, i32],
+            "linear_quant_bf16_amx_dense": [
+                p,
+                i64,
+                p,
+                i64,
+                p,
+                p,
+                i64,
+                i64,
+                i64,
+                i32,
+                i64,
+                i32,
+                i32,
+            ],
             "unpack_weight_quant_bf16": [p, p, i64, i64, i32, i64, i32, i32],
         },
     )
@@ -124,13 +137,13 @@ def linear(
         if bias.dtype != torch.bfloat16 or bias.shape != (out_features,):
             raise ValueError(f"bias must be bfloat16 [{out_features}]")
         bias = bias.contiguous()  # held: the C call reads it
-    if m >= DENSE_MIN_ROWS:
-        y = _dense_linear(rows, packed, bias, out_features, bits, group_size, has_mins, out)
-        return output_of(y, x, out, out_features)
     y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
     assert y.dtype == torch.bfloat16 and y.stride(-1) == 1 and y.shape[0] == m, y.shape
     if m:
-        status = lib.linear_quant_bf16_amx(
+        entry = (
+            lib.linear_quant_bf16_amx_dense if m >= DENSE_MIN_ROWS else lib.linear_quant_bf16_amx
+        )
+        status = entry(
             y.data_ptr(),
             y.stride(0),
             rows.data_ptr(),
@@ -146,53 +159,5 @@ def linear(
             torch.get_num_threads(),
         )
         if status != 0:
-            raise RuntimeError(f"linear_quant_bf16_amx failed with status {status}")
+            raise RuntimeError(f"the quantized bfloat16 matmul failed with status {status}")
     return output_of(y, x, out, out_features)
-
-
-def _dense_linear(
-    rows: torch.Tensor,
-    packed: torch.Tensor,
-    bias: torch.Tensor | None,
-    out_features: int,
-    bits: int,
-    group_size: int,
-    has_mins: bool,
-    out: torch.Tensor | None,
-) -> torch.Tensor:
-    """linear() for prompt-sized batches: the weight dequantized into cpu_gemm_bf16's panels a
-    run of output columns at a time (at most DENSE_SCRATCH_BYTES of them, in a kept scratch),
-    each run computed by the dense kernel into its columns of y."""
-    m, k = rows.shape
-    lib = _library()
-    panel_bytes = lib.panel_bytes(k, bits, group_size, has_mins)
-    run = max(PANEL_WIDTH, DENSE_SCRATCH_BYTES // (2 * k) // PANEL_WIDTH * PANEL_WIDTH)
-    y = out  # None: the dense kernel's own output, where one run takes every column
-    if y is None and run < out_features:
-        y = torch.empty(m, out_features, dtype=torch.bfloat16)
-    for start in range(0, out_features, run):
-        width = min(run, out_features - start)
-        numel = cpu_gemm_bf16.packed_numel(width, k)
-        if not _scratch or _scratch[0].numel() < numel:
-            _scratch[:] = [torch.empty(numel, dtype=torch.int16)]
-        dense = _scratch[0][:numel]
-        first = start // PANEL_WIDTH * panel_bytes
-        status = lib.unpack_weight_quant_bf16(
-            dense.data_ptr(),
-            packed.data_ptr() + first,
-            width,
-            k,
-            bits,
-            group_size,
-            has_mins,
-            torch.get_num_threads(),
-        )
-        assert status == 0, status
-        b = None if bias is None else bias[start : start + width]
-        part = cpu_gemm_bf16.linear(rows, dense, b, width)
-        if y is None:
-            y = part
-        else:
-            y[:, start : start + width] = part
-    assert y is not None
-    return y

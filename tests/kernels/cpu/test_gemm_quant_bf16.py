@@ -53,12 +53,10 @@ def run(x, qw, bias=None, out=None):
     return cpu_gemm_quant_bf16.linear(x, packed, bias, *args, out=out)
 
 
-@pytest.fixture(params=["tile steps", "dense from 100 rows", "dense in runs of 32 columns"])
+@pytest.fixture(params=["tile steps", "dense from 100 rows"])
 def dense_min_rows(request, monkeypatch):
     if request.param != "tile steps":
         monkeypatch.setattr(cpu_gemm_quant_bf16, "DENSE_MIN_ROWS", 100)
-    if request.param == "dense in runs of 32 columns":
-        monkeypatch.setattr(cpu_gemm_quant_bf16, "DENSE_SCRATCH_BYTES", 32 * 2 * 256)
 
 
 @pytest.mark.parametrize("group,k", [(32, 576), (64, 192), (128, 256)])
@@ -87,6 +85,17 @@ def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(bits):
         assert torch.equal(run(x[-rows:], qw), full[-rows:])
     assert torch.equal(run(x.contiguous(), qw), full)
     assert torch.equal(full, dense_reference(x, qw, None))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_prompt_rows_over_several_chunks_and_blocks_keep_the_dense_bits(bits):
+    """A prompt's rows (600: blocks of 256, 256 and 88 at K = 2,048) take each thread's pairs a
+    chunk (2 MB dequantized: 17 pairs) at a time, every block in turn (2,600 columns, the last
+    panel partial: 82 pairs, several chunks a thread)."""
+    qw = random_weight(2600, 2048, 128, True, seed=6, bits=bits)
+    x = torch.randn(600, 2048).bfloat16()
+    bias = torch.randn(2600).bfloat16()
+    assert torch.equal(run(x, qw, bias), dense_reference(x, qw, bias))
 
 
 @pytest.mark.usefixtures("dense_min_rows")
