@@ -15,15 +15,16 @@
 // configured for its rows and again for 32 at the next pair: at 33-61 rows 7-9 % faster (K =
 // 2,048) than a second pass of the partial group over W from L2. A pair is read from memory once
 // a block, so a decode batch reads W once. Where x takes several blocks, every block takes a
-// chunk of the thread's pairs (W_CHUNK_BYTES) before the next chunk, so a pair comes from memory
-// once and from L3 for the later blocks: at 1,600 rows Llama-3-8B's gate/up (K 4,096, N 28,672,
-// 235 MB, past what L3 kept of it) 1.3x, down 1.13x; weights L3 kept anyway as fast as before.
+// chunk of the thread's pairs (GEMM_CHUNK_BYTES; 0.5-8 MB alike) before the next chunk, so a pair
+// comes from memory once and from L3 for the later blocks: at 1,600 rows Llama-3-8B's gate/up (K
+// 4,096, N 28,672, 235 MB, past what L3 kept of it) 1.3x, down 1.13x; weights L3 kept anyway as
+// fast as before.
 // In a call of one block (a decode batch) a thread that is done with its own pairs takes the
 // others' from their ends (gemm_take), so a core slowed by another process does not hold the
 // call: with a busy loop on one of the two cores, 1.1-2.5x at 16-64 rows; on a quiet machine as
-// fast as equal shares. A decode batch of up to BATCH_ROWS rows is one block
-// where x fits X_BATCH_BYTES and a pair W_PAIR_BYTES: at K = 8,192, 96-128 rows read W once, not
-// twice (3-15 % faster, cold). (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x faster on
+// fast as equal shares. A decode batch of up to BATCH_ROWS rows is one block where x fits
+// X_BATCH_BYTES and a pair W_PAIR_BYTES: at K = 8,192, 96-128 rows read W once, not twice (3-15 %
+// faster, cold). (At 4,096 rows oneDNN's AMX kernels are still 1.0-1.3x faster on
 // SmolLM2's shapes; at decode batches this one is.) Where a block has several groups, they take
 // a pair SLICE_STEPS k steps at a time, each group's sums stored and reloaded between slices (k in
 // the same order: the same bits), so the later groups find the slice still in L2: at K = 8,192
@@ -64,7 +65,6 @@
 #define PF_MIN_ROWS 17             // rows of a pass from which it asks (fewer: the stream alone)
 #define SLICE_STEPS 64  // k steps of a pair that its groups take in turn (K = 2,048: 128 KB)
 #define SLICE_GROUPS 8  // groups of a block that do (a block of 1 MB of x at K > 2,048 has <= 8)
-#define W_CHUNK_BYTES (2 << 20)  // of a thread's pairs x's blocks take in turn (0.5-8 MB: even)
 #define PARTS 3                    // bfloat16 parts of a float32 x
 
 typedef struct {
@@ -200,17 +200,17 @@ static inline __attribute__((always_inline)) void pair_tiles(
     tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 1, 1, P);
 }
 
-// y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q from a, x's row r,
-// lda elements between rows and pstride between parts, over k steps [k0, k1) (sums between
-// slices in acc). This is call `group` of the `groups` (slices times groups of rows) that read
-// the pair in turn: it asks its share of pair `next`, the one read after it, into L2, so that W
-// streams in while the tiles work (a tile load that waits on memory holds every later tile
-// instruction, and prefetches bunched behind one wait with it). groups 0 or next < 0: none asks.
+// y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q (its panels 2 (q -
+// wq) panels on from w_packed) from a, x's row r, lda elements between rows and pstride between
+// parts, over k steps [k0, k1) (sums between slices in acc). This is call `group` of the
+// `groups` (slices times groups of rows) that read the pair in turn: it asks its share of pair
+// `next`, the one read after it, into L2, so that W streams in while the tiles work (a tile load
+// that waits on memory holds every later tile instruction, and prefetches bunched behind one
+// wait with it). groups 0 or next < 0: none asks.
 static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64_t pstride,
                              const uint16_t *w_packed, int64_t wq, int64_t panels, int64_t panel,
-                             int64_t q,
-                             int64_t next, int64_t k0, int64_t k1, float *acc, int64_t r,
-                             int group, int groups, int rows, float *c) {
+                             int64_t q, int64_t next, int64_t k0, int64_t k1, float *acc,
+                             int64_t r, int group, int groups, int rows, float *c) {
   const int gb = panels - 2 * q < 2 ? 1 : 2;
   const uint16_t *b0 = w_packed + 2 * (q - wq) * panel;
   const int64_t col = 2 * q * NR;
@@ -278,45 +278,17 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
                        int64_t m, int64_t block_rows, int num_threads) {
   const int64_t panels = (o->n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = o->k / 2 * NR * 2;
   const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
-  int threads = num_threads < 1 ? 1 : num_threads;
-  if (threads > pairs) threads = (int)pairs;
-  if (threads > GEMM_MAX_THREADS) threads = GEMM_MAX_THREADS;
+  const int threads = gemm_threads(num_threads, pairs);
   uint64_t shares[GEMM_MAX_THREADS];
   gemm_shares(shares, pairs, threads);
 #pragma omp parallel num_threads(threads)
   {
-    GEMM_THREAD_IDS;
-    const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
     float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
     float acc[SLICE_GROUPS * 4 * 16 * NR] __attribute__((aligned(64)));  // each group's 4 tiles
     int configured = -1;  // rows the tiles are configured for
-    if (m <= block_rows && nt == threads) {
-      // One block: the thread's own pairs from the front, then the others' from their backs.
-      for (int u = 0; u < nt; u++) {
-        uint64_t *share = &shares[(t + u) % nt];
-        for (int64_t q; (q = gemm_take(share, u > 0)) >= 0;)
-          block_pair(o, x, ldx, w_packed, 0, panels, panel, 0, m, q, gemm_after(share, u > 0), acc,
-                     c, &configured);
-      }
-    } else {
-      // Where x takes several blocks, they all take a chunk of the thread's pairs before the
-      // next chunk: a pair comes from memory once, for the first block, and from L3 for the
-      // others.
-      const int64_t chunk = m > block_rows ? W_CHUNK_BYTES / pair_bytes + 1 : q1 - q0;
-      for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
-        const int64_t c1 = c0 + chunk < q1 ? c0 + chunk : q1;
-        for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
-          const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-          for (int64_t q = c0; q < c1; q++) {
-            // The pair read after q: the chunk's next, its first for the next block, or the
-            // next chunk's first.
-            const int64_t next = q + 1 < c1 ? q + 1 : m1 < m ? c0 : c1 < q1 ? c1 : -1;
-            block_pair(o, x, ldx, w_packed, 0, panels, panel, m0, m1, q, next, acc, c,
-                       &configured);
-          }
-        }
-      }
-    }
+    GEMM_UNITS(pairs, pair_bytes, m, block_rows, shares, threads, (void)0, {
+      block_pair(o, x, ldx, w_packed, 0, panels, panel, m0, m1, q, q_next, acc, c, &configured);
+    });
     _tile_release();
   }
 }

@@ -49,53 +49,67 @@ static inline int64_t gemm_after(const uint64_t *share, int from_back) {
   return front >= back ? -1 : from_back ? back - 1 : front;
 }
 
-// Runs the statements after it for each unit q and rows [m0, m1) of x, on at most num_threads
-// threads (one per unit at most). x of one block: each thread takes its share's units, then the
-// others' (see gemm_take). x of several blocks: each thread takes its share, every block taking
-// a chunk of the share's units (GEMM_CHUNK_BYTES of W) before the next chunk, so a unit comes
-// from memory once and from L3 for the later blocks, where W is more than L3 keeps
-// (Llama-3-8B's gate/up: 235 MB). q_next: the unit read after q (-1: none), for a kernel that
-// asks for it ahead.
+// Threads a call over units takes: num_threads (one at least), one per unit at most.
+static inline int gemm_threads(int num_threads, int64_t units) {
+  int threads = num_threads < 1 ? 1 : num_threads;
+  if (threads > units) threads = (int)units;
+  return threads > GEMM_MAX_THREADS ? GEMM_MAX_THREADS : threads;
+}
+
 #define GEMM_CHUNK_BYTES (2 << 20)
 #ifdef _OPENMP
 #define GEMM_THREAD_IDS const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads()
 #else
 #define GEMM_THREAD_IDS const int64_t t = 0, nt = 1
 #endif
-#define GEMM_THREAD_LOOP(num_threads, units, unit_bytes, m, block_rows, ...)                   \
+
+// Inside a parallel region of `threads` threads (shares from gemm_shares): runs the statements
+// after it for each unit q this thread takes and rows [m0, m1) of x. x of one block: the thread
+// takes its share's units, then the others' (see gemm_take). x of several blocks: it takes its
+// share, every block taking a chunk of the share's units (GEMM_CHUNK_BYTES of W) before the next
+// chunk, so a unit comes from memory once and from L3 for the later blocks, where W is more than
+// L3 keeps (Llama-3-8B's gate/up: 235 MB). CHUNK, an expression, runs as each chunk of units
+// [chunk0, chunk1) begins (one unit taken from a share is a chunk of its own). q_next: the unit
+// read after q (-1: none), for a kernel that asks for it ahead.
+#define GEMM_UNITS(units, unit_bytes, m, block_rows, shares, threads, CHUNK, ...)             \
   do {                                                                                       \
-    int threads_ = (num_threads) < 1 ? 1 : (num_threads);                                    \
-    if (threads_ > (units)) threads_ = (int)(units);                                         \
-    if (threads_ > GEMM_MAX_THREADS) threads_ = GEMM_MAX_THREADS;                            \
-    uint64_t shares_[GEMM_MAX_THREADS];                                                      \
-    gemm_shares(shares_, (units), threads_);                                                 \
-    _Pragma("omp parallel num_threads(threads_)") {                                          \
-      GEMM_THREAD_IDS;                                                                       \
-      const int64_t q0 = (units) * t / nt, q1 = (units) * (t + 1) / nt;                      \
-      if ((m) <= (block_rows) && nt == threads_) {                                           \
-        const int64_t m0 = 0, m1 = (m);                                                      \
-        for (int u_ = 0; u_ < nt; u_++) {                                                    \
-          uint64_t *share_ = &shares_[(t + u_) % nt];                                        \
-          for (int64_t q; (q = gemm_take(share_, u_ > 0)) >= 0;) {                           \
-            const int64_t q_next = gemm_after(share_, u_ > 0);                               \
-            (void)q_next, (void)m0, (void)m1;                                                \
-            __VA_ARGS__                                                                      \
-          }                                                                                  \
+    GEMM_THREAD_IDS;                                                                         \
+    if ((m) <= (block_rows) && nt == (threads)) {                                            \
+      const int64_t m0 = 0, m1 = (m);                                                        \
+      for (int u_ = 0; u_ < nt; u_++) {                                                      \
+        uint64_t *share_ = &(shares)[(t + u_) % nt];                                         \
+        for (int64_t q; (q = gemm_take(share_, u_ > 0)) >= 0;) {                             \
+          const int64_t chunk0 = q, chunk1 = q + 1, q_next = gemm_after(share_, u_ > 0);     \
+          (void)chunk0, (void)chunk1, (void)q_next, (void)m0, (void)m1;                      \
+          CHUNK;                                                                             \
+          __VA_ARGS__                                                                        \
         }                                                                                    \
-      } else {                                                                               \
-        const int64_t chunk_ = (m) > (block_rows) ? GEMM_CHUNK_BYTES / (unit_bytes) + 1 : 1;  \
-        for (int64_t c0_ = q0; c0_ < q1; c0_ += chunk_) {                                    \
-          const int64_t c1_ = c0_ + chunk_ < q1 ? c0_ + chunk_ : q1;                         \
-          for (int64_t m0 = 0; m0 < (m); m0 += (block_rows)) {                               \
-            const int64_t m1 = m0 + (block_rows) < (m) ? m0 + (block_rows) : (m);            \
-            for (int64_t q = c0_; q < c1_; q++) {                                            \
-              const int64_t q_next =                                                         \
-                  q + 1 < c1_ ? q + 1 : m1 < (m) ? c0_ : c1_ < q1 ? c1_ : -1;                \
-              (void)q_next;                                                                  \
-              __VA_ARGS__                                                                    \
-            }                                                                                \
+      }                                                                                      \
+    } else {                                                                                 \
+      const int64_t q0 = (units) * t / nt, q1 = (units) * (t + 1) / nt;                      \
+      const int64_t chunk_ = (m) > (block_rows) ? GEMM_CHUNK_BYTES / (unit_bytes) + 1 : 1;    \
+      for (int64_t chunk0 = q0; chunk0 < q1; chunk0 += chunk_) {                             \
+        const int64_t chunk1 = chunk0 + chunk_ < q1 ? chunk0 + chunk_ : q1;                  \
+        CHUNK;                                                                               \
+        for (int64_t m0 = 0; m0 < (m); m0 += (block_rows)) {                                 \
+          const int64_t m1 = m0 + (block_rows) < (m) ? m0 + (block_rows) : (m);              \
+          for (int64_t q = chunk0; q < chunk1; q++) {                                        \
+            const int64_t q_next =                                                           \
+                q + 1 < chunk1 ? q + 1 : m1 < (m) ? chunk0 : chunk1 < q1 ? chunk1 : -1;      \
+            (void)q_next;                                                                    \
+            __VA_ARGS__                                                                      \
           }                                                                                  \
         }                                                                                    \
       }                                                                                      \
     }                                                                                        \
+  } while (0)
+
+// GEMM_UNITS over units on at most num_threads threads of a region of its own.
+#define GEMM_THREAD_LOOP(num_threads, units, unit_bytes, m, block_rows, ...)                   \
+  do {                                                                                       \
+    const int threads_ = gemm_threads((num_threads), (units));                               \
+    uint64_t shares_[GEMM_MAX_THREADS];                                                      \
+    gemm_shares(shares_, (units), threads_);                                                 \
+    _Pragma("omp parallel num_threads(threads_)")                                            \
+        GEMM_UNITS(units, unit_bytes, m, block_rows, shares_, threads_, (void)0, __VA_ARGS__); \
   } while (0)

@@ -39,8 +39,6 @@
 #include <string.h>
 
 #include "amx_gemm.h"
-#include "amx_tiles.h"
-#include "cpu_gemm_loop.h"
 
 #define NR 16        // output columns per panel (an A tile's rows)
 #define KB 32        // k per tile step
@@ -313,21 +311,18 @@ static void unpack_panel(uint16_t *out, const uint8_t *w_packed, const Shape *s,
   }
 }
 
-// The whole weight dequantized into cpu_gemm_bf16's panels at out ([ceil(n / 16)][k / 2][16][2]).
-// Returns 0, or 1 for a bad group.
-int unpack_weight_quant_bf16(uint16_t *out, const uint8_t *w_packed, int64_t n, int64_t k,
-                             int bits, int64_t group, int has_mins, int num_threads) {
-  if (!valid(k, bits, group)) return 1;
-  const Shape s = shape_of(k, bits, group, has_mins);
-  const int64_t panels = (n + NR - 1) / NR;
-#pragma omp parallel for num_threads(num_threads < 1 ? 1 : num_threads) schedule(static)
-  for (int64_t p = 0; p < panels; p++) unpack_panel(out + p * (k / 2 * NR * 2), w_packed, &s, p, k);
-  return 0;
+// Pairs [q0, q1) of the weight's panels (n / 16 of them) dequantized into cpu_gemm_bf16's layout
+// at out, pair q0 first.
+static void unpack_pairs(uint16_t *out, const uint8_t *w_packed, const Shape *s, int64_t q0,
+                         int64_t q1, int64_t panels, int64_t k) {
+  const int64_t p1 = 2 * q1 < panels ? 2 * q1 : panels;
+  for (int64_t p = 2 * q0; p < p1; p++)
+    unpack_panel(out + (p - 2 * q0) * (k / 2 * NR * 2), w_packed, s, p, k);
 }
 
 // y [m, n] (rows ldy apart) for prompt-sized x, which the dense AMX passes (amx_gemm.h) run
-// faster than the tile steps here: each thread dequantizes a chunk of its pairs of panels
-// (W_CHUNK_BYTES) into panels of its own and every block of x takes them from there, so the
+// faster than the tile steps here: each thread dequantizes a chunk of pairs of panels
+// (GEMM_CHUNK_BYTES) into panels of its own and every block of x takes them from there, so the
 // dequantized weight never goes to memory; the dense path's bits (the same values, the same
 // passes). Returns 0; 1 for bits or a group it does not take; 3 where Linux grants no tiles; 4
 // where no scratch memory is to be had.
@@ -341,31 +336,26 @@ int linear_quant_bf16_amx_dense(uint16_t *y, int64_t ldy, const uint16_t *x, int
   const Out o = {y, bias, NULL, NULL, n, k, ldy, 0};
   const int64_t block_rows = block_rows_for(m, k * (int64_t)sizeof(uint16_t), k);
   const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
-  const int64_t chunk = W_CHUNK_BYTES / (2 * panel * (int64_t)sizeof(uint16_t)) + 1;
-  int threads = num_threads < 1 ? 1 : num_threads, status = 0;
-  if (threads > pairs) threads = (int)pairs;
+  const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
+  const int threads = gemm_threads(num_threads, pairs);
+  uint64_t shares[GEMM_MAX_THREADS];
+  gemm_shares(shares, pairs, threads);
+  int status = 0;
 #pragma omp parallel num_threads(threads) reduction(| : status)
   {
-    GEMM_THREAD_IDS;
-    const int64_t q0 = pairs * t / nt, q1 = pairs * (t + 1) / nt;
     float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
     float acc[SLICE_GROUPS * 4 * 16 * NR] __attribute__((aligned(64)));  // each group's 4 tiles
     int configured = -1;  // rows the tiles are configured for
-    uint16_t *w = aligned_alloc(64, (size_t)(2 * chunk * panel) * sizeof(uint16_t));
-    status = w == NULL ? 4 : 0;
-    for (int64_t c0 = q0; c0 < q1 && w != NULL; c0 += chunk) {
-      const int64_t c1 = c0 + chunk < q1 ? c0 + chunk : q1;
-      const int64_t p1 = 2 * c1 < panels ? 2 * c1 : panels;
-      for (int64_t p = 2 * c0; p < p1; p++)
-        unpack_panel(w + (p - 2 * c0) * panel, w_packed, &s, p, k);
-      for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
-        const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-        for (int64_t q = c0; q < c1; q++) {
-          const int64_t next = q + 1 < c1 ? q + 1 : m1 < m ? c0 : -1;  // the chunk's pairs only
-          block_pair(&o, x, ldx, w, c0, panels, panel, m0, m1, q, next, acc, c, &configured);
-        }
-      }
-    }
+    uint16_t *w = aligned_alloc(64, (size_t)(GEMM_CHUNK_BYTES / pair_bytes + 1) * pair_bytes);
+    if (w == NULL)
+      status = 4;
+    else
+      GEMM_UNITS(pairs, pair_bytes, m, block_rows, shares, threads,
+                 unpack_pairs(w, w_packed, &s, chunk0, chunk1, panels, k), {
+                   const int64_t next = q_next >= chunk0 && q_next < chunk1 ? q_next : -1;
+                   block_pair(&o, x, ldx, w, chunk0, panels, panel, m0, m1, q, next, acc, c,
+                              &configured);
+                 });
     free(w);
     _tile_release();
   }

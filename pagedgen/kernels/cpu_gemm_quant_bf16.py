@@ -30,27 +30,13 @@ DENSE_MIN_ROWS = 512
 def _library() -> SimpleNamespace:
     lib = load_amx_library(SOURCE, extra_flags=EXTRA_FLAGS)
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    linear = [p, i64, p, i64, p, p, i64, i64, i64, i32, i64, i32, i32]
     namespace = declare(
         lib,
         {
             "pack_weight_quant_bf16": [p, p, p, p, i64, i64, i32, i64],
-            "linear_quant_bf16_amx": [p, i64, p, i64, p, p, i64, i64, i64, i32, i64, i32, i32],
-            "linear_quant_bf16_amx_dense": [
-                p,
-                i64,
-                p,
-                i64,
-                p,
-                p,
-                i64,
-                i64,
-                i64,
-                i32,
-                i64,
-                i32,
-                i32,
-            ],
-            "unpack_weight_quant_bf16": [p, p, i64, i64, i32, i64, i32, i32],
+            "linear_quant_bf16_amx": linear,
+            "linear_quant_bf16_amx_dense": linear,
         },
     )
     lib.quant_bf16_panel_bytes.argtypes = [i64, i32, i64, i32]
