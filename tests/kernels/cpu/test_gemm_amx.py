@@ -10,7 +10,7 @@ import mmap
 import pytest
 import torch
 
-from pagedgen.kernels import cpu_gemm_bf16
+from pagedgen.kernels import cpu_gemm_bf16, cpu_gemm_quant_bf16
 from pagedgen.kernels.cpu_build import record_calls
 from pagedgen.kernels.cpu_features import has_amx_bf16, kernel_march
 from pagedgen.layers.linear import PAIR_PANELS_F32, PANELS, Linear
@@ -32,6 +32,12 @@ def kernels_called(x, packed, bias, n) -> tuple[torch.Tensor, list[str]]:
 def test_it_builds_and_takes_the_bfloat16_layers():
     assert cpu_gemm_bf16.amx_error() is None
     assert cpu_gemm_bf16.enabled()
+
+
+def test_the_quantized_weights_tiles_build_beside_it():
+    """cpu_gemm_quant_bf16.c shares this kernel's passes (amx_gemm.h); its tests skip where it
+    does not build, so the build is checked here, where the CPU has the tiles."""
+    assert cpu_gemm_quant_bf16.error() is None
 
 
 @pytest.mark.parametrize(

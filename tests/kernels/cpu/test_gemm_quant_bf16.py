@@ -1,7 +1,8 @@
 """The 4- and 8-bit matmul on bfloat16 tiles (kernels/cpu_gemm_quant_bf16.c) against the dense
 bfloat16 path (cpu_gemm_bf16 on AMX) over the same weight dequantized in float32 and rounded to
 bfloat16: equal to the bit, for every batch size (the tile steps up to DENSE_MIN_ROWS rows, the
-dense kernel on the weight dequantized whole from there), group, tail and stride."""
+dense kernel's passes on the weight dequantized a chunk at a time from there), group, tail and
+stride."""
 
 import pytest
 import torch
