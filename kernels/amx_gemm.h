@@ -9,16 +9,20 @@
 // tile. K must be a multiple of 32 (every tile whole); the last rows' tiles are configured with
 // as many rows as x has left.
 //
-// Threads split the panel pairs (32 columns); each takes x in blocks of up to X_BLOCK_BYTES and, in
-// a block, each of its pairs against every group of 32 rows of the block in turn, into four
-// float32 tiles (2 x 2 of 16 x 16), then against the last, partial group, with the tiles
-// configured for its rows and again for 32 at the next pair: at 33-61 rows 7-9 % faster (K =
-// 2,048) than a second pass of the partial group over W from L2. A pair is read from memory once
-// a block, so a decode batch reads W once. Where x takes several blocks, every block takes a
-// chunk of the thread's pairs (GEMM_CHUNK_BYTES; 0.5-8 MB alike) before the next chunk, so a pair
-// comes from memory once and from L3 for the later blocks: at 1,600 rows Llama-3-8B's gate/up (K
-// 4,096, N 28,672, 235 MB, past what L3 kept of it) 1.3x, down 1.13x; weights L3 kept anyway as
-// fast as before.
+// Threads split the panel pairs (32 columns). A decode batch is one block of x: each thread takes
+// each of its pairs against every group of 32 rows of the block in turn, into four float32 tiles
+// (2 x 2 of 16 x 16), then against the last, partial group, with the tiles configured for its
+// rows and again for 32 at the next pair: at 33-61 rows 7-9 % faster (K = 2,048) than a second
+// pass of the partial group over W from L2. A pair is read from memory once, for all the rows.
+// A prompt (amx_prompt: more rows than a block holds) takes each thread's pairs a chunk
+// (GEMM_CHUNK_BYTES) at a time, and the chunk in blocks of rows whose slices of k (SLICE_STEPS
+// steps, 4 KB of a bfloat16 row) hold X_SLICE_BYTES of x: a block takes the chunk a slice at a
+// time, each slice every pair of the chunk in turn and each pair every group of the block, the
+// pairs' sums kept between slices. The block's slice of x stays in L2 across the chunk's pairs and
+// a pair's slice across the block's groups, and a pair comes from memory once and from L3 for the
+// later blocks. Against blocks of 1 MB of x each taking a pair whole: K = 8,192 1.10-1.15x at
+// 200-3,072 rows, Llama-3-8B's down_proj (K = 14,336) 1.09-1.25x at 1,600, K up to 4,096 even;
+// blocks of 1 MB of slices about the same, of 2 MB 0.78-0.86x (past L2), of 256 KB 0.89-0.9x.
 // In a call of one block (a decode batch) a thread that is done with its own pairs takes the
 // others' from their ends (gemm_take), so a core slowed by another process does not hold the
 // call: with a busy loop on one of the two cores, 1.1-2.5x at 16-64 rows; on a quiet machine as
@@ -29,8 +33,9 @@
 // a pair SLICE_STEPS k steps at a time, each group's sums stored and reloaded between slices (k in
 // the same order: the same bits), so the later groups find the slice still in L2: at K = 8,192
 // (a 512 KB pair beside up to 1 MB of x) 48-96 rows 6-11 % faster; at K = 2,048 one slice.
-// Past K = 8,192, where one group of bfloat16 x would fill X_BLOCK_BYTES, blocks of SLICE_GROUPS
-// groups (x from L3) read W once for all of them: K = 14,336 1.3-1.6x at 61-1,600 rows.
+// Past K = 8,192, where one group of bfloat16 x would fill X_BLOCK_BYTES, a batch of up to
+// SLICE_GROUPS groups (x from L3) is one block, W read once for all of them: K = 14,336 1.3x at
+// 61 rows.
 // Cold W: a tile load that waits on memory holds every later tile instruction, so a pair that
 // only its first group's loads ask for streams in at their pace, and the other groups' compute
 // comes on top. Every group (each slice of it) of a pass of PF_MIN_ROWS or more therefore asks its
@@ -57,8 +62,9 @@
 #define NR 16                    // output columns per panel (a tile's float32 row)
 #define KB 32                    // k per tile
 #define TILE_ELEMS (KB * NR)     // bfloat16 elements of a B tile: 16 pairs of 16 columns
-#define X_BLOCK_BYTES (1 << 20)  // x read per pass over W
-#define X_BATCH_BYTES (2 << 20)  // ... or all of x, up to this, at up to BATCH_ROWS rows
+#define X_BLOCK_BYTES (1 << 20)    // x of one block
+#define X_BATCH_BYTES (2 << 20)    // ... or all of x, up to this, at up to BATCH_ROWS rows
+#define X_SLICE_BYTES (512 << 10)  // a prompt's block: its rows' slices of k
 #define BATCH_ROWS 128
 #define W_PAIR_BYTES (512 << 10)  // the largest pair a decode batch reads once (K = 8,192)
 #define PF_MAX_BYTES (128 << 10)  // of the next pair asked into L2 while a pair is read
@@ -114,12 +120,20 @@ static void store_tiles(const Out *o, const float *c0, const float *c1, int64_t 
   }
 }
 
-// Lines [from, min(from + count, end)) of pf asked into L2. always_inline: GCC 12 takes a
-// function that only prefetches for a const one and drops its calls.
-static inline __attribute__((always_inline)) void prefetch_lines(const char *pf, int64_t from,
-                                                                 int64_t count, int64_t end) {
-  const int64_t to = from + count < end ? from + count : end;
-  for (int64_t l = from; l < to; l++) _mm_prefetch(pf + l * 64, _MM_HINT_T1);
+// Lines of W to ask into L2: [from, to) of a run whose line l is at base + 64 l, plus gap bytes
+// from line split on (a slice of k of a pair: its steps in panel 0, then the same in panel 1).
+typedef struct {
+  const char *base;
+  int64_t from, to, split, gap;
+} Ahead;
+
+// Lines [from, min(from + count, pf.to - pf.from)) of pf's. always_inline: GCC 12 takes a function
+// that only prefetches for a const one and drops its calls.
+static inline __attribute__((always_inline)) void prefetch_lines(Ahead pf, int64_t from,
+                                                                 int64_t count) {
+  const int64_t end = pf.to - pf.from, to = from + count < end ? from + count : end;
+  for (int64_t l = pf.from + from; l < pf.from + to; l++)
+    _mm_prefetch(pf.base + l * 64, _MM_HINT_T1);
 }
 
 // y rows [r, r + rows) for the panels b0 (and b1 when GB == 2) at column col, from x's rows a,
@@ -130,7 +144,7 @@ static inline __attribute__((always_inline)) void prefetch_lines(const char *pf,
 static inline __attribute__((always_inline)) void tiles(const Out *o, const uint16_t *a,
                                                         int64_t lda, int64_t pstride,
                                                         const uint16_t *b0, int64_t panel,
-                                                        const char *pf, int64_t pf_lines,
+                                                        Ahead pf,
                                                         int64_t k0, int64_t k1, float *acc,
                                                         int64_t r, int rows, int64_t col,
                                                         float *c, const int GA, const int GB,
@@ -149,6 +163,7 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
     if (GA == 2 && GB == 2) _tile_loadd(3, acc + 768, NR * 4);
   }
   // Each k step asks for its share of pf's lines, a quarter before each tile product.
+  const int64_t pf_lines = pf.to - pf.from;
   const int64_t quarter = (pf_lines + 4 * steps - 1) / (4 * steps);
   for (int64_t i = k0; i < k1; i++) {
     const int64_t l = 4 * (i - k0) * quarter;
@@ -156,14 +171,14 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
     if (GB == 2) _tile_loadd(7, b1 + i * TILE_ELEMS, NR * 4);
     for (int p = 0; p < P; p++) {
       _tile_loadd(4, a + p * pstride + i * KB, lda);
-      if (p == 0) prefetch_lines(pf, l, quarter, pf_lines);
+      if (p == 0) prefetch_lines(pf, l, quarter);
       _tile_dpbf16ps(0, 4, 6);
-      if (p == 0) prefetch_lines(pf, l + 1 * quarter, quarter, pf_lines);
+      if (p == 0) prefetch_lines(pf, l + 1 * quarter, quarter);
       if (GB == 2) _tile_dpbf16ps(1, 4, 7);
       if (GA == 2) _tile_loadd(5, a1 + p * pstride + i * KB, lda);
-      if (p == 0) prefetch_lines(pf, l + 2 * quarter, quarter, pf_lines);
+      if (p == 0) prefetch_lines(pf, l + 2 * quarter, quarter);
       if (GA == 2) _tile_dpbf16ps(2, 5, 6);
-      if (p == 0) prefetch_lines(pf, l + 3 * quarter, quarter, pf_lines);
+      if (p == 0) prefetch_lines(pf, l + 3 * quarter, quarter);
       if (GA == 2 && GB == 2) _tile_dpbf16ps(3, 5, 7);
     }
   }
@@ -188,47 +203,47 @@ static inline __attribute__((always_inline)) void tiles(const Out *o, const uint
 // pair_rows for P parts of x a k step.
 static inline __attribute__((always_inline)) void pair_tiles(
     const Out *o, const uint16_t *a, int64_t lda, int64_t pstride, const uint16_t *b0,
-    int64_t panel, const char *pf, int64_t pf_lines, int64_t k0, int64_t k1, float *acc, int64_t r,
+    int64_t panel, Ahead pf, int64_t k0, int64_t k1, float *acc, int64_t r,
     int rows, int64_t col, int gb, float *c, const int P) {
   if (rows > 16 && gb == 2)
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 2, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, k0, k1, acc, r, rows, col, c, 2, 2, P);
   else if (rows > 16)
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 2, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, k0, k1, acc, r, rows, col, c, 2, 1, P);
   else if (gb == 2)
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 1, 2, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, k0, k1, acc, r, rows, col, c, 1, 2, P);
   else
-    tiles(o, a, lda, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, c, 1, 1, P);
+    tiles(o, a, lda, pstride, b0, panel, pf, k0, k1, acc, r, rows, col, c, 1, 1, P);
 }
 
 // y rows [r, r + rows) (up to 32, the tiles configured for them) for pair q (its panels 2 (q -
 // wq) panels on from w_packed) from a, x's row r, lda elements between rows and pstride between
 // parts, over k steps [k0, k1) (sums between slices in acc). This is call `group` of the
-// `groups` (slices times groups of rows) that read the pair in turn: it asks its share of pair
-// `next`, the one read after it, into L2, so that W streams in while the tiles work (a tile load
-// that waits on memory holds every later tile instruction, and prefetches bunched behind one
-// wait with it). groups 0 or next < 0: none asks.
+// `groups` that read the pair (or its slice) in turn: it asks its share of k steps [nk0, nk1) of
+// pair `next`, the one read after it, into L2, so that W streams in while the tiles work (a tile
+// load that waits on memory holds every later tile instruction, and prefetches bunched behind
+// one wait with it). groups 0 or next < 0: none asks.
 static inline void pair_rows(const Out *o, const uint16_t *a, int64_t lda, int64_t pstride,
                              const uint16_t *w_packed, int64_t wq, int64_t panels, int64_t panel,
-                             int64_t q, int64_t next, int64_t k0, int64_t k1, float *acc,
-                             int64_t r, int group, int groups, int rows, float *c) {
+                             int64_t q, int64_t next, int64_t nk0, int64_t nk1, int64_t k0,
+                             int64_t k1, float *acc, int64_t r, int group, int groups, int rows,
+                             float *c) {
   const int gb = panels - 2 * q < 2 ? 1 : 2;
   const uint16_t *b0 = w_packed + 2 * (q - wq) * panel;
   const int64_t col = 2 * q * NR;
-  const char *pf = NULL;
-  int64_t pf_lines = 0;
+  Ahead pf = {NULL, 0, 0, 0, 0};
   if (groups > 0 && next >= 0) {
     const int gb_next = panels - 2 * next < 2 ? 1 : 2;
-    int64_t lines = gb_next * panel * (int64_t)sizeof(uint16_t) / 64;
+    const int64_t split = (nk1 - nk0) * TILE_ELEMS * (int64_t)sizeof(uint16_t) / 64;
+    int64_t lines = gb_next * split;
     if (lines > PF_MAX_BYTES / 64) lines = PF_MAX_BYTES / 64;
-    const int64_t from = lines * group / groups, to = lines * (group + 1) / groups;
-    pf = (const char *)(w_packed + 2 * (next - wq) * panel) + from * 64, pf_lines = to - from;
+    pf.base = (const char *)(w_packed + 2 * (next - wq) * panel + nk0 * TILE_ELEMS);
+    pf.from = lines * group / groups, pf.to = lines * (group + 1) / groups, pf.split = split;
+    pf.gap = (panel - (nk1 - nk0) * TILE_ELEMS) * (int64_t)sizeof(uint16_t);
   }
   if (o->y32 != NULL)
-    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, gb, c,
-               PARTS);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, k0, k1, acc, r, rows, col, gb, c, PARTS);
   else
-    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, pf_lines, k0, k1, acc, r, rows, col, gb, c,
-               1);
+    pair_tiles(o, a, lda * 2, pstride, b0, panel, pf, k0, k1, acc, r, rows, col, gb, c, 1);
 }
 
 // Tiles 0-3: float32 sums for rows [0, 16) x panel 0, x panel 1, rows [16, 32) x panel 0, x panel
@@ -264,16 +279,61 @@ static void block_pair(const Out *o, const uint16_t *x, int64_t ldx, const uint1
     if (full_end > m0 && *configured != 32) configure_rows(32), *configured = 32;
     for (int g = 0; g < full; g++)
       pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q,
-                next, k0, k1, acc + g * 1024, m0 + 32 * g, (int)sl * groups + g, calls, 32, c);
+                next, 0, steps, k0, k1, acc + g * 1024, m0 + 32 * g, (int)sl * groups + g, calls,
+                32, c);
     if (tail) {
       if (*configured != tail) configure_rows(tail), *configured = tail;
       pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q, next,
-                k0, k1, acc + full * 1024, full_end, (int)sl * groups + full, calls, tail, c);
+                0, steps, k0, k1, acc + full * 1024, full_end, (int)sl * groups + full, calls,
+                tail, c);
     }
   }
 }
 
-// y rows [0, m) for x's rows (their parts o->part_stride apart) in blocks of block_rows.
+// Pairs [q0, q1) of a thread's chunk (w_packed from pair wq) for x's rows [0, m) in blocks of
+// block_rows: each block takes the chunk a slice of k at a time, each slice every pair of the
+// chunk in turn and each pair every group of the block's rows, so the block's x of a slice stays
+// in L2 for the chunk's pairs and a pair's slice in L2 for the block's groups.
+static void chunk_blocks(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
+                         int64_t wq, int64_t panels, int64_t panel, int64_t q0, int64_t q1,
+                         int64_t q_after, int64_t m, int64_t block_rows, float *acc, float *c,
+                         int *configured) {
+  const int64_t steps = o->k / KB, slices = (steps + SLICE_STEPS - 1) / SLICE_STEPS;
+  const int max_groups = (int)((block_rows + 31) / 32);
+  for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
+    const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
+    const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
+    const int tail = (int)(m1 - full_end), full = (int)((full_end - m0) / 32);
+    for (int64_t sl = 0; sl < slices; sl++) {
+      const int64_t k0 = sl * SLICE_STEPS, k1 = k0 + SLICE_STEPS < steps ? k0 + SLICE_STEPS : steps;
+      for (int64_t q = q0; q < q1; q++) {
+        float *pair_acc = acc + (q - q0) * max_groups * 1024;
+        // the pair read after this one: the chunk's next, or its first at the next slice or
+        // block, or the one after the chunk (q_after < 0: none)
+        int64_t next = q + 1, nk0 = k0, nk1 = k1;
+        if (next == q1) {
+          next = sl + 1 < slices || m1 < m ? q0 : q_after;
+          nk0 = sl + 1 < slices ? k1 : 0;
+          nk1 = nk0 + SLICE_STEPS < steps ? nk0 + SLICE_STEPS : steps;
+        }
+        const int calls = m1 - m0 >= PF_MIN_ROWS ? full + (tail > 0) : 0;
+        if (full_end > m0 && *configured != 32) configure_rows(32), *configured = 32;
+        for (int g = 0; g < full; g++)
+          pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, wq, panels, panel,
+                    q, next, nk0, nk1, k0, k1, pair_acc + g * 1024, m0 + 32 * g, g, calls, 32, c);
+        if (tail) {
+          if (*configured != tail) configure_rows(tail), *configured = tail;
+          pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q,
+                    next, nk0, nk1, k0, k1, pair_acc + full * 1024, full_end, full, calls, tail, c);
+        }
+      }
+    }
+  }
+}
+
+// y rows [0, m) for x's rows (their parts o->part_stride apart) in one block (a decode batch:
+// W read once for all of them) or, where OpenMP gives fewer threads than asked, in blocks of
+// block_rows.
 static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
                        int64_t m, int64_t block_rows, int num_threads) {
   const int64_t panels = (o->n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = o->k / 2 * NR * 2;
@@ -293,8 +353,49 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
   }
 }
 
-// A decode batch's rows in one block, read W once: up to BATCH_ROWS rows whose x (x_row_bytes
-// each) fits X_BATCH_BYTES; else blocks of X_BLOCK_BYTES.
+// Rows of a prompt's block (chunk_blocks): as many as X_SLICE_BYTES of x's slices hold, elem_bytes
+// bytes an element of x (all its parts), 32 at least.
+static int64_t prompt_block_rows(int64_t k, int64_t elem_bytes) {
+  const int64_t slice_k = k < SLICE_STEPS * KB ? k : SLICE_STEPS * KB;
+  return gemm_block_rows(X_SLICE_BYTES, slice_k * elem_bytes, 32);
+}
+
+// Floats of chunk_blocks' sums between slices for a chunk of up to `units` pairs (none where k
+// is one slice).
+static int64_t prompt_acc_floats(int64_t k, int64_t block_rows, int64_t units) {
+  return k > SLICE_STEPS * KB ? units * ((block_rows + 31) / 32) * 4 * 16 * NR : 0;
+}
+
+// y rows [0, m) for prompt-sized x (more rows than a decode batch's one block), x in bfloat16.
+// Returns 0, or 4 where no scratch memory is to be had.
+static int amx_prompt(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
+                      int64_t m, int num_threads) {
+  const int64_t panels = (o->n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = o->k / 2 * NR * 2;
+  const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
+  const int64_t block_rows = prompt_block_rows(o->k, sizeof(uint16_t));
+  const int64_t acc_floats = prompt_acc_floats(o->k, block_rows, gemm_chunk_units(pair_bytes));
+  int status = 0;
+#pragma omp parallel num_threads(gemm_threads(num_threads, pairs)) reduction(| : status)
+  {
+    float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
+    int configured = -1;  // rows the tiles are configured for
+    float *acc = acc_floats ? aligned_alloc(64, acc_floats * sizeof(float)) : NULL;
+    if (acc_floats && acc == NULL)
+      status = 4;
+    else
+      GEMM_CHUNKS(pairs, pair_bytes, {
+        chunk_blocks(o, x, ldx, w_packed, 0, panels, panel, chunk0, chunk1, chunk_after, m,
+                     block_rows, acc, c, &configured);
+      });
+    free(acc);
+    _tile_release();
+  }
+  return status;
+}
+
+// Rows of one block: a decode batch's, read W once (up to BATCH_ROWS rows whose x, x_row_bytes
+// each, fits X_BATCH_BYTES), else as many as X_BLOCK_BYTES of x hold. More rows than that are a
+// prompt's (bfloat16 x: amx_prompt) or take several blocks (float32 x's parts).
 static int64_t block_rows_for(int64_t m, int64_t x_row_bytes, int64_t k) {
   const int64_t pair_bytes = 2 * (k / 2 * NR * 2) * (int64_t)sizeof(uint16_t);
   int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, x_row_bytes, 32);

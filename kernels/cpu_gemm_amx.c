@@ -11,7 +11,8 @@ int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t 
   if (request_tiles()) return 3;
   const Out o = {y, bias, NULL, NULL, n, k, n, 0};
   const int64_t block_rows = block_rows_for(m, k * (int64_t)sizeof(uint16_t), k);
-  amx_linear(&o, x, ldx, w_packed, m, block_rows, num_threads);
+  if (m > block_rows) return amx_prompt(&o, x, ldx, w_packed, m, num_threads);
+  amx_linear(&o, x, ldx, w_packed, m, m, num_threads);
   return 0;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
-// The thread loop of the CPU matmuls (cpu_gemm.c, cpu_gemm_bf16.c, cpu_gemm_quant.c;
-// cpu_gemm_amx.c writes it out to set up each thread's tiles first): OpenMP threads split W's
-// units (runs of panels) into contiguous shares; each thread takes x in blocks of block_rows rows
-// and, within a block, its units in order, so each unit is read once for all the block's rows.
+// The thread loops of the CPU matmuls (cpu_gemm.c, cpu_gemm_bf16.c, cpu_gemm_quant.c, and the AMX
+// passes of amx_gemm.h inside parallel regions of their own): OpenMP threads split W's units (runs
+// of panels) into contiguous shares; each thread takes x in blocks of block_rows rows and, within
+// a block, its units in order, so each unit is read once for all the block's rows.
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -57,11 +57,32 @@ static inline int gemm_threads(int num_threads, int64_t units) {
 }
 
 #define GEMM_CHUNK_BYTES (2 << 20)
+
+// Units of a chunk: GEMM_CHUNK_BYTES of W, and one more.
+static inline int64_t gemm_chunk_units(int64_t unit_bytes) {
+  return GEMM_CHUNK_BYTES / unit_bytes + 1;
+}
 #ifdef _OPENMP
 #define GEMM_THREAD_IDS const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads()
 #else
 #define GEMM_THREAD_IDS const int64_t t = 0, nt = 1
 #endif
+
+// Inside a parallel region: runs the statements after it for each chunk of units [chunk0,
+// chunk1) (gemm_chunk_units) of this thread's contiguous share, in order; chunk_after: the next
+// chunk's first unit (-1: none).
+#define GEMM_CHUNKS(units, unit_bytes, ...)                                                  \
+  do {                                                                                       \
+    GEMM_THREAD_IDS;                                                                         \
+    const int64_t q0_ = (units) * t / nt, q1_ = (units) * (t + 1) / nt;                      \
+    const int64_t chunk_ = gemm_chunk_units(unit_bytes);                                     \
+    for (int64_t chunk0 = q0_; chunk0 < q1_; chunk0 += chunk_) {                             \
+      const int64_t chunk1 = chunk0 + chunk_ < q1_ ? chunk0 + chunk_ : q1_;                  \
+      const int64_t chunk_after = chunk1 < q1_ ? chunk1 : -1;                                \
+      (void)chunk_after;                                                                     \
+      __VA_ARGS__                                                                            \
+    }                                                                                        \
+  } while (0)
 
 // Inside a parallel region of `threads` threads (shares from gemm_shares): runs the statements
 // after it for each unit q this thread takes and rows [m0, m1) of x. x of one block: the thread
@@ -86,21 +107,17 @@ static inline int gemm_threads(int num_threads, int64_t units) {
         }                                                                                    \
       }                                                                                      \
     } else {                                                                                 \
-      const int64_t q0 = (units) * t / nt, q1 = (units) * (t + 1) / nt;                      \
-      const int64_t chunk_ = (m) > (block_rows) ? GEMM_CHUNK_BYTES / (unit_bytes) + 1 : 1;    \
-      for (int64_t chunk0 = q0; chunk0 < q1; chunk0 += chunk_) {                             \
-        const int64_t chunk1 = chunk0 + chunk_ < q1 ? chunk0 + chunk_ : q1;                  \
+      GEMM_CHUNKS(units, unit_bytes, {                                                       \
         CHUNK;                                                                               \
         for (int64_t m0 = 0; m0 < (m); m0 += (block_rows)) {                                 \
           const int64_t m1 = m0 + (block_rows) < (m) ? m0 + (block_rows) : (m);              \
           for (int64_t q = chunk0; q < chunk1; q++) {                                        \
-            const int64_t q_next =                                                           \
-                q + 1 < chunk1 ? q + 1 : m1 < (m) ? chunk0 : chunk1 < q1 ? chunk1 : -1;      \
+            const int64_t q_next = q + 1 < chunk1 ? q + 1 : m1 < (m) ? chunk0 : chunk_after; \
             (void)q_next;                                                                    \
             __VA_ARGS__                                                                      \
           }                                                                                  \
         }                                                                                    \
-      }                                                                                      \
+      });                                                                                    \
     }                                                                                        \
   } while (0)
 

@@ -334,29 +334,28 @@ int linear_quant_bf16_amx_dense(uint16_t *y, int64_t ldy, const uint16_t *x, int
   if (request_tiles()) return 3;
   const Shape s = shape_of(k, bits, group, has_mins);
   const Out o = {y, bias, NULL, NULL, n, k, ldy, 0};
-  const int64_t block_rows = block_rows_for(m, k * (int64_t)sizeof(uint16_t), k);
+  const int64_t block_rows = prompt_block_rows(k, sizeof(uint16_t));
   const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
   const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
-  const int threads = gemm_threads(num_threads, pairs);
-  uint64_t shares[GEMM_MAX_THREADS];
-  gemm_shares(shares, pairs, threads);
+  const int64_t units = gemm_chunk_units(pair_bytes);
+  const int64_t acc_floats = prompt_acc_floats(k, block_rows, units);
   int status = 0;
-#pragma omp parallel num_threads(threads) reduction(| : status)
+#pragma omp parallel num_threads(gemm_threads(num_threads, pairs)) reduction(| : status)
   {
     float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
-    float acc[SLICE_GROUPS * 4 * 16 * NR] __attribute__((aligned(64)));  // each group's 4 tiles
     int configured = -1;  // rows the tiles are configured for
-    uint16_t *w = aligned_alloc(64, (size_t)(GEMM_CHUNK_BYTES / pair_bytes + 1) * pair_bytes);
-    if (w == NULL)
+    uint16_t *w = aligned_alloc(64, (size_t)(units * pair_bytes));
+    float *acc = acc_floats ? aligned_alloc(64, acc_floats * sizeof(float)) : NULL;
+    if (w == NULL || (acc_floats && acc == NULL))
       status = 4;
     else
-      GEMM_UNITS(pairs, pair_bytes, m, block_rows, shares, threads,
-                 unpack_pairs(w, w_packed, &s, chunk0, chunk1, panels, k), {
-                   const int64_t next = q_next >= chunk0 && q_next < chunk1 ? q_next : -1;
-                   block_pair(&o, x, ldx, w, chunk0, panels, panel, m0, m1, q, next, acc, c,
-                              &configured);
-                 });
+      GEMM_CHUNKS(pairs, pair_bytes, {
+        unpack_pairs(w, w_packed, &s, chunk0, chunk1, panels, k);
+        chunk_blocks(&o, x, ldx, w, chunk0, panels, panel, chunk0, chunk1, -1, m, block_rows, acc,
+                     c, &configured);
+      });
     free(w);
+    free(acc);
     _tile_release();
   }
   return status;

@@ -99,19 +99,22 @@ def test_a_decode_batch_at_large_k_in_one_block_matches_its_rows_alone(rows):
     assert torch.equal(out[:64], cpu_gemm_bf16.linear(x[:64], packed, None, 80))
 
 
-def test_prompt_rows_taking_the_weight_in_chunks_match_their_rows_alone():
-    """x of several blocks takes a thread's pairs a chunk (2 MB) at a time, every block in turn
-    (K = 2,048, 300 rows: 256, then 44; 2,600 columns, the last panel partial: 82 pairs, several
-    chunks a thread). Each row as when it came alone, and rounded once."""
-    rows_alone(2048, 2600, 300, {0, 31, 255, 256, 299})
+@pytest.mark.parametrize("k", [2048, 4096])
+def test_prompt_rows_taking_the_weight_in_chunks_match_their_rows_alone(k):
+    """x of several blocks (300 rows: 128, 128, then 44) takes a thread's pairs a chunk (2 MB) at
+    a time, every block in turn and, at K = 4,096, each block the chunk's pairs a slice of k at a
+    time, each pair's sums kept between slices (2,600 columns, the last panel partial: 82 pairs,
+    several chunks a thread). Each row as when it came alone, and rounded once."""
+    rows_alone(k, 2600, 300, {0, 31, 127, 128, 255, 256, 299})
 
 
 @pytest.mark.parametrize("rows", [61, 300])
-def test_rows_at_k_past_8192_in_blocks_of_256_match_their_rows_alone(rows):
-    """Past K = 8,192 a group of 32 rows would fill a block of x: blocks of 256 rows take each
-    pair a slice of k at a time instead (300 rows: 256, then 44). Each row as when it came
-    alone, and rounded once."""
-    rows_alone(9216, 48, rows, {0, 31, 32, 255, 256, rows - 1})
+def test_rows_at_k_past_8192_match_their_rows_alone(rows):
+    """Past K = 8,192 a group of 32 rows would fill a decode batch's block of x: up to 256 rows
+    are one block whose groups take each pair a slice of k at a time (61 rows); a prompt (300
+    rows) takes blocks of 128, each a slice at a time. Each row as when it came alone, and
+    rounded once."""
+    rows_alone(9216, 48, rows, {0, 31, 32, 127, 128, 255, 256, rows - 1})
 
 
 def float32_error(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias) -> float:

@@ -44,8 +44,13 @@ def random_weight(
 
 
 def dense_reference(x, qw, bias):
+    """The dense kernel over the dequantized weight, 64 rows a call (a decode batch's one pass:
+    not the prompt passes the quantized prompt path shares)."""
     dense = cpu_gemm_bf16.pack(qw.dequantize().bfloat16())
-    return cpu_gemm_bf16.linear(x, dense, bias, qw.shape[0])
+    rows = [
+        cpu_gemm_bf16.linear(x[r : r + 64], dense, bias, qw.shape[0]) for r in range(0, len(x), 64)
+    ]
+    return torch.cat(rows)
 
 
 def run(x, qw, bias=None, out=None):
@@ -89,12 +94,14 @@ def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(bits):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_prompt_rows_over_several_chunks_and_blocks_keep_the_dense_bits(bits):
-    """A prompt's rows (600: blocks of 256, 256 and 88 at K = 2,048) take each thread's pairs a
-    chunk (2 MB dequantized: 17 pairs) at a time, every block in turn (2,600 columns, the last
-    panel partial: 82 pairs, several chunks a thread)."""
-    qw = random_weight(2600, 2048, 128, True, seed=6, bits=bits)
-    x = torch.randn(600, 2048).bfloat16()
+@pytest.mark.parametrize("k", [2048, 4096])
+def test_prompt_rows_over_several_chunks_and_blocks_keep_the_dense_bits(bits, k):
+    """A prompt's rows (600: blocks of 128, the last of 88) take each thread's pairs a chunk (2 MB
+    dequantized: 17 pairs at K = 2,048, 9 at 4,096) at a time, every block in turn, a slice of k
+    at a time where K takes two (2,600 columns, the last panel partial: 82 pairs, several chunks a
+    thread)."""
+    qw = random_weight(2600, k, 128, True, seed=6, bits=bits)
+    x = torch.randn(600, k).bfloat16()
     bias = torch.randn(2600).bfloat16()
     assert torch.equal(run(x, qw, bias), dense_reference(x, qw, bias))
 
