@@ -133,7 +133,7 @@ static inline __attribute__((always_inline)) void prefetch_lines(Ahead pf, int64
                                                                  int64_t count) {
   const int64_t end = pf.to - pf.from, to = from + count < end ? from + count : end;
   for (int64_t l = pf.from + from; l < pf.from + to; l++)
-    _mm_prefetch(pf.base + l * 64, _MM_HINT_T1);
+    _mm_prefetch(pf.base + l * 64 + (l >= pf.split ? pf.gap : 0), _MM_HINT_T1);
 }
 
 // y rows [r, r + rows) for the panels b0 (and b1 when GB == 2) at column col, from x's rows a,
