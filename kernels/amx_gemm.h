@@ -259,16 +259,34 @@ static void configure_rows(int rows) {
   load_tile_config(&cfg);
 }
 
-// Pair q against every group of x's rows [m0, m1) (the last one partial), the tiles configured
-// for each group's rows as they come (configured: the rows they are configured for), asking for
-// pair next (< 0: none) while it streams in.
-static void block_pair(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
-                       int64_t wq, int64_t panels, int64_t panel, int64_t m0, int64_t m1, int64_t q,
-                       int64_t next, float *acc, float *c, int *configured) {
+// Pair q against every group of 32 of x's rows [m0, m1) (the last one partial) over k steps
+// [k0, k1), group g's sums between slices at acc + 1,024 g, the tiles configured for each group's
+// rows as they come (configured: the rows they are configured for). Group g is call call0 + g of
+// the `calls` that read the pair in turn, each asking its share of k steps [nk0, nk1) of pair next
+// (see pair_rows).
+static void groups_pair(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
+                        int64_t wq, int64_t panels, int64_t panel, int64_t m0, int64_t m1,
+                        int64_t q, int64_t next, int64_t nk0, int64_t nk1, int64_t k0, int64_t k1,
+                        float *acc, int call0, int calls, float *c, int *configured) {
   const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
-  const int tail = (int)(m1 - full_end);
-  const int full = (int)((full_end - m0) / 32), groups = full + (tail > 0);
-  // Several groups take a pair a slice of k at a time (one slice: the whole of k).
+  const int tail = (int)(m1 - full_end), full = (int)((full_end - m0) / 32);
+  if (full_end > m0 && *configured != 32) configure_rows(32), *configured = 32;
+  for (int g = 0; g < full; g++)
+    pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q,
+              next, nk0, nk1, k0, k1, acc + g * 1024, m0 + 32 * g, call0 + g, calls, 32, c);
+  if (tail) {
+    if (*configured != tail) configure_rows(tail), *configured = tail;
+    pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q, next,
+              nk0, nk1, k0, k1, acc + full * 1024, full_end, call0 + full, calls, tail, c);
+  }
+}
+
+// Pair q against every group of x's rows [m0, m1), asking for pair next (< 0: none) while it
+// streams in. Several groups take the pair a slice of k at a time (one slice: the whole of k).
+static void block_pair(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
+                       int64_t panels, int64_t panel, int64_t m0, int64_t m1, int64_t q,
+                       int64_t next, float *acc, float *c, int *configured) {
+  const int groups = (int)((m1 - m0 + 31) / 32);
   const int sliced = groups > 1 && groups <= SLICE_GROUPS;
   const int64_t steps = o->k / KB, slice = sliced ? SLICE_STEPS : steps;
   const int64_t slices = (steps + slice - 1) / slice;
@@ -276,17 +294,8 @@ static void block_pair(const Out *o, const uint16_t *x, int64_t ldx, const uint1
   const int calls = m1 - m0 >= PF_MIN_ROWS ? groups * (int)slices : 0;
   for (int64_t sl = 0; sl < slices; sl++) {
     const int64_t k0 = sl * slice, k1 = k0 + slice < steps ? k0 + slice : steps;
-    if (full_end > m0 && *configured != 32) configure_rows(32), *configured = 32;
-    for (int g = 0; g < full; g++)
-      pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q,
-                next, 0, steps, k0, k1, acc + g * 1024, m0 + 32 * g, (int)sl * groups + g, calls,
-                32, c);
-    if (tail) {
-      if (*configured != tail) configure_rows(tail), *configured = tail;
-      pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q, next,
-                0, steps, k0, k1, acc + full * 1024, full_end, (int)sl * groups + full, calls,
-                tail, c);
-    }
+    groups_pair(o, x, ldx, w_packed, 0, panels, panel, m0, m1, q, next, 0, steps, k0, k1, acc,
+                (int)sl * groups, calls, c, configured);
   }
 }
 
@@ -302,12 +311,10 @@ static void chunk_blocks(const Out *o, const uint16_t *x, int64_t ldx, const uin
   const int max_groups = (int)((block_rows + 31) / 32);
   for (int64_t m0 = 0; m0 < m; m0 += block_rows) {
     const int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;
-    const int64_t full_end = m0 + (m1 - m0) / 32 * 32;
-    const int tail = (int)(m1 - full_end), full = (int)((full_end - m0) / 32);
+    const int calls = m1 - m0 >= PF_MIN_ROWS ? (int)((m1 - m0 + 31) / 32) : 0;
     for (int64_t sl = 0; sl < slices; sl++) {
       const int64_t k0 = sl * SLICE_STEPS, k1 = k0 + SLICE_STEPS < steps ? k0 + SLICE_STEPS : steps;
       for (int64_t q = q0; q < q1; q++) {
-        float *pair_acc = acc + (q - q0) * max_groups * 1024;
         // the pair read after this one: the chunk's next, or its first at the next slice or
         // block, or the one after the chunk (q_after < 0: none)
         int64_t next = q + 1, nk0 = k0, nk1 = k1;
@@ -316,26 +323,17 @@ static void chunk_blocks(const Out *o, const uint16_t *x, int64_t ldx, const uin
           nk0 = sl + 1 < slices ? k1 : 0;
           nk1 = nk0 + SLICE_STEPS < steps ? nk0 + SLICE_STEPS : steps;
         }
-        const int calls = m1 - m0 >= PF_MIN_ROWS ? full + (tail > 0) : 0;
-        if (full_end > m0 && *configured != 32) configure_rows(32), *configured = 32;
-        for (int g = 0; g < full; g++)
-          pair_rows(o, x + (m0 + 32 * g) * ldx, ldx, o->part_stride, w_packed, wq, panels, panel,
-                    q, next, nk0, nk1, k0, k1, pair_acc + g * 1024, m0 + 32 * g, g, calls, 32, c);
-        if (tail) {
-          if (*configured != tail) configure_rows(tail), *configured = tail;
-          pair_rows(o, x + full_end * ldx, ldx, o->part_stride, w_packed, wq, panels, panel, q,
-                    next, nk0, nk1, k0, k1, pair_acc + full * 1024, full_end, full, calls, tail, c);
-        }
+        groups_pair(o, x, ldx, w_packed, wq, panels, panel, m0, m1, q, next, nk0, nk1, k0, k1,
+                    acc + (q - q0) * max_groups * 1024, 0, calls, c, configured);
       }
     }
   }
 }
 
-// y rows [0, m) for x's rows (their parts o->part_stride apart) in one block (a decode batch:
-// W read once for all of them) or, where OpenMP gives fewer threads than asked, in blocks of
-// block_rows.
+// y rows [0, m) for x's rows (their parts o->part_stride apart) as one block (a decode batch:
+// W read once for all of them).
 static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
-                       int64_t m, int64_t block_rows, int num_threads) {
+                       int64_t m, int num_threads) {
   const int64_t panels = (o->n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = o->k / 2 * NR * 2;
   const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
   const int threads = gemm_threads(num_threads, pairs);
@@ -346,8 +344,8 @@ static void amx_linear(const Out *o, const uint16_t *x, int64_t ldx, const uint1
     float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
     float acc[SLICE_GROUPS * 4 * 16 * NR] __attribute__((aligned(64)));  // each group's 4 tiles
     int configured = -1;  // rows the tiles are configured for
-    GEMM_UNITS(pairs, pair_bytes, m, block_rows, shares, threads, (void)0, {
-      block_pair(o, x, ldx, w_packed, 0, panels, panel, m0, m1, q, q_next, acc, c, &configured);
+    GEMM_UNITS(pairs, pair_bytes, m, m, shares, threads, (void)0, {
+      block_pair(o, x, ldx, w_packed, panels, panel, m0, m1, q, q_next, acc, c, &configured);
     });
     _tile_release();
   }
@@ -366,27 +364,38 @@ static int64_t prompt_acc_floats(int64_t k, int64_t block_rows, int64_t units) {
   return k > SLICE_STEPS * KB ? units * ((block_rows + 31) / 32) * 4 * 16 * NR : 0;
 }
 
-// y rows [0, m) for prompt-sized x (more rows than a decode batch's one block), x in bfloat16.
-// Returns 0, or 4 where no scratch memory is to be had.
+// A prompt's weights for a thread's chunk of pairs [q0, q1): where W is not packed bfloat16 (the
+// quantized path), fill writes them into scratch (pair q0 first) from ctx.
+typedef void (*ChunkFill)(uint16_t *scratch, const void *ctx, int64_t q0, int64_t q1);
+
+// y rows [0, m) for prompt-sized x (more rows than a decode batch's one block), x in bfloat16,
+// over w_packed, or (fill not NULL) over each chunk of pairs as fill writes it into a scratch of
+// the thread's own, so that the chunk never goes to memory. Returns 0, or 4 where no scratch
+// memory is to be had.
 static int amx_prompt(const Out *o, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
-                      int64_t m, int num_threads) {
+                      ChunkFill fill, const void *ctx, int64_t m, int num_threads) {
   const int64_t panels = (o->n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = o->k / 2 * NR * 2;
   const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
+  const int64_t units = gemm_chunk_units(pair_bytes);
   const int64_t block_rows = prompt_block_rows(o->k, sizeof(uint16_t));
-  const int64_t acc_floats = prompt_acc_floats(o->k, block_rows, gemm_chunk_units(pair_bytes));
+  const int64_t acc_floats = prompt_acc_floats(o->k, block_rows, units);
   int status = 0;
 #pragma omp parallel num_threads(gemm_threads(num_threads, pairs)) reduction(| : status)
   {
     float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
     int configured = -1;  // rows the tiles are configured for
     float *acc = acc_floats ? aligned_alloc(64, acc_floats * sizeof(float)) : NULL;
-    if (acc_floats && acc == NULL)
+    uint16_t *scratch = fill ? aligned_alloc(64, (size_t)(units * pair_bytes)) : NULL;
+    if ((acc_floats && acc == NULL) || (fill && scratch == NULL))
       status = 4;
     else
       GEMM_CHUNKS(pairs, pair_bytes, {
-        chunk_blocks(o, x, ldx, w_packed, 0, panels, panel, chunk0, chunk1, chunk_after, m,
-                     block_rows, acc, c, &configured);
+        if (fill) fill(scratch, ctx, chunk0, chunk1);
+        // a filled chunk's pairs lie from chunk0 on, and the next chunk is not there yet
+        chunk_blocks(o, x, ldx, fill ? scratch : w_packed, fill ? chunk0 : 0, panels, panel,
+                     chunk0, chunk1, fill ? -1 : chunk_after, m, block_rows, acc, c, &configured);
       });
+    free(scratch);
     free(acc);
     _tile_release();
   }

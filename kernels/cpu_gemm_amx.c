@@ -11,8 +11,8 @@ int linear_bf16_amx(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t 
   if (request_tiles()) return 3;
   const Out o = {y, bias, NULL, NULL, n, k, n, 0};
   const int64_t block_rows = block_rows_for(m, k * (int64_t)sizeof(uint16_t), k);
-  if (m > block_rows) return amx_prompt(&o, x, ldx, w_packed, m, num_threads);
-  amx_linear(&o, x, ldx, w_packed, m, m, num_threads);
+  if (m > block_rows) return amx_prompt(&o, x, ldx, w_packed, NULL, NULL, m, num_threads);
+  amx_linear(&o, x, ldx, w_packed, m, num_threads);
   return 0;
 }
 
@@ -49,7 +49,7 @@ int linear_f32_amx(float *y, const float *x, int64_t ldx, const uint16_t *w_pack
     const int64_t mb = m0 + rows < m ? rows : m - m0;
     split_rows(parts, x + m0 * ldx, ldx, mb, k, num_threads);
     const Out o = {NULL, NULL, y + m0 * n, bias, n, k, n, mb * k};
-    amx_linear(&o, parts, k, w_packed, mb, mb, num_threads);
+    amx_linear(&o, parts, k, w_packed, mb, num_threads);
   }
   free(parts);
   return 0;

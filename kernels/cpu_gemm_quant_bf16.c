@@ -16,7 +16,7 @@
 // bit in the tests), so y is the dense kernel's. x is packed once a call into B tiles of 16 k
 // pairs by 16 rows ([row tile][k step][16][16][2]), rows past M zero.
 //
-// Threads split the panels. Rows of x go in passes whose x^T stays in L2 (X_BLOCK_BYTES), four
+// Threads split the panels. Rows of x go in passes whose x^T stays in L2 (XT_BLOCK_BYTES), four
 // row tiles at a time (four B tiles, four float32 C tiles of 16 columns by 16 rows). A panel's k
 // steps are dequantized AHEAD steps before their tile steps, into a small ring (or, where a pass
 // has more than four row tiles, into keep, which its other row tiles then read), so W's integers
@@ -40,11 +40,9 @@
 
 #include "amx_gemm.h"
 
-#define NR 16        // output columns per panel (an A tile's rows)
-#define KB 32        // k per tile step
 #define SUB_TILES 4  // row tiles of x the tile steps take at once: four B tiles, four sums
 #define TILE_BYTES 1024
-#define X_BLOCK_BYTES (1 << 20)  // x^T read per pass over W
+#define XT_BLOCK_BYTES (1 << 20)  // x^T read per pass over W
 #define AHEAD 2          // k steps a step's A tile is dequantized before its tile steps
 #define RING (AHEAD + 2)  // A tiles in the scratch ring
 #define PF_AHEAD 2048     // bytes of W ahead of a k step's that it prefetches
@@ -311,13 +309,20 @@ static void unpack_panel(uint16_t *out, const uint8_t *w_packed, const Shape *s,
   }
 }
 
-// Pairs [q0, q1) of the weight's panels (n / 16 of them) dequantized into cpu_gemm_bf16's layout
-// at out, pair q0 first.
-static void unpack_pairs(uint16_t *out, const uint8_t *w_packed, const Shape *s, int64_t q0,
-                         int64_t q1, int64_t panels, int64_t k) {
-  const int64_t p1 = 2 * q1 < panels ? 2 * q1 : panels;
+// The packed weight a prompt's chunks are dequantized from (ChunkFill's ctx).
+typedef struct {
+  const uint8_t *w_packed;
+  Shape s;
+  int64_t panels;
+} Packed;
+
+// Pairs [q0, q1) of the weight's panels dequantized into cpu_gemm_bf16's layout at out, pair q0
+// first (a ChunkFill).
+static void unpack_pairs(uint16_t *out, const void *ctx, int64_t q0, int64_t q1) {
+  const Packed *w = ctx;
+  const int64_t p1 = 2 * q1 < w->panels ? 2 * q1 : w->panels;
   for (int64_t p = 2 * q0; p < p1; p++)
-    unpack_panel(out + (p - 2 * q0) * (k / 2 * NR * 2), w_packed, s, p, k);
+    unpack_panel(out + (p - 2 * q0) * (w->s.k / 2 * NR * 2), w->w_packed, &w->s, p, w->s.k);
 }
 
 // y [m, n] (rows ldy apart) for prompt-sized x, which the dense AMX passes (amx_gemm.h) run
@@ -332,33 +337,9 @@ int linear_quant_bf16_amx_dense(uint16_t *y, int64_t ldy, const uint16_t *x, int
                                 int num_threads) {
   if (!valid(k, bits, group)) return 1;
   if (request_tiles()) return 3;
-  const Shape s = shape_of(k, bits, group, has_mins);
   const Out o = {y, bias, NULL, NULL, n, k, ldy, 0};
-  const int64_t block_rows = prompt_block_rows(k, sizeof(uint16_t));
-  const int64_t panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2, panel = k / 2 * NR * 2;
-  const int64_t pair_bytes = 2 * panel * (int64_t)sizeof(uint16_t);
-  const int64_t units = gemm_chunk_units(pair_bytes);
-  const int64_t acc_floats = prompt_acc_floats(k, block_rows, units);
-  int status = 0;
-#pragma omp parallel num_threads(gemm_threads(num_threads, pairs)) reduction(| : status)
-  {
-    float c[2 * 16 * NR] __attribute__((aligned(64)));  // two tiles' sums
-    int configured = -1;  // rows the tiles are configured for
-    uint16_t *w = aligned_alloc(64, (size_t)(units * pair_bytes));
-    float *acc = acc_floats ? aligned_alloc(64, acc_floats * sizeof(float)) : NULL;
-    if (w == NULL || (acc_floats && acc == NULL))
-      status = 4;
-    else
-      GEMM_CHUNKS(pairs, pair_bytes, {
-        unpack_pairs(w, w_packed, &s, chunk0, chunk1, panels, k);
-        chunk_blocks(&o, x, ldx, w, chunk0, panels, panel, chunk0, chunk1, -1, m, block_rows, acc,
-                     c, &configured);
-      });
-    free(w);
-    free(acc);
-    _tile_release();
-  }
-  return status;
+  const Packed w = {w_packed, shape_of(k, bits, group, has_mins), (n + NR - 1) / NR};
+  return amx_prompt(&o, x, ldx, NULL, unpack_pairs, &w, m, num_threads);
 }
 
 // Returns 0; 1 for bits or a group it does not take (a group is a multiple of 32, so k is); 3
@@ -370,9 +351,9 @@ int linear_quant_bf16_amx(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t l
   if (request_tiles()) return 3;
   const Shape s = shape_of(k, bits, group, has_mins);
   const int64_t steps = k / KB, row_tiles = (m + 15) / 16, panels = (n + NR - 1) / NR;
-  // Row tiles a pass: x^T's block stays in L2 (up to X_BLOCK_BYTES) while each panel, dequantized
+  // Row tiles a pass: x^T's block stays in L2 (up to XT_BLOCK_BYTES) while each panel, dequantized
   // once a pass, serves all of them.
-  int64_t pass_tiles = X_BLOCK_BYTES / (16 * k * 2);
+  int64_t pass_tiles = XT_BLOCK_BYTES / (16 * k * 2);
   pass_tiles = pass_tiles < SUB_TILES ? SUB_TILES : pass_tiles / SUB_TILES * SUB_TILES;
   const int keep_tiles = row_tiles > SUB_TILES;
   uint16_t *xt = aligned_alloc(64, (size_t)(row_tiles * steps * TILE_BYTES));
