@@ -1,7 +1,8 @@
 """Decode-shaped matmuls over bfloat16 and quantized weights: ms per call and GB/s of weight bytes
 streamed, for the bfloat16 panel kernel (cpu_gemm_bf16; on a CPU without it, as a bfloat16 model
-computes there, the float32 panel kernel over bfloat16 weights with float32 x) and the int8 / int4
-kernels (cpu_gemm_quant) on the same activations. Default shape: Llama-3.2-1B's MLP (K 2048,
+computes there, the float32 panel kernel over bfloat16 weights with float32 x), the int8 / int4
+kernels (cpu_gemm_quant) on the same activations and, where it runs, the quantized kernel with the
+bfloat16 path's bits (cpu_gemm_quant_bf16, "on bf16"). Default shape: Llama-3.2-1B's MLP (K 2048,
 N 8192).
 
     python benchmarks/quant_matmul.py --threads 2 --rows 1 64
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16, cpu_gemm_quant
+from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16, cpu_gemm_quant, cpu_gemm_quant_bf16
 from pagedgen.kernels.cpu_features import isa_name
 from pagedgen.layers.quantized_weight import quantize_int4, quantize_int8
 
@@ -71,6 +72,14 @@ def main() -> None:
 
             label = name if march is None else f"{name} {cpu_gemm_quant.path_name(march)}"
             kernels[label] = (qpacked.numel(), run)
+        if x_dtype == torch.bfloat16 and cpu_gemm_quant_bf16.error() is None:
+            bpacked = cpu_gemm_quant_bf16.pack(q.qweight, q.scales, q.mins, q.bits, q.group_size)
+
+            def run_bf16(x: torch.Tensor, q=q, bpacked=bpacked, has_mins=has_mins):
+                args = (n, q.bits, q.group_size, has_mins)
+                return cpu_gemm_quant_bf16.linear(x, bpacked, None, *args)
+
+            kernels[f"{name} on bf16"] = (bpacked.numel(), run_bf16)
     paths = ", ".join(cpu_gemm_quant.path_name(march) for march in args.march or [None])
     print(
         f"{isa_name()}, {args.threads} threads, quantized path {paths}; "

@@ -1,15 +1,17 @@
-// Matmul over 4- and 8-bit weights for models computing in bfloat16, on AMX tiles: y[M, N] =
-// x[M, K] @ W[N, K]^T (+ bias), x, bias and y bfloat16, with the bits of the dense bfloat16 path
-// (cpu_gemm_amx.c) on the dequantized weight
+// Matmul over 4- and 8-bit weights for models computing in bfloat16: y[M, N] = x[M, K] @ W[N, K]^T
+// (+ bias), x, bias and y bfloat16, with the bits of the dense bfloat16 path on the dequantized
+// weight
 //
 //     W_bf16[n, k] = bfloat16(q[n, k] * scale[n, g] (+ min[n, g]))   (float32, product then sum,
 //                                                                      to nearest even)
 //
-// while W streams from memory at its stored size.
+// while W streams from memory at its stored size. Two builds: on AMX tiles (the dense path is
+// cpu_gemm_amx.c's) and, where there are none, on AVX512_BF16 dot products (the dense path is
+// cpu_gemm_bf16.c's).
 //
-// The weight is the A operand and x the B one: y^T = W x^T. An A tile is 16 output columns by 32
-// k, one column a row, so a column's 32 4-bit weights of one group are one table lookup: its 16
-// possible bfloat16 values (q = 0..15) computed from its scale and minimum, then one vpermw by
+// AMX. The weight is the A operand and x the B one: y^T = W x^T. An A tile is 16 output columns by
+// 32 k, one column a row, so a column's 32 4-bit weights of one group are one table lookup: its
+// 16 possible bfloat16 values (q = 0..15) computed from its scale and minimum, then one vpermw by
 // its nibbles (shifted down from the words its quad of columns shares); 8-bit weights are widened
 // and scaled 16 at a time. tdpbf16ps sums each element's products in the same order whichever
 // operand holds W (its products are exact and its sums run over k pairs in order; checked bit for
@@ -23,6 +25,11 @@
 // stream in by ordinary loads, which do not wait on the tiles. Prompts
 // (linear_quant_bf16_amx_dense) run the dense kernel's passes (amx_gemm.h) over the weight
 // dequantized a chunk at a time.
+//
+// AVX512_BF16 (linear_quant_bf16_dot): each thread dequantizes the pairs of panels it takes, the
+// same values as the tiles take, transposed into cpu_gemm_bf16.c's layout in a scratch of its own
+// (a decode batch: one pair at a time, for all its rows; a prompt: a chunk of GEMM_CHUNK_BYTES at
+// a time, for every block of rows), and runs the dense kernel's micro-kernel (bf16_dot.h) there.
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
 //
@@ -38,8 +45,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amx_gemm.h"
+#include "cpu_gemm_loop.h"
 
+#if defined(__AVX512BF16__)
+#include "bf16_dot.h"
+#define SUPPORTED 1
+#else
+#define SUPPORTED 0
+#endif
+#if SUPPORTED && defined(__AMX_BF16__)
+#include "amx_gemm.h"
+#else
+#define KB 32  // k a tile step (amx_gemm.h's)
+#define NR 16
+#endif
+
+#define DOT_X_BLOCK_BYTES (4 << 20)  // x read per pass over W on dot products (cpu_gemm_bf16.c's)
 #define SUB_TILES 4  // row tiles of x the tile steps take at once: four B tiles, four sums
 #define TILE_BYTES 1024
 #define XT_BLOCK_BYTES (1 << 20)  // x^T read per pass over W
@@ -60,6 +81,9 @@ static Shape shape_of(int64_t k, int bits, int64_t group, int has_mins) {
   s.panel_bytes = s.groups * s.group_bytes;
   return s;
 }
+
+// 1 where this build computes (AVX512_BF16; the AMX entry points too where built with tiles).
+int cpu_gemm_quant_bf16_supported(void) { return SUPPORTED; }
 
 int64_t quant_bf16_panel_bytes(int64_t k, int bits, int64_t group, int has_mins) {
   return shape_of(k, bits, group, has_mins).panel_bytes;
@@ -109,6 +133,8 @@ int pack_weight_quant_bf16(uint8_t *out, const uint8_t *q, const float *scales, 
   }
   return 0;
 }
+
+#if SUPPORTED
 
 // Column j's table: its 16 bfloat16 values, twice (so an index's bit 4 may be anything), from its
 // group's scales sc and mins mn (NULL: none).
@@ -199,6 +225,99 @@ static inline void transpose16(const __m512i r[16], __m512i t[16]) {
   }
 }
 
+// Where a panel's dequantizing stands: the group of its next k step (its bytes), the step's place
+// in the group, and (groups of 64 or more) the group's 16 tables.
+typedef struct {
+  const uint8_t *group;
+  int64_t c;
+  __m512i tables[NR];
+} Cursor;
+
+// The cursor's k step dequantized into the A tile at out, and the cursor on to the next step (no
+// divisions on the way to its loads).
+static inline __attribute__((always_inline)) void dequantize_next(const Shape *s, Cursor *at,
+                                                                  uint16_t *out) {
+  const float *sc = (const float *)(at->group + s->group / KB * s->step_bytes);
+  const uint8_t *ints = at->group + at->c * s->step_bytes;
+  for (int l = 0; l < s->step_bytes / 64 + 2; l++)  // W, PF_AHEAD on: its loads wait on nothing
+    _mm_prefetch((const char *)(ints + PF_AHEAD + 64 * l), _MM_HINT_T0);
+  dequantize_tile(s, ints, sc, s->has_mins ? sc + NR : NULL, at->c == 0, at->tables, out);
+  if (++at->c == s->group / KB) at->c = 0, at->group += s->group_bytes;
+}
+
+// Panel p of the weight dequantized into cpu_gemm_bf16's layout at out ([k / 2][16][2] bfloat16,
+// the same values the tiles above take).
+static void unpack_panel(uint16_t *out, const uint8_t *w_packed, const Shape *s, int64_t p,
+                         int64_t k) {
+  uint16_t a[TILE_BYTES / 2] __attribute__((aligned(64)));
+  __m512i rows[16], t[16];
+  Cursor at = {.group = w_packed + p * s->panel_bytes, .c = 0};
+  for (int64_t ks = 0; ks < k / KB; ks++) {
+    dequantize_next(s, &at, a);
+    for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
+    transpose16(rows, t);  // a column's k pairs -> a k pair's columns
+    uint16_t *dst = out + ks * (TILE_BYTES / 2);
+    for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(dst + i * 32), t[i]);
+  }
+}
+
+// The packed weight a prompt's chunks are dequantized from (ChunkFill's ctx).
+typedef struct {
+  const uint8_t *w_packed;
+  Shape s;
+  int64_t panels;
+} Packed;
+
+// Pairs [q0, q1) of the weight's panels dequantized into cpu_gemm_bf16's layout at out, pair q0
+// first (a ChunkFill).
+static void unpack_pairs(uint16_t *out, const void *ctx, int64_t q0, int64_t q1) {
+  const Packed *w = ctx;
+  const int64_t p1 = 2 * q1 < w->panels ? 2 * q1 : w->panels;
+  for (int64_t p = 2 * q0; p < p1; p++)
+    unpack_panel(out + (p - 2 * q0) * (w->s.k / 2 * NR * 2), w->w_packed, &w->s, p, w->s.k);
+}
+
+// y [m, n] (rows ldy apart) on AVX512_BF16 dot products (see the top): the dense AVX512_BF16
+// path's bits. Returns 0; 1 for bits or a group it does not take; 4 where no scratch memory is to
+// be had.
+int linear_quant_bf16_dot(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,
+                          const uint8_t *w_packed, const uint16_t *bias, int64_t m, int64_t n,
+                          int64_t k, int bits, int64_t group, int has_mins, int num_threads) {
+  if (!valid(k, bits, group)) return 1;
+  const Packed w = {w_packed, shape_of(k, bits, group, has_mins), (n + NR - 1) / NR};
+  const int64_t pairs = (w.panels + 1) / 2, panel_elems = k / 2 * NR * 2;
+  const int64_t pair_bytes = 2 * panel_elems * (int64_t)sizeof(uint16_t);
+  const int64_t block_rows = gemm_block_rows(DOT_X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
+  const int threads = gemm_threads(num_threads, pairs);
+  uint64_t shares[GEMM_MAX_THREADS];
+  gemm_shares(shares, pairs, threads);
+  int status = 0;
+#pragma omp parallel num_threads(threads) reduction(| : status)
+  {
+    // a chunk of pairs (a decode batch's one block takes one pair a chunk)
+    uint16_t *scratch = aligned_alloc(64, (size_t)(gemm_chunk_units(pair_bytes) * pair_bytes));
+    if (scratch == NULL)
+      status = 4;
+    else
+      GEMM_UNITS(pairs, pair_bytes, m, block_rows, shares, threads,
+                 unpack_pairs(scratch, &w, chunk0, chunk1), {
+                   const int np = w.panels - 2 * q < 2 ? 1 : 2;
+                   const uint16_t *panel = scratch + (q - chunk0) * 2 * panel_elems;
+                   for (int64_t r = m0; r < m1; r += MR) {
+                     const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
+                     DOT_TILES_BY_NP[np - 1][rows](y + r * ldy, ldy, x + r * ldx, ldx, panel, k,
+                                                   bias, n, 2 * q * NR, NULL);
+                   }
+                 });
+    free(scratch);
+  }
+  return status;
+}
+
+#endif  // SUPPORTED
+
+#if SUPPORTED && defined(__AMX_BF16__)
+
 // x's rows [16 rt, 16 rt + 16) (those below m; zeros past it), k step ks, as a B tile at out: k
 // pair i of row r at out[(i * 16 + r) * 2].
 static void pack_x_tile(uint16_t *out, const uint16_t *x, int64_t ldx, int64_t m, int64_t rt,
@@ -231,26 +350,6 @@ static void store_columns(uint16_t *y, int64_t ldy, const uint16_t *bias, const 
     const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(t[r]), b);
     _mm256_mask_storeu_epi16(y + (r0 + r) * ldy + col, mask, (__m256i)_mm512_cvtneps_pbh(v));
   }
-}
-
-// Where a panel's dequantizing stands: the group of its next k step (its bytes), the step's place
-// in the group, and (groups of 64 or more) the group's 16 tables.
-typedef struct {
-  const uint8_t *group;
-  int64_t c;
-  __m512i tables[NR];
-} Cursor;
-
-// The cursor's k step dequantized into the A tile at out, and the cursor on to the next step (no
-// divisions on the way to its loads).
-static inline __attribute__((always_inline)) void dequantize_next(const Shape *s, Cursor *at,
-                                                                  uint16_t *out) {
-  const float *sc = (const float *)(at->group + s->group / KB * s->step_bytes);
-  const uint8_t *ints = at->group + at->c * s->step_bytes;
-  for (int l = 0; l < s->step_bytes / 64 + 2; l++)  // W, PF_AHEAD on: its loads wait on nothing
-    _mm_prefetch((const char *)(ints + PF_AHEAD + 64 * l), _MM_HINT_T0);
-  dequantize_tile(s, ints, sc, s->has_mins ? sc + NR : NULL, at->c == 0, at->tables, out);
-  if (++at->c == s->group / KB) at->c = 0, at->group += s->group_bytes;
 }
 
 // The tile steps of one panel against row tiles [rt, rt + tiles) of x^T (tiles <= 4): each k
@@ -291,38 +390,6 @@ static inline __attribute__((always_inline)) void panel_steps(
       _tile_dpbf16ps(3, 4, 6);
     }
   }
-}
-
-// Panel p of the weight dequantized into cpu_gemm_bf16's layout at out ([k / 2][16][2] bfloat16,
-// the same values the tiles above take).
-static void unpack_panel(uint16_t *out, const uint8_t *w_packed, const Shape *s, int64_t p,
-                         int64_t k) {
-  uint16_t a[TILE_BYTES / 2] __attribute__((aligned(64)));
-  __m512i rows[16], t[16];
-  Cursor at = {.group = w_packed + p * s->panel_bytes, .c = 0};
-  for (int64_t ks = 0; ks < k / KB; ks++) {
-    dequantize_next(s, &at, a);
-    for (int j = 0; j < 16; j++) rows[j] = _mm512_load_si512((const void *)(a + j * KB));
-    transpose16(rows, t);  // a column's k pairs -> a k pair's columns
-    uint16_t *dst = out + ks * (TILE_BYTES / 2);
-    for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(dst + i * 32), t[i]);
-  }
-}
-
-// The packed weight a prompt's chunks are dequantized from (ChunkFill's ctx).
-typedef struct {
-  const uint8_t *w_packed;
-  Shape s;
-  int64_t panels;
-} Packed;
-
-// Pairs [q0, q1) of the weight's panels dequantized into cpu_gemm_bf16's layout at out, pair q0
-// first (a ChunkFill).
-static void unpack_pairs(uint16_t *out, const void *ctx, int64_t q0, int64_t q1) {
-  const Packed *w = ctx;
-  const int64_t p1 = 2 * q1 < w->panels ? 2 * q1 : w->panels;
-  for (int64_t p = 2 * q0; p < p1; p++)
-    unpack_panel(out + (p - 2 * q0) * (w->s.k / 2 * NR * 2), w->w_packed, &w->s, p, w->s.k);
 }
 
 // y [m, n] (rows ldy apart) for prompt-sized x, which the dense AMX passes (amx_gemm.h) run
@@ -396,3 +463,5 @@ int linear_quant_bf16_amx(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t l
   free(xt);
   return status ? 4 : 0;
 }
+
+#endif  // SUPPORTED && __AMX_BF16__

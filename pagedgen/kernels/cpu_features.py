@@ -49,13 +49,14 @@ def has_avx512() -> bool:
 
 def has_amx_bf16() -> bool:
     """AMX tiles with bfloat16 (Intel Xeon since Sapphire Rapids), which oneDNN's bfloat16
-    matmuls use: 5-8x our AVX512_BF16 dot-product kernel at 8-256 rows on one."""
-    return {"amx_bf16", "amx_tile"} <= cpu_flags() and has_avx512()
+    matmuls use: 5-8x our AVX512_BF16 dot-product kernel at 8-256 rows on one. Any
+    PAGEDGEN_MAX_CPU_ISA cap (avx512 too) leaves them out."""
+    return {"amx_bf16", "amx_tile"} <= cpu_flags() and has_avx512() and max_cpu_isa() is None
 
 
 def has_amx_int8() -> bool:
-    """AMX tiles with int8 dot products (Intel Xeon since Sapphire Rapids)."""
-    return {"amx_int8", "amx_tile"} <= cpu_flags() and has_avx512()
+    """AMX tiles with int8 dot products (Intel Xeon since Sapphire Rapids); not under a cap."""
+    return {"amx_int8", "amx_tile"} <= cpu_flags() and has_avx512() and max_cpu_isa() is None
 
 
 def isa_name() -> str:

@@ -1,8 +1,12 @@
-"""Matmul over quantized weights for bfloat16 models on AMX (kernels/cpu_gemm_quant_bf16.c): y = x
-@ W.T (+ bias) for x bfloat16 [M, K], W 4- or 8-bit integers in groups of a multiple of 32 along K
-with a float32 scale (and optionally a minimum) each, as QuantizedWeight holds them; y is bit for
-bit the dense bfloat16 path's (cpu_gemm_bf16 on AMX) over the weight dequantized in float32 and
-rounded to bfloat16, while the weight streams at its stored size."""
+"""Matmul over quantized weights for bfloat16 models (kernels/cpu_gemm_quant_bf16.c): y = x @ W.T
+(+ bias) for x bfloat16 [M, K], W 4- or 8-bit integers in groups of a multiple of 32 along K with a
+float32 scale (and optionally a minimum) each, as QuantizedWeight holds them; y is bit for bit the
+dense bfloat16 path's (cpu_gemm_bf16) over the weight dequantized in float32 and rounded to
+bfloat16, while the weight streams at its stored size.
+
+It runs wherever that dense path is our own kernel: on AMX tiles where cpu_gemm_bf16 runs on AMX,
+else on AVX512_BF16 dot products (an AVX-512 Zen 4 or 5: each thread dequantizes the panels it
+takes into a scratch of its own and runs the dense kernel's micro-kernel there)."""
 
 import ctypes
 import functools
@@ -12,7 +16,8 @@ import torch
 
 from pagedgen import envs
 from pagedgen.kernels import cpu_gemm_bf16
-from pagedgen.kernels.cpu_build import build_error, declare, load_amx_library
+from pagedgen.kernels.cpu_build import build_error, declare, load_amx_library, load_cpu_library
+from pagedgen.kernels.cpu_features import kernel_march
 from pagedgen.kernels.cpu_gemm import activation_rows, check_packed, output_of
 from pagedgen.kernels.huge_pages import empty_huge
 
@@ -26,35 +31,60 @@ K_MULTIPLE = 32  # k a tile step
 DENSE_MIN_ROWS = 512
 
 
-@functools.cache
-def _library() -> SimpleNamespace:
-    lib = load_amx_library(SOURCE, extra_flags=EXTRA_FLAGS)
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    linear = [p, i64, p, i64, p, p, i64, i64, i64, i32, i64, i32, i32]
-    namespace = declare(
-        lib,
-        {
-            "pack_weight_quant_bf16": [p, p, p, p, i64, i64, i32, i64],
-            "linear_quant_bf16_amx": linear,
-            "linear_quant_bf16_amx_dense": linear,
-        },
-    )
-    lib.quant_bf16_panel_bytes.argtypes = [i64, i32, i64, i32]
-    lib.quant_bf16_panel_bytes.restype = i64
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_LINEAR = [_P, _I64, _P, _I64, _P, _P, _I64, _I64, _I64, _I32, _I64, _I32, _I32]
+
+
+def _declare(lib: ctypes.CDLL, entry_points: tuple[str, ...]) -> SimpleNamespace:
+    signatures = {
+        "cpu_gemm_quant_bf16_supported": [],
+        "pack_weight_quant_bf16": [_P, _P, _P, _P, _I64, _I64, _I32, _I64],
+    }
+    namespace = declare(lib, {**signatures, **{name: _LINEAR for name in entry_points}})
+    lib.quant_bf16_panel_bytes.argtypes = [_I64, _I32, _I64, _I32]
+    lib.quant_bf16_panel_bytes.restype = _I64
     namespace.panel_bytes = lib.quant_bf16_panel_bytes
     return namespace
 
 
 @functools.cache
+def _amx_library() -> SimpleNamespace:
+    lib = load_amx_library(SOURCE, extra_flags=EXTRA_FLAGS)
+    return _declare(lib, ("linear_quant_bf16_amx", "linear_quant_bf16_amx_dense"))
+
+
+@functools.cache
+def _dot_library(march: str) -> SimpleNamespace:
+    return _declare(load_cpu_library(SOURCE, march, EXTRA_FLAGS), ("linear_quant_bf16_dot",))
+
+
+def on_tiles() -> bool:
+    """Whether the kernel runs on AMX tiles here (else on AVX512_BF16 dot products): where the
+    dense bfloat16 path does."""
+    return cpu_gemm_bf16.amx_error() is None
+
+
+def _library() -> SimpleNamespace:
+    return _amx_library() if on_tiles() else _dot_library(kernel_march())
+
+
+@functools.cache
 def error() -> str | None:
-    """None when the kernel runs here (AMX-BF16, not disabled, and the dense bfloat16 path it
-    matches is the AMX one), else why not."""
+    """None when the kernel runs here (not disabled, and the dense bfloat16 path it matches is
+    our own kernel, on AMX tiles or AVX512_BF16 dot products), else why not."""
     if envs.disable_cpu_gemm():
         return "disabled by PAGEDGEN_DISABLE_CPU_GEMM"
-    dense = cpu_gemm_bf16.amx_error()
-    if dense is not None or not cpu_gemm_bf16.enabled():
-        return dense or "the bfloat16 panel kernel is off"
-    return build_error(_library)
+    if not cpu_gemm_bf16.enabled():
+        return "the bfloat16 panel kernel is off (or oneDNN's AMX kernels run instead)"
+    build = build_error(_library)
+    if build is None and not _library().cpu_gemm_quant_bf16_supported():
+        return "the compiler's target has no AVX512_BF16"
+    return build
+
+
+def path_name() -> str:
+    """What the kernel computes on here: "bfloat16 tiles" or "bfloat16 dot products"."""
+    return "bfloat16 tiles" if on_tiles() else "bfloat16 dot products"
 
 
 def takes(bits: int, group_size: int, in_features: int) -> bool:
@@ -126,9 +156,12 @@ def linear(
     y = torch.empty(m, out_features, dtype=torch.bfloat16) if out is None else out
     assert y.dtype == torch.bfloat16 and y.stride(-1) == 1 and y.shape[0] == m, y.shape
     if m:
-        entry = (
-            lib.linear_quant_bf16_amx_dense if m >= DENSE_MIN_ROWS else lib.linear_quant_bf16_amx
-        )
+        if not on_tiles():
+            entry = lib.linear_quant_bf16_dot
+        elif m >= DENSE_MIN_ROWS:
+            entry = lib.linear_quant_bf16_amx_dense
+        else:
+            entry = lib.linear_quant_bf16_amx
         status = entry(
             y.data_ptr(),
             y.stride(0),

@@ -8,8 +8,8 @@ from pagedgen.kernels import cpu_gemm, cpu_gemm_bf16, cpu_gemm_quant
 from pagedgen.kernels.cpu_features import cpu_compute_dtype, has_avx512, onednn_matmul_dtypes
 from pagedgen.layers.quantized_linear import (
     ONLINE_QUANTIZERS,
-    TILES_SUFFIX,
     QuantizedPanels,
+    bf16_suffix,
     bf16_tiles_take,
     dequantize_into,
     kernel_takes,
@@ -283,11 +283,12 @@ def describe_weights(model: nn.Module) -> str:
         on_amx = any(m.layout == PAIR_PANELS_F32 for m in linears)
         floats.add("bfloat16 (float32 matmuls on AMX)" if on_amx else "bfloat16")
     names = sorted(floats)
-    on_tiles = {f for f in formats if f.endswith(TILES_SUFFIX)}
-    integers = sorted(formats.difference(on_tiles))
+    suffix = bf16_suffix()
+    on_bf16 = {f for f in formats if f.endswith(suffix)}
+    integers = sorted(formats.difference(on_bf16))
     if integers:
         names = [f"{', '.join(integers)} ({cpu_gemm_quant.path_name()})", *names]
-    if on_tiles:
-        tiles = sorted(f.removesuffix(TILES_SUFFIX) for f in on_tiles)
-        names = [f"{', '.join(tiles)} (on bfloat16 tiles)", *names]
+    if on_bf16:
+        bf16 = sorted(f.removesuffix(suffix) for f in on_bf16)
+        names = [f"{', '.join(bf16)} ({suffix.strip()})", *names]
     return f"weights {' and '.join(names)}, {nbytes / 2**30:.3g} GiB"

@@ -8,10 +8,12 @@ upward (Q4_K into int8 in groups of 16), doubling their bytes, which is what the
 save; a segment costs one more call per step, and shards of one format (the common case) are one
 segment.
 
-In a bfloat16 model on AMX, segments in groups of a multiple of 32 run on cpu_gemm_quant_bf16
-instead: the dense bfloat16 path's bits over the dequantized weight (the integers feed bfloat16
-tiles), 1.0-1.7x that path's speed from 1 to 64 rows; others (Q6_K's groups of 16) keep
-cpu_gemm_quant's integer scheme."""
+In a bfloat16 model, segments in groups of a multiple of 32 run on cpu_gemm_quant_bf16 instead,
+wherever the dense bfloat16 path is our own kernel: that path's bits over the dequantized weight
+(the integers dequantized into bfloat16 tiles on AMX, 1.0-1.7x the dense path's speed from 1 to 64
+rows; into the dense kernel's panels on AVX512_BF16, 1.6-2.5x the integer scheme's speed at 16-400
+rows of Llama-3-8B's shapes on a Zen 4); others (Q6_K's groups of 16) keep cpu_gemm_quant's
+integer scheme."""
 
 from typing import NamedTuple
 
@@ -21,7 +23,6 @@ from torch import nn
 from pagedgen.kernels import cpu_gemm_quant, cpu_gemm_quant_bf16
 from pagedgen.layers.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 
-TILES_SUFFIX = " on bfloat16 tiles"  # a segment's format, computed by cpu_gemm_quant_bf16
 # EngineConfig.quantization: online quantization of a float checkpoint's linear layers
 ONLINE_QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4}
 
@@ -49,7 +50,13 @@ class Segment(NamedTuple):
         """e.g. "int4 g32 +mins", "int8 per row", "int4 g128 +mins on bfloat16 tiles"."""
         groups = "per row" if self.group_size == in_features else f"g{self.group_size}"
         mins = " +mins" if self.has_mins else ""
-        return f"int{self.bits} {groups}{mins}" + (TILES_SUFFIX if self.bf16_tiles else "")
+        return f"int{self.bits} {groups}{mins}" + (bf16_suffix() if self.bf16_tiles else "")
+
+
+def bf16_suffix() -> str:
+    """A segment's format's ending where cpu_gemm_quant_bf16 computes it: " on bfloat16 tiles"
+    (AMX) or " on bfloat16 dot products" (AVX512_BF16)."""
+    return f" on {cpu_gemm_quant_bf16.path_name()}"
 
 
 def same_format(a: QuantizedWeight, b: QuantizedWeight) -> bool:
@@ -80,9 +87,14 @@ def kernel_takes(shards: list[QuantizedWeight], dtype: torch.dtype) -> bool:
 
 
 def bf16_tiles_take(shards: list[QuantizedWeight]) -> bool:
-    """Whether cpu_gemm_quant_bf16 computes every one of these shards here (for bfloat16
-    activations: the dense bfloat16 path's bits)."""
-    return all(cpu_gemm_quant_bf16.takes(s.bits, s.group_size, s.shape[1]) for s in shards)
+    """Whether cpu_gemm_quant_bf16 computes every one of these shards here on AMX tiles (for
+    bfloat16 activations: the dense bfloat16 path's bits, and faster than it up to 64 rows). On
+    AVX512_BF16 dot products it takes them too, but behind the dense path at decode batches (0.87x
+    at 54 rows of SmolLM2's gate/up on a Zen 4: each panel's dequantizing comes on top), so a
+    checkpoint's own integers stay there only where asked for."""
+    return cpu_gemm_quant_bf16.on_tiles() and all(
+        cpu_gemm_quant_bf16.takes(s.bits, s.group_size, s.shape[1]) for s in shards
+    )
 
 
 class QuantizedPanels(nn.Module):

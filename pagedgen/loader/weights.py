@@ -33,7 +33,11 @@ def keeps_quantized(model: nn.Module, quantization: str | None, compute_dtype: t
         return False
     if quantization in ("int8", "int4"):
         return True
-    bf16_tiles = compute_dtype == torch.bfloat16 and cpu_gemm_quant_bf16.error() is None
+    bf16_tiles = (
+        compute_dtype == torch.bfloat16
+        and cpu_gemm_quant_bf16.error() is None
+        and cpu_gemm_quant_bf16.on_tiles()
+    )
     return quantization is None and (compute_dtype == torch.float32 or bf16_tiles)
 
 

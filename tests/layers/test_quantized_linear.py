@@ -45,16 +45,16 @@ def no_quant_kernel(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shards_of_different_formats_are_each_computed_at_their_size(dtype):
-    """(In bfloat16 on AMX the 4-bit segment runs on bfloat16 tiles, the rest on the integers;
-    by default a bfloat16 layer keeps its integers only where the tiles take all of them, so
-    "int4" is asked for here.)"""
+    """(In bfloat16 the 4-bit segment runs on cpu_gemm_quant_bf16 where it runs here, bfloat16
+    tiles or dot products, the rest on the integers; by default a bfloat16 layer keeps its
+    integers only where the tiles take all of them, so "int4" is asked for here.)"""
     shards = qkv_shards()
     bias = torch.randn(64).to(dtype)
     layer = load(Linear(64, SIZES, bias=True).to(dtype), shards, bias)
     assert layer.pack(quantization="int4") and layer.layout == QUANTIZED
     assert layer.weight.numel() == 0  # no dense copy
     tiles = dtype == torch.bfloat16 and cpu_gemm_quant_bf16.takes(4, 32, 64)
-    int4 = "int4 g32 +mins" + (" on bfloat16 tiles" if tiles else "")
+    int4 = "int4 g32 +mins" + (f" on {cpu_gemm_quant_bf16.path_name()}" if tiles else "")
     assert layer.quant.formats == [int4, "int8 g16"]  # q and k: one segment
     packed_bytes = sum(p.numel() for p in layer.quant.packed)
     assert packed_bytes < 64 * 64  # under a byte a weight
@@ -82,7 +82,10 @@ def test_shards_of_different_formats_are_each_computed_at_their_size(dtype):
     assert "int4 g32 +mins" in describe_weights(layer) and "GiB" in describe_weights(layer)
 
 
-@pytest.mark.skipif(cpu_gemm_quant_bf16.error() is not None, reason="no bfloat16 tiles here")
+@pytest.mark.skipif(
+    cpu_gemm_quant_bf16.error() is not None or not cpu_gemm_quant_bf16.on_tiles(),
+    reason="no bfloat16 tiles here",
+)
 def test_a_bfloat16_layer_keeps_4_bit_weights_on_bfloat16_tiles_with_the_dense_bits():
     """By default: the dense bfloat16 layer's outputs, to the bit, from the integers; a layer with
     a shard the tiles do not take (8 bits) is dequantized whole instead."""
@@ -102,6 +105,28 @@ def test_a_bfloat16_layer_keeps_4_bit_weights_on_bfloat16_tiles_with_the_dense_b
     mixed = load(Linear(64, SIZES).bfloat16(), qkv_shards())
     mixed.pack()
     assert mixed.layout != QUANTIZED and mixed.weight.dtype == torch.int16  # bfloat16 panels
+
+
+@pytest.mark.skipif(
+    cpu_gemm_quant_bf16.error() is not None or cpu_gemm_quant_bf16.on_tiles(),
+    reason="no AVX512_BF16 dot products without tiles here",
+)
+def test_on_bfloat16_dot_products_a_layer_keeps_its_integers_where_asked_with_the_dense_bits():
+    """Without AMX the dense path's bits come from dot products over panels dequantized as they
+    are read: a checkpoint's own integers stay by default only where tiles take them (the dense
+    layer is faster at decode batches), and with "int4" asked for they give the dense bits."""
+    shards = qkv_shards()[:2]  # q and k: 4 bits in groups of 32
+    bias = torch.randn(64).bfloat16()
+    default = load(Linear(64, [32, 16], bias=True).bfloat16(), shards, bias)
+    default.pack()
+    assert default.layout != QUANTIZED and default.weight.dtype == torch.int16
+    layer = load(Linear(64, [32, 16], bias=True).bfloat16(), shards, bias)
+    assert layer.pack(quantization="int4") and layer.layout == QUANTIZED
+    assert layer.quant.formats == ["int4 g32 +mins on bfloat16 dot products"]
+    assert describe_weights(layer).startswith("weights int4 g32 +mins (on bfloat16 dot products)")
+    for rows in (1, 13, 64, 600):
+        x = torch.randn(rows, 64).bfloat16()
+        assert torch.equal(layer(x), default(x)), rows
 
 
 def assert_computes_in_float(layer: Linear, dense: torch.Tensor) -> None:

@@ -1,8 +1,9 @@
-"""The 4- and 8-bit matmul on bfloat16 tiles (kernels/cpu_gemm_quant_bf16.c) against the dense
-bfloat16 path (cpu_gemm_bf16 on AMX) over the same weight dequantized in float32 and rounded to
-bfloat16: equal to the bit, for every batch size (the tile steps up to DENSE_MIN_ROWS rows, the
-dense kernel's passes on the weight dequantized a chunk at a time from there), group, tail and
-stride."""
+"""The 4- and 8-bit matmul with the bfloat16 path's bits (kernels/cpu_gemm_quant_bf16.c) against
+the dense bfloat16 path (cpu_gemm_bf16) over the same weight dequantized in float32 and rounded to
+bfloat16: equal to the bit, for every batch size, group, tail and stride. On AMX: the tile steps up
+to DENSE_MIN_ROWS rows, the dense kernel's passes on the weight dequantized a chunk at a time from
+there; on AVX512_BF16 (also PAGEDGEN_MAX_CPU_ISA=avx512 on an AMX machine): the dense dot-product
+kernel over pairs of panels dequantized a pair or a chunk at a time."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from pagedgen.layers.quantized_weight import QuantizedWeight, pack_int4
 
 pytestmark = pytest.mark.skipif(
     cpu_gemm_quant_bf16.error() is not None,
-    reason=f"no bfloat16 tiles: {cpu_gemm_quant_bf16.error()}",
+    reason=f"no kernel with the bfloat16 path's bits: {cpu_gemm_quant_bf16.error()}",
 )
 
 ROWS = [1, 3, 16, 17, 64, 65, 130]
