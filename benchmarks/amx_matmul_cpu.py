@@ -1,11 +1,12 @@
-"""The AMX bfloat16 matmul (kernels/cpu_gemm_amx.c) alone, its weights cold (copies rotated
+"""The AMX bfloat16 matmul (kernels/cpu_gemm_amx.c) alone, or with --kernel dot the AVX512_BF16
+dot-product one (kernels/cpu_gemm_bf16.c: a CPU without AMX), its weights cold (copies rotated
 through more memory than the L3 holds, as a model's step reads its layers), at decode batch
 sizes on Llama-3.2-1B's layer shapes by default (--shapes K x N, ...; --rotated-mib 100 keeps
 SmolLM2's layers in the L3 as its steps find them); with --baseline, the same kernel of another
 source tree runs in turn with this one's, in the same process, its outputs checked equal:
 
     python benchmarks/amx_matmul_cpu.py [--rows 16,33,61,64] [--threads 2] [--baseline OTHER_TREE]
-        [--shapes 576x3072,1536x576,576x960,576x576 --rotated-mib 100]
+        [--shapes 576x3072,1536x576,576x960,576x576 --rotated-mib 100] [--kernel dot]
 """
 
 import argparse
@@ -16,18 +17,22 @@ from types import SimpleNamespace
 import torch
 
 from pagedgen.kernels import cpu_build, cpu_gemm_bf16, source
+from pagedgen.kernels.cpu_features import kernel_march
 
 SHAPES = "2048x16384,8192x2048,2048x3072,2048x2048"  # K x N: gate/up, down, qkv, o
 
 
-def library_of(kernels: Path | None) -> SimpleNamespace:
-    """The AMX library built from kernels/ of a source tree (None: this one)."""
+def library_of(kernels: Path | None, kernel: str) -> SimpleNamespace:
+    """The kernel's entry point (linear) built from kernels/ of a source tree (None: this one)."""
     if kernels is not None:
         source.kernel_dir = lambda: kernels  # noqa: E731 (the loader asks this module)
     source.kernel_source.cache_clear()
     cpu_build.load_cpu_library.cache_clear()
+    if kernel == "dot":
+        cpu_gemm_bf16._library.cache_clear()
+        return SimpleNamespace(linear=cpu_gemm_bf16._library(kernel_march()).linear_bf16)
     cpu_gemm_bf16._amx_library.cache_clear()
-    return cpu_gemm_bf16._amx_library()
+    return SimpleNamespace(linear=cpu_gemm_bf16._amx_library().linear_bf16_amx)
 
 
 def main() -> None:
@@ -40,10 +45,11 @@ def main() -> None:
     parser.add_argument(
         "--rotated-mib", type=int, default=700, help="MiB of copies of a weight read in turn"
     )
+    parser.add_argument("--kernel", choices=("amx", "dot"), default="amx")
     args = parser.parse_args()
-    libraries = {"this": library_of(None)}
+    libraries = {"this": library_of(None, args.kernel)}
     if args.baseline is not None:
-        libraries["baseline"] = library_of(args.baseline / "kernels")
+        libraries["baseline"] = library_of(args.baseline / "kernels", args.kernel)
     for shape in args.shapes.split(","):
         k, n = (int(d) for d in shape.split("x"))
         copies = max(2, (args.rotated_mib << 20) // (n * k * 2))
@@ -59,7 +65,7 @@ def main() -> None:
                 for name, y in outs.items()
             }
             for name, library in libraries.items():
-                assert library.linear_bf16_amx(*calls[name][0]) == 0
+                assert library.linear(*calls[name][0]) == 0
             if len(outs) == 2:
                 assert torch.equal(outs["this"], outs["baseline"]), "outputs differ"
             best = dict.fromkeys(libraries, float("inf"))
@@ -67,7 +73,7 @@ def main() -> None:
                 for name, library in libraries.items():
                     start = time.perf_counter()
                     for call in calls[name]:
-                        library.linear_bf16_amx(*call)
+                        library.linear(*call)
                     best[name] = min(best[name], (time.perf_counter() - start) / len(weights))
             gb = n * k * 2 / 1e9
             line = f"K {k:5d} N {n:5d} rows {m:4d}: {best['this'] * 1e3:7.3f} ms"

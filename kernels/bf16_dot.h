@@ -1,17 +1,19 @@
 #pragma once
 // The AVX512_BF16 dot-product micro-kernel over bfloat16 panels ([K / 2][16][2] a panel, as
-// cpu_gemm_bf16.c packs them): up to MR rows of x against one or two panels (32 columns) of W, the
-// sums of y in MR x 2 zmm accumulators, each column's products summed over the pairs of k in order
-// (so a row's outputs never depend on the rows beside it), then plus bias, rounded once to
-// bfloat16. cpu_gemm_bf16.c runs it over packed weights, cpu_gemm_quant_bf16.c over quantized
-// weights it dequantizes a pair of panels at a time. Include where __AVX512BF16__ is defined.
+// cpu_gemm_bf16.c packs them): up to MR4 rows of x against three or four panels (64 columns) of W,
+// or up to MR rows against one or two, the sums of y in at most 24 zmm accumulators, each
+// column's products summed over the pairs of k in order (so a row's outputs never depend on the
+// rows beside it, nor on the tile it falls in), then plus bias, rounded once to bfloat16.
+// cpu_gemm_bf16.c runs it over packed weights, cpu_gemm_quant_bf16.c over quantized weights it
+// dequantizes a quad of panels at a time. Include where __AVX512BF16__ is defined.
 
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #define NR 16  // output columns per panel: one zmm of float32 sums
-#define MR 12  // rows per micro-kernel call
+#define MR 12  // rows per micro-kernel call over one or two panels
+#define MR4 6  // ... over three or four
 
 // The pair (x[2i], x[2i + 1]) as one 32-bit word.
 static inline __m512bh pair_at(const uint16_t *x, int64_t i) {
@@ -24,9 +26,9 @@ static inline __m512bh pair_at(const uint16_t *x, int64_t i) {
 static inline __attribute__((always_inline)) void dot_pair(const uint16_t *x, int64_t ldx,
                                                            const uint16_t *panel,
                                                            int64_t panel_stride, int64_t i,
-                                                           __m512 acc[MR][2], const int R,
+                                                           __m512 acc[MR][4], const int R,
                                                            const int NP, int odd_tail) {
-  __m512bh b[2];
+  __m512bh b[4];
   for (int p = 0; p < NP; p++)
     b[p] = (__m512bh)_mm512_loadu_si512(panel + p * panel_stride + i * NR * 2);
   for (int r = 0; r < R; r++) {  // past an odd K, the pair (x[K - 1], 0)
@@ -41,15 +43,15 @@ static inline __attribute__((always_inline)) void dot_panels(const uint16_t *x, 
                                                          const uint16_t *panel,
                                                          int64_t panel_stride, int64_t k,
                                                          const uint16_t *prefetch,
-                                                         __m512 acc[MR][2], const int R,
+                                                         __m512 acc[MR][4], const int R,
                                                          const int NP) {
   for (int r = 0; r < R; r++)
     for (int p = 0; p < NP; p++) acc[r][p] = _mm512_setzero_ps();
   const int64_t whole = k / 2;
   for (int64_t i = 0; i < whole; i++) {
     if (prefetch) {
-      _mm_prefetch((const char *)(prefetch + i * NR * 2), _MM_HINT_T1);
-      if (NP == 2) _mm_prefetch((const char *)(prefetch + panel_stride + i * NR * 2), _MM_HINT_T1);
+      for (int p = 0; p < NP; p++)
+        _mm_prefetch((const char *)(prefetch + p * panel_stride + i * NR * 2), _MM_HINT_T1);
     }
     dot_pair(x, ldx, panel, panel_stride, i, acc, R, NP, 0);
   }
@@ -62,7 +64,7 @@ static inline __attribute__((always_inline)) void dot_panels(const uint16_t *x, 
   static void dot_##R##_##NP(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,       \
                               const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t n, \
                               int64_t col, const uint16_t *prefetch) {                         \
-    __m512 acc[MR][2];                                                                         \
+    __m512 acc[MR][4];                                                                         \
     const int64_t panel_stride = (k + 1) / 2 * NR * 2;                                         \
     dot_panels(x, ldx, panel, panel_stride, k, prefetch, acc, R, NP);                          \
     for (int p = 0; p < NP; p++) {                                                             \
@@ -84,6 +86,10 @@ static inline __attribute__((always_inline)) void dot_panels(const uint16_t *x, 
   DOT_TILE(12, NP)
 DOT_TILES(1)
 DOT_TILES(2)
+#define DOT_TILES4(NP)                                                                          \
+  DOT_TILE(1, NP) DOT_TILE(2, NP) DOT_TILE(3, NP) DOT_TILE(4, NP) DOT_TILE(5, NP) DOT_TILE(6, NP)
+DOT_TILES4(3)
+DOT_TILES4(4)
 
 typedef void (*DotTile)(uint16_t *, int64_t, const uint16_t *, int64_t, const uint16_t *, int64_t,
                      const uint16_t *, int64_t, int64_t, const uint16_t *);
@@ -93,3 +99,21 @@ typedef void (*DotTile)(uint16_t *, int64_t, const uint16_t *, int64_t, const ui
 // DOT_TILES_BY_NP[np - 1][rows](y, ldy, x, ldx, panel, k, bias, n, col, prefetch): rows (1..MR)
 // of y from column col for np panels; prefetch: the pair read next, asked into L2 (or NULL).
 static const DotTile DOT_TILES_BY_NP[2][MR + 1] = {DOT_ROW(1), DOT_ROW(2)};
+#define DOT_ROW4(NP) {0, dot_1_##NP, dot_2_##NP, dot_3_##NP, dot_4_##NP, dot_5_##NP, dot_6_##NP}
+static const DotTile DOT_TILES4_BY_NP[2][MR4 + 1] = {DOT_ROW4(3), DOT_ROW4(4)};
+
+// Rows [m0, m1) of y for the quad of panels q (up to four: 64 columns) at panel, 6 rows a call
+// (24 sums) where it has three or four panels, 12 where it has one or two. prefetch: the quad read
+// next, asked into L2 by the first call (or NULL).
+static inline void dot_rows(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,
+                            const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t n,
+                            int64_t q, int64_t panels, int64_t m0, int64_t m1,
+                            const uint16_t *prefetch) {
+  const int np = panels - 4 * q < 4 ? (int)(panels - 4 * q) : 4, mr = np > 2 ? MR4 : MR;
+  for (int64_t r = m0; r < m1; r += mr) {
+    const int rows = m1 - r < mr ? (int)(m1 - r) : mr;
+    const DotTile tile = np > 2 ? DOT_TILES4_BY_NP[np - 3][rows] : DOT_TILES_BY_NP[np - 1][rows];
+    tile(y + r * ldy, ldy, x + r * ldx, ldx, panel, k, bias, n, 4 * q * NR,
+         r == m0 ? prefetch : NULL);
+  }
+}

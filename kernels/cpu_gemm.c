@@ -175,12 +175,13 @@ static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *
     panel_rows_f32(y, x, ldx, (const f32_t *)w_packed + p * k * NR, bias, m0, m1, n, k, p * NR);
 }
 #else
-// AVX-512: the same panels, two side by side (32 columns) against up to 12 rows: 24 zmm
-// accumulators, 2 panel vectors and a broadcast of the 32 registers; 1.05-1.17x oneDNN's AVX-512
-// kernels at 32-96 rows. oneDNN slices K by 512 where K <= 1024 or there is one row, else by
+// AVX-512: the same panels, four side by side (64 columns) against up to 6 rows, or two against
+// up to 12 where a unit has two left: 24 zmm accumulators, the panel vectors and a broadcast of
+// the 32 registers. oneDNN slices K by 512 where K <= 1024 or there is one row, else by
 // 1024 (measured on an AVX-512 Zen 5; its one-row kernel splits K past 1536 its own way, so
 // there a result may differ from oneDNN's in the last bit).
-#define MR512 12
+#define MR512 12  // rows a call over one or two panels
+#define MR512_4 6  // ... over three or four (24 accumulators either way)
 
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_bf16(const uint16_t *p) {
@@ -196,15 +197,15 @@ static inline int64_t kc512(int64_t m, int64_t k) { return m == 1 || k <= 1024 ?
   static inline __attribute__((always_inline)) void kernel512_##W(                            \
       const float *x, int64_t ldx, const W##_t *panel, int64_t panel_stride, int64_t kc,      \
       float *y, int64_t ldy, int accumulate, const W##_t *prefetch, const int R, const int NP) { \
-    __m512 c[MR512][2];                                                                        \
+    __m512 c[MR512][4];                                                                        \
     for (int r = 0; r < R; r++)                                                                \
       for (int p = 0; p < NP; p++) c[r][p] = _mm512_setzero_ps();                              \
     for (int64_t i = 0; i < kc; i++) {                                                         \
       if (prefetch) {                                                                          \
-        _mm_prefetch((const char *)(prefetch + i * NR), _MM_HINT_T1);                          \
-        if (NP == 2) _mm_prefetch((const char *)(prefetch + panel_stride + i * NR), _MM_HINT_T1); \
+        for (int p = 0; p < NP; p++)                                                           \
+          _mm_prefetch((const char *)(prefetch + p * panel_stride + i * NR), _MM_HINT_T1);     \
       }                                                                                        \
-      __m512 b[2];                                                                             \
+      __m512 b[4];                                                                             \
       for (int p = 0; p < NP; p++) b[p] = load16_##W(panel + p * panel_stride + i * NR);      \
       for (int r = 0; r < R; r++) {                                                            \
         const __m512 a = _mm512_set1_ps(x[r * ldx + i]);                                       \
@@ -228,34 +229,45 @@ static inline int64_t kc512(int64_t m, int64_t k) { return m == 1 || k <= 1024 ?
   KERNEL512_RN(W, 5, NP) KERNEL512_RN(W, 6, NP) KERNEL512_RN(W, 7, NP) KERNEL512_RN(W, 8, NP) \
   KERNEL512_RN(W, 9, NP) KERNEL512_RN(W, 10, NP) KERNEL512_RN(W, 11, NP)                      \
   KERNEL512_RN(W, 12, NP)
+#define KERNELS512_NP4(W, NP)                                                                   \
+  KERNEL512_RN(W, 1, NP) KERNEL512_RN(W, 2, NP) KERNEL512_RN(W, 3, NP) KERNEL512_RN(W, 4, NP) \
+  KERNEL512_RN(W, 5, NP) KERNEL512_RN(W, 6, NP)
+#define KERNEL512_ROW4(W, NP)                                                                   \
+  {0, kernel512_##W##_1_##NP, kernel512_##W##_2_##NP, kernel512_##W##_3_##NP,                  \
+   kernel512_##W##_4_##NP, kernel512_##W##_5_##NP, kernel512_##W##_6_##NP}
 #define KERNEL512_ROW(W, NP)                                                                    \
   {0, kernel512_##W##_1_##NP, kernel512_##W##_2_##NP, kernel512_##W##_3_##NP,                  \
    kernel512_##W##_4_##NP, kernel512_##W##_5_##NP, kernel512_##W##_6_##NP,                     \
    kernel512_##W##_7_##NP, kernel512_##W##_8_##NP, kernel512_##W##_9_##NP,                     \
    kernel512_##W##_10_##NP, kernel512_##W##_11_##NP, kernel512_##W##_12_##NP}
 
-// Rows [m0, m1) of y for np (1 or 2) panels from column col: each K slice in turn, then the
-// bias. Columns past n go through a 12 x 32 scratch tile.
+// Rows [m0, m1) of y for np (1 to 4) panels from column col, 12 rows a call over one or two
+// panels and 6 over three or four: each K slice in turn, then the bias. Columns past n go
+// through a scratch tile (12 x 32 or 6 x 64).
 #define PANEL_ROWS512(W)                                                                       \
-  KERNEL512(W) KERNELS512_NP(W, 1) KERNELS512_NP(W, 2)                                         \
+  KERNEL512(W) KERNELS512_NP(W, 1) KERNELS512_NP(W, 2) KERNELS512_NP4(W, 3) KERNELS512_NP4(W, 4) \
   typedef void (*Kernel512_##W)(const float *, int64_t, const W##_t *, int64_t, int64_t,      \
                                 float *, int64_t, int, const W##_t *);                         \
   static const Kernel512_##W KERNELS512_##W[2][MR512 + 1] = {KERNEL512_ROW(W, 1),             \
                                                              KERNEL512_ROW(W, 2)};            \
+  static const Kernel512_##W KERNELS512_4_##W[2][MR512_4 + 1] = {KERNEL512_ROW4(W, 3),        \
+                                                                 KERNEL512_ROW4(W, 4)};       \
   static void panel_rows512_##W(float *y, const float *x, int64_t ldx, const W##_t *panel,     \
                                 int np, const float *bias, int64_t m0, int64_t m1, int64_t n,  \
                                 int64_t k, int64_t kc_max, int64_t col) {                      \
     const int64_t width = np * NR, cols = n - col < width ? n - col : width;                   \
+    const int mr = np > 2 ? MR512_4 : MR512;                                                   \
     float tile[MR512 * 2 * NR];                                                                \
-    for (int64_t m = m0; m < m1; m += MR512) {                                                 \
-      const int rows = m1 - m < MR512 ? (int)(m1 - m) : MR512;                                 \
+    for (int64_t m = m0; m < m1; m += mr) {                                                    \
+      const int rows = m1 - m < mr ? (int)(m1 - m) : mr;                                       \
       float *dst = cols == width ? y + m * n + col : tile;                                     \
       const int64_t ld = cols == width ? n : width;                                            \
       for (int64_t k0 = 0; k0 < k; k0 += kc_max) {                                            \
         const int64_t kc = k - k0 < kc_max ? k - k0 : kc_max;                                  \
         const W##_t *next = m == m0 ? panel + np * k * NR + k0 * NR : NULL;                    \
-        KERNELS512_##W[np - 1][rows](x + m * ldx + k0, ldx, panel + k0 * NR, k * NR, kc, dst,  \
-                                     ld, k0 > 0, next);                                        \
+        const Kernel512_##W kernel =                                                           \
+            np > 2 ? KERNELS512_4_##W[np - 3][rows] : KERNELS512_##W[np - 1][rows];            \
+        kernel(x + m * ldx + k0, ldx, panel + k0 * NR, k * NR, kc, dst, ld, k0 > 0, next);     \
       }                                                                                        \
       finish_rows(y + m * n + col, n, tile, width, rows, cols, bias == NULL ? NULL : bias + col); \
     }                                                                                          \
@@ -263,13 +275,13 @@ static inline int64_t kc512(int64_t m, int64_t k) { return m == 1 || k <= 1024 ?
 PANEL_ROWS512(f32)
 PANEL_ROWS512(bf16)
 
-// A thread's unit of work: panels p and p + 1 (p alone if it is the last), for rows [m0, m1).
-#define UNIT_PANELS 2
+// A thread's unit of work: panels p to p + 3 (fewer if they are the last), for rows [m0, m1).
+#define UNIT_PANELS 4
 #define TILE_ROWS MR512
 static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *w_packed,
                              int weight_bf16, const float *bias, int64_t m0, int64_t m1,
                              int64_t m, int64_t n, int64_t k, int64_t p, int64_t panels) {
-  const int np = panels - p < 2 ? 1 : 2;
+  const int np = panels - p < 4 ? (int)(panels - p) : 4;
   if (weight_bf16)
     panel_rows512_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, np, bias, m0, m1, n, k,
                        kc512(m, k), p * NR);

@@ -26,9 +26,9 @@
 // (linear_quant_bf16_amx_dense) run the dense kernel's passes (amx_gemm.h) over the weight
 // dequantized a chunk at a time.
 //
-// AVX512_BF16 (linear_quant_bf16_dot): each thread dequantizes the pairs of panels it takes, the
+// AVX512_BF16 (linear_quant_bf16_dot): each thread dequantizes the quads of panels it takes, the
 // same values as the tiles take, transposed into cpu_gemm_bf16.c's layout in a scratch of its own
-// (a decode batch: one pair at a time, for all its rows; a prompt: a chunk of GEMM_CHUNK_BYTES at
+// (a decode batch: one quad at a time, for all its rows; a prompt: a chunk of GEMM_CHUNK_BYTES at
 // a time, for every block of rows), and runs the dense kernel's micro-kernel (bf16_dot.h) there.
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
@@ -268,14 +268,19 @@ typedef struct {
   int64_t panels;
 } Packed;
 
+// Panels [p0, p1) of the weight dequantized into cpu_gemm_bf16's layout at out, panel p0 first.
+static void unpack_panels(uint16_t *out, const Packed *w, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1 && p < w->panels; p++)
+    unpack_panel(out + (p - p0) * (w->s.k / 2 * NR * 2), w->w_packed, &w->s, p, w->s.k);
+}
+
+#ifdef __AMX_BF16__
 // Pairs [q0, q1) of the weight's panels dequantized into cpu_gemm_bf16's layout at out, pair q0
 // first (a ChunkFill).
 static void unpack_pairs(uint16_t *out, const void *ctx, int64_t q0, int64_t q1) {
-  const Packed *w = ctx;
-  const int64_t p1 = 2 * q1 < w->panels ? 2 * q1 : w->panels;
-  for (int64_t p = 2 * q0; p < p1; p++)
-    unpack_panel(out + (p - 2 * q0) * (w->s.k / 2 * NR * 2), w->w_packed, &w->s, p, w->s.k);
+  unpack_panels(out, ctx, 2 * q0, 2 * q1);
 }
+#endif
 
 // y [m, n] (rows ldy apart) on AVX512_BF16 dot products (see the top): the dense AVX512_BF16
 // path's bits. Returns 0; 1 for bits or a group it does not take; 4 where no scratch memory is to
@@ -285,29 +290,24 @@ int linear_quant_bf16_dot(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t l
                           int64_t k, int bits, int64_t group, int has_mins, int num_threads) {
   if (!valid(k, bits, group)) return 1;
   const Packed w = {w_packed, shape_of(k, bits, group, has_mins), (n + NR - 1) / NR};
-  const int64_t pairs = (w.panels + 1) / 2, panel_elems = k / 2 * NR * 2;
-  const int64_t pair_bytes = 2 * panel_elems * (int64_t)sizeof(uint16_t);
+  const int64_t quads = (w.panels + 3) / 4, panel_elems = k / 2 * NR * 2;
+  const int64_t quad_bytes = 4 * panel_elems * (int64_t)sizeof(uint16_t);
   const int64_t block_rows = gemm_block_rows(DOT_X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
-  const int threads = gemm_threads(num_threads, pairs);
+  const int threads = gemm_threads(num_threads, quads);
   uint64_t shares[GEMM_MAX_THREADS];
-  gemm_shares(shares, pairs, threads);
+  gemm_shares(shares, quads, threads);
   int status = 0;
 #pragma omp parallel num_threads(threads) reduction(| : status)
   {
-    // a chunk of pairs (a decode batch's one block takes one pair a chunk)
-    uint16_t *scratch = aligned_alloc(64, (size_t)(gemm_chunk_units(pair_bytes) * pair_bytes));
+    // a chunk of quads (a decode batch's one block takes one quad a chunk)
+    uint16_t *scratch = aligned_alloc(64, (size_t)(gemm_chunk_units(quad_bytes) * quad_bytes));
     if (scratch == NULL)
       status = 4;
     else
-      GEMM_UNITS(pairs, pair_bytes, m, block_rows, shares, threads,
-                 unpack_pairs(scratch, &w, chunk0, chunk1), {
-                   const int np = w.panels - 2 * q < 2 ? 1 : 2;
-                   const uint16_t *panel = scratch + (q - chunk0) * 2 * panel_elems;
-                   for (int64_t r = m0; r < m1; r += MR) {
-                     const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
-                     DOT_TILES_BY_NP[np - 1][rows](y + r * ldy, ldy, x + r * ldx, ldx, panel, k,
-                                                   bias, n, 2 * q * NR, NULL);
-                   }
+      GEMM_UNITS(quads, quad_bytes, m, block_rows, shares, threads,
+                 unpack_panels(scratch, &w, 4 * chunk0, 4 * chunk1), {
+                   const uint16_t *panel = scratch + (q - chunk0) * 4 * panel_elems;
+                   dot_rows(y, ldy, x, ldx, panel, k, bias, n, q, w.panels, m0, m1, NULL);
                  });
     free(scratch);
   }
