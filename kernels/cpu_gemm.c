@@ -163,12 +163,16 @@ PANEL_ROWS(f32)
 PANEL_ROWS(bf16)
 
 // A thread's unit of work: one panel, for rows [m0, m1).
-#define UNIT_PANELS 1
 #define TILE_ROWS MR
+static inline int unit_panels(int64_t panels, int threads) {
+  (void)panels, (void)threads;
+  return 1;
+}
 static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *w_packed,
                              int weight_bf16, const float *bias, int64_t m0, int64_t m1,
-                             int64_t m, int64_t n, int64_t k, int64_t p, int64_t panels) {
-  (void)m, (void)panels;
+                             int64_t m, int64_t n, int64_t k, int64_t p, int64_t panels,
+                             int unit) {
+  (void)m, (void)panels, (void)unit;
   if (weight_bf16)
     panel_rows_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, bias, m0, m1, n, k, p * NR);
   else
@@ -275,13 +279,18 @@ static inline int64_t kc512(int64_t m, int64_t k) { return m == 1 || k <= 1024 ?
 PANEL_ROWS512(f32)
 PANEL_ROWS512(bf16)
 
-// A thread's unit of work: panels p to p + 3 (fewer if they are the last), for rows [m0, m1).
-#define UNIT_PANELS 4
+// A thread's unit of work: `unit` panels from p (fewer if they are the last), for rows [m0, m1):
+// four (6 x 4 tiles) where each thread has a dozen quads or more, else two (12 x 2), so that a
+// narrow weight's call does not end with one thread a quad behind.
 #define TILE_ROWS MR512
+static inline int unit_panels(int64_t panels, int threads) {
+  return (panels + 3) / 4 >= 12 * (int64_t)threads ? 4 : 2;
+}
 static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *w_packed,
                              int weight_bf16, const float *bias, int64_t m0, int64_t m1,
-                             int64_t m, int64_t n, int64_t k, int64_t p, int64_t panels) {
-  const int np = panels - p < 4 ? (int)(panels - p) : 4;
+                             int64_t m, int64_t n, int64_t k, int64_t p, int64_t panels,
+                             int unit) {
+  const int np = panels - p < unit ? (int)(panels - p) : unit;
   if (weight_bf16)
     panel_rows512_bf16(y, x, ldx, (const bf16_t *)w_packed + p * k * NR, np, bias, m0, m1, n, k,
                        kc512(m, k), p * NR);
@@ -299,11 +308,13 @@ static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *
 int linear(float *y, const float *x, int64_t ldx, const void *w_packed, int weight_bf16,
            const float *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
 #if SUPPORTED
-  const int64_t panels = (n + NR - 1) / NR, units = (panels + UNIT_PANELS - 1) / UNIT_PANELS;
+  const int64_t panels = (n + NR - 1) / NR;
+  const int unit = unit_panels(panels, gemm_threads(num_threads, panels));
+  const int64_t units = (panels + unit - 1) / unit;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(float), TILE_ROWS);
-  const int64_t unit_bytes = UNIT_PANELS * k * NR * (weight_bf16 ? 2 : 4);
+  const int64_t unit_bytes = unit * k * NR * (weight_bf16 ? 2 : 4);
   GEMM_THREAD_LOOP(num_threads, units, unit_bytes, m, block_rows, {
-    unit_rows(y, x, ldx, w_packed, weight_bf16, bias, m0, m1, m, n, k, q * UNIT_PANELS, panels);
+    unit_rows(y, x, ldx, w_packed, weight_bf16, bias, m0, m1, m, n, k, q * unit, panels, unit);
   });
   return 0;
 #else

@@ -6,12 +6,13 @@
 // panel is the operand of one vdpbf16ps: acc[j] += x[k] * W[j, k] + x[k + 1] * W[j, k + 1] for
 // the 16 columns j, with the pair (x[k], x[k + 1]) broadcast as one 32-bit word.
 //
-// The micro-kernel (bf16_dot.h) holds 6 rows x 4 panels (64 columns) of y in 24 zmm accumulators
-// (12 rows x 2 panels where a quad has one or two panels left); threads split the quads of
-// panels, each quad is read once for all rows of x (up to X_BLOCK_BYTES of them) and the first
-// row tile prefetches the quad read next. On two Zen 4 cores 6 x 4 runs 1.01-1.16x the 12 x 2
-// tiles (fewer broadcasts of x, no row pointers spilled) and 1.0-1.3x oneDNN's bfloat16 kernels
-// at 1-64 rows of Llama-3.2-1B's shapes, about even with them at 512.
+// The micro-kernel (bf16_dot.h) holds 6 rows x 4 panels (64 columns) of y in 24 zmm accumulators,
+// or 12 rows x 2 panels; threads split the weight's quads of panels (pairs where a thread would
+// have fewer than a dozen quads: dot_unit_panels), each unit is read once for all rows of x (up
+// to X_BLOCK_BYTES of them) and the first row tile prefetches the unit read next. On two Zen 4
+// cores 6 x 4 runs 1.01-1.16x the 12 x 2 tiles on Llama-3.2-1B's shapes (fewer broadcasts of x,
+// no row pointers spilled) and 1.0-1.3x oneDNN's bfloat16 kernels at 1-64 rows, about even at
+// 512.
 //
 // Built with -march=native (pagedgen.kernels.cpu_build); where the target lacks AVX512_BF16,
 // cpu_gemm_bf16_supported() returns 0 and the caller keeps oneDNN.
@@ -55,13 +56,16 @@ int pack_weight_bf16(uint16_t *out, const uint16_t *w, int64_t n, int64_t k) {
 int linear_bf16(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t *w_packed,
                 const uint16_t *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
 #if SUPPORTED
-  const int64_t panels = (n + NR - 1) / NR, quads = (panels + 3) / 4;
-  const int64_t panel_elems = (k + 1) / 2 * NR * 2;
+  const int64_t panels = (n + NR - 1) / NR;
+  const int unit = dot_unit_panels(panels, gemm_threads(num_threads, panels));
+  const int64_t units = (panels + unit - 1) / unit, panel_elems = (k + 1) / 2 * NR * 2;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
-  const int64_t quad_bytes = 4 * panel_elems * (int64_t)sizeof(uint16_t);
-  GEMM_THREAD_LOOP(num_threads, quads, quad_bytes, m, block_rows, {
-    const uint16_t *next = q_next >= 0 ? w_packed + 4 * q_next * panel_elems : NULL;
-    dot_rows(y, n, x, ldx, w_packed + 4 * q * panel_elems, k, bias, n, q, panels, m0, m1, next);
+  const int64_t unit_bytes = unit * panel_elems * (int64_t)sizeof(uint16_t);
+  GEMM_THREAD_LOOP(num_threads, units, unit_bytes, m, block_rows, {
+    const int64_t p0 = q * unit;
+    const int np = panels - p0 < unit ? (int)(panels - p0) : unit;
+    const uint16_t *next = q_next >= 0 ? w_packed + q_next * unit * panel_elems : NULL;
+    dot_rows(y, n, x, ldx, w_packed + p0 * panel_elems, k, bias, n, p0, np, m0, m1, next);
   });
   return 0;
 #else

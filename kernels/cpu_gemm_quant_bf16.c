@@ -26,9 +26,9 @@
 // (linear_quant_bf16_amx_dense) run the dense kernel's passes (amx_gemm.h) over the weight
 // dequantized a chunk at a time.
 //
-// AVX512_BF16 (linear_quant_bf16_dot): each thread dequantizes the quads of panels it takes, the
+// AVX512_BF16 (linear_quant_bf16_dot): each thread dequantizes the units of panels it takes, the
 // same values as the tiles take, transposed into cpu_gemm_bf16.c's layout in a scratch of its own
-// (a decode batch: one quad at a time, for all its rows; a prompt: a chunk of GEMM_CHUNK_BYTES at
+// (a decode batch: one unit at a time, for all its rows; a prompt: a chunk of GEMM_CHUNK_BYTES at
 // a time, for every block of rows), and runs the dense kernel's micro-kernel (bf16_dot.h) there.
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
@@ -290,24 +290,28 @@ int linear_quant_bf16_dot(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t l
                           int64_t k, int bits, int64_t group, int has_mins, int num_threads) {
   if (!valid(k, bits, group)) return 1;
   const Packed w = {w_packed, shape_of(k, bits, group, has_mins), (n + NR - 1) / NR};
-  const int64_t quads = (w.panels + 3) / 4, panel_elems = k / 2 * NR * 2;
-  const int64_t quad_bytes = 4 * panel_elems * (int64_t)sizeof(uint16_t);
+  const int threads = gemm_threads(num_threads, w.panels);
+  const int unit = dot_unit_panels(w.panels, threads);
+  const int64_t units = (w.panels + unit - 1) / unit, panel_elems = k / 2 * NR * 2;
+  const int64_t unit_bytes = unit * panel_elems * (int64_t)sizeof(uint16_t);
   const int64_t block_rows = gemm_block_rows(DOT_X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
-  const int threads = gemm_threads(num_threads, quads);
+  const int unit_threads = gemm_threads(num_threads, units);
   uint64_t shares[GEMM_MAX_THREADS];
-  gemm_shares(shares, quads, threads);
+  gemm_shares(shares, units, unit_threads);
   int status = 0;
-#pragma omp parallel num_threads(threads) reduction(| : status)
+#pragma omp parallel num_threads(unit_threads) reduction(| : status)
   {
-    // a chunk of quads (a decode batch's one block takes one quad a chunk)
-    uint16_t *scratch = aligned_alloc(64, (size_t)(gemm_chunk_units(quad_bytes) * quad_bytes));
+    // a chunk of units (a decode batch's one block takes one unit a chunk)
+    uint16_t *scratch = aligned_alloc(64, (size_t)(gemm_chunk_units(unit_bytes) * unit_bytes));
     if (scratch == NULL)
       status = 4;
     else
-      GEMM_UNITS(quads, quad_bytes, m, block_rows, shares, threads,
-                 unpack_panels(scratch, &w, 4 * chunk0, 4 * chunk1), {
-                   const uint16_t *panel = scratch + (q - chunk0) * 4 * panel_elems;
-                   dot_rows(y, ldy, x, ldx, panel, k, bias, n, q, w.panels, m0, m1, NULL);
+      GEMM_UNITS(units, unit_bytes, m, block_rows, shares, unit_threads,
+                 unpack_panels(scratch, &w, unit * chunk0, unit * chunk1), {
+                   const int64_t p0 = q * unit;
+                   const int np = w.panels - p0 < unit ? (int)(w.panels - p0) : unit;
+                   const uint16_t *panel = scratch + (q - chunk0) * unit * panel_elems;
+                   dot_rows(y, ldy, x, ldx, panel, k, bias, n, p0, np, m0, m1, NULL);
                  });
     free(scratch);
   }

@@ -26,6 +26,8 @@ def kernel(request, monkeypatch) -> str:
 # (N, K): SmolLM2's projections and head; N not a multiple of 16 or 32; odd K; one tile of k.
 SHAPES = [(960, 576), (576, 1536), (49152, 576), (1000, 37), (7, 2501), (33, 3000), (7, 2048)]
 SHAPES += [(48, 32)]
+# 103 panels: 26 quads at up to two threads, the last of three panels, its last partial
+SHAPES += [(1643, 96)]
 ROWS = [1, 5, 12, 13, 59, 100]  # below, at and past one 12-row tile
 ROWS += [15, 16, 17, 31, 32, 33]  # ... and the AMX kernel's 16-row tiles, two at a time
 # Past the rows read in one pass over W: 696 (4 MiB of x) at K = 3000; the AMX kernel's 256
