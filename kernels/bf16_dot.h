@@ -102,14 +102,6 @@ static const DotTile DOT_TILES_BY_NP[2][MR + 1] = {DOT_ROW(1), DOT_ROW(2)};
 #define DOT_ROW4(NP) {0, dot_1_##NP, dot_2_##NP, dot_3_##NP, dot_4_##NP, dot_5_##NP, dot_6_##NP}
 static const DotTile DOT_TILES4_BY_NP[2][MR4 + 1] = {DOT_ROW4(3), DOT_ROW4(4)};
 
-// Panels per unit of work for a weight of `panels` panels on `threads` threads: quads (6 x 4
-// tiles) where each thread has a dozen or more of them, else pairs (12 x 2 tiles): a call over
-// a narrow weight (SmolLM2's 576 columns: 9 quads) would end with one thread a quad behind the
-// other (0.93-0.96x at 54-61 rows on a Zen 4).
-static inline int dot_unit_panels(int64_t panels, int threads) {
-  return (panels + 3) / 4 >= 12 * (int64_t)threads ? 4 : 2;
-}
-
 // Rows [m0, m1) of y for np panels (up to four) from panel p0, at panel: 6 rows a call (24 sums)
 // over three or four panels, 12 over one or two. prefetch: the unit read next, asked into L2 by
 // the first call (or NULL).

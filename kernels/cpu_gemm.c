@@ -280,11 +280,10 @@ PANEL_ROWS512(f32)
 PANEL_ROWS512(bf16)
 
 // A thread's unit of work: `unit` panels from p (fewer if they are the last), for rows [m0, m1):
-// four (6 x 4 tiles) where each thread has a dozen quads or more, else two (12 x 2), so that a
-// narrow weight's call does not end with one thread a quad behind.
+// four (6 x 4 tiles) or two (12 x 2) as gemm_unit_panels says.
 #define TILE_ROWS MR512
 static inline int unit_panels(int64_t panels, int threads) {
-  return (panels + 3) / 4 >= 12 * (int64_t)threads ? 4 : 2;
+  return gemm_unit_panels(panels, threads);
 }
 static inline void unit_rows(float *y, const float *x, int64_t ldx, const void *w_packed,
                              int weight_bf16, const float *bias, int64_t m0, int64_t m1,

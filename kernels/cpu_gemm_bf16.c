@@ -8,7 +8,7 @@
 //
 // The micro-kernel (bf16_dot.h) holds 6 rows x 4 panels (64 columns) of y in 24 zmm accumulators,
 // or 12 rows x 2 panels; threads split the weight's quads of panels (pairs where a thread would
-// have fewer than a dozen quads: dot_unit_panels), each unit is read once for all rows of x (up
+// have fewer than a dozen quads: gemm_unit_panels), each unit is read once for all rows of x (up
 // to X_BLOCK_BYTES of them) and the first row tile prefetches the unit read next. On two Zen 4
 // cores 6 x 4 runs 1.01-1.16x the 12 x 2 tiles on Llama-3.2-1B's shapes (fewer broadcasts of x,
 // no row pointers spilled) and 1.0-1.3x oneDNN's bfloat16 kernels at 1-64 rows, about even at
@@ -57,7 +57,7 @@ int linear_bf16(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t *w_p
                 const uint16_t *bias, int64_t m, int64_t n, int64_t k, int num_threads) {
 #if SUPPORTED
   const int64_t panels = (n + NR - 1) / NR;
-  const int unit = dot_unit_panels(panels, gemm_threads(num_threads, panels));
+  const int unit = gemm_unit_panels(panels, gemm_threads(num_threads, panels));
   const int64_t units = (panels + unit - 1) / unit, panel_elems = (k + 1) / 2 * NR * 2;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
   const int64_t unit_bytes = unit * panel_elems * (int64_t)sizeof(uint16_t);

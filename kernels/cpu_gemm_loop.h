@@ -56,6 +56,14 @@ static inline int gemm_threads(int num_threads, int64_t units) {
   return threads > GEMM_MAX_THREADS ? GEMM_MAX_THREADS : threads;
 }
 
+// Panels per unit of work of the AVX-512 panel kernels (cpu_gemm.c, bf16_dot.h) for a weight of
+// `panels` panels on `threads` threads: quads (6 x 4 tiles) where each thread has a dozen or more
+// of them, else pairs (12 x 2 tiles): a call over a narrow weight (SmolLM2's 576 columns: 9
+// quads) would end with one thread a quad behind the other (0.93-0.96x at 54-61 rows, Zen 4).
+static inline int gemm_unit_panels(int64_t panels, int threads) {
+  return (panels + 3) / 4 >= 12 * (int64_t)threads ? 4 : 2;
+}
+
 #define GEMM_CHUNK_BYTES (2 << 20)
 
 // Units of a chunk: GEMM_CHUNK_BYTES of W, and one more.

@@ -291,7 +291,7 @@ int linear_quant_bf16_dot(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t l
   if (!valid(k, bits, group)) return 1;
   const Packed w = {w_packed, shape_of(k, bits, group, has_mins), (n + NR - 1) / NR};
   const int threads = gemm_threads(num_threads, w.panels);
-  const int unit = dot_unit_panels(w.panels, threads);
+  const int unit = gemm_unit_panels(w.panels, threads);
   const int64_t units = (w.panels + unit - 1) / unit, panel_elems = k / 2 * NR * 2;
   const int64_t unit_bytes = unit * panel_elems * (int64_t)sizeof(uint16_t);
   const int64_t block_rows = gemm_block_rows(DOT_X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
