@@ -97,18 +97,20 @@ typedef void (*DotTile)(uint16_t *, int64_t, const uint16_t *, int64_t, const ui
   {0, dot_1_##NP, dot_2_##NP, dot_3_##NP, dot_4_##NP, dot_5_##NP, dot_6_##NP, dot_7_##NP,    \
    dot_8_##NP, dot_9_##NP, dot_10_##NP, dot_11_##NP, dot_12_##NP}
 // DOT_TILES_BY_NP[np - 1][rows](y, ldy, x, ldx, panel, k, bias, n, col, prefetch): rows (1..MR)
-// of y from column col for np panels; prefetch: the pair read next, asked into L2 (or NULL).
+// of y from column col for np panels; prefetch: np panels read next, asked into L2 (or NULL).
 static const DotTile DOT_TILES_BY_NP[2][MR + 1] = {DOT_ROW(1), DOT_ROW(2)};
 #define DOT_ROW4(NP) {0, dot_1_##NP, dot_2_##NP, dot_3_##NP, dot_4_##NP, dot_5_##NP, dot_6_##NP}
 static const DotTile DOT_TILES4_BY_NP[2][MR4 + 1] = {DOT_ROW4(3), DOT_ROW4(4)};
 
-// Rows [m0, m1) of y for np panels (up to four) from panel p0, at panel: 6 rows a call (24 sums)
-// over three or four panels, 12 over one or two. prefetch: the unit read next, asked into L2 by
-// the first call (or NULL).
+// Rows [m0, m1) of y for unit q of the weight's panels (`unit` of them, 2 or 4: fewer in the last
+// unit), whose first panel is at panel: 6 rows a call (24 sums) over three or four panels, 12
+// over one or two. prefetch: the unit read next, asked into L2 by the first call (or NULL).
 static inline void dot_rows(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t ldx,
                             const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t n,
-                            int64_t p0, int np, int64_t m0, int64_t m1, const uint16_t *prefetch) {
-  const int mr = np > 2 ? MR4 : MR;
+                            int64_t q, int unit, int64_t panels, int64_t m0, int64_t m1,
+                            const uint16_t *prefetch) {
+  const int64_t p0 = q * unit;
+  const int np = panels - p0 < unit ? (int)(panels - p0) : unit, mr = np > 2 ? MR4 : MR;
   for (int64_t r = m0; r < m1; r += mr) {
     const int rows = m1 - r < mr ? (int)(m1 - r) : mr;
     const DotTile tile = np > 2 ? DOT_TILES4_BY_NP[np - 3][rows] : DOT_TILES_BY_NP[np - 1][rows];

@@ -62,10 +62,9 @@ int linear_bf16(uint16_t *y, const uint16_t *x, int64_t ldx, const uint16_t *w_p
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
   const int64_t unit_bytes = unit * panel_elems * (int64_t)sizeof(uint16_t);
   GEMM_THREAD_LOOP(num_threads, units, unit_bytes, m, block_rows, {
-    const int64_t p0 = q * unit;
-    const int np = panels - p0 < unit ? (int)(panels - p0) : unit;
     const uint16_t *next = q_next >= 0 ? w_packed + q_next * unit * panel_elems : NULL;
-    dot_rows(y, n, x, ldx, w_packed + p0 * panel_elems, k, bias, n, p0, np, m0, m1, next);
+    dot_rows(y, n, x, ldx, w_packed + q * unit * panel_elems, k, bias, n, q, unit, panels, m0, m1,
+             next);
   });
   return 0;
 #else

@@ -290,28 +290,25 @@ int linear_quant_bf16_dot(uint16_t *y, int64_t ldy, const uint16_t *x, int64_t l
                           int64_t k, int bits, int64_t group, int has_mins, int num_threads) {
   if (!valid(k, bits, group)) return 1;
   const Packed w = {w_packed, shape_of(k, bits, group, has_mins), (n + NR - 1) / NR};
-  const int threads = gemm_threads(num_threads, w.panels);
-  const int unit = gemm_unit_panels(w.panels, threads);
+  const int unit = gemm_unit_panels(w.panels, gemm_threads(num_threads, w.panels));
   const int64_t units = (w.panels + unit - 1) / unit, panel_elems = k / 2 * NR * 2;
   const int64_t unit_bytes = unit * panel_elems * (int64_t)sizeof(uint16_t);
   const int64_t block_rows = gemm_block_rows(DOT_X_BLOCK_BYTES, k * (int64_t)sizeof(uint16_t), MR);
-  const int unit_threads = gemm_threads(num_threads, units);
+  const int threads = gemm_threads(num_threads, units);
   uint64_t shares[GEMM_MAX_THREADS];
-  gemm_shares(shares, units, unit_threads);
+  gemm_shares(shares, units, threads);
   int status = 0;
-#pragma omp parallel num_threads(unit_threads) reduction(| : status)
+#pragma omp parallel num_threads(threads) reduction(| : status)
   {
     // a chunk of units (a decode batch's one block takes one unit a chunk)
     uint16_t *scratch = aligned_alloc(64, (size_t)(gemm_chunk_units(unit_bytes) * unit_bytes));
     if (scratch == NULL)
       status = 4;
     else
-      GEMM_UNITS(units, unit_bytes, m, block_rows, shares, unit_threads,
+      GEMM_UNITS(units, unit_bytes, m, block_rows, shares, threads,
                  unpack_panels(scratch, &w, unit * chunk0, unit * chunk1), {
-                   const int64_t p0 = q * unit;
-                   const int np = w.panels - p0 < unit ? (int)(w.panels - p0) : unit;
                    const uint16_t *panel = scratch + (q - chunk0) * unit * panel_elems;
-                   dot_rows(y, ldy, x, ldx, panel, k, bias, n, p0, np, m0, m1, NULL);
+                   dot_rows(y, ldy, x, ldx, panel, k, bias, n, q, unit, w.panels, m0, m1, NULL);
                  });
     free(scratch);
   }
