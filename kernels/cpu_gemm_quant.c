@@ -16,10 +16,12 @@
 // A block (a "granule") is 128, 64, 32 or 16 k: the largest that divides the weight's group (32 for
 // GGUF's Q4_0 / Q4_K / Q8_0, 16 for Q6_K, 128 for online int8 and int4), so x is quantized as finely
 // as the weight's own scales change, and a large group's epilogue runs once per 128 k, not per 32
-// (at 64 rows on AMX, 1.8x faster). xsum is the sum of the ORIGINAL activations over the group, in
-// double, in k order. Integer sums are exact and this file is built without reassociation or FMA
-// contraction, so every path (AVX-512 VNNI, AVX2, plain C, and AMX-INT8 below) gives the same
-// bits, and a row's output never depends on the other rows.
+// (at 64 rows on AMX, 1.8x faster). With one digit (W8A8: int8 weights made for int8 activations)
+// e = max|x| / 127 and v is the digit itself: half the integer dot products, the same epilogue.
+// xsum is the sum of the ORIGINAL activations over the group, in double, in k order. Integer sums
+// are exact and this file is built without reassociation or FMA contraction, so every path
+// (AVX-512 VNNI, AVX2, plain C, and AMX-INT8 below, which takes two digits) gives the same bits,
+// and a row's output never depends on the other rows.
 //
 // W is packed once, at load, into panels of 16 output columns (zero past N), each one stream:
 //
@@ -66,6 +68,7 @@
 
 #define NR 16                    // output columns per panel
 #define X_LEVELS 32512           // |x| / e, x's integer scale (two digits of base 255)
+#define X_LEVELS_1 127           // the same with one digit
 #define X_BLOCK_BYTES (4 << 20)  // quantized x read per pass over W
 
 #if PATH == 2 || (PATH == 1 && defined(__AVXVNNI__))
@@ -80,12 +83,14 @@ int cpu_gemm_quant_path(void) { return PATH == 1 && VNNI ? 3 : PATH; }
 typedef struct {
   int64_t n, k, group, granule, groups, kblocks;
   int bits, has_mins, half;  // half: the scales and mins are float16
+  int digits;                // x's int8 digits: 2 (about 15 bits) or 1 (8 bits)
   int64_t panel_bytes, int_bytes, mins_offset;  // mins_offset: bytes from a panel's scales
 } Shape;
 
 static Shape shape_of(int64_t n, int64_t k, int bits, int64_t group, int has_mins, int half) {
   Shape s;
   s.n = n, s.k = k, s.group = group, s.bits = bits, s.has_mins = has_mins, s.half = half;
+  s.digits = 2;
   s.granule = group % 128 == 0 ? 128 : group % 64 == 0 ? 64 : group % 32 == 0 ? 32 : 16;
   s.groups = k / group, s.kblocks = k / s.granule;
   s.int_bytes = k * NR * bits / 8;
@@ -458,7 +463,7 @@ static inline VI combine(VI hi, VI lo) { return ADDI(SUBI(SLLI32(hi, 8), hi), lo
 static inline __attribute__((always_inline)) void tile(const Shape *s, const Activations *a,
                                                        int64_t r0, const uint8_t *panel,
                                                        const uint8_t *prefetch, float *out,
-                                                       const int R) {
+                                                       const int R, const int D) {
   VF acc[MR][NV];
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = ZEROF();
@@ -492,14 +497,14 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
               const int c = c1 ? u : 0;
               corr[u] = dot_u8s8(corr[u], SET1I((int32_t)0x80808080u), wv);
               for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
-                const int8_t *xr = a->xq + (r0 + r) * 2 * k;
+                const int8_t *xr = a->xq + (r0 + r) * D * k;
                 hi[c][r] = dot_u8s8(hi[c][r], SET1I(x_word(xr, kq + i + u)), wv);
-                lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);
+                if (D == 2) lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);
               }
             }
           const VI both = ADDI(corr[0], corr[1]);
           for (int r = 0; r < R; r++)  // (chain 0 takes both corrections)
-            hi[0][r] = SUBI(hi[0][r], both), lo[0][r] = SUBI(lo[0][r], both);
+            hi[0][r] = SUBI(hi[0][r], both), lo[0][r] = D == 2 ? SUBI(lo[0][r], both) : lo[0][r];
 #else
           for (int64_t i = 0; i < quads; i += 2)
 #pragma GCC unroll 2
@@ -507,10 +512,13 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
               const VI wv = LOADI(w + (i + u) * 64 + v * 32), mag = _mm256_abs_epi8(wv);
               const int c = c1 ? u : 0;
               for (int r = 0; r < R; r++) {
-                const int8_t *xr = a->xq + (r0 + r) * 2 * k;
-                const VI xh = SET1I(x_word(xr, kq + i + u)), xl = SET1I(x_word(xr + k, kq + i + u));
+                const int8_t *xr = a->xq + (r0 + r) * D * k;
+                const VI xh = SET1I(x_word(xr, kq + i + u));
                 hi[c][r] = dot_u8s8(hi[c][r], mag, _mm256_sign_epi8(xh, wv));
-                lo[c][r] = dot_u8s8(lo[c][r], mag, _mm256_sign_epi8(xl, wv));
+                if (D == 2) {
+                  const VI xl = SET1I(x_word(xr + k, kq + i + u));
+                  lo[c][r] = dot_u8s8(lo[c][r], mag, _mm256_sign_epi8(xl, wv));
+                }
               }
             }
 #endif
@@ -520,16 +528,18 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
             const VI wv = LOADI(w + i * 64 + v * VC * 4);
             const VI even = ANDI(wv, low), odd = ANDI(SRLI16(wv, 4), low);  // quads 2i, 2i + 1
             for (int r = 0; r < R; r++) {
-              const int8_t *xr = a->xq + (r0 + r) * 2 * k;
+              const int8_t *xr = a->xq + (r0 + r) * D * k;
               const int64_t q = kq + 2 * i;
 #if VNNI
               hi[0][r] = dot_u8_word(hi[0][r], even, xr + 4 * q);
-              lo[0][r] = dot_u8_word(lo[0][r], even, xr + k + 4 * q);
               hi[c1][r] = dot_u8_word(hi[c1][r], odd, xr + 4 * q + 4);
-              lo[c1][r] = dot_u8_word(lo[c1][r], odd, xr + k + 4 * q + 4);
+              if (D == 2) {
+                lo[0][r] = dot_u8_word(lo[0][r], even, xr + k + 4 * q);
+                lo[c1][r] = dot_u8_word(lo[c1][r], odd, xr + k + 4 * q + 4);
+              }
 #else
               hi[0][r] = dot2_u4s8(hi[0][r], even, odd, xr + 4 * q);
-              lo[0][r] = dot2_u4s8(lo[0][r], even, odd, xr + k + 4 * q);
+              if (D == 2) lo[0][r] = dot2_u4s8(lo[0][r], even, odd, xr + k + 4 * q);
 #endif
             }
           }
@@ -539,7 +549,8 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
             hi[0][r] = ADDI(hi[0][r], hi[1][r]), lo[0][r] = ADDI(lo[0][r], lo[1][r]);
         for (int r = 0; r < R; r++) {
           const VF xe = SET1F(a->e[(r0 + r) * s->kblocks + block]);
-          acc[r][v] = ADDF(acc[r][v], MULF(CVTF(combine(hi[0][r], lo[0][r])), MULF(xe, ws[v])));
+          const VI isum = D == 2 ? combine(hi[0][r], lo[0][r]) : hi[0][r];
+          acc[r][v] = ADDF(acc[r][v], MULF(CVTF(isum), MULF(xe, ws[v])));
         }
       }
     }
@@ -558,12 +569,12 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
 // ---------------------------------------------------------------------------------------------
 // Plain C: the same sums in the same order, a column at a time.
 static inline void tile(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
-                        const uint8_t *prefetch, float *out, const int R) {
+                        const uint8_t *prefetch, float *out, const int R, const int D) {
   (void)prefetch;
   const uint8_t *scales = panel + s->int_bytes, *mins = scales + s->mins_offset;
   const int64_t granules = s->group / s->granule;
   for (int r = 0; r < R; r++) {
-    const int8_t *xr = a->xq + (r0 + r) * 2 * s->k;
+    const int8_t *xr = a->xq + (r0 + r) * D * s->k;
     for (int j = 0; j < NR; j++) {
       float acc = 0.0f;
       int64_t kk = 0;
@@ -579,9 +590,9 @@ static inline void tile(const Shape *s, const Activations *a, int64_t r0, const 
               const uint8_t b = panel[((kk / 8) * NR + j) * 4 + kk % 4];
               wq = (kk / 4) % 2 ? b >> 4 : b & 0xF;
             }
-            hi += wq * xr[kk], lo += wq * xr[s->k + kk];
+            hi += wq * xr[kk], lo += D == 2 ? wq * xr[s->k + kk] : 0;
           }
-          const int32_t isum = 255 * hi + lo;
+          const int32_t isum = D == 2 ? 255 * hi + lo : hi;
           acc = acc + (float)isum * (a->e[(r0 + r) * s->kblocks + block] *
                                      param_at(s, scales, g * NR + j));
         }
@@ -594,31 +605,40 @@ static inline void tile(const Shape *s, const Activations *a, int64_t r0, const 
 }
 #endif
 
-#define TILE_FN(R)                                                                            \
-  static void tile_##R(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel, \
-                       const uint8_t *prefetch, float *out) {                                 \
-    tile(s, a, r0, panel, prefetch, out, R);                                                  \
+#define TILE_FN(R, D)                                                                     \
+  static void tile_##R##_##D(const Shape *s, const Activations *a, int64_t r0,             \
+                             const uint8_t *panel, const uint8_t *prefetch, float *out) { \
+    tile(s, a, r0, panel, prefetch, out, R, D);                                           \
   }
-TILE_FN(1) TILE_FN(2) TILE_FN(3) TILE_FN(4)
+#define TILE_FNS(R) TILE_FN(R, 1) TILE_FN(R, 2)
+TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4)
 #if MR == 8
-TILE_FN(5) TILE_FN(6) TILE_FN(7) TILE_FN(8)
+TILE_FNS(5) TILE_FNS(6) TILE_FNS(7) TILE_FNS(8)
 #endif
 typedef void (*Tile)(const Shape *, const Activations *, int64_t, const uint8_t *,
                      const uint8_t *, float *);
-static const Tile TILES[MR + 1] = {0, tile_1, tile_2, tile_3, tile_4,
+// [digits - 1][rows]
+static const Tile TILES[2][MR + 1] = {
+    {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1,
 #if MR == 8
-                                   tile_5, tile_6, tile_7, tile_8
+     tile_5_1, tile_6_1, tile_7_1, tile_8_1
 #endif
-};
+    },
+    {0, tile_1_2, tile_2_2, tile_3_2, tile_4_2,
+#if MR == 8
+     tile_5_2, tile_6_2, tile_7_2, tile_8_2
+#endif
+    }};
 
 // ---------------------------------------------------------------------------------------------
-// Activations: xq int8 [m][2][k] (each row's high digits, then its low ones), e float
-// [m][kblocks], xsum float [m][groups] (with mins).
+// Activations: xq int8 [m][digits][k] (each row's high digits, then its low ones; with one
+// digit, v itself), e float [m][kblocks], xsum float [m][groups] (with mins).
 
 // A block of x as integers v = round(x / e), e = max|x| / 32512, in two base-255 digits:
-// v = 255 * hi + lo, hi and lo in -127..127 (32512 = 127 * 256 = 255 * 127 + 127). A NaN (or an
-// infinite x, whose block's e is infinite) gives v = 0. Every step is exact or one IEEE rounding
-// of one element, so the vector loops (VC elements a step) give the scalar loop's bits.
+// v = 255 * hi + lo, hi and lo in -127..127 (32512 = 127 * 256 = 255 * 127 + 127); with one digit,
+// e = max|x| / 127 and v is the digit. A NaN (or an infinite x, whose block's e is infinite) gives
+// v = 0. Every step is exact or one IEEE rounding of one element, so the vector loops (VC elements
+// a step) give the scalar loop's bits.
 
 // v's digits as int32: hi = floor((v + 127) / 255), lo = v - 255 * hi; (n + 1) * 257 >> 16 is
 // n / 255 for 0 <= n < 2^16 (n = v + 32767 here).
@@ -637,14 +657,20 @@ static float block_amax(const void *x, int x_bf16, int64_t k0, int64_t k1) {
   return amax;
 }
 
-// Digits of x[i] * inv for i in [k0, k1): high ones at hi[i], low ones at lo[i].
+// Digits of x[i] * inv for i in [k0, k1): high ones at hi[i], low ones at lo[i]; with lo NULL
+// (one digit, levels X_LEVELS_1), v at hi[i].
 static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, float inv, int8_t *hi,
                          int8_t *lo) {
+  const float top = lo != NULL ? X_LEVELS : X_LEVELS_1;
   int64_t i = k0;
 #if PATH > 0
-  const VF levels = SET1F((float)X_LEVELS), scale = SET1F(inv);
+  const VF levels = SET1F(top), scale = SET1F(inv);
   for (; i + VC <= k1; i += VC) {
     const VI v = CVTTI(clamp_levels(round_even(MULF(load_x(x, x_bf16, i), scale)), levels));
+    if (lo == NULL) {
+      store_low_bytes(hi + i, v);
+      continue;
+    }
     const VI h = SUBI(SRAI32(MULLOI(ADDI(v, SET1I(32768)), SET1I(257)), 16), SET1I(128));
     store_low_bytes(hi + i, h);
     store_low_bytes(lo + i, SUBI(v, MULLOI(h, SET1I(255))));
@@ -652,20 +678,22 @@ static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, floa
 #endif
   for (; i < k1; i++) {
     float v = nearbyintf(x_at(x, x_bf16, i) * inv);
-    v = v > X_LEVELS ? X_LEVELS : v < -X_LEVELS ? -X_LEVELS : v;
-    const int32_t vi = v == v ? (int32_t)v : 0, h = high_digit(vi);
-    hi[i] = (int8_t)h, lo[i] = (int8_t)(vi - 255 * h);
+    v = v > top ? top : v < -top ? -top : v;
+    const int32_t vi = v == v ? (int32_t)v : 0, h = lo != NULL ? high_digit(vi) : 0;
+    hi[i] = (int8_t)(lo != NULL ? h : vi);
+    if (lo != NULL) lo[i] = (int8_t)(vi - 255 * h);
   }
 }
 
 static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *e,
                          float *xsum) {
+  const float levels = s->digits == 2 ? X_LEVELS : X_LEVELS_1;
   for (int64_t b = 0; b < s->kblocks; b++) {
     const int64_t k0 = b * s->granule, k1 = k0 + s->granule;
     const float amax = block_amax(x, x_bf16, k0, k1);
-    const float step = amax / (float)X_LEVELS, inv = amax > 0.0f ? 1.0f / step : 0.0f;
+    const float step = amax / levels, inv = amax > 0.0f ? 1.0f / step : 0.0f;
     e[b] = step;
-    block_digits(x, x_bf16, k0, k1, inv, xq, xq + s->k);
+    block_digits(x, x_bf16, k0, k1, inv, xq, s->digits == 2 ? xq + s->k : NULL);
   }
   if (xsum == NULL) return;
   // Each group's sum in k order; 8 groups at a time, whose sums are independent chains.
@@ -681,7 +709,7 @@ static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, 
 // The activations of rows [0, m): malloc'd, freed by free_activations. NULL where memory runs out.
 static int quantize_activations(const void *x, int x_bf16, int64_t ldx, int64_t m, const Shape *s,
                                 int num_threads, Activations *a) {
-  int8_t *xq = malloc((size_t)(m * 2 * s->k));
+  int8_t *xq = malloc((size_t)(m * s->digits * s->k));
   float *e = malloc(sizeof(float) * (size_t)(m * s->kblocks));
   float *xsum = s->has_mins ? malloc(sizeof(float) * (size_t)(m * s->groups)) : NULL;
   a->xq = xq, a->e = e, a->xsum = xsum;
@@ -689,7 +717,7 @@ static int quantize_activations(const void *x, int x_bf16, int64_t ldx, int64_t 
   const size_t x_elem = x_bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) num_threads(num_threads < 1 ? 1 : num_threads) if (m > 1)
   for (int64_t r = 0; r < m; r++)
-    quantize_row((const char *)x + r * ldx * x_elem, x_bf16, s, xq + r * 2 * s->k,
+    quantize_row((const char *)x + r * ldx * x_elem, x_bf16, s, xq + r * s->digits * s->k,
                  e + r * s->kblocks, s->has_mins ? xsum + r * s->groups : NULL);
   return 0;
 }
@@ -703,13 +731,15 @@ static int valid(int bits, int64_t group, int64_t k) {
 }
 
 // y: [m, n] rows ldy apart (float32, or bfloat16 bits with y_bf16); x: [m, k] rows ldx apart,
-// float32 or bfloat16 bits; w_packed from pack_weight_quant; bias: float32 [n] or NULL.
-// Returns 0, 1 for a shape the packing does not take, 2 where memory runs out.
+// float32 or bfloat16 bits; w_packed from pack_weight_quant; bias: float32 [n] or NULL; digits:
+// x's int8 digits, 2 or 1. Returns 0, 1 for a shape the packing does not take, 2 where memory
+// runs out.
 int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
                  const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
-                 int bits, int64_t group, int has_mins, int half, int num_threads) {
-  if (!valid(bits, group, k)) return 1;
-  const Shape s = shape_of(n, k, bits, group, has_mins, half);
+                 int bits, int64_t group, int has_mins, int half, int num_threads, int digits) {
+  if (!valid(bits, group, k) || (digits != 1 && digits != 2)) return 1;
+  Shape s = shape_of(n, k, bits, group, has_mins, half);
+  s.digits = digits;
   Activations a;
   if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a)) {
     free_activations(&a);
@@ -717,18 +747,18 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
   }
 #if VNNI
   if (bits == 8)  // the unsigned side of vpdpbusd: x's digits + 128
-    for (int64_t i = 0; i < m * 2 * k; i++) ((int8_t *)a.xq)[i] ^= (int8_t)0x80;
+    for (int64_t i = 0; i < m * digits * k; i++) ((int8_t *)a.xq)[i] ^= (int8_t)0x80;
 #endif
   const Out o = {y, y_bf16, ldy, bias};
   const int64_t panels = (n + NR - 1) / NR;
-  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, 2 * k, MR);
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, digits * k, MR);
   GEMM_THREAD_LOOP(num_threads, panels, s.panel_bytes, m, block_rows, {
     const uint8_t *panel = w_packed + q * s.panel_bytes;
     float out[MR * NR] __attribute__((aligned(64)));
     for (int64_t r = m0; r < m1; r += MR) {
       const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
       const uint8_t *next = r == m0 && q_next >= 0 ? w_packed + q_next * s.panel_bytes : NULL;
-      TILES[rows](&s, &a, r, panel, next, out);
+      TILES[digits - 1][rows](&s, &a, r, panel, next, out);
       store_rows(&o, &s, out, r, rows, q * NR);
     }
   });

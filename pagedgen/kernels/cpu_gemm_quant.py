@@ -5,12 +5,12 @@ packed once into 16-column panels that a decode step streams at their stored siz
 and minimums in float16 where they all are float16 values, as GGUF's are).
 
 x is quantized per row in blocks of the weight's granule (128, 64, 32 or 16 k: the largest that
-divides its group) to about 15 bits, two int8 digits, the integer dot products of both digits are
-exact and the float epilogue runs in a fixed order, so the AVX-512 VNNI, AVX2 and plain-C builds
-give the same bits and a row's output never depends on the batch. On a CPU with AMX-INT8 tiles
-the same source built with them runs batches of AMX_MIN_ROWS rows and more on the tiles, with
-the same bits. PAGEDGEN_DISABLE_CPU_GEMM=1 turns it off (the layers then dequantize), as it
-does the float kernels."""
+divides its group) to about 15 bits, two int8 digits (or, for W8A8 weights, to 8 bits, one digit),
+the integer dot products of the digits are exact and the float epilogue runs in a fixed order, so
+the AVX-512 VNNI, AVX2 and plain-C builds give the same bits and a row's output never depends on
+the batch. On a CPU with AMX-INT8 tiles the same source built with them runs two-digit batches of
+AMX_MIN_ROWS rows and more on the tiles, with the same bits. PAGEDGEN_DISABLE_CPU_GEMM=1 turns it
+off (the layers then dequantize), as it does the float kernels."""
 
 import ctypes
 import functools
@@ -51,7 +51,7 @@ def _library(march: str) -> SimpleNamespace:
         "cpu_gemm_quant_path": [],
         "pack_weight_quant": [p, p, p, p, i64, i64, i32, i64, i32],
         "quantize_weight": [p, p, p, p, i32, i64, i64, i32, i64],
-        "linear_quant": LINEAR_TYPES,
+        "linear_quant": LINEAR_TYPES + [ctypes.c_int],
     }
     lib.quant_panel_bytes.argtypes = [i64, i32, i64, i32, i32]
     lib.quant_panel_bytes.restype = i64
@@ -84,6 +84,15 @@ def cpu_gemm_quant_error(march: str | None = None) -> str | None:
 def enabled() -> bool:
     """Read once per process: the kernel builds here and is not disabled."""
     return not envs.disable_cpu_gemm() and cpu_gemm_quant_error(kernel_march()) is None
+
+
+def int8_activations_faster() -> bool:
+    """Whether weights made for int8 activations (W8A8: QuantizedWeight.int8_activations) run
+    here on one int8 digit of x: where AMX-INT8 tiles are not (on VNNI or AVX2, one digit does
+    half the integer dot products of two: 1.5-1.6x the bfloat16 dot-product kernel's speed at
+    16-400 rows of Llama-3-8B's shapes on a Zen 4). With tiles, a bfloat16 model's int8 layers
+    run on bfloat16 tiles and a float32 model's on both digits, as other weights."""
+    return amx_error() is not None
 
 
 def path_name(march: str | None = None) -> str:
@@ -198,6 +207,7 @@ def linear(
     half: bool = False,  # as pack() was given it
     out: torch.Tensor | None = None,  # [M, >= N] in x's dtype, unit column stride: y goes there
     march: str | None = None,  # a build apart from the machine's (tests); never AMX
+    digits: int = 2,  # x's int8 digits: 2 (about 15 bits), or 1 (8 bits: W8A8); AMX takes 2
 ) -> torch.Tensor:
     """x @ W.T (+ bias) in x's dtype ([..., N]); with out, written into out[:, :N] instead (a
     column range of a wider output: a fused layer's shard of another format). Runs for every
@@ -213,9 +223,9 @@ def linear(
         bias = bias.float().contiguous()  # held: the C call reads it
     y = torch.empty(m, out_features, dtype=x.dtype) if out is None else out
     assert y.dtype == x.dtype and y.stride(-1) == 1 and y.shape[0] == m, (y.dtype, y.shape)
-    kernel = lib.linear_quant
-    if march is None and m >= AMX_MIN_ROWS[bits] and amx_error() is None:
-        kernel = _amx_library().linear_quant_amx
+    kernel, extra = lib.linear_quant, (digits,)
+    if march is None and digits == 2 and m >= AMX_MIN_ROWS[bits] and amx_error() is None:
+        kernel, extra = _amx_library().linear_quant_amx, ()
     if m:
         status = kernel(
             y.data_ptr(),
@@ -234,6 +244,7 @@ def linear(
             has_mins,
             half,
             torch.get_num_threads(),
+            *extra,
         )
         if status != 0:
             raise RuntimeError(f"{kernel.fn.__name__} failed with status {status}")

@@ -45,12 +45,16 @@ class Segment(NamedTuple):
     has_mins: bool
     half: bool  # scales and mins packed in float16 (cpu_gemm_quant.float16_params)
     bf16_tiles: bool  # packed for cpu_gemm_quant_bf16 (bfloat16 activations)
+    digits: int  # cpu_gemm_quant's int8 digits of x: 1 (W8A8) or 2
 
     def format(self, in_features: int) -> str:
-        """e.g. "int4 g32 +mins", "int8 per row", "int4 g128 +mins on bfloat16 tiles"."""
+        """e.g. "int4 g32 +mins", "int8 per row x int8", "int4 g128 +mins on bfloat16 tiles"."""
         groups = "per row" if self.group_size == in_features else f"g{self.group_size}"
         mins = " +mins" if self.has_mins else ""
-        return f"int{self.bits} {groups}{mins}" + (bf16_suffix() if self.bf16_tiles else "")
+        activations = " x int8" if self.digits == 1 else ""
+        return f"int{self.bits} {groups}{mins}{activations}" + (
+            bf16_suffix() if self.bf16_tiles else ""
+        )
 
 
 def bf16_suffix() -> str:
@@ -60,7 +64,12 @@ def bf16_suffix() -> str:
 
 
 def same_format(a: QuantizedWeight, b: QuantizedWeight) -> bool:
-    return (a.bits, a.group_size, a.mins is None) == (b.bits, b.group_size, b.mins is None)
+    return (a.bits, a.group_size, a.mins is None, a.int8_activations) == (
+        b.bits,
+        b.group_size,
+        b.mins is None,
+        b.int8_activations,
+    )
 
 
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
@@ -74,6 +83,7 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
         torch.cat([p.qweight for p in parts]),
         torch.cat([p.scales for p in parts]),
         mins,
+        parts[0].int8_activations,
     )
 
 
@@ -117,12 +127,16 @@ class QuantizedPanels(nn.Module):
         for run in runs:
             weight = concat_rows(run)
             size, mins, group_size = weight.shape[0], weight.mins, weight.group_size
-            tiles = dtype == torch.bfloat16 and cpu_gemm_quant_bf16.takes(
-                weight.bits, group_size, self.in_features
+            one_digit = weight.int8_activations and cpu_gemm_quant.int8_activations_faster()
+            tiles = (
+                not one_digit
+                and dtype == torch.bfloat16
+                and cpu_gemm_quant_bf16.takes(weight.bits, group_size, self.in_features)
             )
             half = not tiles and cpu_gemm_quant.float16_params(weight.scales, mins)
+            digits = 1 if one_digit else 2
             self.segments.append(
-                Segment(start, size, weight.bits, group_size, mins is not None, half, tiles)
+                Segment(start, size, weight.bits, group_size, mins is not None, half, tiles, digits)
             )
             if tiles:
                 packed = cpu_gemm_quant_bf16.pack(
@@ -164,7 +178,16 @@ class QuantizedPanels(nn.Module):
                 x, packed, bias, s.size, s.bits, s.group_size, s.has_mins, out=out
             )
         return cpu_gemm_quant.linear(
-            x, packed, bias, s.size, s.bits, s.group_size, s.has_mins, s.half, out=out
+            x,
+            packed,
+            bias,
+            s.size,
+            s.bits,
+            s.group_size,
+            s.has_mins,
+            s.half,
+            out=out,
+            digits=s.digits,
         )
 
 

@@ -22,13 +22,17 @@ BITS = (4, 8)
 class QuantizedWeight:
     """bits 8: qweight int8 [N, K], values -128..127. bits 4: qweight uint8 [N, K // 2], value
     k in the low nibble of byte k // 2 when k is even, in the high nibble when odd; values
-    0..15. scales and mins float32 [N, K // group_size]; group_size divides K."""
+    0..15. scales and mins float32 [N, K // group_size]; group_size divides K. int8_activations:
+    computed against activations quantized to int8 (W8A8, as vLLM's and SGLang's int8 layers
+    compute), where that is the faster path (cpu_gemm_quant.int8_activations_faster); else to
+    about 15 bits (two int8 digits)."""
 
     bits: int
     group_size: int
     qweight: torch.Tensor
     scales: torch.Tensor
     mins: torch.Tensor | None = None
+    int8_activations: bool = False
 
     def __post_init__(self) -> None:
         n, k = self.shape
@@ -75,7 +79,12 @@ class QuantizedWeight:
         """Output rows [start, stop)."""
         mins = None if self.mins is None else self.mins[start:stop]
         return QuantizedWeight(
-            self.bits, self.group_size, self.qweight[start:stop], self.scales[start:stop], mins
+            self.bits,
+            self.group_size,
+            self.qweight[start:stop],
+            self.scales[start:stop],
+            mins,
+            self.int8_activations,
         )
 
 
@@ -104,9 +113,10 @@ def int4_group_size(in_features: int) -> int:
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
-    """weight [N, K] -> int8, one scale per row: q = round(w / s), s = max|w| / 127."""
+    """weight [N, K] -> int8, one scale per row: q = round(w / s), s = max|w| / 127; computed
+    W8A8 (int8_activations)."""
     k = weight.shape[1]
-    return QuantizedWeight(8, k, *cpu_gemm_quant.quantize(weight, 8, k))
+    return QuantizedWeight(8, k, *cpu_gemm_quant.quantize(weight, 8, k), int8_activations=True)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int | None = None) -> QuantizedWeight:

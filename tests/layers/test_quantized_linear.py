@@ -164,6 +164,36 @@ def test_a_layer_gives_the_same_bits_on_every_isa(request):
         assert torch.equal(capped(x[:rows]), y)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_online_int8_computes_w8a8_without_amx_the_same_bits_on_every_isa(dtype, request):
+    """Online int8 weights compute against x quantized to int8 (one digit) where AMX-INT8 is
+    not, in either dtype: the integer kernel's one-digit scheme, the same bits on AVX2; with AMX
+    tiles, as other int8 weights."""
+    torch.manual_seed(2)
+    weight = torch.randn(48, 256) * 0.05
+    x = torch.randn(40, 256).to(dtype)
+    layer = Linear(256, [48], bias=False).to(dtype)
+    layer.load_shard("weight", weight.to(dtype), None)
+    assert layer.pack(quantization="int8") and layer.layout == QUANTIZED
+    if not cpu_gemm_quant.int8_activations_faster():
+        assert layer.quant.segments[0].digits == 2
+        return
+    assert layer.quant.formats == ["int8 per row x int8"]
+    q = quantize_int8(weight.to(dtype))
+    packed = cpu_gemm_quant.pack(q.qweight, q.scales, None, 8, 256, half=True)
+    native = [layer(x[:rows]) for rows in (1, 15, 16, 40)]
+    for rows, y in zip((1, 15, 16, 40), native):
+        assert torch.equal(
+            y, cpu_gemm_quant.linear(x[:rows], packed, None, 48, 8, 256, False, True, digits=1)
+        )
+    request.getfixturevalue("avx2_cap")
+    capped = Linear(256, [48], bias=False).to(dtype)
+    capped.load_shard("weight", weight.to(dtype), None)
+    assert capped.pack(quantization="int8")
+    for rows, y in zip((1, 15, 16, 40), native):
+        assert torch.equal(capped(x[:rows]), y)
+
+
 def test_where_the_kernel_does_not_run_the_shards_are_dequantized(no_quant_kernel):
     shards = qkv_shards()
     layer = load(Linear(64, SIZES), shards)
@@ -193,6 +223,8 @@ def test_online_quantization_of_a_float_layer(quantization):
     layer.load_shard("weight", weight, None)
     assert layer.pack(quantization=quantization) and layer.layout == QUANTIZED
     groups = "per row" if quantization == "int8" else "g128 +mins"
+    if quantization == "int8" and cpu_gemm_quant.int8_activations_faster():
+        groups += " x int8"  # W8A8
     assert layer.quant.formats == [f"{quantization} {groups}"]
     x = torch.randn(4, 256)
     error = (layer(x) - x @ weight.T).norm() / (x @ weight.T).norm()

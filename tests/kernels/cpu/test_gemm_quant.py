@@ -1,10 +1,10 @@
 """The quantized matmul (kernels/cpu_gemm_quant.c) against two references: its own scheme in torch
-(x quantized to 15-bit integers in blocks of the weight's granule, exact integer sums per block,
-the float epilogue in the kernel's order), which every build must match bit for bit (AVX-512 VNNI
-where the machine has it, AVX2 as x86-64-v3, with AVX-VNNI where it has that, plain C as x86-64);
-and the dequantized weight in float32, which it must match within the error of quantizing x. On
-a CPU with AMX-INT8 its tile build runs the same cases (from one row: it runs from AMX_MIN_ROWS
-in use)."""
+(x quantized to 15-bit integers, or with one digit 8-bit ones, in blocks of the weight's granule,
+exact integer sums per block, the float epilogue in the kernel's order), which every build must
+match bit for bit (AVX-512 VNNI where the machine has it, AVX2 as x86-64-v3, with AVX-VNNI where
+it has that, plain C as x86-64); and the dequantized weight in float32, which it must match within
+the error of quantizing x. On a CPU with AMX-INT8 its tile build runs the same two-digit cases
+(from one row: it runs from AMX_MIN_ROWS in use)."""
 
 import pytest
 import torch
@@ -24,6 +24,7 @@ BUILDS = MARCHES + ["amx"] * (cpu_gemm_quant.amx_error() is None)
 FORMATS = [(4, 128, True), (8, None, False), (4, 32, True), (8, 16, False), (8, 32, False)]
 FORMATS += [(4, 16, False), (4, 48, True), (4, 64, True)]
 ROWS = [1, 3, 17, 64, 65]
+DIGITS = [2, 1]  # x's int8 digits: about 15 bits, or 8 (W8A8)
 
 
 def random_weight(n: int, k: int, bits: int, group_size: int | None, mins: bool, seed: int):
@@ -58,12 +59,17 @@ def amx_from_one_row(monkeypatch):
     monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 1, 8: 1})
 
 
-def run(x, qw, packed, bias=None, march=None, out=None, half=False):
-    """The machine's kernel (AMX where it has the tiles), or march's build ("amx": the tiles)."""
+def run(x, qw, packed, bias=None, march=None, out=None, half=False, digits=2):
+    """The machine's kernel (AMX where it has the tiles), or march's build ("amx": the tiles,
+    which take two digits)."""
     n = qw.shape[0]
     args = (n, qw.bits, qw.group_size, qw.mins is not None, half)
     march = None if march == "amx" else march or "native"
-    return cpu_gemm_quant.linear(x, packed, bias, *args, out=out, march=march)
+    return cpu_gemm_quant.linear(x, packed, bias, *args, out=out, march=march, digits=digits)
+
+
+def builds(digits: int) -> list[str]:
+    return BUILDS if digits == 2 else MARCHES
 
 
 def granule(group_size: int) -> int:
@@ -71,14 +77,18 @@ def granule(group_size: int) -> int:
     return next(size for size in (128, 64, 32, 16) if group_size % size == 0)
 
 
-def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    x: torch.Tensor, block: int, digits: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x as integers in blocks: (v [M, K], |v| <= 32512, steps e [M, K / block]), x ~ e * v. The
-    kernel holds v as two int8 digits, 255 * hi + lo; its sums of w * v are exact either way."""
+    kernel holds v as two int8 digits, 255 * hi + lo; its sums of w * v are exact either way. With
+    one digit, |v| <= 127."""
     m, k = x.shape
+    levels = 32512 if digits == 2 else 127
     blocks = x.float().view(m, -1, block)
-    e = blocks.abs().amax(dim=-1) / 32512
+    e = blocks.abs().amax(dim=-1) / levels
     inverse = torch.where(e > 0, 1 / e, torch.zeros_like(e))
-    return (blocks * inverse[..., None]).round().clamp(-32512, 32512).view(m, k), e
+    return (blocks * inverse[..., None]).round().clamp(-levels, levels).view(m, k), e
 
 
 def test_activation_digits_cover_every_integer_once():
@@ -88,12 +98,14 @@ def test_activation_digits_cover_every_integer_once():
     assert hi.abs().max() == 127 and lo.abs().max() == 127
 
 
-def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
+def scheme_reference(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, digits: int = 2
+):
     """The kernel's arithmetic in torch, op for op."""
     m, k = x.shape
     xf = x.float()
     size = granule(qw.group_size)
-    xq, e = quantize_rows(x, size)
+    xq, e = quantize_rows(x, size, digits)
     w = qw.values().double()
     xg = xq.double().view(m, -1, size).transpose(0, 1)
     isums = (xg @ w.view(qw.shape[0], -1, size).permute(1, 2, 0)).float()  # exact
@@ -110,14 +122,14 @@ def scheme_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
     return acc.to(x.dtype)
 
 
-def assert_close_to_dequantized(y, x, qw, bias):
-    """Each block of x is off by at most half a step (max|x| / 65024) an element: the error of a
-    row's output is below sum over k of |W[n, k]| * step(k) / 2, plus y's own rounding (with
-    int8 x, steps 256 times larger, it fails)."""
+def assert_close_to_dequantized(y, x, qw, bias, digits=2):
+    """Each block of x is off by at most half a step (max|x| / 65024, or / 254 with one digit) an
+    element: the error of a row's output is below sum over k of |W[n, k]| * step(k) / 2, plus
+    y's own rounding (two digits' bound fails one digit's outputs)."""
     xf = x.float()
     ref = xf @ qw.dequantize().T + (0 if bias is None else bias.float())
     size = granule(qw.group_size)
-    _, e = quantize_rows(x, size)
+    _, e = quantize_rows(x, size, digits)
     half_step = (e / 2).repeat_interleave(size, dim=1)
     bound = half_step @ qw.dequantize().abs().T * 1.001 + ref.abs() * 2**-20 + 1e-6
     if y.dtype == torch.bfloat16:
@@ -128,7 +140,8 @@ def assert_close_to_dequantized(y, x, qw, bias):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("half", [False, True], ids=["float32 params", "float16 params"])
-def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype, half):
+@pytest.mark.parametrize("digits", DIGITS)
+def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype, half, digits):
     bits, group_size, mins = fmt
     n = 37  # past whole panels
     k = 336 if group_size == 48 else 384  # 336: 48 * 7, not a multiple of 32
@@ -142,11 +155,19 @@ def test_every_build_matches_the_scheme_bit_for_bit(fmt, dtype, half):
     for rows in ROWS:
         x = (torch.randn(rows, k) * torch.rand(rows, 1) * 4).to(dtype)
         x[0, :5] = 0  # a block's zeros quantize to zero
-        ref = scheme_reference(x, qw, bias)
-        for march in BUILDS:
-            y = run(x, qw, packs["native"], bias, march, half=half)
+        ref = scheme_reference(x, qw, bias, digits)
+        for march in builds(digits):
+            y = run(x, qw, packs["native"], bias, march, half=half, digits=digits)
             assert y.dtype == dtype and torch.equal(y, ref), (march, rows)
-        assert_close_to_dequantized(y, x, qw, bias)
+        assert_close_to_dequantized(y, x, qw, bias, digits)
+
+
+def test_one_digit_is_coarser_than_two():
+    qw = random_weight(40, 256, 8, None, False, seed=9)
+    x = torch.randn(4, 256)
+    exact = x @ qw.dequantize().T
+    one, two = (run(x, qw, pack(qw), digits=d) for d in (1, 2))
+    assert (one - exact).abs().max() > 100 * (two - exact).abs().max()
 
 
 @pytest.mark.parametrize("fmt", [(4, 32, True), (8, 32, False), (8, None, False)])
@@ -172,15 +193,16 @@ def test_only_float16_values_pack_as_float16():
 
 
 @pytest.mark.parametrize("k", [64 * 3 + 32, 48])  # a multiple of 32 not of 64; of 16 only
-def test_k_tails(k):
+@pytest.mark.parametrize("digits", DIGITS)
+def test_k_tails(k, digits):
     group_size = 16 if k == 48 else 32
     for bits in (4, 8):
         qw = random_weight(19, k, bits, group_size, bits == 4, seed=k)
         packed = pack(qw)
         x = torch.randn(5, k)
-        ref = scheme_reference(x, qw, None)
-        for march in BUILDS:
-            assert torch.equal(run(x, qw, packed, march=march), ref), march
+        ref = scheme_reference(x, qw, None, digits)
+        for march in builds(digits):
+            assert torch.equal(run(x, qw, packed, march=march, digits=digits), ref), march
 
 
 def test_an_all_zero_row_and_a_zero_weight():
@@ -192,33 +214,34 @@ def test_an_all_zero_row_and_a_zero_weight():
         assert torch.equal(run(x, qw, pack(qw), march=march), scheme_reference(x, qw, None))
 
 
-def test_a_nan_in_x_counts_as_zero_and_every_build_agrees_on_infinities():
+@pytest.mark.parametrize("digits", DIGITS)
+def test_a_nan_in_x_counts_as_zero_and_every_build_agrees_on_infinities(digits):
     qw = random_weight(32, 256, 8, 32, False, seed=8)  # no mins: x's sums play no part
     x = torch.randn(3, 256)
     zeroed = x.clone()
     x[0, 40], zeroed[0, 40] = float("nan"), 0.0
     x[1, 200], x[2, 7] = float("inf"), -float("inf")
     packed = pack(qw)
-    outputs = [run(x, qw, packed, march=march) for march in BUILDS]
-    assert torch.equal(outputs[0][0], run(zeroed, qw, packed)[0])
+    outputs = [run(x, qw, packed, march=march, digits=digits) for march in builds(digits)]
+    assert torch.equal(outputs[0][0], run(zeroed, qw, packed, digits=digits)[0])
     for y in outputs:
         torch.testing.assert_close(y, outputs[0], rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("fmt", [(4, 128, True), (8, None, False)])
-@pytest.mark.parametrize("march", BUILDS)
-def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(fmt, march, monkeypatch):
+@pytest.mark.parametrize("march,digits", [(m, 2) for m in BUILDS] + [(m, 1) for m in MARCHES])
+def test_rows_do_not_depend_on_the_batch_and_strided_rows_are_read(fmt, march, digits, monkeypatch):
     monkeypatch.setattr(cpu_gemm_quant, "AMX_MIN_ROWS", {4: 6, 8: 2})  # as in use: by rows
     qw = random_weight(70, 256, *fmt, seed=3)
     packed = pack(qw)
     wide = torch.randn(70, 300)
     x = wide[:, 20:276]  # rows 300 apart
-    full = run(x, qw, packed, march=march)
+    full = run(x, qw, packed, march=march, digits=digits)
     for rows in (1, 3, 8, 9, 15, 16, 17, 33, 64):
-        assert torch.equal(run(x[:rows], qw, packed, march=march), full[:rows])
-        assert torch.equal(run(x[-rows:], qw, packed, march=march), full[-rows:])
-    assert torch.equal(run(x.contiguous(), qw, packed, march=march), full)
-    three_d = run(x.reshape(7, 10, 256), qw, packed, march=march)
+        assert torch.equal(run(x[:rows], qw, packed, march=march, digits=digits), full[:rows])
+        assert torch.equal(run(x[-rows:], qw, packed, march=march, digits=digits), full[-rows:])
+    assert torch.equal(run(x.contiguous(), qw, packed, march=march, digits=digits), full)
+    three_d = run(x.reshape(7, 10, 256), qw, packed, march=march, digits=digits)
     assert three_d.shape == (7, 10, 70) and torch.equal(three_d.reshape(70, 70), full)
 
 
