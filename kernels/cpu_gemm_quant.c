@@ -321,6 +321,7 @@ static inline int32_t x_word(const int8_t *xq, int64_t i) {  // x[4i : 4i + 4] a
 typedef __m512i VI;
 typedef __m512 VF;
 #define LOADI(p) _mm512_loadu_si512((const void *)(p))
+#define STOREI(p, v) _mm512_storeu_si512((void *)(p), v)
 #define SET1I _mm512_set1_epi32
 #define ZEROI _mm512_setzero_si512
 #define SUBI _mm512_sub_epi32
@@ -374,6 +375,7 @@ static inline VI dot_u8_word(VI acc, VI u, const int8_t *p) {
 typedef __m256i VI;
 typedef __m256 VF;
 #define LOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define STOREI(p, v) _mm256_storeu_si256((__m256i *)(p), v)
 #define SET1I _mm256_set1_epi32
 #define ZEROI _mm256_setzero_si256
 #define SUBI _mm256_sub_epi32
@@ -458,11 +460,32 @@ static inline VF load_params(const Shape *s, const uint8_t *params, int64_t i) {
 // |w| <= 128 and a granule of at most 128 k keep it below 2^29.
 static inline VI combine(VI hi, VI lo) { return ADDI(SUBI(SLLI32(hi, 8), hi), lo); }
 
+#if VNNI
+// What x's offset of 128 adds to a panel's 8-bit sums (vpdpbusd is unsigned x signed): 128 times
+// each column's weights summed over each granule, at offsets [kblocks][16]. Once a panel for all
+// of a block's rows.
+static void panel_offsets(const Shape *s, const uint8_t *panel, int32_t *offsets) {
+  const int64_t quads = s->granule / 4;  // (even: a granule is 16 k or more)
+  for (int64_t b = 0; b < s->kblocks; b++)
+    for (int v = 0; v < NV; v++) {
+      VI sum[2] = {ZEROI(), ZEROI()};  // two chains: one would wait on its own latency
+      for (int64_t i = 0; i < quads; i += 2)
+        for (int u = 0; u < 2; u++) {
+          const VI wv = LOADI(panel + (b * quads + i + u) * 64 + v * VC * 4);
+          sum[u] = dot_u8s8(sum[u], SET1I((int32_t)0x80808080u), wv);
+        }
+      STOREI(offsets + b * NR + v * VC, ADDI(sum[0], sum[1]));
+    }
+}
+#endif
+
 // acc[r] (float [R][16]) over all of K for rows [r0, r0 + R) of x against one panel, VC columns
-// at a time: a row's sums of both digits live across a granule's quads.
+// at a time: a row's sums of both digits live across a granule's quads. offsets: the panel's
+// panel_offsets (8 bits on VNNI).
 static inline __attribute__((always_inline)) void tile(const Shape *s, const Activations *a,
                                                        int64_t r0, const uint8_t *panel,
-                                                       const uint8_t *prefetch, float *out,
+                                                       const uint8_t *prefetch,
+                                                       const int32_t *offsets, float *out,
                                                        const int R, const int D) {
   VF acc[MR][NV];
   for (int r = 0; r < R; r++)
@@ -489,22 +512,20 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
           for (int r = 0; r < R; r++) hi[c][r] = ZEROI(), lo[c][r] = ZEROI();
         if (s->bits == 8) {
 #if VNNI
-          VI corr[2] = {ZEROI(), ZEROI()};  // two chains: one would wait on its own latency
           for (int64_t i = 0; i < quads; i += 2)
 #pragma GCC unroll 2
             for (int u = 0; u < 2; u++) {
               const VI wv = LOADI(w + (i + u) * 64 + v * VC * 4);
               const int c = c1 ? u : 0;
-              corr[u] = dot_u8s8(corr[u], SET1I((int32_t)0x80808080u), wv);
               for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
                 const int8_t *xr = a->xq + (r0 + r) * D * k;
                 hi[c][r] = dot_u8s8(hi[c][r], SET1I(x_word(xr, kq + i + u)), wv);
                 if (D == 2) lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);
               }
             }
-          const VI both = ADDI(corr[0], corr[1]);
-          for (int r = 0; r < R; r++)  // (chain 0 takes both corrections)
-            hi[0][r] = SUBI(hi[0][r], both), lo[0][r] = D == 2 ? SUBI(lo[0][r], both) : lo[0][r];
+          const VI offset = LOADI(offsets + block * NR + v * VC);
+          for (int r = 0; r < R; r++)  // (chain 0 takes the offset out)
+            hi[0][r] = SUBI(hi[0][r], offset), lo[0][r] = D == 2 ? SUBI(lo[0][r], offset) : lo[0][r];
 #else
           for (int64_t i = 0; i < quads; i += 2)
 #pragma GCC unroll 2
@@ -569,8 +590,9 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
 // ---------------------------------------------------------------------------------------------
 // Plain C: the same sums in the same order, a column at a time.
 static inline void tile(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
-                        const uint8_t *prefetch, float *out, const int R, const int D) {
-  (void)prefetch;
+                        const uint8_t *prefetch, const int32_t *offsets, float *out, const int R,
+                        const int D) {
+  (void)prefetch, (void)offsets;
   const uint8_t *scales = panel + s->int_bytes, *mins = scales + s->mins_offset;
   const int64_t granules = s->group / s->granule;
   for (int r = 0; r < R; r++) {
@@ -605,10 +627,11 @@ static inline void tile(const Shape *s, const Activations *a, int64_t r0, const 
 }
 #endif
 
-#define TILE_FN(R, D)                                                                     \
-  static void tile_##R##_##D(const Shape *s, const Activations *a, int64_t r0,             \
-                             const uint8_t *panel, const uint8_t *prefetch, float *out) { \
-    tile(s, a, r0, panel, prefetch, out, R, D);                                           \
+#define TILE_FN(R, D)                                                                   \
+  static void tile_##R##_##D(const Shape *s, const Activations *a, int64_t r0,           \
+                             const uint8_t *panel, const uint8_t *prefetch,              \
+                             const int32_t *offsets, float *out) {                       \
+    tile(s, a, r0, panel, prefetch, offsets, out, R, D);                                \
   }
 #define TILE_FNS(R) TILE_FN(R, 1) TILE_FN(R, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4)
@@ -616,7 +639,7 @@ TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4)
 TILE_FNS(5) TILE_FNS(6) TILE_FNS(7) TILE_FNS(8)
 #endif
 typedef void (*Tile)(const Shape *, const Activations *, int64_t, const uint8_t *,
-                     const uint8_t *, float *);
+                     const uint8_t *, const int32_t *, float *);
 // [digits - 1][rows]
 static const Tile TILES[2][MR + 1] = {
     {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1,
@@ -752,17 +775,29 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
   const Out o = {y, y_bf16, ldy, bias};
   const int64_t panels = (n + NR - 1) / NR;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, digits * k, MR);
+  int32_t *offsets = NULL;  // [thread][kblocks][16]: panel_offsets of the panel at hand
+#if VNNI
+  const int64_t per_thread = s.kblocks * NR;
+  if (bits == 8 && (offsets = malloc(sizeof(int32_t) * (size_t)(per_thread * (num_threads < 1 ? 1 : num_threads)))) == NULL) {
+    free_activations(&a);
+    return 2;
+  }
+#endif
   GEMM_THREAD_LOOP(num_threads, panels, s.panel_bytes, m, block_rows, {
     const uint8_t *panel = w_packed + q * s.panel_bytes;
+    int32_t *own = NULL;
+#if VNNI
+    if (bits == 8) panel_offsets(&s, panel, own = offsets + t * per_thread);
+#endif
     float out[MR * NR] __attribute__((aligned(64)));
     for (int64_t r = m0; r < m1; r += MR) {
       const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
       const uint8_t *next = r == m0 && q_next >= 0 ? w_packed + q_next * s.panel_bytes : NULL;
-      TILES[digits - 1][rows](&s, &a, r, panel, next, out);
+      TILES[digits - 1][rows](&s, &a, r, panel, next, own, out);
       store_rows(&o, &s, out, r, rows, q * NR);
     }
   });
-  free_activations(&a);
+  free_activations(&a), free(offsets);
   return 0;
 }
 

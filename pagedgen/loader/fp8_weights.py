@@ -7,7 +7,8 @@ Activation scales (input_scale) are dropped: activations run unquantized. KV-cac
 
 compressed-tensors' 8-bit integer weights ("int-quantized": W8A8 and W8A16 int8, symmetric)
 gather the same way into a QuantizedWeight: bits 8, one group a row (per-channel or per-tensor
-scales) or the checkpoint's groups."""
+scales) or the checkpoint's groups; W8A8's (8-bit integer input_activations) compute against
+int8 activations, quantized as they come (its static input scales are dropped)."""
 
 from typing import Any
 
@@ -98,13 +99,24 @@ def dequantize_parts(
     parts: dict[str, torch.Tensor], quant: dict[str, Any]
 ) -> torch.Tensor | QuantizedWeight:
     if parts["weight"].dtype == torch.int8:
-        return int8_weight(parts["weight"], parts["scale"])
+        return int8_weight(parts["weight"], parts["scale"], int8_activations(quant))
     return dequantize(parts["weight"], parts["scale"], block_size_of(quant))
 
 
-def int8_weight(weight: torch.Tensor, scale: torch.Tensor) -> QuantizedWeight:
+def int8_activations(quant: dict[str, Any]) -> bool:
+    """Whether a compressed-tensors config quantizes activations to 8-bit integers (W8A8)."""
+    groups = (quant.get("config_groups") or {}).values()
+    activations = [group.get("input_activations") or {} for group in groups]
+    return bool(activations) and all(
+        a.get("type") == "int" and a.get("num_bits") == 8 for a in activations
+    )
+
+
+def int8_weight(
+    weight: torch.Tensor, scale: torch.Tensor, int8_activations: bool = False
+) -> QuantizedWeight:
     """An int8 weight [out, in] and its scale (one number, [out] or [out, 1] per channel, or
-    [out, groups]) as a QuantizedWeight."""
+    [out, groups]) as a QuantizedWeight (made for int8 activations: W8A8)."""
     out_features, in_features = weight.shape
     scale = scale.float()
     if scale.numel() == 1 or tuple(scale.shape) == (out_features,):
@@ -113,4 +125,5 @@ def int8_weight(weight: torch.Tensor, scale: torch.Tensor) -> QuantizedWeight:
         raise ValueError(
             f"a scale of shape {tuple(scale.shape)} for an int8 weight {tuple(weight.shape)}"
         )
-    return QuantizedWeight(8, in_features // scale.shape[1], weight, scale.contiguous())
+    group_size = in_features // scale.shape[1]
+    return QuantizedWeight(8, group_size, weight, scale.contiguous(), None, int8_activations)

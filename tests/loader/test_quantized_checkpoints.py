@@ -254,14 +254,25 @@ def test_int8_compressed_tensors_checkpoint_runs_as_its_dequantized_weights(
         if strategy == "tensor":
             scale = scale.reshape(1)
         parts = {"weight": q, "weight_scale": scale, "input_scale": torch.ones(1)}
-        weight = dequantize_parts({"weight": q, "scale": scale}, {})
+        weight = dequantize_parts({"weight": q, "scale": scale}, config)
         assert isinstance(weight, QuantizedWeight) and weight.bits == 8
         assert weight.group_size == (group_size or w.shape[1])
+        assert weight.int8_activations  # W8A8
         return parts, weight.dequantize()
 
-    quantized, dense = quantized_layers(tiny_llama_path, quantize_layer)
     config = int8_config(strategy, group_size)
+    quantized, dense = quantized_layers(tiny_llama_path, quantize_layer)
     assert_runs_as_dense(tiny_llama_path, tmp_path, quantized, dense, config)
+
+
+def test_w8a16_int8_weights_compute_against_wider_activations():
+    from pagedgen.loader.fp8_weights import dequantize_parts
+
+    config = int8_config("channel", None)
+    parts = {"weight": torch.ones(4, 32, dtype=torch.int8), "scale": torch.ones(4)}
+    assert dequantize_parts(parts, config).int8_activations
+    del config["config_groups"]["group_0"]["input_activations"]
+    assert not dequantize_parts(parts, config).int8_activations
 
 
 def test_dequantize_layouts():
