@@ -70,6 +70,10 @@
 #define X_LEVELS 32512           // |x| / e, x's integer scale (two digits of base 255)
 #define X_LEVELS_1 127           // the same with one digit
 #define X_BLOCK_BYTES (4 << 20)  // quantized x read per pass over W
+#define MR_PAIR 6                // rows of a W8A8 tile of two panels (AVX-512)
+// Rows from which W8A8's pairs of panels are the faster (at 8-32 rows single panels' 8-row tiles
+// lead, 1.05-1.2x on Llama-3-8B's shapes on a Zen 4; from 64 rows pairs, 1.03-1.1x).
+#define PAIR_MIN_ROWS 48
 
 #if PATH == 2 || (PATH == 1 && defined(__AVXVNNI__))
 #define VNNI 1  // vpdpbusd: four u8 x s8 products summed into each int32 lane, exactly
@@ -487,6 +491,7 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
                                                        const uint8_t *prefetch,
                                                        const int32_t *offsets, float *out,
                                                        const int R, const int D) {
+  (void)offsets;  // (8 bits on VNNI only)
   VF acc[MR][NV];
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = ZEROF();
@@ -524,8 +529,10 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
               }
             }
           const VI offset = LOADI(offsets + block * NR + v * VC);
-          for (int r = 0; r < R; r++)  // (chain 0 takes the offset out)
-            hi[0][r] = SUBI(hi[0][r], offset), lo[0][r] = D == 2 ? SUBI(lo[0][r], offset) : lo[0][r];
+          for (int r = 0; r < R; r++) {  // (chain 0 takes the offset out)
+            hi[0][r] = SUBI(hi[0][r], offset);
+            if (D == 2) lo[0][r] = SUBI(lo[0][r], offset);
+          }
 #else
           for (int64_t i = 0; i < quads; i += 2)
 #pragma GCC unroll 2
@@ -585,6 +592,74 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) STOREF(out + r * NR + v * VC, acc[r][v]);
 }
+
+#if PATH == 2
+// W8A8 (8 bits, one digit) on AVX-512 VNNI: acc (float [2][R][16]) for rows [r0, r0 + R) against
+// two panels, each broadcast of x feeding both panels' vpdpbusd; offsets: both panels'
+// panel_offsets, one after the other. The same sums, in the same order, as tile's.
+static inline __attribute__((always_inline)) void tile_pair(const Shape *s, const Activations *a,
+                                                            int64_t r0, const uint8_t *panel,
+                                                            const uint8_t *prefetch,
+                                                            const int32_t *offsets, float *out,
+                                                            const int R) {
+  __m512 acc[2][MR_PAIR];
+  for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+  const uint8_t *panels[2] = {panel, panel + s->panel_bytes};
+  const int64_t granules = s->group / s->granule, quads = s->granule / 4, k = s->k;
+  const int64_t granule_bytes = s->granule * NR;
+  for (int64_t g = 0; g < s->groups; g++) {
+    __m512 ws[2];
+    for (int p = 0; p < 2; p++) ws[p] = load_params(s, panels[p] + s->int_bytes, g * NR);
+    for (int64_t gi = 0; gi < granules; gi++) {
+      const int64_t block = g * granules + gi, kq = block * quads;
+      if (prefetch != NULL)
+        for (int p = 0; p < 2; p++)
+          for (int64_t o = 0; o < granule_bytes; o += 64)
+            _mm_prefetch((const char *)(prefetch + p * s->panel_bytes + block * granule_bytes + o),
+                         _MM_HINT_T1);
+      __m512i sum[2][MR_PAIR];
+      for (int r = 0; r < R; r++) sum[0][r] = sum[1][r] = _mm512_setzero_si512();
+      for (int64_t i = 0; i < quads; i++) {
+        const __m512i w0 = LOADI(panels[0] + (kq + i) * 64), w1 = LOADI(panels[1] + (kq + i) * 64);
+        for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
+          const __m512i xb = SET1I(x_word(a->xq + (r0 + r) * k, kq + i));
+          sum[0][r] = dot_u8s8(sum[0][r], xb, w0);
+          sum[1][r] = dot_u8s8(sum[1][r], xb, w1);
+        }
+      }
+      for (int p = 0; p < 2; p++) {
+        const __m512i offset = LOADI(offsets + (p * s->kblocks + block) * NR);
+        for (int r = 0; r < R; r++) {
+          const __m512 xe = SET1F(a->e[(r0 + r) * s->kblocks + block]);
+          const __m512 isum = CVTF(SUBI(sum[p][r], offset));
+          acc[p][r] = ADDF(acc[p][r], MULF(isum, MULF(xe, ws[p])));
+        }
+      }
+    }
+    if (s->has_mins)
+      for (int p = 0; p < 2; p++) {
+        const __m512 wm = load_params(s, panels[p] + s->int_bytes + s->mins_offset, g * NR);
+        for (int r = 0; r < R; r++)
+          acc[p][r] = ADDF(acc[p][r], MULF(wm, SET1F(a->xsum[(r0 + r) * s->groups + g])));
+      }
+  }
+  for (int p = 0; p < 2; p++)
+    for (int r = 0; r < R; r++) STOREF(out + (p * MR_PAIR + r) * NR, acc[p][r]);
+}
+
+#define PAIR_FN(R)                                                                          \
+  static void tile_pair_##R(const Shape *s, const Activations *a, int64_t r0,               \
+                            const uint8_t *panel, const uint8_t *prefetch,                  \
+                            const int32_t *offsets, float *out) {                           \
+    tile_pair(s, a, r0, panel, prefetch, offsets, out, R);                                  \
+  }
+PAIR_FN(1) PAIR_FN(2) PAIR_FN(3) PAIR_FN(4) PAIR_FN(5) PAIR_FN(6)
+typedef void (*PairTile)(const Shape *, const Activations *, int64_t, const uint8_t *,
+                         const uint8_t *, const int32_t *, float *);
+static const PairTile PAIR_TILES[MR_PAIR + 1] = {0,           tile_pair_1, tile_pair_2,
+                                                 tile_pair_3, tile_pair_4, tile_pair_5,
+                                                 tile_pair_6};
+#endif
 
 #else
 // ---------------------------------------------------------------------------------------------
@@ -774,27 +849,44 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
 #endif
   const Out o = {y, y_bf16, ldy, bias};
   const int64_t panels = (n + NR - 1) / NR;
-  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, digits * k, MR);
-  int32_t *offsets = NULL;  // [thread][kblocks][16]: panel_offsets of the panel at hand
+  // Units of one panel, or for W8A8 prompts on AVX-512 of two (pair tiles; a last one alone).
+  const int up = PATH == 2 && bits == 8 && digits == 1 && m >= PAIR_MIN_ROWS ? 2 : 1;
+  const int tile_rows = up == 2 ? MR_PAIR : MR;
+  const int64_t units = (panels + up - 1) / up;
+  const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, digits * k, tile_rows);
+  int32_t *offsets = NULL;  // [thread][2][kblocks][16]: panel_offsets of the unit's panels
+  const int64_t per_panel = s.kblocks * NR;
 #if VNNI
-  const int64_t per_thread = s.kblocks * NR;
-  if (bits == 8 && (offsets = malloc(sizeof(int32_t) * (size_t)(per_thread * (num_threads < 1 ? 1 : num_threads)))) == NULL) {
+  const size_t threads = (size_t)(num_threads < 1 ? 1 : num_threads);
+  if (bits == 8 && !(offsets = malloc(sizeof(int32_t) * (size_t)(2 * per_panel) * threads))) {
     free_activations(&a);
     return 2;
   }
 #endif
-  GEMM_THREAD_LOOP(num_threads, panels, s.panel_bytes, m, block_rows, {
-    const uint8_t *panel = w_packed + q * s.panel_bytes;
-    int32_t *own = NULL;
+  GEMM_THREAD_LOOP(num_threads, units, up * s.panel_bytes, m, block_rows, {
+    const uint8_t *panel = w_packed + q * up * s.panel_bytes;
+    const int np = (q + 1) * up <= panels ? up : 1;
+    (void)np;
+    int32_t *own = offsets == NULL ? NULL : offsets + t * 2 * per_panel;
 #if VNNI
-    if (bits == 8) panel_offsets(&s, panel, own = offsets + t * per_thread);
+    for (int p = 0; own != NULL && p < np; p++)
+      panel_offsets(&s, panel + p * s.panel_bytes, own + p * per_panel);
 #endif
-    float out[MR * NR] __attribute__((aligned(64)));
-    for (int64_t r = m0; r < m1; r += MR) {
-      const int rows = m1 - r < MR ? (int)(m1 - r) : MR;
-      const uint8_t *next = r == m0 && q_next >= 0 ? w_packed + q_next * s.panel_bytes : NULL;
+    float out[2 * MR * NR] __attribute__((aligned(64)));
+    for (int64_t r = m0; r < m1; r += tile_rows) {
+      const int rows = m1 - r < tile_rows ? (int)(m1 - r) : tile_rows;
+      const int ahead = r == m0 && q_next >= 0 && (q_next + 1) * up <= panels;
+      const uint8_t *next = ahead ? w_packed + q_next * up * s.panel_bytes : NULL;
+#if PATH == 2
+      if (np == 2) {
+        PAIR_TILES[rows](&s, &a, r, panel, next, own, out);
+        for (int p = 0; p < 2; p++)
+          store_rows(&o, &s, out + p * MR_PAIR * NR, r, rows, (q * 2 + p) * NR);
+        continue;
+      }
+#endif
       TILES[digits - 1][rows](&s, &a, r, panel, next, own, out);
-      store_rows(&o, &s, out, r, rows, q * NR);
+      store_rows(&o, &s, out, r, rows, q * up * NR);
     }
   });
   free_activations(&a), free(offsets);
