@@ -1,9 +1,10 @@
 """Decode-shaped matmuls over bfloat16 and quantized weights: ms per call and GB/s of weight bytes
 streamed, for the bfloat16 panel kernel (cpu_gemm_bf16; on a CPU without it, as a bfloat16 model
 computes there, the float32 panel kernel over bfloat16 weights with float32 x), the int8 / int4
-kernels (cpu_gemm_quant) on the same activations and, where it runs, the quantized kernel with the
-bfloat16 path's bits (cpu_gemm_quant_bf16, "on bf16"). Default shape: Llama-3.2-1B's MLP (K 2048,
-N 8192).
+kernels (cpu_gemm_quant) on the same activations, with two int8 digits of x and, for int8, with
+one ("int8 W8A8", as online int8 computes without AMX), and, where it runs, the quantized kernel
+with the bfloat16 path's bits (cpu_gemm_quant_bf16, "on bf16"). Default shape: Llama-3.2-1B's MLP
+(K 2048, N 8192).
 
     python benchmarks/quant_matmul.py --threads 2 --rows 1 64
 
@@ -65,13 +66,18 @@ def main() -> None:
         qpacked = cpu_gemm_quant.pack(q.qweight, q.scales, q.mins, q.bits, q.group_size)
         has_mins = q.mins is not None
         for march in args.march or [None]:
+            for digits in (2, 1) if q.bits == 8 else (2,):
 
-            def run(x: torch.Tensor, q=q, qpacked=qpacked, has_mins=has_mins, march=march):
-                args = (n, q.bits, q.group_size, has_mins)
-                return cpu_gemm_quant.linear(x, qpacked, None, *args, march=march)
+                def run(x, q=q, qpacked=qpacked, has_mins=has_mins, march=march, digits=digits):
+                    args = (n, q.bits, q.group_size, has_mins)
+                    return cpu_gemm_quant.linear(
+                        x, qpacked, None, *args, march=march, digits=digits
+                    )
 
-            label = name if march is None else f"{name} {cpu_gemm_quant.path_name(march)}"
-            kernels[label] = (qpacked.numel(), run)
+                label = name + (" W8A8" if digits == 1 else "")
+                if march is not None:
+                    label += f" {cpu_gemm_quant.path_name(march)}"
+                kernels[label] = (qpacked.numel(), run)
         if x_dtype == torch.bfloat16 and cpu_gemm_quant_bf16.error() is None:
             bpacked = cpu_gemm_quant_bf16.pack(q.qweight, q.scales, q.mins, q.bits, q.group_size)
 
