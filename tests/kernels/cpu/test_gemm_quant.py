@@ -20,9 +20,10 @@ MARCHES = MARCHES + ["x86-64-v3+avxvnni"] * ({"avx2", "avx_vnni"} <= cpu_flags()
 BUILDS = MARCHES + ["amx"] * (cpu_gemm_quant.amx_error() is None)
 
 # (bits, group_size, mins): online int4 and int8; Q4_0 / Q4_K (groups of 32, mins); Q6_K and
-# Q8_0 (signed, groups of 16 and 32); a group of 48 (a multiple of 16, not 32).
+# Q8_0 (signed, groups of 16 and 32); a group of 48 (a multiple of 16, not 32); GPTQ's 8 bits
+# (a minimum a group).
 FORMATS = [(4, 128, True), (8, None, False), (4, 32, True), (8, 16, False), (8, 32, False)]
-FORMATS += [(4, 16, False), (4, 48, True), (4, 64, True)]
+FORMATS += [(4, 16, False), (4, 48, True), (4, 64, True), (8, 64, True)]
 ROWS = [1, 3, 17, 64, 65]
 DIGITS = [2, 1]  # x's int8 digits: about 15 bits, or 8 (W8A8)
 
