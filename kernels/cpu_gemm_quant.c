@@ -469,16 +469,18 @@ static inline VI combine(VI hi, VI lo) { return ADDI(SUBI(SLLI32(hi, 8), hi), lo
 // each column's weights summed over each granule, at offsets [kblocks][16]. Once a panel for all
 // of a block's rows.
 static void panel_offsets(const Shape *s, const uint8_t *panel, int32_t *offsets) {
-  const int64_t quads = s->granule / 4;  // (even: a granule is 16 k or more)
+  const int64_t quads = s->granule / 4;  // (a multiple of 4: a granule is 16 k or more)
   for (int64_t b = 0; b < s->kblocks; b++)
     for (int v = 0; v < NV; v++) {
-      VI sum[2] = {ZEROI(), ZEROI()};  // two chains: one would wait on its own latency
-      for (int64_t i = 0; i < quads; i += 2)
-        for (int u = 0; u < 2; u++) {
+      // Four chains, then the sums of pairs of them: vpdpbusd would wait on its own latency.
+      VI sum[4] = {ZEROI(), ZEROI(), ZEROI(), ZEROI()};
+      for (int64_t i = 0; i < quads; i += 4)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
           const VI wv = LOADI(panel + (b * quads + i + u) * 64 + v * VC * 4);
           sum[u] = dot_u8s8(sum[u], SET1I((int32_t)0x80808080u), wv);
         }
-      STOREI(offsets + b * NR + v * VC, ADDI(sum[0], sum[1]));
+      STOREI(offsets + b * NR + v * VC, ADDI(ADDI(sum[0], sum[1]), ADDI(sum[2], sum[3])));
     }
 }
 #endif
