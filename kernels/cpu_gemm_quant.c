@@ -487,19 +487,19 @@ static void panel_offsets(const Shape *s, const uint8_t *panel, int32_t *offsets
 
 // acc[r] (float [R][16]) over all of K for rows [r0, r0 + R) of x against one panel, VC columns
 // at a time: a row's sums of both digits live across a granule's quads. offsets: the panel's
-// panel_offsets (8 bits on VNNI).
+// panel_offsets (8 bits on VNNI), or NULL: the tile sums them itself (one row tile a panel).
 static inline __attribute__((always_inline)) void tile(const Shape *s, const Activations *a,
                                                        int64_t r0, const uint8_t *panel,
                                                        const uint8_t *prefetch,
                                                        const int32_t *offsets, float *out,
-                                                       const int R, const int D) {
+                                                       const int R, const int D, const int B) {
   (void)offsets;  // (8 bits on VNNI only)
   VF acc[MR][NV];
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = ZEROF();
   const uint8_t *scales = panel + s->int_bytes, *mins = scales + s->mins_offset;
   const int64_t granules = s->group / s->granule, quads = s->granule / 4, k = s->k;
-  const int64_t granule_bytes = s->granule * NR * s->bits / 8;
+  const int64_t granule_bytes = s->granule * NR * B / 8;
   const uint8_t *w = panel;
   for (int64_t g = 0; g < s->groups; g++) {
     VF ws[NV];
@@ -517,20 +517,29 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
         VI hi[2][MR], lo[2][MR];
         for (int c = 0; c <= c1; c++)
           for (int r = 0; r < R; r++) hi[c][r] = ZEROI(), lo[c][r] = ZEROI();
-        if (s->bits == 8) {
+        if (B == 8) {
 #if VNNI
-          for (int64_t i = 0; i < quads; i += 2)
-#pragma GCC unroll 2
-            for (int u = 0; u < 2; u++) {
-              const VI wv = LOADI(w + (i + u) * 64 + v * VC * 4);
-              const int c = c1 ? u : 0;
-              for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
-                const int8_t *xr = a->xq + (r0 + r) * D * k;
-                hi[c][r] = dot_u8s8(hi[c][r], SET1I(x_word(xr, kq + i + u)), wv);
-                if (D == 2) lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);
-              }
-            }
-          const VI offset = LOADI(offsets + block * NR + v * VC);
+          VI corr[2] = {ZEROI(), ZEROI()};  // the offset here, where no panel_offsets came
+#define QUADS_8(OWN)                                                                          \
+  for (int64_t i = 0; i < quads; i += 2)                                                      \
+    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                                     \
+      const VI wv = LOADI(w + (i + u) * 64 + v * VC * 4);                                     \
+      const int c = c1 ? u : 0;                                                               \
+      if (OWN) corr[u] = dot_u8s8(corr[u], SET1I((int32_t)0x80808080u), wv);                  \
+      for (int r = 0; r < R; r++) { /* x arrives offset by 128 (see linear_quant) */          \
+        const int8_t *xr = a->xq + (r0 + r) * D * k;                                          \
+        hi[c][r] = dot_u8s8(hi[c][r], SET1I(x_word(xr, kq + i + u)), wv);                     \
+        if (D == 2) lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);     \
+      }                                                                                       \
+    }
+          if (offsets == NULL) {  // (two loops: the branch stays out of them)
+            QUADS_8(1)
+          } else {
+            QUADS_8(0)
+          }
+#undef QUADS_8
+          const VI offset =
+              offsets != NULL ? LOADI(offsets + block * NR + v * VC) : ADDI(corr[0], corr[1]);
           for (int r = 0; r < R; r++) {  // (chain 0 takes the offset out)
             hi[0][r] = SUBI(hi[0][r], offset);
             if (D == 2) lo[0][r] = SUBI(lo[0][r], offset);
@@ -668,7 +677,7 @@ static const PairTile PAIR_TILES[MR_PAIR + 1] = {0,           tile_pair_1, tile_
 // Plain C: the same sums in the same order, a column at a time.
 static inline void tile(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
                         const uint8_t *prefetch, const int32_t *offsets, float *out, const int R,
-                        const int D) {
+                        const int D, const int B) {
   (void)prefetch, (void)offsets;
   const uint8_t *scales = panel + s->int_bytes, *mins = scales + s->mins_offset;
   const int64_t granules = s->group / s->granule;
@@ -683,7 +692,7 @@ static inline void tile(const Shape *s, const Activations *a, int64_t r0, const 
           int32_t hi = 0, lo = 0;
           for (int64_t i = 0; i < s->granule; i++, kk++) {
             int wq;
-            if (s->bits == 8) {
+            if (B == 8) {
               wq = (int8_t)panel[((kk / 4) * NR + j) * 4 + kk % 4];
             } else {
               const uint8_t b = panel[((kk / 8) * NR + j) * 4 + kk % 4];
@@ -704,31 +713,29 @@ static inline void tile(const Shape *s, const Activations *a, int64_t r0, const 
 }
 #endif
 
-#define TILE_FN(R, D)                                                                   \
-  static void tile_##R##_##D(const Shape *s, const Activations *a, int64_t r0,           \
-                             const uint8_t *panel, const uint8_t *prefetch,              \
-                             const int32_t *offsets, float *out) {                       \
-    tile(s, a, r0, panel, prefetch, offsets, out, R, D);                                \
+// A tile function for each rows R, digits D and bits B (each its own code, registers and loops).
+#define TILE_FN(R, D, B)                                                                  \
+  static void tile_##R##_##D##_##B(const Shape *s, const Activations *a, int64_t r0,       \
+                                   const uint8_t *panel, const uint8_t *prefetch,          \
+                                   const int32_t *offsets, float *out) {                   \
+    tile(s, a, r0, panel, prefetch, offsets, out, R, D, B);                               \
   }
-#define TILE_FNS(R) TILE_FN(R, 1) TILE_FN(R, 2)
+#define TILE_FNS(R) TILE_FN(R, 1, 4) TILE_FN(R, 1, 8) TILE_FN(R, 2, 4) TILE_FN(R, 2, 8)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4)
 #if MR == 8
 TILE_FNS(5) TILE_FNS(6) TILE_FNS(7) TILE_FNS(8)
+#define TILE_ROW(D, B)                                                                    \
+  {0,                 tile_1_##D##_##B, tile_2_##D##_##B, tile_3_##D##_##B,             \
+   tile_4_##D##_##B, tile_5_##D##_##B, tile_6_##D##_##B, tile_7_##D##_##B,             \
+   tile_8_##D##_##B}
+#else
+#define TILE_ROW(D, B) {0, tile_1_##D##_##B, tile_2_##D##_##B, tile_3_##D##_##B, tile_4_##D##_##B}
 #endif
 typedef void (*Tile)(const Shape *, const Activations *, int64_t, const uint8_t *,
                      const uint8_t *, const int32_t *, float *);
-// [digits - 1][rows]
-static const Tile TILES[2][MR + 1] = {
-    {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1,
-#if MR == 8
-     tile_5_1, tile_6_1, tile_7_1, tile_8_1
-#endif
-    },
-    {0, tile_1_2, tile_2_2, tile_3_2, tile_4_2,
-#if MR == 8
-     tile_5_2, tile_6_2, tile_7_2, tile_8_2
-#endif
-    }};
+// [digits - 1][bits == 8][rows]
+static const Tile TILES[2][2][MR + 1] = {{TILE_ROW(1, 4), TILE_ROW(1, 8)},
+                                         {TILE_ROW(2, 4), TILE_ROW(2, 8)}};
 
 // ---------------------------------------------------------------------------------------------
 // Activations: xq int8 [m][digits][k] (each row's high digits, then its low ones; with one
@@ -868,8 +875,9 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
   GEMM_THREAD_LOOP(num_threads, units, up * s.panel_bytes, m, block_rows, {
     const uint8_t *panel = w_packed + q * up * s.panel_bytes;
     const int np = (q + 1) * up <= panels ? up : 1;
-    (void)np;
-    int32_t *own = offsets == NULL ? NULL : offsets + t * 2 * per_panel;
+    // A panel's offsets once for all its row tiles, or (one tile) in the tile
+    const int one_tile = np == 1 && m1 - m0 <= tile_rows;
+    int32_t *own = offsets == NULL || one_tile ? NULL : offsets + t * 2 * per_panel;
 #if VNNI
     for (int p = 0; own != NULL && p < np; p++)
       panel_offsets(&s, panel + p * s.panel_bytes, own + p * per_panel);
@@ -887,7 +895,7 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
         continue;
       }
 #endif
-      TILES[digits - 1][rows](&s, &a, r, panel, next, own, out);
+      TILES[digits - 1][bits == 8][rows](&s, &a, r, panel, next, own, out);
       store_rows(&o, &s, out, r, rows, q * up * NR);
     }
   });
