@@ -282,12 +282,12 @@ def test_quantizers_match_their_torch_twin_and_round_trip_within_half_a_step(dty
 PROMPTS = [[5, 9, 200, 31, 7, 7, 100], list(range(40, 70)), [100, 3], [7] * 13]
 
 
-def run_llm(path, quantization, prompts, max_tokens=6):
+def run_llm(path, quantization, prompts, max_tokens=6, dtype="auto"):
     # No prefix caching: a hit computes the rest of a prompt as a shorter prefill, whose float
     # sums differ (a float model's too), where this checks the batch alone.
     llm = LLM(
         str(path), quantization=quantization, kv_cache_memory=0.01, block_size=4,
-        enable_prefix_caching=False, log=lambda m: None,
+        enable_prefix_caching=False, log=lambda m: None, dtype=dtype,
     )  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
     prompt_params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
@@ -296,12 +296,15 @@ def run_llm(path, quantization, prompts, max_tokens=6):
     return llm, outputs, scored
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize(
+    "quantization,dtype", [("int8", "float32"), ("int4", "float32"), ("int8", "bfloat16")]
+)
 def test_online_quantized_llama_is_close_to_float_and_batch_independent(
-    tiny_llama_path, quantization
+    tiny_llama_path, quantization, dtype
 ):
-    float_llm, _, float_scored = run_llm(tiny_llama_path, None, PROMPTS)
-    llm, outputs, scored = run_llm(tiny_llama_path, quantization, PROMPTS)
+    """int8 computes W8A8 where AMX-INT8 is not, in either dtype."""
+    float_llm, _, float_scored = run_llm(tiny_llama_path, None, PROMPTS, dtype=dtype)
+    llm, outputs, scored = run_llm(tiny_llama_path, quantization, PROMPTS, dtype=dtype)
     model = llm.engine.runner.model
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears and all(m.layout == QUANTIZED for m in linears)
@@ -312,7 +315,8 @@ def test_online_quantized_llama_is_close_to_float_and_batch_independent(
     )
     packed = sum(p.numel() for m in linears for p in m.quant.packed)
     assert weight_bytes == packed + sum(p.numel() * p.element_size() for p in norms)
-    assert weight_bytes < model_costs(float_llm.engine.runner.model)[1] / 2.5
+    float_bytes = model_costs(float_llm.engine.runner.model)[1]
+    assert weight_bytes < float_bytes / (2.5 if dtype == "float32" else 1.8)
     # A random model's logits are large (median |logprob| ~8.5): the errors are relative, ~1 %
     # (int8) and ~8 % (int4) of a prompt token's logprob on average.
     tolerance = 0.025 if quantization == "int8" else 0.15
