@@ -89,7 +89,7 @@ def enabled() -> bool:
 def int8_activations_faster() -> bool:
     """Whether weights made for int8 activations (W8A8: QuantizedWeight.int8_activations) run
     here on one int8 digit of x: where AMX-INT8 tiles are not (on VNNI or AVX2, one digit does
-    half the integer dot products of two: 1.5-1.6x the bfloat16 dot-product kernel's speed at
+    half the integer dot products of two: 1.5-1.85x the bfloat16 dot-product kernel's speed at
     16-400 rows of Llama-3-8B's shapes on a Zen 4). With tiles, a bfloat16 model's int8 layers
     run on bfloat16 tiles and a float32 model's on both digits, as other weights."""
     return amx_error() is not None
