@@ -63,13 +63,12 @@ def bf16_suffix() -> str:
     return f" on {cpu_gemm_quant_bf16.path_name()}"
 
 
+def format_of(w: QuantizedWeight) -> tuple[int, int, bool, bool]:
+    return w.bits, w.group_size, w.mins is None, w.int8_activations
+
+
 def same_format(a: QuantizedWeight, b: QuantizedWeight) -> bool:
-    return (a.bits, a.group_size, a.mins is None, a.int8_activations) == (
-        b.bits,
-        b.group_size,
-        b.mins is None,
-        b.int8_activations,
-    )
+    return format_of(a) == format_of(b)
 
 
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:

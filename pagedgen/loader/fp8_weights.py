@@ -99,11 +99,11 @@ def dequantize_parts(
     parts: dict[str, torch.Tensor], quant: dict[str, Any]
 ) -> torch.Tensor | QuantizedWeight:
     if parts["weight"].dtype == torch.int8:
-        return int8_weight(parts["weight"], parts["scale"], int8_activations(quant))
+        return int8_weight(parts["weight"], parts["scale"], is_w8a8(quant))
     return dequantize(parts["weight"], parts["scale"], block_size_of(quant))
 
 
-def int8_activations(quant: dict[str, Any]) -> bool:
+def is_w8a8(quant: dict[str, Any]) -> bool:
     """Whether a compressed-tensors config quantizes activations to 8-bit integers (W8A8)."""
     groups = (quant.get("config_groups") or {}).values()
     activations = [group.get("input_activations") or {} for group in groups]
@@ -116,7 +116,7 @@ def int8_weight(
     weight: torch.Tensor, scale: torch.Tensor, int8_activations: bool = False
 ) -> QuantizedWeight:
     """An int8 weight [out, in] and its scale (one number, [out] or [out, 1] per channel, or
-    [out, groups]) as a QuantizedWeight (made for int8 activations: W8A8)."""
+    [out, groups]) as a QuantizedWeight; int8_activations: made for them (W8A8)."""
     out_features, in_features = weight.shape
     scale = scale.float()
     if scale.numel() == 1 or tuple(scale.shape) == (out_features,):
