@@ -747,6 +747,9 @@ static const Tile TILES[2][2][MR + 1] = {{TILE_ROW(1, 4), TILE_ROW(1, 8)},
 // v = 0. Every step is exact or one IEEE rounding of one element, so the vector loops (VC elements
 // a step) give the scalar loop's bits.
 
+// |v|'s bound with x held in `digits` int8 digits.
+static inline float x_levels(int digits) { return digits == 2 ? X_LEVELS : X_LEVELS_1; }
+
 // v's digits as int32: hi = floor((v + 127) / 255), lo = v - 255 * hi; (n + 1) * 257 >> 16 is
 // n / 255 for 0 <= n < 2^16 (n = v + 32767 here).
 static inline int32_t high_digit(int32_t v) { return (((v + 32768) * 257) >> 16) - 128; }
@@ -768,7 +771,7 @@ static float block_amax(const void *x, int x_bf16, int64_t k0, int64_t k1) {
 // (one digit, levels X_LEVELS_1), v at hi[i].
 static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, float inv, int8_t *hi,
                          int8_t *lo) {
-  const float top = lo != NULL ? X_LEVELS : X_LEVELS_1;
+  const float top = x_levels(lo != NULL ? 2 : 1);
   int64_t i = k0;
 #if PATH > 0
   const VF levels = SET1F(top), scale = SET1F(inv);
@@ -794,7 +797,7 @@ static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, floa
 
 static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *e,
                          float *xsum) {
-  const float levels = s->digits == 2 ? X_LEVELS : X_LEVELS_1;
+  const float levels = x_levels(s->digits);
   for (int64_t b = 0; b < s->kblocks; b++) {
     const int64_t k0 = b * s->granule, k1 = k0 + s->granule;
     const float amax = block_amax(x, x_bf16, k0, k1);
@@ -1036,11 +1039,12 @@ static void widen_panel(const Shape *s, const uint8_t *panel, int8_t *b) {
   }
 }
 
-// As linear_quant, on AMX tiles; 3 where Linux grants no tiles.
+// As linear_quant, on AMX tiles, two digits only (1 for one); 3 where Linux grants no tiles.
 int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, int64_t ldx,
                      const uint8_t *w_packed, const float *bias, int64_t m, int64_t n, int64_t k,
-                     int bits, int64_t group, int has_mins, int half, int num_threads) {
-  if (!valid(bits, group, k)) return 1;
+                     int bits, int64_t group, int has_mins, int half, int num_threads,
+                     int digits) {
+  if (!valid(bits, group, k) || digits != 2) return 1;
   if (request_tiles()) return 3;
   const Shape s = shape_of(n, k, bits, group, has_mins, half);
   const int64_t panels = (n + NR - 1) / NR, quad_bytes = k * NR;  // a panel's ints as int8

@@ -40,7 +40,14 @@ ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 AMX_MIN_ROWS = {8: 2, 4: 6}
 LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
-LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+LINEAR_TYPES += [
+    ctypes.c_int,
+    ctypes.c_int64,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+]
 
 
 @functools.cache
@@ -51,7 +58,7 @@ def _library(march: str) -> SimpleNamespace:
         "cpu_gemm_quant_path": [],
         "pack_weight_quant": [p, p, p, p, i64, i64, i32, i64, i32],
         "quantize_weight": [p, p, p, p, i32, i64, i64, i32, i64],
-        "linear_quant": LINEAR_TYPES + [ctypes.c_int],
+        "linear_quant": LINEAR_TYPES,
     }
     lib.quant_panel_bytes.argtypes = [i64, i32, i64, i32, i32]
     lib.quant_panel_bytes.restype = i64
@@ -223,9 +230,9 @@ def linear(
         bias = bias.float().contiguous()  # held: the C call reads it
     y = torch.empty(m, out_features, dtype=x.dtype) if out is None else out
     assert y.dtype == x.dtype and y.stride(-1) == 1 and y.shape[0] == m, (y.dtype, y.shape)
-    kernel, extra = lib.linear_quant, (digits,)
+    kernel = lib.linear_quant
     if march is None and digits == 2 and m >= AMX_MIN_ROWS[bits] and amx_error() is None:
-        kernel, extra = _amx_library().linear_quant_amx, ()
+        kernel = _amx_library().linear_quant_amx
     if m:
         status = kernel(
             y.data_ptr(),
@@ -244,7 +251,7 @@ def linear(
             has_mins,
             half,
             torch.get_num_threads(),
-            *extra,
+            digits,
         )
         if status != 0:
             raise RuntimeError(f"{kernel.fn.__name__} failed with status {status}")
