@@ -40,14 +40,7 @@ ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 AMX_MIN_ROWS = {8: 2, 4: 6}
 LINEAR_TYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 LINEAR_TYPES += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
-LINEAR_TYPES += [
-    ctypes.c_int,
-    ctypes.c_int64,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-]
+LINEAR_TYPES += [ctypes.c_int, ctypes.c_int64] + [ctypes.c_int] * 4  # ... half, threads, digits
 
 
 @functools.cache
