@@ -35,10 +35,10 @@
 // are widened exactly, so they give the same bits as float32 ones; at one row a Q4_1 panel is then
 // 0.625 bytes a weight, not 0.75.
 //
-// VNNI: vpdpbusd is unsigned x signed. 4-bit weights (0..15) are the unsigned side, x's digits the
-// signed one. 8-bit weights are the signed side and the digits are offset by 128 (^ 0x80), so each
-// digit's dot product over-counts 128 * sum(w), which a second vpdpbusd of 0x80 against the same
-// weights (once per row tile, not per row) takes back. AVX2: maddubs + madd with ones (exact
+// VNNI: vpdpbusd is unsigned x signed. Weights are the unsigned side, x's digits the signed one:
+// 4-bit weights (0..15) as they are, 8-bit ones offset by 128 as they are loaded (^ 0x80), so a
+// block's sum over-counts 128 * sum(v), which each row's xoff (computed with its digits) takes
+// back. AVX2: maddubs + madd with ones (exact
 // below 2^15: for 8-bit weights |w| (<= 128) is the unsigned side and digit * sign(w) (<= 127)
 // the signed one); where the target has AVX-VNNI (AVX2 cores without AVX-512: Intel's since
 // Alder Lake, Sierra Forest Xeons), one 256-bit vpdpbusd on the same operands.
@@ -71,8 +71,9 @@
 #define X_LEVELS_1 127           // the same with one digit
 #define X_BLOCK_BYTES (4 << 20)  // quantized x read per pass over W
 #define MR_PAIR 6                // rows of a W8A8 tile of two panels (AVX-512)
-// Rows from which W8A8's pairs of panels are the faster (at 8-32 rows single panels' 8-row tiles
-// lead, 1.05-1.2x on Llama-3-8B's shapes on a Zen 4; from 64 rows pairs, 1.03-1.1x).
+#define MR_8_2 6  // rows of an AVX-512 tile of 8-bit weights and two digits (8: 0.8x, registers)
+// Rows from which W8A8 takes pairs of panels (at 16-48 rows the two tie on Llama-3-8B's shapes on
+// a Zen 4, at 8 single panels' 8-row tiles lead; from 64 rows pairs, 1.03-1.1x).
 #define PAIR_MIN_ROWS 48
 
 #if PATH == 2 || (PATH == 1 && defined(__AVXVNNI__))
@@ -309,6 +310,7 @@ static void store_rows(const Out *o, const Shape *s, const float *acc, int64_t r
 typedef struct {
   const int8_t *xq;
   const float *e, *xsum;
+  const int32_t *xoff;  // 128 * sum(v) a block: [m][kblocks], where 8-bit weights are offset
 } Activations;
 
 static inline int32_t x_word(const int8_t *xq, int64_t i) {  // x[4i : 4i + 4] as one word
@@ -332,6 +334,7 @@ typedef __m512 VF;
 #define ADDI _mm512_add_epi32
 #define SLLI32 _mm512_slli_epi32
 #define ANDI _mm512_and_si512
+#define XORI _mm512_xor_si512
 #define SRLI16 _mm512_srli_epi16
 #define ZEROF _mm512_setzero_ps
 #define LOADF _mm512_loadu_ps
@@ -386,6 +389,7 @@ typedef __m256 VF;
 #define ADDI _mm256_add_epi32
 #define SLLI32 _mm256_slli_epi32
 #define ANDI _mm256_and_si256
+#define XORI _mm256_xor_si256
 #define SRLI16 _mm256_srli_epi16
 #define ZEROF _mm256_setzero_ps
 #define LOADF _mm256_loadu_ps
@@ -461,39 +465,24 @@ static inline VF load_params(const Shape *s, const uint8_t *params, int64_t i) {
 }
 
 // The granule's int32 sum of w * v from the sums of its digits: 255 * hi + lo. Exact: |v| <= 32512,
-// |w| <= 128 and a granule of at most 128 k keep it below 2^29.
+// 0 <= w + 128 <= 255 (VNNI's 8-bit weights, before xoff) and a granule of at most 128 k keep
+// every step below 2^31.
 static inline VI combine(VI hi, VI lo) { return ADDI(SUBI(SLLI32(hi, 8), hi), lo); }
 
-#if VNNI
-// What x's offset of 128 adds to a panel's 8-bit sums (vpdpbusd is unsigned x signed): 128 times
-// each column's weights summed over each granule, at offsets [kblocks][16]. Once a panel for all
-// of a block's rows.
-static void panel_offsets(const Shape *s, const uint8_t *panel, int32_t *offsets) {
-  const int64_t quads = s->granule / 4;  // (a multiple of 4: a granule is 16 k or more)
-  for (int64_t b = 0; b < s->kblocks; b++)
-    for (int v = 0; v < NV; v++) {
-      // Four chains, then the sums of pairs of them: vpdpbusd would wait on its own latency.
-      VI sum[4] = {ZEROI(), ZEROI(), ZEROI(), ZEROI()};
-      for (int64_t i = 0; i < quads; i += 4)
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) {
-          const VI wv = LOADI(panel + (b * quads + i + u) * 64 + v * VC * 4);
-          sum[u] = dot_u8s8(sum[u], SET1I((int32_t)0x80808080u), wv);
-        }
-      STOREI(offsets + b * NR + v * VC, ADDI(ADDI(sum[0], sum[1]), ADDI(sum[2], sum[3])));
-    }
+// The line at offset in the panel read next (prefetch; NULL: none), asked for into L2 a line of
+// this panel at a time: a burst of a granule's lines at once left one row 0.85x as fast.
+static inline __attribute__((always_inline)) void prefetch_line(const uint8_t *prefetch,
+                                                                int64_t offset) {
+  if (prefetch != NULL) _mm_prefetch((const char *)(prefetch + offset), _MM_HINT_T1);
 }
-#endif
 
 // acc[r] (float [R][16]) over all of K for rows [r0, r0 + R) of x against one panel, VC columns
-// at a time: a row's sums of both digits live across a granule's quads. offsets: the panel's
-// panel_offsets (8 bits on VNNI), or NULL: the tile sums them itself (one row tile a panel).
+// at a time: a row's sums of both digits live across a granule's quads; prefetch: the panel read
+// next, or NULL.
 static inline __attribute__((always_inline)) void tile(const Shape *s, const Activations *a,
                                                        int64_t r0, const uint8_t *panel,
-                                                       const uint8_t *prefetch,
-                                                       const int32_t *offsets, float *out,
+                                                       const uint8_t *prefetch, float *out,
                                                        const int R, const int D, const int B) {
-  (void)offsets;  // (8 bits on VNNI only)
   VF acc[MR][NV];
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = ZEROF();
@@ -505,9 +494,6 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
     VF ws[NV];
     for (int v = 0; v < NV; v++) ws[v] = load_params(s, scales, g * NR + v * VC);
     for (int64_t gi = 0; gi < granules; gi++, w += granule_bytes) {
-      if (prefetch != NULL)
-        for (int64_t o = 0; o < granule_bytes; o += 64)
-          _mm_prefetch((const char *)(prefetch + (w - panel) + o), _MM_HINT_T1);
       const int64_t block = g * granules + gi, kq = block * quads;  // its first quad of k
       for (int v = 0; v < NV; v++) {
         // Each digit's sums on chain 0, and on VNNI at 1 or 2 rows, where few chains would leave
@@ -519,35 +505,24 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
           for (int r = 0; r < R; r++) hi[c][r] = ZEROI(), lo[c][r] = ZEROI();
         if (B == 8) {
 #if VNNI
-          VI corr[2] = {ZEROI(), ZEROI()};  // the offset here, where no panel_offsets came
-#define QUADS_8(OWN)                                                                          \
-  for (int64_t i = 0; i < quads; i += 2)                                                      \
-    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                                     \
-      const VI wv = LOADI(w + (i + u) * 64 + v * VC * 4);                                     \
-      const int c = c1 ? u : 0;                                                               \
-      if (OWN) corr[u] = dot_u8s8(corr[u], SET1I((int32_t)0x80808080u), wv);                  \
-      for (int r = 0; r < R; r++) { /* x arrives offset by 128 (see linear_quant) */          \
-        const int8_t *xr = a->xq + (r0 + r) * D * k;                                          \
-        hi[c][r] = dot_u8s8(hi[c][r], SET1I(x_word(xr, kq + i + u)), wv);                     \
-        if (D == 2) lo[c][r] = dot_u8s8(lo[c][r], SET1I(x_word(xr + k, kq + i + u)), wv);     \
-      }                                                                                       \
-    }
-          if (offsets == NULL) {  // (two loops: the branch stays out of them)
-            QUADS_8(1)
-          } else {
-            QUADS_8(0)
-          }
-#undef QUADS_8
-          const VI offset =
-              offsets != NULL ? LOADI(offsets + block * NR + v * VC) : ADDI(corr[0], corr[1]);
-          for (int r = 0; r < R; r++) {  // (chain 0 takes the offset out)
-            hi[0][r] = SUBI(hi[0][r], offset);
-            if (D == 2) lo[0][r] = SUBI(lo[0][r], offset);
-          }
+          const VI flip = SET1I((int32_t)0x80808080u);
+          for (int64_t i = 0; i < quads; i += 2)
+#pragma GCC unroll 2
+            for (int u = 0; u < 2; u++) {
+              if (v == 0) prefetch_line(prefetch, (w - panel) + (i + u) * 64);
+              const VI wv = XORI(LOADI(w + (i + u) * 64 + v * VC * 4), flip);  // w + 128
+              const int c = c1 ? u : 0;
+              for (int r = 0; r < R; r++) {
+                const int8_t *xr = a->xq + (r0 + r) * D * k + 4 * (kq + i + u);
+                hi[c][r] = dot_u8_word(hi[c][r], wv, xr);
+                if (D == 2) lo[c][r] = dot_u8_word(lo[c][r], wv, xr + k);
+              }
+            }
 #else
           for (int64_t i = 0; i < quads; i += 2)
 #pragma GCC unroll 2
             for (int u = 0; u < 2; u++) {
+              if (v == 0) prefetch_line(prefetch, (w - panel) + (i + u) * 64);
               const VI wv = LOADI(w + (i + u) * 64 + v * 32), mag = _mm256_abs_epi8(wv);
               const int c = c1 ? u : 0;
               for (int r = 0; r < R; r++) {
@@ -564,6 +539,7 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
         } else {
           const VI low = SET1I(0x0F0F0F0F);
           for (int64_t i = 0; i < quads / 2; i++) {
+            if (v == 0) prefetch_line(prefetch, (w - panel) + i * 64);
             const VI wv = LOADI(w + i * 64 + v * VC * 4);
             const VI even = ANDI(wv, low), odd = ANDI(SRLI16(wv, 4), low);  // quads 2i, 2i + 1
             for (int r = 0; r < R; r++) {
@@ -588,7 +564,8 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
             hi[0][r] = ADDI(hi[0][r], hi[1][r]), lo[0][r] = ADDI(lo[0][r], lo[1][r]);
         for (int r = 0; r < R; r++) {
           const VF xe = SET1F(a->e[(r0 + r) * s->kblocks + block]);
-          const VI isum = D == 2 ? combine(hi[0][r], lo[0][r]) : hi[0][r];
+          VI isum = D == 2 ? combine(hi[0][r], lo[0][r]) : hi[0][r];
+          if (VNNI && B == 8) isum = SUBI(isum, SET1I(a->xoff[(r0 + r) * s->kblocks + block]));
           acc[r][v] = ADDF(acc[r][v], MULF(CVTF(isum), MULF(xe, ws[v])));
         }
       }
@@ -606,43 +583,39 @@ static inline __attribute__((always_inline)) void tile(const Shape *s, const Act
 
 #if PATH == 2
 // W8A8 (8 bits, one digit) on AVX-512 VNNI: acc (float [2][R][16]) for rows [r0, r0 + R) against
-// two panels, each broadcast of x feeding both panels' vpdpbusd; offsets: both panels'
-// panel_offsets, one after the other. The same sums, in the same order, as tile's.
+// two panels, each broadcast of x feeding both panels' vpdpbusd. The same sums, in the same order,
+// as tile's.
 static inline __attribute__((always_inline)) void tile_pair(const Shape *s, const Activations *a,
                                                             int64_t r0, const uint8_t *panel,
-                                                            const uint8_t *prefetch,
-                                                            const int32_t *offsets, float *out,
+                                                            const uint8_t *prefetch, float *out,
                                                             const int R) {
   __m512 acc[2][MR_PAIR];
   for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
   const uint8_t *panels[2] = {panel, panel + s->panel_bytes};
   const int64_t granules = s->group / s->granule, quads = s->granule / 4, k = s->k;
-  const int64_t granule_bytes = s->granule * NR;
+  const __m512i flip = SET1I((int32_t)0x80808080u);
   for (int64_t g = 0; g < s->groups; g++) {
     __m512 ws[2];
     for (int p = 0; p < 2; p++) ws[p] = load_params(s, panels[p] + s->int_bytes, g * NR);
     for (int64_t gi = 0; gi < granules; gi++) {
       const int64_t block = g * granules + gi, kq = block * quads;
-      if (prefetch != NULL)
-        for (int p = 0; p < 2; p++)
-          for (int64_t o = 0; o < granule_bytes; o += 64)
-            _mm_prefetch((const char *)(prefetch + p * s->panel_bytes + block * granule_bytes + o),
-                         _MM_HINT_T1);
       __m512i sum[2][MR_PAIR];
       for (int r = 0; r < R; r++) sum[0][r] = sum[1][r] = _mm512_setzero_si512();
       for (int64_t i = 0; i < quads; i++) {
-        const __m512i w0 = LOADI(panels[0] + (kq + i) * 64), w1 = LOADI(panels[1] + (kq + i) * 64);
-        for (int r = 0; r < R; r++) {  // x arrives offset by 128 (see linear_quant)
+        for (int p = 0; p < 2; p++) prefetch_line(prefetch, p * s->panel_bytes + (kq + i) * 64);
+        const __m512i w0 = XORI(LOADI(panels[0] + (kq + i) * 64), flip);  // w + 128
+        const __m512i w1 = XORI(LOADI(panels[1] + (kq + i) * 64), flip);
+        for (int r = 0; r < R; r++) {
           const __m512i xb = SET1I(x_word(a->xq + (r0 + r) * k, kq + i));
-          sum[0][r] = dot_u8s8(sum[0][r], xb, w0);
-          sum[1][r] = dot_u8s8(sum[1][r], xb, w1);
+          sum[0][r] = dot_u8s8(sum[0][r], w0, xb);
+          sum[1][r] = dot_u8s8(sum[1][r], w1, xb);
         }
       }
-      for (int p = 0; p < 2; p++) {
-        const __m512i offset = LOADI(offsets + (p * s->kblocks + block) * NR);
-        for (int r = 0; r < R; r++) {
-          const __m512 xe = SET1F(a->e[(r0 + r) * s->kblocks + block]);
-          const __m512 isum = CVTF(SUBI(sum[p][r], offset));
+      for (int r = 0; r < R; r++) {
+        const __m512 xe = SET1F(a->e[(r0 + r) * s->kblocks + block]);
+        const __m512i xoff = SET1I(a->xoff[(r0 + r) * s->kblocks + block]);
+        for (int p = 0; p < 2; p++) {
+          const __m512 isum = CVTF(SUBI(sum[p][r], xoff));
           acc[p][r] = ADDF(acc[p][r], MULF(isum, MULF(xe, ws[p])));
         }
       }
@@ -660,13 +633,12 @@ static inline __attribute__((always_inline)) void tile_pair(const Shape *s, cons
 
 #define PAIR_FN(R)                                                                          \
   static void tile_pair_##R(const Shape *s, const Activations *a, int64_t r0,               \
-                            const uint8_t *panel, const uint8_t *prefetch,                  \
-                            const int32_t *offsets, float *out) {                           \
-    tile_pair(s, a, r0, panel, prefetch, offsets, out, R);                                  \
+                            const uint8_t *panel, const uint8_t *prefetch, float *out) {    \
+    tile_pair(s, a, r0, panel, prefetch, out, R);                                           \
   }
 PAIR_FN(1) PAIR_FN(2) PAIR_FN(3) PAIR_FN(4) PAIR_FN(5) PAIR_FN(6)
 typedef void (*PairTile)(const Shape *, const Activations *, int64_t, const uint8_t *,
-                         const uint8_t *, const int32_t *, float *);
+                         const uint8_t *, float *);
 static const PairTile PAIR_TILES[MR_PAIR + 1] = {0,           tile_pair_1, tile_pair_2,
                                                  tile_pair_3, tile_pair_4, tile_pair_5,
                                                  tile_pair_6};
@@ -676,9 +648,9 @@ static const PairTile PAIR_TILES[MR_PAIR + 1] = {0,           tile_pair_1, tile_
 // ---------------------------------------------------------------------------------------------
 // Plain C: the same sums in the same order, a column at a time.
 static inline void tile(const Shape *s, const Activations *a, int64_t r0, const uint8_t *panel,
-                        const uint8_t *prefetch, const int32_t *offsets, float *out, const int R,
-                        const int D, const int B) {
-  (void)prefetch, (void)offsets;
+                        const uint8_t *prefetch, float *out, const int R, const int D,
+                        const int B) {
+  (void)prefetch;
   const uint8_t *scales = panel + s->int_bytes, *mins = scales + s->mins_offset;
   const int64_t granules = s->group / s->granule;
   for (int r = 0; r < R; r++) {
@@ -717,8 +689,8 @@ static inline void tile(const Shape *s, const Activations *a, int64_t r0, const 
 #define TILE_FN(R, D, B)                                                                  \
   static void tile_##R##_##D##_##B(const Shape *s, const Activations *a, int64_t r0,       \
                                    const uint8_t *panel, const uint8_t *prefetch,          \
-                                   const int32_t *offsets, float *out) {                   \
-    tile(s, a, r0, panel, prefetch, offsets, out, R, D, B);                               \
+                                   float *out) {                                           \
+    tile(s, a, r0, panel, prefetch, out, R, D, B);                                        \
   }
 #define TILE_FNS(R) TILE_FN(R, 1, 4) TILE_FN(R, 1, 8) TILE_FN(R, 2, 4) TILE_FN(R, 2, 8)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4)
@@ -732,7 +704,7 @@ TILE_FNS(5) TILE_FNS(6) TILE_FNS(7) TILE_FNS(8)
 #define TILE_ROW(D, B) {0, tile_1_##D##_##B, tile_2_##D##_##B, tile_3_##D##_##B, tile_4_##D##_##B}
 #endif
 typedef void (*Tile)(const Shape *, const Activations *, int64_t, const uint8_t *,
-                     const uint8_t *, const int32_t *, float *);
+                     const uint8_t *, float *);
 // [digits - 1][bits == 8][rows]
 static const Tile TILES[2][2][MR + 1] = {{TILE_ROW(1, 4), TILE_ROW(1, 8)},
                                          {TILE_ROW(2, 4), TILE_ROW(2, 8)}};
@@ -796,7 +768,7 @@ static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, floa
 }
 
 static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *e,
-                         float *xsum) {
+                         float *xsum, int32_t *xoff) {
   const float levels = x_levels(s->digits);
   for (int64_t b = 0; b < s->kblocks; b++) {
     const int64_t k0 = b * s->granule, k1 = k0 + s->granule;
@@ -804,6 +776,10 @@ static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, 
     const float step = amax / levels, inv = amax > 0.0f ? 1.0f / step : 0.0f;
     e[b] = step;
     block_digits(x, x_bf16, k0, k1, inv, xq, s->digits == 2 ? xq + s->k : NULL);
+    if (xoff == NULL) continue;
+    int32_t hi = 0, lo = 0;  // sum(v) = 255 * sum(hi) + sum(lo), or the digits' sum
+    for (int64_t i = k0; i < k1; i++) hi += xq[i], lo += s->digits == 2 ? xq[s->k + i] : 0;
+    xoff[b] = 128 * (s->digits == 2 ? 255 * hi + lo : hi);
   }
   if (xsum == NULL) return;
   // Each group's sum in k order; 8 groups at a time, whose sums are independent chains.
@@ -816,24 +792,28 @@ static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, 
   }
 }
 
-// The activations of rows [0, m): malloc'd, freed by free_activations. NULL where memory runs out.
+// The activations of rows [0, m), with xoff where with_xoff: malloc'd, freed by free_activations.
+// 2 where memory runs out.
 static int quantize_activations(const void *x, int x_bf16, int64_t ldx, int64_t m, const Shape *s,
-                                int num_threads, Activations *a) {
+                                int with_xoff, int num_threads, Activations *a) {
   int8_t *xq = malloc((size_t)(m * s->digits * s->k));
   float *e = malloc(sizeof(float) * (size_t)(m * s->kblocks));
   float *xsum = s->has_mins ? malloc(sizeof(float) * (size_t)(m * s->groups)) : NULL;
-  a->xq = xq, a->e = e, a->xsum = xsum;
-  if (xq == NULL || e == NULL || (s->has_mins && xsum == NULL)) return 2;
+  int32_t *xoff = with_xoff ? malloc(sizeof(int32_t) * (size_t)(m * s->kblocks)) : NULL;
+  a->xq = xq, a->e = e, a->xsum = xsum, a->xoff = xoff;
+  if (xq == NULL || e == NULL || (s->has_mins && xsum == NULL) || (with_xoff && xoff == NULL))
+    return 2;
   const size_t x_elem = x_bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) num_threads(num_threads < 1 ? 1 : num_threads) if (m > 1)
   for (int64_t r = 0; r < m; r++)
     quantize_row((const char *)x + r * ldx * x_elem, x_bf16, s, xq + r * s->digits * s->k,
-                 e + r * s->kblocks, s->has_mins ? xsum + r * s->groups : NULL);
+                 e + r * s->kblocks, s->has_mins ? xsum + r * s->groups : NULL,
+                 with_xoff ? xoff + r * s->kblocks : NULL);
   return 0;
 }
 
 static void free_activations(Activations *a) {
-  free((void *)a->xq), free((void *)a->e), free((void *)a->xsum);
+  free((void *)a->xq), free((void *)a->e), free((void *)a->xsum), free((void *)a->xoff);
 }
 
 static int valid(int bits, int64_t group, int64_t k) {
@@ -851,58 +831,37 @@ int linear_quant(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16, in
   Shape s = shape_of(n, k, bits, group, has_mins, half);
   s.digits = digits;
   Activations a;
-  if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a)) {
+  if (quantize_activations(x, x_bf16, ldx, m, &s, VNNI && bits == 8, num_threads, &a)) {
     free_activations(&a);
     return 2;
   }
-#if VNNI
-  if (bits == 8)  // the unsigned side of vpdpbusd: x's digits + 128
-    for (int64_t i = 0; i < m * digits * k; i++) ((int8_t *)a.xq)[i] ^= (int8_t)0x80;
-#endif
   const Out o = {y, y_bf16, ldy, bias};
   const int64_t panels = (n + NR - 1) / NR;
   // Units of one panel, or for W8A8 prompts on AVX-512 of two (pair tiles; a last one alone).
   const int up = PATH == 2 && bits == 8 && digits == 1 && m >= PAIR_MIN_ROWS ? 2 : 1;
-  const int tile_rows = up == 2 ? MR_PAIR : MR;
+  const int tile_rows = up == 2 ? MR_PAIR : PATH == 2 && bits == 8 && digits == 2 ? MR_8_2 : MR;
   const int64_t units = (panels + up - 1) / up;
   const int64_t block_rows = gemm_block_rows(X_BLOCK_BYTES, digits * k, tile_rows);
-  int32_t *offsets = NULL;  // [thread][2][kblocks][16]: panel_offsets of the unit's panels
-  const int64_t per_panel = s.kblocks * NR;
-#if VNNI
-  const size_t threads = (size_t)(num_threads < 1 ? 1 : num_threads);
-  if (bits == 8 && !(offsets = malloc(sizeof(int32_t) * (size_t)(2 * per_panel) * threads))) {
-    free_activations(&a);
-    return 2;
-  }
-#endif
   GEMM_THREAD_LOOP(num_threads, units, up * s.panel_bytes, m, block_rows, {
     const uint8_t *panel = w_packed + q * up * s.panel_bytes;
-    const int np = (q + 1) * up <= panels ? up : 1;
-    // A panel's offsets once for all its row tiles, or (one tile) in the tile
-    const int one_tile = np == 1 && m1 - m0 <= tile_rows;
-    int32_t *own = offsets == NULL || one_tile ? NULL : offsets + t * 2 * per_panel;
-#if VNNI
-    for (int p = 0; own != NULL && p < np; p++)
-      panel_offsets(&s, panel + p * s.panel_bytes, own + p * per_panel);
-#endif
     float out[2 * MR * NR] __attribute__((aligned(64)));
     for (int64_t r = m0; r < m1; r += tile_rows) {
       const int rows = m1 - r < tile_rows ? (int)(m1 - r) : tile_rows;
       const int ahead = r == m0 && q_next >= 0 && (q_next + 1) * up <= panels;
       const uint8_t *next = ahead ? w_packed + q_next * up * s.panel_bytes : NULL;
 #if PATH == 2
-      if (np == 2) {
-        PAIR_TILES[rows](&s, &a, r, panel, next, own, out);
+      if (up == 2 && (q + 1) * 2 <= panels) {
+        PAIR_TILES[rows](&s, &a, r, panel, next, out);
         for (int p = 0; p < 2; p++)
           store_rows(&o, &s, out + p * MR_PAIR * NR, r, rows, (q * 2 + p) * NR);
         continue;
       }
 #endif
-      TILES[digits - 1][bits == 8][rows](&s, &a, r, panel, next, own, out);
+      TILES[digits - 1][bits == 8][rows](&s, &a, r, panel, next, out);
       store_rows(&o, &s, out, r, rows, q * up * NR);
     }
   });
-  free_activations(&a), free(offsets);
+  free_activations(&a);
   return 0;
 }
 
@@ -1054,7 +1013,7 @@ int linear_quant_amx(void *y, int y_bf16, int64_t ldy, const void *x, int x_bf16
   Activations a;
   int8_t *widened =
       bits == 4 ? aligned_alloc(64, (size_t)(chunk * quad_bytes) * (size_t)threads) : NULL;
-  if (quantize_activations(x, x_bf16, ldx, m, &s, num_threads, &a) || (bits == 4 && !widened)) {
+  if (quantize_activations(x, x_bf16, ldx, m, &s, 0, num_threads, &a) || (bits == 4 && !widened)) {
     free_activations(&a), free(widened);
     return 2;
   }
