@@ -206,6 +206,25 @@ def test_k_tails(k, digits):
             assert torch.equal(run(x, qw, packed, march=march, digits=digits), ref), march
 
 
+@pytest.mark.parametrize("digits", DIGITS)
+def test_integer_sums_at_their_extremes(digits):
+    """Every |v| at its bound against weights of 127 and of -128 (VNNI sums the latter as 0 and
+    the former as 255 before taking 128 * sum(v) out): 128 k a block, no int32 overflow."""
+    n, k = 32, 256
+    qweight = torch.full((n, k), 127, dtype=torch.int8)
+    qweight[n // 2 :] = -128
+    qw = QuantizedWeight(8, 128, qweight, torch.full((n, 2), 0.01), None)
+    x = torch.ones(4, k)
+    x[1] = -1
+    x[2, ::2] = -1
+    x[3, k // 2 :] = -1
+    packed = pack(qw)
+    ref = scheme_reference(x, qw, None, digits)
+    assert ref[0, 0] > 0.99 * 127 * k * 0.01 and ref[1, -1] > 0.99 * 128 * k * 0.01  # the largest
+    for march in builds(digits):
+        assert torch.equal(run(x, qw, packed, march=march, digits=digits), ref), march
+
+
 def test_an_all_zero_row_and_a_zero_weight():
     qw = random_weight(16, 64, 4, 32, True, seed=1)
     qw = QuantizedWeight(4, 32, qw.qweight, torch.zeros_like(qw.scales), qw.mins)
