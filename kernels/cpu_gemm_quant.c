@@ -38,13 +38,14 @@
 // VNNI: vpdpbusd is unsigned x signed. Weights are the unsigned side, x's digits the signed one:
 // 4-bit weights (0..15) as they are, 8-bit ones offset by 128 as they are loaded (^ 0x80), so a
 // block's sum over-counts 128 * sum(v), which each row's xoff (computed with its digits) takes
-// back. AVX2: maddubs + madd with ones (exact
-// below 2^15: for 8-bit weights |w| (<= 128) is the unsigned side and digit * sign(w) (<= 127)
-// the signed one); where the target has AVX-VNNI (AVX2 cores without AVX-512: Intel's since
-// Alder Lake, Sierra Forest Xeons), one 256-bit vpdpbusd on the same operands.
+// back. AVX2: maddubs + madd with ones (exact below 2^15: for 8-bit weights |w| (<= 128) is the
+// unsigned side and digit * sign(w) (<= 127) the signed one); where the target has AVX-VNNI (AVX2
+// cores without AVX-512: Intel's since Alder Lake, Sierra Forest Xeons), one 256-bit vpdpbusd on
+// the same operands.
 //
 // Threads split the panels; each panel is read from memory once for all rows of x (in blocks of
-// X_BLOCK_BYTES of x's digits) while the first row tile prefetches the next panel.
+// X_BLOCK_BYTES of x's digits) while the first row tile prefetches the next panel (but for W8A8
+// at one or two rows: see linear_quant).
 
 #include <math.h>
 #include <stdint.h>
