@@ -350,6 +350,7 @@ typedef __m512 VF;
 #define SRAI32 _mm512_srai_epi32
 #define MULLOI _mm512_mullo_epi32
 static inline float max_lanes(VF v) { return _mm512_reduce_max_ps(v); }
+static inline int32_t sum_lanes(VI v) { return _mm512_reduce_add_epi32(v); }
 static inline VF round_even(VF v) {
   return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -409,6 +410,12 @@ static inline float max_lanes(VF v) {
   _mm256_storeu_ps(lanes, v);
   for (int j = 0; j < VC; j++) m = fmaxf(m, lanes[j]);
   return m;
+}
+static inline int32_t sum_lanes(VI v) {
+  int32_t lanes[VC], sum = 0;
+  _mm256_storeu_si256((__m256i *)lanes, v);
+  for (int j = 0; j < VC; j++) sum += lanes[j];
+  return sum;
 }
 static inline VF round_even(VF v) {
   return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -742,15 +749,18 @@ static float block_amax(const void *x, int x_bf16, int64_t k0, int64_t k1) {
 }
 
 // Digits of x[i] * inv for i in [k0, k1): high ones at hi[i], low ones at lo[i]; with lo NULL
-// (one digit, levels X_LEVELS_1), v at hi[i].
-static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, float inv, int8_t *hi,
-                         int8_t *lo) {
+// (one digit, levels X_LEVELS_1), v at hi[i]. Returns sum(v) (exact: |v| <= 32512, k1 - k0 <= 128).
+static int32_t block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, float inv,
+                            int8_t *hi, int8_t *lo) {
   const float top = x_levels(lo != NULL ? 2 : 1);
   int64_t i = k0;
+  int32_t sum = 0;
 #if PATH > 0
   const VF levels = SET1F(top), scale = SET1F(inv);
+  VI sums = ZEROI();
   for (; i + VC <= k1; i += VC) {
     const VI v = CVTTI(clamp_levels(round_even(MULF(load_x(x, x_bf16, i), scale)), levels));
+    sums = ADDI(sums, v);
     if (lo == NULL) {
       store_low_bytes(hi + i, v);
       continue;
@@ -759,6 +769,7 @@ static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, floa
     store_low_bytes(hi + i, h);
     store_low_bytes(lo + i, SUBI(v, MULLOI(h, SET1I(255))));
   }
+  sum = sum_lanes(sums);
 #endif
   for (; i < k1; i++) {
     float v = nearbyintf(x_at(x, x_bf16, i) * inv);
@@ -766,7 +777,9 @@ static void block_digits(const void *x, int x_bf16, int64_t k0, int64_t k1, floa
     const int32_t vi = v == v ? (int32_t)v : 0, h = lo != NULL ? high_digit(vi) : 0;
     hi[i] = (int8_t)(lo != NULL ? h : vi);
     if (lo != NULL) lo[i] = (int8_t)(vi - 255 * h);
+    sum += vi;
   }
+  return sum;
 }
 
 static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, float *e,
@@ -777,11 +790,8 @@ static void quantize_row(const void *x, int x_bf16, const Shape *s, int8_t *xq, 
     const float amax = block_amax(x, x_bf16, k0, k1);
     const float step = amax / levels, inv = amax > 0.0f ? 1.0f / step : 0.0f;
     e[b] = step;
-    block_digits(x, x_bf16, k0, k1, inv, xq, s->digits == 2 ? xq + s->k : NULL);
-    if (xoff == NULL) continue;
-    int32_t hi = 0, lo = 0;  // sum(v) = 255 * sum(hi) + sum(lo), or the digits' sum
-    for (int64_t i = k0; i < k1; i++) hi += xq[i], lo += s->digits == 2 ? xq[s->k + i] : 0;
-    xoff[b] = 128 * (s->digits == 2 ? 255 * hi + lo : hi);
+    const int32_t sum = block_digits(x, x_bf16, k0, k1, inv, xq, s->digits == 2 ? xq + s->k : NULL);
+    if (xoff != NULL) xoff[b] = 128 * sum;
   }
   if (xsum == NULL) return;
   // Each group's sum in k order; 8 groups at a time, whose sums are independent chains.
